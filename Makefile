@@ -1,0 +1,42 @@
+# relayrl: `make demo` and `make test` do all the set-up on a fresh machine.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LOCK := requirements/cpu.lock
+PIP := $(BIN)/python -m pip install -q
+# The local wheel mirror warns about every index it skips; keep real errors.
+QUIET := { grep -v 'is ignored: it is neither' || true; }
+SHELL := /bin/bash
+.SHELLFLAGS := -o pipefail -ec
+
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+export VLLM_CPU_OMP_THREADS_BIND ?= 0-1
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): $(LOCK) pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) --upgrade pip 2>&1 | $(QUIET)
+	$(PIP) --no-deps -r $(LOCK) 2>&1 | $(QUIET)
+	$(PIP) --no-deps --no-build-isolation -e . 2>&1 | $(QUIET)
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/relayrl demo
+
+test: setup
+	$(BIN)/python -m pytest -q -rs tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+bench: setup
+	$(BIN)/python benchmarks/peer_trl.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

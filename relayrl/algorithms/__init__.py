@@ -1,0 +1,1 @@
+"""Algorithms as pure tensor functions chosen by name: advantage estimators, policy losses, KL estimators."""

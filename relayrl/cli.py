@@ -1,0 +1,95 @@
+"""`relayrl train|eval|sft|demo`: thin entry points. Heavy modules are imported only by the command run.
+
+A user mistake (`RelayError`) prints one line naming the file/row/key/sample and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _train(args) -> None:
+    from relayrl.config import dump_config, load_config
+    from relayrl.controller import train
+
+    config = load_config(args.config, args.overrides)
+    print(dump_config(config))
+    result = train(config)
+    print(json.dumps(result))
+
+
+def _eval(args) -> None:
+    from relayrl.evaluate import evaluate_model
+
+    print(json.dumps(evaluate_model(args.model, args.data, args.reward, n=args.n, temperature=args.temperature,
+                                    max_tokens=args.max_tokens, engine=args.engine)))
+
+
+def _sft(args) -> None:
+    from relayrl.sft import SFTSettings, run_sft
+
+    settings = SFTSettings(epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed)
+    out = run_sft(args.data, args.out, init=args.init, model_path=args.model, settings=settings)
+    print(f"saved {out}")
+
+
+def _demo(args) -> None:
+    from relayrl.demo import run_demo
+
+    run_demo(args.dir, args.overrides)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="run RL training from a YAML config plus key=value overrides")
+    train.add_argument("config")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    train.set_defaults(fn=_train)
+
+    ev = commands.add_parser("eval", help="mean reward of a model on a prompt file; prints one JSON line")
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--data", required=True)
+    ev.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    ev.add_argument("--n", type=int, default=1, help="samples per prompt")
+    ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ev.add_argument("--max-tokens", type=int, default=64)
+    ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    ev.set_defaults(fn=_eval)
+
+    sft = commands.add_parser("sft", help="supervised warm start on prompt/completion pairs")
+    sft.add_argument("--data", required=True)
+    sft.add_argument("--out", required=True)
+    group = sft.add_mutually_exclusive_group()
+    group.add_argument("--init", choices=["tiny"], default="tiny", help="build a tiny model + tokenizer locally")
+    group.add_argument("--model", help="start from this model directory instead")
+    sft.add_argument("--epochs", type=float, default=3.0)
+    sft.add_argument("--lr", type=float, default=3e-3)
+    sft.add_argument("--batch-size", type=int, default=64)
+    sft.add_argument("--seed", type=int, default=0)
+    sft.set_defaults(fn=_sft)
+
+    demo = commands.add_parser("demo", help="warm start -> GRPO -> held-out accuracy before/after")
+    demo.add_argument("--dir", default="runs/demo")
+    demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo config")
+    demo.set_defaults(fn=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from relayrl.errors import RelayError
+
+    try:
+        args.fn(args)
+    except RelayError as err:
+        print(f"relayrl: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

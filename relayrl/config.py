@@ -1,0 +1,266 @@
+"""The typed config tree: YAML file + dotted `key=value` overrides, strict keys, a resolved dump.
+
+Every section forbids unknown keys. A misspelt key fails with its full path and the nearest real key
+(also when the key exists in another section); a wrong type fails naming the key. What cannot be
+derived has a default here, documented by its field description; nothing downstream calls `.get()`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from relayrl.errors import ConfigError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = Field("", description="HF model directory (config.json + weights + tokenizer).")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="Learner dtype: auto = float32 on CPU, bf16 autocast with fp32 master weights on GPU."
+    )
+
+
+class DataConfig(Section):
+    train: str = Field("", description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`.")
+    eval: str | None = Field(None, description="Held-out prompts, same format; evaluated before and after training.")
+    max_prompt_tokens: int = Field(256, ge=1, description="Longest prompt, in tokens, after the chat template.")
+    on_long_prompt: Literal["error", "drop", "truncate"] = Field(
+        "error", description="What to do with a longer prompt: fail naming it, drop it, or keep its last tokens."
+    )
+    chat_template: bool = Field(
+        True, description="Render `messages` rows with the tokenizer's chat template (`prompt` rows are used as-is)."
+    )
+    shuffle: bool = Field(True, description="Shuffle the training prompts each epoch (seeded by train.seed).")
+
+
+class RewardConfig(Section):
+    fn: str = Field(
+        "exact_match",
+        description="Built-in name (exact_match, math, regex) or `module:function` or `path/file.py:function`.",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the reward function.")
+    on_error: Literal["error", "zero"] = Field(
+        "error", description="A reward that raises or is not a finite number: fail naming the sample, or score it 0."
+    )
+
+
+class RolloutConfig(Section):
+    engine: Literal["vllm", "hf"] = Field("vllm", description="Inference engine: vLLM, or HF generate as a fallback.")
+    n: int = Field(8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
+    prompts_per_step: int = Field(16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n.")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(-1, ge=-1, description="Sample among the k most likely tokens (-1 = off).")
+    max_tokens: int = Field(64, ge=1, description="Longest response, in tokens.")
+    stop: list[str] = Field(default_factory=list, description="Strings that end a response.")
+    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), GiB.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
+
+
+class KLConfig(Section):
+    coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference; 0 = no reference loaded.")
+    estimator: Literal["k3"] = Field("k3", description="Per-token KL estimator (k3: exp(r) - r - 1, r = ref - policy).")
+
+
+class AlgorithmConfig(Section):
+    advantage: Literal["grpo"] = Field("grpo", description="Advantage estimator.")
+    std_normalize: bool = Field(True, description="GRPO: divide group-centred rewards by the group std.")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range for the importance ratio.")
+    loss_agg: Literal["token_mean"] = Field("token_mean", description="How per-token losses become one number.")
+    kl: KLConfig = Field(default_factory=KLConfig)
+
+
+class TrainConfig(Section):
+    steps: int = Field(20, ge=1, description="Training steps (one rollout batch each).")
+    lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="After warmup: constant or cosine decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    mini_batch: int | None = Field(
+        None, ge=1, description="Responses per optimizer step; default = the whole rollout batch (one step)."
+    )
+    micro_batch: int = Field(16, ge=1, description="Responses per forward/backward (gradient accumulation).")
+    epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
+    threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
+
+
+class EvalConfig(Section):
+    every: int = Field(0, ge=0, description="Evaluate held-out accuracy every N steps (0 = only before and after).")
+    max_prompts: int = Field(0, ge=0, description="Evaluate on at most this many held-out prompts (0 = all).")
+    temperature: float = Field(1.0, gt=0, description="Temperature of the sampled evaluation (greedy is also run).")
+
+
+class LogConfig(Section):
+    dir: str = Field("runs/default", description="Run directory: config.yaml, metrics.jsonl, model/.")
+    progress: bool = Field(True, description="Show a rich progress bar on the console.")
+    save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @property
+    def rollout_batch(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.n
+
+    @property
+    def mini_batch(self) -> int:
+        return self.train.mini_batch or self.rollout_batch
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> "Config":
+        if self.rollout_batch % self.mini_batch:
+            raise ValueError(
+                f"train.mini_batch={self.mini_batch} must divide the rollout batch "
+                f"(rollout.prompts_per_step * rollout.n = {self.rollout_batch})"
+            )
+        if self.algorithm.advantage == "grpo" and self.rollout.n < 2:
+            raise ValueError("rollout.n must be at least 2 for grpo (advantages are relative within a group)")
+        return self
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None) -> Config:
+    """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly."""
+    tree: dict[str, Any] = dict(base or {})
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        tree = _deep_merge(tree, read_yaml(path))
+    for override in overrides:
+        key, value = parse_override(override)
+        _set_dotted(tree, key, value)
+    _check_keys(tree, Config, prefix="")
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, source)) from None
+    warn_ineffective(config)
+    return config
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(tree).__name__}")
+    return tree
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """`train.lr=1e-5` -> ("train.lr", 1e-05); the value is parsed as YAML (so lists and nulls work)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def warn_ineffective(config: Config) -> None:
+    """Name settings that cannot take effect in the chosen mode."""
+    if config.algorithm.kl.coef == 0 and "estimator" in config.algorithm.kl.model_fields_set:
+        warnings.warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0", stacklevel=2)
+    if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
+        warnings.warn("rollout.kv_cache_gib has no effect with rollout.engine=hf", stacklevel=2)
+
+
+def _deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _set_dotted(tree: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _all_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    paths = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        paths.append(path)
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            paths.extend(_all_paths(sub, path + "."))
+    return paths
+
+
+def _check_keys(tree: dict, model: type[BaseModel], prefix: str) -> None:
+    """Unknown keys fail with their full path and the closest known key."""
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        field = model.model_fields.get(key)
+        if field is None:
+            raise ConfigError(f"unknown config key '{path}'{_suggest(path, key, model)}")
+        sub = field.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            if not isinstance(value, dict):
+                raise ConfigError(f"'{path}' is a section; give it keys, e.g. {path}.{next(iter(sub.model_fields))}=...")
+            _check_keys(value, sub, path + ".")
+
+
+def _suggest(path: str, key: str, model: type[BaseModel]) -> str:
+    local = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
+    prefix = path[: -len(key)]
+    if local:
+        return f"; did you mean '{prefix}{local[0]}'?"
+    everywhere = _all_paths(Config)
+    leaf_matches = [p for p in everywhere if p.rsplit(".", 1)[-1] == key]
+    if leaf_matches:
+        return f"; did you mean '{leaf_matches[0]}'?"
+    close = difflib.get_close_matches(path, everywhere, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(model.model_fields)}"
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for item in err.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "(config)"
+        got = "" if item["type"] == "missing" or "input" not in item else f" (got {item['input']!r})"
+        lines.append(f"{key}: {item['msg']}{got}")
+    return f"invalid config ({source}):\n  " + "\n  ".join(lines)

@@ -1,0 +1,1 @@
+"""Prompt data: files, rendering, sampling order, and the built-in toy task."""

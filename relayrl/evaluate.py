@@ -1,0 +1,32 @@
+"""Held-out evaluation: mean reward of an engine's responses to a prompt set."""
+
+from __future__ import annotations
+
+from relayrl.rewards import score_rollouts
+from relayrl.rollout.base import Sampling
+from relayrl.types import Prompt
+
+
+def evaluate(engine, prompts: list[Prompt], reward_fn, sampling: Sampling, version: int = 0) -> float:
+    """Mean reward over all prompts x sampling.n responses (reward errors count as failures: 0)."""
+    rollouts = engine.generate(prompts, sampling, version)
+    scores, _ = score_rollouts(reward_fn, rollouts, on_error="zero")
+    return sum(s.reward for s in scores) / len(scores)
+
+
+def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: float = 0.0,
+                   max_tokens: int = 64, engine: str = "vllm", seed: int = 0) -> dict[str, float]:
+    """`relayrl eval`: load a model into an engine and score it on a prompt file."""
+    from transformers import AutoTokenizer
+
+    from relayrl.data.source import load_prompts
+    from relayrl.rewards import load_reward
+    from relayrl.rollout import build_engine
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)
+    fn = load_reward(reward)
+    max_len = max(len(p.token_ids) for p in prompts) + max_tokens
+    rollout_engine = build_engine(engine, model, max_len, seed)
+    sampling = Sampling(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
+    return {"reward_mean": evaluate(rollout_engine, prompts, fn, sampling), "n": len(prompts) * n}

@@ -1,0 +1,1 @@
+"""Step timing and trackers (console, jsonl)."""

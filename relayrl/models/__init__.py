@@ -1,0 +1,1 @@
+"""Model and tokenizer construction: tiny local models for the demo, tests and CI."""

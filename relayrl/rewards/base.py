@@ -1,0 +1,117 @@
+"""The reward protocol and the one place where reward outputs are checked.
+
+A reward function is batched: `fn(prompts, completions, **columns) -> list[float | dict[str, float]]`,
+where `columns` holds every non-prompt dataset column as a list aligned with the batch. A dict result is
+a set of named components; the reward is their sum. A function that raises, or returns NaN, None or a
+non-number, fails naming the sample (`on_error=error`) or scores it 0 and is counted (`on_error=zero`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import math
+import numbers
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from relayrl.errors import RewardError
+from relayrl.types import Rollout, Score
+
+
+class RewardFn(Protocol):
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[Any]: ...
+
+
+def load_reward(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
+    """A built-in name, `package.module:function`, or `path/to/file.py:function`."""
+    from relayrl.rewards.verifiers import BUILTINS
+
+    if spec in BUILTINS:
+        fn = BUILTINS[spec]
+    elif ":" in spec:
+        target, _, name = spec.rpartition(":")
+        module = _import_file(target) if target.endswith(".py") else _import_module(target, spec)
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise RewardError(f"reward.fn={spec!r}: '{target}' has no function '{name}'")
+    else:
+        raise RewardError(f"reward.fn={spec!r} is not a built-in ({', '.join(BUILTINS)}) "
+                          "nor of the form module:function or path/file.py:function")
+    return functools.partial(fn, **kwargs) if kwargs else fn
+
+
+def _import_module(name: str, spec: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': {err}") from None
+
+
+def _import_file(path: str):
+    file = Path(path)
+    if not file.is_file():
+        raise RewardError(f"reward.fn: file not found: {file}")
+    module_spec = importlib.util.spec_from_file_location(f"relayrl_user_reward_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error") -> tuple[list[Score], int]:
+    """Score a batch; return the scores and how many samples were zeroed under `on_error=zero`.
+
+    If the batched call raises, each sample is scored alone to find (and name) the one that fails.
+    """
+    try:
+        raw = _call(fn, rollouts)
+    except Exception:
+        raw = [_call_one(fn, rollout, on_error) for rollout in rollouts]
+    if not isinstance(raw, (list, tuple)) or len(raw) != len(rollouts):
+        got = f"{len(raw)} values" if isinstance(raw, (list, tuple)) else type(raw).__name__
+        raise RewardError(f"reward function must return a list of {len(rollouts)} values, got {got}")
+    scores, errors = [], 0
+    for rollout, value in zip(rollouts, raw):
+        score = _to_score(value)
+        if score is None:
+            if on_error == "error":
+                raise RewardError(f"reward for sample {rollout.sample_id} is {value!r}, not a finite number "
+                                  "(set reward.on_error=zero to score such samples 0)")
+            errors += 1
+            score = Score(0.0)
+        scores.append(score)
+    return scores, errors
+
+
+def _call(fn: RewardFn, rollouts: list[Rollout]) -> Any:
+    names = {name for r in rollouts for name in r.prompt.columns}
+    columns = {name: [r.prompt.columns.get(name) for r in rollouts] for name in names}
+    return fn([r.prompt.text for r in rollouts], [r.response_text for r in rollouts], **columns)
+
+
+def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
+    try:
+        return _call(fn, [rollout])[0]
+    except Exception as err:
+        if on_error == "zero":
+            return None  # counted as an error by the caller
+        raise RewardError(f"reward function raised on sample {rollout.sample_id}: "
+                          f"{type(err).__name__}: {err}") from err
+
+
+def _finite(value: Any) -> float | None:
+    if not isinstance(value, numbers.Real):  # numpy scalars are registered as Real
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _to_score(value: Any) -> Score | None:
+    if isinstance(value, dict):
+        parts = {str(k): _finite(v) for k, v in value.items()}
+        if not parts or any(v is None for v in parts.values()):
+            return None
+        return Score(sum(parts.values()), parts)
+    reward = _finite(value)
+    return None if reward is None else Score(reward)

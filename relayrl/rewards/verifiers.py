@@ -1,0 +1,41 @@
+"""Built-in verifiers. Each is batched: fn(prompts, completions, **columns) -> list[float | dict]."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def _column(name: str, columns: dict[str, Any], fn: str) -> list:
+    if name not in columns:
+        raise KeyError(f"reward '{fn}' needs a '{name}' column in the dataset; found {sorted(columns)}")
+    return columns[name]
+
+
+def _normalise(text: str) -> str:
+    return " ".join(str(text).strip().split())
+
+
+def exact_match(prompts: list[str], completions: list[str], answer: list, **_: Any) -> list[float]:
+    """1.0 when the completion, whitespace-normalised, equals the row's `answer`."""
+    return [float(_normalise(c) == _normalise(a)) for c, a in zip(completions, answer)]
+
+
+def math(prompts: list[str], completions: list[str], answer: list, **_: Any) -> list[float]:
+    """1.0 when math-verify finds the completion's final answer equal to the row's `answer`."""
+    from math_verify import parse, verify
+
+    scores = []
+    for completion, gold in zip(completions, answer):
+        gold_parsed = parse(str(gold) if "$" in str(gold) or "\\" in str(gold) else f"${gold}$")
+        scores.append(float(verify(gold_parsed, parse(completion))))
+    return scores
+
+
+def regex(prompts: list[str], completions: list[str], pattern: str, **_: Any) -> list[float]:
+    """A format reward: 1.0 when the whole completion matches `pattern` (bind it with reward.kwargs)."""
+    compiled = re.compile(pattern, re.DOTALL)
+    return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
+
+
+BUILTINS = {"exact_match": exact_match, "math": math, "regex": regex}

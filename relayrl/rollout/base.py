@@ -1,0 +1,48 @@
+"""The rollout-engine seam: generate rollouts for prompts, and take new weights with a version."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+import torch
+
+from relayrl.types import Prompt, Rollout
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample. temperature == 0 means greedy decoding."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int | None = None
+
+    @classmethod
+    def greedy(cls, max_tokens: int, stop: Iterable[str] = ()) -> "Sampling":
+        return cls(n=1, temperature=0.0, max_tokens=max_tokens, stop=tuple(stop))
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
+        """`sampling.n` rollouts per prompt, prompt-major, with behaviour log-probs of the sampling pass."""
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Replace the policy weights (checkpoint names) and drop any cache computed with the old ones."""
+
+
+def build_engine(kind: str, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
+                 gpu_memory_utilization: float = 0.5) -> RolloutEngine:
+    if kind == "vllm":
+        from relayrl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization)
+    if kind == "hf":
+        from relayrl.rollout.hf_engine import HFEngine
+
+        return HFEngine(model_path, seed)
+    raise ValueError(f"unknown rollout engine {kind!r}")

