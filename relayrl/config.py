@@ -7,7 +7,9 @@ derived has a default here, documented by its field description; nothing downstr
 
 from __future__ import annotations
 
+import copy
 import difflib
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -16,6 +18,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from relayrl.errors import ConfigError
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads `1e-5` as a float (YAML 1.1 insists on a dot: `1.0e-5`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 class Section(BaseModel):
@@ -93,7 +104,7 @@ class TrainConfig(Section):
     )
     micro_batch: int = Field(16, ge=1, description="Responses per forward/backward (gradient accumulation).")
     epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    seed: int = Field(0, description="Seeds data order, sampling and initialisation.")
+    seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
     threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
 
 
@@ -144,11 +155,13 @@ class Config(Section):
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None) -> Config:
     """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly."""
-    tree: dict[str, Any] = dict(base or {})
+    tree: dict[str, Any] = copy.deepcopy(base or {})  # overrides must not write into the caller's dict
     source = "defaults"
     if path is not None:
         source = str(path)
         tree = _deep_merge(tree, read_yaml(path))
+    if overrides:
+        source += " + overrides"
     for override in overrides:
         key, value = parse_override(override)
         _set_dotted(tree, key, value)
@@ -166,7 +179,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        tree = yaml.safe_load(path.read_text()) or {}
+        tree = yaml.load(path.read_text(), Loader=_Loader) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(tree, dict):
@@ -180,7 +193,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_Loader) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
@@ -193,9 +206,9 @@ def dump_config(config: Config) -> str:
 def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode."""
     if config.algorithm.kl.coef == 0 and "estimator" in config.algorithm.kl.model_fields_set:
-        warnings.warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0", stacklevel=2)
+        warnings.warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0", stacklevel=3)
     if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
-        warnings.warn("rollout.kv_cache_gib has no effect with rollout.engine=hf", stacklevel=2)
+        warnings.warn("rollout.kv_cache_gib has no effect with rollout.engine=hf", stacklevel=3)
 
 
 def _deep_merge(base: dict, update: dict) -> dict:
@@ -260,7 +273,10 @@ def _suggest(path: str, key: str, model: type[BaseModel]) -> str:
 def _describe(err: ValidationError, source: str) -> str:
     lines = []
     for item in err.errors():
-        key = ".".join(str(part) for part in item["loc"]) or "(config)"
+        if not item["loc"]:  # a cross-section check (model validator): its message names the keys
+            lines.append(item["msg"].removeprefix("Value error, "))
+            continue
+        key = ".".join(str(part) for part in item["loc"])
         got = "" if item["type"] == "missing" or "input" not in item else f" (got {item['input']!r})"
         lines.append(f"{key}: {item['msg']}{got}")
     return f"invalid config ({source}):\n  " + "\n  ".join(lines)

@@ -31,8 +31,8 @@ def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool = T
     if not std_normalize:
         return centred
     squares = torch.zeros(len(counts), dtype=rewards.dtype).index_add_(0, inverse, centred**2)
-    std = torch.sqrt(squares / (counts - 1).clamp(min=1))
-    return centred / (std[inverse] + eps)
+    std = torch.sqrt(squares / (counts - 1).clamp(min=1))[inverse]
+    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
 
 
 def degenerate_group_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:

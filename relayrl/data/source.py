@@ -37,11 +37,15 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    with path.open() as lines:
-        for number, line in enumerate(lines, start=1):
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            where = f"{path}:{number}"
+            try:  # decode per line so that a bad byte is reported at its line; tolerate a leading BOM
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as err:
@@ -88,6 +92,8 @@ class LongPromptStats:
 def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_prompt: str = "error",
                  chat_template: bool = True) -> tuple[list[Prompt], LongPromptStats]:
     """Render and tokenize every row. Returns the prompts and how many were dropped or truncated."""
+    if on_long_prompt not in ("error", "drop", "truncate"):
+        raise ValueError(f"on_long_prompt must be error, drop or truncate, got {on_long_prompt!r}")
     stats = LongPromptStats()
     prompts = []
     for index, (where, row) in enumerate(read_rows(path)):
@@ -125,6 +131,8 @@ class PromptSampler:
     """Deterministic epochs over the prompts: shuffled by (seed, epoch), resumable from `state()`."""
 
     def __init__(self, prompts: list[Prompt], seed: int, shuffle: bool = True):
+        if not prompts:
+            raise ValueError("PromptSampler needs at least one prompt")  # next() would never return
         self.prompts = prompts
         self.seed = seed
         self.shuffle = shuffle

@@ -13,8 +13,11 @@ import importlib
 import importlib.util
 import math
 import numbers
+import sys
 from pathlib import Path
 from typing import Any, Callable, Protocol
+
+import numpy as np
 
 from relayrl.errors import RewardError
 from relayrl.types import Rollout, Score
@@ -32,7 +35,7 @@ def load_reward(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
         fn = BUILTINS[spec]
     elif ":" in spec:
         target, _, name = spec.rpartition(":")
-        module = _import_file(target) if target.endswith(".py") else _import_module(target, spec)
+        module = _import_file(target, spec) if target.endswith(".py") else _import_module(target, spec)
         fn = getattr(module, name, None)
         if not callable(fn):
             raise RewardError(f"reward.fn={spec!r}: '{target}' has no function '{name}'")
@@ -45,17 +48,23 @@ def load_reward(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
 def _import_module(name: str, spec: str):
     try:
         return importlib.import_module(name)
-    except ImportError as err:
-        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': {err}") from None
+    except Exception as err:  # ImportError, and whatever the module raises while it runs (SyntaxError, ...)
+        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': {type(err).__name__}: {err}") from None
 
 
-def _import_file(path: str):
+def _import_file(path: str, spec: str):
     file = Path(path)
     if not file.is_file():
-        raise RewardError(f"reward.fn: file not found: {file}")
-    module_spec = importlib.util.spec_from_file_location(f"relayrl_user_reward_{file.stem}", file)
+        raise RewardError(f"reward.fn={spec!r}: file not found: {file}")
+    name = f"relayrl_user_reward_{file.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    sys.modules[name] = module  # as importlib's recipe does: dataclasses and pickling look the module up
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise RewardError(f"reward.fn={spec!r}: cannot import {file}: {type(err).__name__}: {err}") from None
     return module
 
 
@@ -70,7 +79,8 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
         raw = [_call_one(fn, rollout, on_error) for rollout in rollouts]
     if not isinstance(raw, (list, tuple)) or len(raw) != len(rollouts):
         got = f"{len(raw)} values" if isinstance(raw, (list, tuple)) else type(raw).__name__
-        raise RewardError(f"reward function must return a list of {len(rollouts)} values, got {got}")
+        raise RewardError(f"reward function must return a list of {len(rollouts)} values, got {got} "
+                          "(reward functions are batched: fn(prompts, completions, **columns) -> one value each)")
     scores, errors = [], 0
     for rollout, value in zip(rollouts, raw):
         score = _to_score(value)
@@ -93,6 +103,8 @@ def _call(fn: RewardFn, rollouts: list[Rollout]) -> Any:
 def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
     try:
         return _call(fn, [rollout])[0]
+    except RewardError:
+        raise  # a setup mistake (e.g. a missing dataset column), not a failure of this sample
     except Exception as err:
         if on_error == "zero":
             return None  # counted as an error by the caller
@@ -101,8 +113,8 @@ def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
 
 
 def _finite(value: Any) -> float | None:
-    if not isinstance(value, numbers.Real):  # numpy scalars are registered as Real
-        return None
+    if not isinstance(value, (numbers.Real, np.bool_)):  # numpy numbers are registered as Real, np.bool_ is not
+        return None  # (bools, Python's and numpy's alike, score 1.0 / 0.0)
     value = float(value)
     return value if math.isfinite(value) else None
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from relayrl.errors import RewardError
+
 
 def _column(name: str, columns: dict[str, Any], fn: str) -> list:
     if name not in columns:
-        raise KeyError(f"reward '{fn}' needs a '{name}' column in the dataset; found {sorted(columns)}")
+        raise RewardError(f"reward '{fn}' needs a '{name}' column in the dataset; found {sorted(columns)}")
     return columns[name]
 
 
@@ -16,13 +18,15 @@ def _normalise(text: str) -> str:
     return " ".join(str(text).strip().split())
 
 
-def exact_match(prompts: list[str], completions: list[str], answer: list, **_: Any) -> list[float]:
+def exact_match(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
     """1.0 when the completion, whitespace-normalised, equals the row's `answer`."""
+    answer = _column("answer", columns, "exact_match")
     return [float(_normalise(c) == _normalise(a)) for c, a in zip(completions, answer)]
 
 
-def math(prompts: list[str], completions: list[str], answer: list, **_: Any) -> list[float]:
+def math(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
     """1.0 when math-verify finds the completion's final answer equal to the row's `answer`."""
+    answer = _column("answer", columns, "math")
     from math_verify import parse, verify
 
     scores = []
@@ -32,8 +36,10 @@ def math(prompts: list[str], completions: list[str], answer: list, **_: Any) -> 
     return scores
 
 
-def regex(prompts: list[str], completions: list[str], pattern: str, **_: Any) -> list[float]:
+def regex(prompts: list[str], completions: list[str], pattern: str | None = None, **_: Any) -> list[float]:
     """A format reward: 1.0 when the whole completion matches `pattern` (bind it with reward.kwargs)."""
+    if pattern is None:
+        raise RewardError("reward 'regex' needs a pattern: set reward.kwargs.pattern")
     compiled = re.compile(pattern, re.DOTALL)
     return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
 

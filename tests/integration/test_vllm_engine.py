@@ -1,0 +1,103 @@
+"""The real vLLM engine (CPU build) on a tiny model: sampling, log-prob parity with HF, weight updates.
+
+Also pins the vLLM internals relayrl relies on (the in-process worker path, reload_weights, the prefix
+cache reset), so a vLLM upgrade that moves them fails here first.
+"""
+
+import pytest
+import torch
+
+from relayrl.rollout.base import Sampling
+from relayrl.types import Prompt
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def engine(random_model_dir):
+    from relayrl.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(str(random_model_dir), max_model_len=64, seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_model(random_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(random_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    texts = ["12+7=", "3+45=", "99+1="]
+    return [Prompt(id=str(i), text=t, token_ids=tok(t, add_special_tokens=False)["input_ids"])
+            for i, t in enumerate(texts)]
+
+
+def hf_logprobs(model, prompt_ids, response_ids, temperature=1.0):
+    ids = torch.tensor([prompt_ids + response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None]).squeeze(-1)
+
+
+def test_generate_returns_n_rollouts_per_prompt_with_logprobs(engine, prompts):
+    rollouts = engine.generate(prompts, Sampling(n=3, temperature=1.0, max_tokens=5, seed=1), version=7)
+    assert [r.prompt.id for r in rollouts] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
+    assert [r.group_index for r in rollouts[:3]] == [0, 1, 2]
+    for r in rollouts:
+        assert 1 <= len(r.response_ids) <= 5
+        assert len(r.behaviour_logprobs) == len(r.response_ids) == len(r.versions)
+        assert set(r.versions) == {7}
+        assert r.finish_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in r.behaviour_logprobs)
+
+
+def test_seeded_sampling_is_reproducible(engine, prompts):
+    sampling = Sampling(n=4, temperature=1.0, max_tokens=5, seed=123)
+    first = [r.response_ids for r in engine.generate(prompts, sampling, 0)]
+    again = [r.response_ids for r in engine.generate(prompts, sampling, 0)]
+    assert first == again
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_match_an_hf_forward(engine, hf_model, prompts, temperature):
+    """processed_logprobs = log_softmax(logits / T) of the sampled token, as the learner computes it."""
+    rollouts = engine.generate(prompts, Sampling(n=4, temperature=temperature, max_tokens=6, seed=3), 0)
+    worst = 0.0
+    for r in rollouts:
+        expected = hf_logprobs(hf_model, r.prompt.token_ids, r.response_ids, temperature)
+        worst = max(worst, (expected - torch.tensor(r.behaviour_logprobs)).abs().max().item())
+    assert worst < 1e-3
+
+
+def test_weight_update_changes_logprobs_and_matches_the_new_weights(engine, hf_model, prompts, monkeypatch):
+    """After load_weights the engine serves the new weights (tied LM head included) with no stale KV."""
+    ids = prompts[0].token_ids + [5, 6, 7]
+    before = torch.tensor(engine.prompt_logprobs(ids))  # also fills the prefix cache for this prompt
+    torch.testing.assert_close(before, hf_logprobs(hf_model, ids[:1], ids[1:]), atol=1e-3, rtol=0)
+
+    resets = []
+    original_reset = engine.llm.reset_prefix_cache
+    monkeypatch.setattr(engine.llm, "reset_prefix_cache", lambda: resets.append(1) or original_reset())
+    new_model = type(hf_model)(hf_model.config)
+    new_model.load_state_dict(hf_model.state_dict())
+    with torch.no_grad():
+        for name, param in new_model.named_parameters():
+            param.mul_(1.5 if "embed" in name else 0.8)  # the embedding is also the (tied) LM head
+    engine.load_weights(((n, p.detach()) for n, p in new_model.named_parameters()), version=1)
+    assert resets == [1] and engine.version == 1
+
+    after = torch.tensor(engine.prompt_logprobs(ids))
+    assert (after - before).abs().max() > 0.05
+    torch.testing.assert_close(after, hf_logprobs(new_model.eval(), ids[:1], ids[1:]), atol=1e-3, rtol=0)
+    rollouts = engine.generate(prompts[:1], Sampling(n=2, temperature=1.0, max_tokens=4, seed=5), 1)
+    for r in rollouts:
+        expected = hf_logprobs(new_model, r.prompt.token_ids, r.response_ids)
+        torch.testing.assert_close(torch.tensor(r.behaviour_logprobs), expected, atol=1e-3, rtol=0)
+
+    engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=2)
+    torch.testing.assert_close(torch.tensor(engine.prompt_logprobs(ids)), before, atol=1e-4, rtol=0)

@@ -1,0 +1,126 @@
+"""The learner on a tiny random model: experience layout, micro-batch invariance, which passes run."""
+
+import pytest
+import torch
+
+from relayrl.algorithms.advantages import grpo
+from relayrl.config import load_config
+from relayrl.learner.batching import make_experience
+from relayrl.learner.policy import PolicyLearner
+from relayrl.types import Prompt, Rollout, Score
+
+
+def _config(model_dir, **train):
+    overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "train.lr=1e-3"]
+    overrides += [f"train.{k}={v}" for k, v in train.items()]
+    return load_config(None, overrides)
+
+
+def _experience(seed=0, groups=4, n=4, vocab=16):
+    """Rollouts of varied prompt and response lengths with made-up rewards (two groups flat)."""
+    gen = torch.Generator().manual_seed(seed)
+    rollouts, scores = [], []
+    for g in range(groups):
+        prompt_ids = torch.randint(4, vocab, (3 + g,), generator=gen).tolist()
+        prompt = Prompt(id=f"p{g}", text="", token_ids=prompt_ids)
+        for i in range(n):
+            length = 1 + (g + i) % 5
+            response = torch.randint(4, vocab, (length,), generator=gen).tolist()
+            rollouts.append(Rollout(prompt, i, response, "", [-1.0] * length, "stop", [0] * length))
+            scores.append(Score(float((g + i) % 2) if g < 2 else 1.0))
+    exp = make_experience(rollouts, scores, pad_id=0)
+    exp.advantages = grpo(exp.rewards, exp.group_ids)[:, None] * exp.loss_mask
+    return exp
+
+
+def _grads_of_first_step(learner, exp):
+    captured = []
+
+    def hook(optimizer, args, kwargs):
+        if not captured:
+            captured.extend(p.grad.clone() for p in learner.model.parameters())
+
+    learner.optimizer.register_step_pre_hook(hook)
+    stats = learner.update(exp)
+    return captured, stats
+
+
+def test_experience_aligns_response_tokens_to_targets():
+    prompt = Prompt(id="a", text="", token_ids=[5, 6, 7])
+    rollouts = [Rollout(prompt, 0, [8, 9], "", [-0.1, -0.2], "stop", [3, 3]),
+                Rollout(prompt, 1, [10], "", [-0.3], "length", [3])]
+    exp = make_experience(rollouts, [Score(1.0), Score(0.0)], pad_id=0)
+    assert exp.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 10, 0]]
+    assert exp.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
+    # target column j is token j+1: responses start at column len(prompt) - 1 = 2
+    assert exp.loss_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 0]]
+    assert exp.behaviour_logprobs[0].tolist() == pytest.approx([0, 0, -0.1, -0.2])
+    assert exp.versions.tolist() == [[0, 0, 3, 3], [0, 0, 3, 0]]
+    assert exp.group_ids.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("micro", [3, 5])
+def test_micro_batches_change_neither_loss_nor_gradients(random_model_dir, micro):
+    exp = _experience()
+    whole = PolicyLearner(_config(random_model_dir, micro_batch=16))
+    split = PolicyLearner(_config(random_model_dir, micro_batch=micro))
+    grads_whole, stats_whole = _grads_of_first_step(whole, exp)
+    grads_split, stats_split = _grads_of_first_step(split, exp)
+    assert any(g.abs().sum() > 0 for g in grads_whole)
+    for a, b in zip(grads_whole, grads_split):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert stats_split["loss/policy"] == pytest.approx(stats_whole["loss/policy"], abs=1e-6)
+    assert stats_split["actor/entropy"] == pytest.approx(stats_whole["actor/entropy"], rel=1e-5)
+
+
+def test_padding_does_not_change_logprobs(random_model_dir):
+    learner = PolicyLearner(_config(random_model_dir))
+    exp = _experience()
+    short = learner.logprobs(exp.select(torch.tensor([0])))  # trimmed to its own length
+    padded = learner.logprobs(exp)[0, : short.shape[1]]
+    torch.testing.assert_close(short[0], padded, atol=1e-5, rtol=1e-5)
+
+
+def test_single_on_policy_step_skips_the_old_logprob_pass(random_model_dir):
+    learner = PolicyLearner(_config(random_model_dir))
+    assert not learner.needs_old_logprobs and learner.reference is None
+    exp = _experience()
+    learner.fill_logprobs(exp)
+    assert exp.old_logprobs is None and exp.ref_logprobs is None
+    before = [p.detach().clone() for p in learner.model.parameters()]
+    stats = learner.update(exp)
+    assert stats["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # on-policy: ratio exactly 1
+    assert stats["actor/clip_frac"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
+
+
+@pytest.mark.parametrize("train", [{"epochs": 2}, {"mini_batch": 8}])
+def test_several_updates_per_step_compute_old_logprobs(random_model_dir, train):
+    learner = PolicyLearner(_config(random_model_dir, **train))
+    assert learner.needs_old_logprobs
+    exp = _experience()
+    learner.fill_logprobs(exp)
+    torch.testing.assert_close(exp.old_logprobs, learner.logprobs(exp))
+    stats = learner.update(exp)
+    assert stats["actor/ratio_max"] > 1.0  # later mini-batches / epochs see a moved policy
+
+
+def test_reference_is_loaded_only_with_a_kl_coefficient(random_model_dir):
+    config = load_config(None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4",
+                                "algorithm.kl.coef=0.1"])
+    learner = PolicyLearner(config)
+    assert learner.reference is not None
+    assert not any(p.requires_grad for p in learner.reference.parameters())
+    exp = _experience()
+    learner.fill_logprobs(exp)
+    torch.testing.assert_close(exp.ref_logprobs, learner.logprobs(exp))
+    stats = learner.update(exp)
+    assert stats["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # identical before the step
+    assert learner.update(exp)["actor/kl"] > 0  # the policy has moved away from the reference
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path):
+    from relayrl.errors import ModelError
+
+    with pytest.raises(ModelError, match="no config.json"):
+        PolicyLearner(_config(tmp_path / "nowhere"))
