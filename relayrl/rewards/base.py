@@ -49,7 +49,8 @@ def _import_module(name: str, spec: str):
     try:
         return importlib.import_module(name)
     except Exception as err:  # ImportError, and whatever the module raises while it runs (SyntaxError, ...)
-        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': {type(err).__name__}: {err}") from None
+        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': "
+                          f"{type(err).__name__}: {err}") from None
 
 
 def _import_file(path: str, spec: str):
