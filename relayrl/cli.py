@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--init", choices=["tiny"], default="tiny", help="build a tiny model + tokenizer locally")
     group.add_argument("--model", help="start from this model directory instead")
     sft.add_argument("--epochs", type=float, default=3.0)
-    sft.add_argument("--lr", type=float, default=3e-3)
+    sft.add_argument("--lr", type=float, default=1e-3)
     sft.add_argument("--batch-size", type=int, default=64)
     sft.add_argument("--seed", type=int, default=0)
     sft.set_defaults(fn=_sft)

@@ -23,7 +23,7 @@ from relayrl.errors import DataError
 @dataclass
 class SFTSettings:
     epochs: float = 3.0
-    lr: float = 3e-3
+    lr: float = 1e-3
     batch_size: int = 64
     warmup_steps: int = 20
     seed: int = 0
