@@ -50,7 +50,7 @@ class VLLMEngine:
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
 
-        params = SamplingParams(
+        params = [SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
@@ -58,8 +58,8 @@ class VLLMEngine:
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
-            seed=sampling.seed,
-        )
+            seed=request_seed(sampling.seed, index),
+        ) for index in range(len(prompts))]
         requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         rollouts = []
@@ -93,6 +93,12 @@ class VLLMEngine:
     def _worker(self):
         # Internal path (vLLM 0.32, in-process V1 engine); tested in tests/integration/test_vllm_engine.py.
         return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+
+
+def request_seed(seed: int | None, index: int) -> int | None:
+    """A distinct seed per request. One seed shared by every request of a batch would give every prompt
+    the same random stream, so their samples would be correlated across the batch."""
+    return None if seed is None else (seed * 1_000_003 + index) % (2**31 - 1)
 
 
 def _refresh_tied_lm_head(model) -> None:
