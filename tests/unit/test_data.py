@@ -391,8 +391,10 @@ def toy(tmp_path_factory):
 
 def test_toy_files_and_split(toy):
     train, held_out = read_jsonl(toy["train"]), read_jsonl(toy["eval"])
-    assert len(held_out) == 200 and len(train) == 50 * 50 - 200
+    assert len(held_out) == 200 and len(train) == (50 * 50 - 200) // 2
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+    # the warm start and RL use disjoint problems
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in read_jsonl(toy["sft"])}
     for row in train + held_out:
         a, b = map(int, row["prompt"].rstrip("=").split("+"))
         assert row["answer"] == str(a + b)
