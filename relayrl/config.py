@@ -209,6 +209,13 @@ def warn_ineffective(config: Config) -> None:
         warnings.warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0", stacklevel=3)
     if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
         warnings.warn("rollout.kv_cache_gib has no effect with rollout.engine=hf", stacklevel=3)
+    if config.rollout.top_p < 1 or config.rollout.top_k > 0:
+        warnings.warn("rollout.top_p/rollout.top_k truncate the sampling distribution, but the learner does not "
+                      "yet apply the same mask to its log-probs: the update is biased (watch mismatch/*)",
+                      stacklevel=3)
+    if config.data.eval is None and config.eval.model_fields_set:
+        warnings.warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval",
+                      stacklevel=3)
 
 
 def _deep_merge(base: dict, update: dict) -> dict:

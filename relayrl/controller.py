@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import json
 import os
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES, degenerate_group_fraction
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts
-from relayrl.errors import ModelError
+from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
 from relayrl.learner.policy import PolicyLearner
+from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import ConsoleTracker, JsonlTracker, Trackers
 from relayrl.rewards import load_reward, score_rollouts
@@ -39,21 +42,21 @@ class Trainer:
     tokenizer: object
     run_dir: Path
     data_metrics: dict
+    advantage_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    pad_id: int
 
     def step(self, step: int) -> dict[str, float]:
         cfg, timer = self.config, StepTimer()
         prompts = self.sampler.next(cfg.rollout.prompts_per_step)
-        policy_version = self.sync.version  # the version the update below starts from
         with timer("generate"):
-            rollouts = self.engine.generate(prompts, self.sampling(step), policy_version)
+            rollouts = self.engine.generate(prompts, self.sampling(step), self.sync.version)
         with timer("reward"):
             scores, reward_errors = score_rollouts(self.reward_fn, rollouts, cfg.reward.on_error)
         with timer("logprobs"):
-            exp = make_experience(rollouts, scores, self.tokenizer.pad_token_id)
+            exp = make_experience(rollouts, scores, self.pad_id)
             self.learner.fill_logprobs(exp)
         with timer("advantage"):
-            advantages = ADVANTAGES[cfg.algorithm.advantage](exp.rewards, exp.group_ids,
-                                                             std_normalize=cfg.algorithm.std_normalize)
+            advantages = self.advantage_fn(exp.rewards, exp.group_ids)
             exp.advantages = advantages[:, None] * exp.loss_mask
         with timer("update"):
             stats = self.learner.update(exp)
@@ -63,7 +66,6 @@ class Trainer:
         tokens = float(exp.loss_mask.sum())
         metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
-        metrics["stale/mean"] = float(policy_version - exp.versions[exp.loss_mask.bool()].float().mean())
         return metrics
 
     def sampling(self, step: int) -> Sampling:
@@ -123,37 +125,46 @@ def _eval_json(result: dict) -> dict:
 
 def build_trainer(config: Config) -> Trainer:
     """Construct every role once, in the driver process (the `local` placement)."""
-    from transformers import AutoTokenizer
-
-    if not config.model.path or not Path(config.model.path, "config.json").is_file():
-        raise ModelError(f"model.path={config.model.path!r} is not a model directory (no config.json there)")
+    check_model_dir(config.model.path)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     run_dir = Path(config.log.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(config))
     (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(config.model.path)
+    tokenizer = load_tokenizer(config.model.path)
     data = config.data
     prompts, long_stats = load_prompts(data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
                                        data.chat_template)
+    data_metrics = {"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated}
     eval_prompts = []
     if data.eval:
-        eval_prompts, _ = load_prompts(data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
-                                       data.chat_template)
-        if config.eval.max_prompts:
-            eval_prompts = eval_prompts[: config.eval.max_prompts]
+        eval_prompts, eval_stats = load_prompts(data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
+                                                data.chat_template)
+        eval_prompts = eval_prompts[: config.eval.max_prompts or None]
+        data_metrics.update({"data/eval_prompts_dropped": eval_stats.dropped,
+                             "data/eval_prompts_truncated": eval_stats.truncated})
     reward_fn = load_reward(config.reward.fn, config.reward.kwargs)
-    max_prompt = max(len(p.token_ids) for p in prompts + eval_prompts)
-    engine = build_engine(config.rollout.engine, config.model.path, max_prompt + config.rollout.max_tokens,
-                          config.train.seed, config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
-    learner = PolicyLearner(config)
+    max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
+    check_context(config, max_len)
+    engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
+                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
+    advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage],
+                                     std_normalize=config.algorithm.std_normalize)
     return Trainer(
-        config=config, engine=engine, learner=learner, sync=InProcessSync(), reward_fn=reward_fn,
+        config=config, engine=engine, learner=PolicyLearner(config), sync=InProcessSync(), reward_fn=reward_fn,
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
-        tokenizer=tokenizer, run_dir=run_dir,
-        data_metrics={"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated},
+        tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
+        pad_id=pad_token_id(tokenizer),
     )
+
+
+def check_context(config: Config, max_len: int) -> None:
+    limit = context_length(config.model.path)
+    if limit is not None and max_len > limit:
+        raise ConfigError(f"the longest prompt plus rollout.max_tokens={config.rollout.max_tokens} is {max_len} "
+                          f"tokens, over the model's context of {limit}: lower data.max_prompt_tokens="
+                          f"{config.data.max_prompt_tokens} or rollout.max_tokens")
 
 
 def train(config: Config) -> dict[str, dict[str, float]]:

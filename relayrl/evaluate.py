@@ -17,14 +17,18 @@ def evaluate(engine, prompts: list[Prompt], reward_fn, sampling: Sampling, versi
 def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: float = 0.0,
                    max_tokens: int = 64, engine: str = "vllm", seed: int = 0) -> dict[str, float]:
     """`relayrl eval`: load a model into an engine and score it on a prompt file."""
-    from transformers import AutoTokenizer
-
     from relayrl.data.source import load_prompts
+    from relayrl.errors import ConfigError
+    from relayrl.models.loading import context_length, load_tokenizer
     from relayrl.rewards import load_reward
     from relayrl.rollout import build_engine
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)
+    if n < 1 or max_tokens < 1 or temperature < 0:
+        raise ConfigError(f"relayrl eval: need --n >= 1, --max-tokens >= 1, --temperature >= 0 "
+                          f"(got {n}, {max_tokens}, {temperature})")
+    tokenizer = load_tokenizer(model, key="--model")
+    limit = context_length(model) or 10**9
+    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=max(1, limit - max_tokens))
     fn = load_reward(reward)
     max_len = max(len(p.token_ids) for p in prompts) + max_tokens
     rollout_engine = build_engine(engine, model, max_len, seed)

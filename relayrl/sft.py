@@ -47,7 +47,7 @@ def encode(pairs: list[tuple[str, str]], tokenizer) -> list[tuple[list[int], int
     """(token ids of prompt + completion + eos, prompt length) per pair."""
     out = []
     for prompt, completion in pairs:
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        p = tokenizer(prompt)["input_ids"]  # with the tokenizer's special tokens, as prompts are at RL time
         c = tokenizer(completion, add_special_tokens=False)["input_ids"]
         out.append((p + c + [tokenizer.eos_token_id], len(p)))
     return out

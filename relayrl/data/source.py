@@ -96,9 +96,17 @@ def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_pr
         raise ValueError(f"on_long_prompt must be error, drop or truncate, got {on_long_prompt!r}")
     stats = LongPromptStats()
     prompts = []
+    seen_ids: dict[str, str] = {}
     for index, (where, row) in enumerate(read_rows(path)):
         text = render(row, tokenizer, chat_template, where)
-        token_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        # a chat template writes its own special tokens; a plain prompt gets the tokenizer's (e.g. BOS)
+        token_ids = tokenizer(text, add_special_tokens="prompt" in row)["input_ids"]
+        if not token_ids:
+            raise DataError(f"{where}: the prompt tokenizes to no tokens")
+        prompt_id = str(row.get("id", index))
+        if prompt_id in seen_ids:
+            raise DataError(f"{where}: id {prompt_id!r} is already used at {seen_ids[prompt_id]}; ids must be unique")
+        seen_ids[prompt_id] = where
         if len(token_ids) > max_prompt_tokens:
             if on_long_prompt == "error":
                 raise DataError(f"{where}: prompt has {len(token_ids)} tokens, over data.max_prompt_tokens="
@@ -110,7 +118,7 @@ def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_pr
             token_ids = token_ids[-max_prompt_tokens:]  # keep the end, where the question usually is
             text = tokenizer.decode(token_ids)
         columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
-        prompts.append(Prompt(id=str(row.get("id", index)), text=text, token_ids=token_ids, columns=columns))
+        prompts.append(Prompt(id=prompt_id, text=text, token_ids=token_ids, columns=columns))
     if not prompts:
         raise DataError(f"{path}: every prompt was dropped as longer than {max_prompt_tokens} tokens")
     return prompts, stats

@@ -16,8 +16,9 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
     loss_mask = torch.zeros((batch, width - 1))
     behaviour = torch.zeros((batch, width - 1))
     versions = torch.zeros((batch, width - 1), dtype=torch.long)
-    group_of: dict[str, int] = {}
-    group_ids = torch.tensor([group_of.setdefault(r.prompt.id, len(group_of)) for r in rollouts])
+    # engines return rollouts prompt-major; a group starts at group_index 0 (so duplicate prompts or ids
+    # in a batch never merge into one group)
+    group_ids = torch.cumsum(torch.tensor([r.group_index == 0 for r in rollouts]), 0) - 1
     for row, rollout in enumerate(rollouts):
         prompt_len, response_len = len(rollout.prompt.token_ids), len(rollout.response_ids)
         input_ids[row, : lengths[row]] = torch.tensor(rollout.prompt.token_ids + rollout.response_ids)

@@ -18,18 +18,10 @@ import torch
 
 from relayrl.algorithms.losses import entropy_from_logits, kl_penalty, ppo_clip_loss
 from relayrl.config import Config
-from relayrl.errors import ModelError
 from relayrl.learner.batching import token_logprobs
 from relayrl.learner.optim import build_optimizer, build_scheduler
+from relayrl.models.loading import load_causal_lm
 from relayrl.types import Experience
-
-
-def load_causal_lm(path: str, device: str):
-    from transformers import AutoModelForCausalLM
-
-    if not (Path(path) / "config.json").is_file():
-        raise ModelError(f"model.path={path!r} is not a model directory (no config.json there)")
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
 
 
 class PolicyLearner:
@@ -40,7 +32,9 @@ class PolicyLearner:
         # fp32 master weights always; on GPU the forward runs under bf16 autocast
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
         torch.manual_seed(config.train.seed)
-        self.model = load_causal_lm(config.model.path, self.device)
+        # eval mode throughout: dropout would make the on-policy ratio differ from 1 and the log-probs
+        # of the old/reference passes differ from the update's; gradients flow the same
+        self.model = load_causal_lm(config.model.path, self.device).eval()
         self.model.config.use_cache = False
         self.reference = None
         if config.algorithm.kl.coef > 0:
@@ -83,12 +77,13 @@ class PolicyLearner:
     # ------------------------------------------------------------------ update
     def update(self, exp: Experience) -> dict[str, float]:
         train = self.config.train
-        self.model.train()
         totals = _Totals()
+        lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
         pre_update = torch.zeros_like(exp.loss_mask) if exp.old_logprobs is None else exp.old_logprobs
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
             for mini in self._chunks(order, self.config.mini_batch):
+                totals.n_stale.append(len(totals.grad_norm))  # optimizer steps since the samples' policy
                 tokens = float(exp.loss_mask[mini].sum())
                 for micro in self._chunks(mini, train.micro_batch):
                     logp = self._accumulate(exp.select(micro), tokens, totals)
@@ -100,7 +95,7 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
         stats.update(mismatch_metrics(pre_update, exp.behaviour_logprobs, exp.loss_mask))
-        stats["lr"] = self.scheduler.get_last_lr()[0]
+        stats["lr"] = lr
         return stats
 
     def _accumulate(self, part: Experience, mini_tokens: float, totals: "_Totals") -> torch.Tensor:
@@ -110,16 +105,18 @@ class PolicyLearner:
         logp = token_logprobs(logits, part.input_ids[:, 1:].to(self.device))
         mask = part.loss_mask.to(self.device)
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)
-        loss, metrics = ppo_clip_loss(logp, old, part.advantages.to(self.device), mask, algo.clip_eps,
-                                      algo.loss_agg, normaliser=mini_tokens)
+        policy_loss, metrics = ppo_clip_loss(logp, old, part.advantages.to(self.device), mask, algo.clip_eps,
+                                             algo.loss_agg, normaliser=mini_tokens)
+        loss = policy_loss
         if self.reference is not None:
             kl_loss, kl_sum = kl_penalty(logp, part.ref_logprobs.to(self.device), mask, algo.kl.estimator,
                                          algo.loss_agg, normaliser=mini_tokens)
-            loss = loss + algo.kl.coef * kl_loss
+            loss = policy_loss + algo.kl.coef * kl_loss
             totals.add("kl", kl_sum)
         loss.backward()
         with torch.no_grad():
-            totals.add("loss", loss.detach() * mini_tokens)
+            totals.add("loss_policy", policy_loss.detach() * mini_tokens)
+            totals.add("loss_total", loss.detach() * mini_tokens)
             totals.add("entropy", (entropy_from_logits(logits.detach()) * mask).sum())
             totals.add("clip_tokens", metrics["clip_tokens"])
             totals.add("ratio_sum", metrics["ratio_sum"])
@@ -148,6 +145,7 @@ class _Totals:
     def __init__(self):
         self.sums: dict[str, float] = {}
         self.grad_norm: list[float] = []
+        self.n_stale: list[int] = []  # per mini-batch
         self.ratio_max = 0.0
 
     def add(self, name: str, value: torch.Tensor) -> None:
@@ -156,7 +154,10 @@ class _Totals:
     def summary(self, tokens: torch.Tensor) -> dict[str, float]:
         tokens = max(float(tokens), 1.0)
         stats = {
-            "loss/policy": self.sums["loss"] / tokens,
+            "loss/policy": self.sums["loss_policy"] / tokens,
+            "loss/total": self.sums["loss_total"] / tokens,
+            "stale/mean": sum(self.n_stale) / len(self.n_stale),  # optimizer steps, per mini-batch
+            "stale/max": float(max(self.n_stale)),
             "actor/entropy": self.sums["entropy"] / tokens,
             "actor/clip_frac": self.sums["clip_tokens"] / tokens,
             "actor/ratio_mean": self.sums["ratio_sum"] / tokens,

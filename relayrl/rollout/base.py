@@ -44,5 +44,5 @@ def build_engine(kind: str, model_path: str, max_model_len: int, seed: int, kv_c
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine
 
-        return HFEngine(model_path, seed)
+        return HFEngine(model_path)
     raise ValueError(f"unknown rollout engine {kind!r}")

@@ -15,7 +15,7 @@ from relayrl.types import Prompt, Rollout
 
 
 class HFEngine:
-    def __init__(self, model_path: str, seed: int):
+    def __init__(self, model_path: str):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -23,7 +23,6 @@ class HFEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
-        self.seed = seed
         self.version = 0
 
     @torch.no_grad()
@@ -57,6 +56,9 @@ class HFEngine:
         finish = "length"
         if self.eos_id in ids:
             ids = ids[: ids.index(self.eos_id) + 1]
+            finish = "stop"
+        elif sampling.stop and self.pad_id in ids:  # a row stopped by a stop string is padded after it
+            ids = ids[: ids.index(self.pad_id)]
             finish = "stop"
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         for stop in sampling.stop:

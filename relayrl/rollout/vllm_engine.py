@@ -10,6 +10,7 @@ parameters are post-processed) and the prefix cache is reset after every update 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Iterable
 
 import torch
@@ -23,7 +24,7 @@ def _configure_environment(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU warnings are advice, not problems of the run
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
@@ -32,7 +33,9 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5):
         _configure_environment(kv_cache_gib)
         threads = torch.get_num_threads()
-        from vllm import LLM
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # vLLM's own deprecated torch.distributed names
+            from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
         self.llm = LLM(
@@ -58,7 +61,7 @@ class VLLMEngine:
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
-            seed=request_seed(sampling.seed, index),
+            seed=request_seed(sampling.seed, index, sampling.n),
         ) for index in range(len(prompts))]
         requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -66,6 +69,9 @@ class VLLMEngine:
         for prompt, output in zip(prompts, outputs):
             for index, completion in enumerate(output.outputs):
                 token_ids = list(completion.token_ids)
+                if len(completion.logprobs or ()) != len(token_ids):
+                    raise RuntimeError(f"vLLM returned {len(completion.logprobs or ())} log-probs for "
+                                       f"{len(token_ids)} tokens of sample {prompt.id}#{index}")
                 logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
                 rollouts.append(Rollout(
                     prompt=prompt, group_index=index, response_ids=token_ids, response_text=completion.text,
@@ -95,10 +101,11 @@ class VLLMEngine:
         return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
 
 
-def request_seed(seed: int | None, index: int) -> int | None:
-    """A distinct seed per request. One seed shared by every request of a batch would give every prompt
-    the same random stream, so their samples would be correlated across the batch."""
-    return None if seed is None else (seed * 1_000_003 + index) % (2**31 - 1)
+def request_seed(seed: int | None, index: int, n: int) -> int | None:
+    """The seed of request `index`. vLLM seeds the j-th of a request's n samples with seed + j, so request
+    seeds are spaced n apart: every sample of the batch gets its own random stream. (One seed shared by
+    all requests would draw the same sample for every prompt.)"""
+    return None if seed is None else seed * 1_000_003 + index * n
 
 
 def _refresh_tied_lm_head(model) -> None:

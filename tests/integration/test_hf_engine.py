@@ -8,7 +8,7 @@ from relayrl.types import Prompt
 
 
 def test_hf_engine_rollouts_and_logprob_parity(random_model_dir):
-    engine = HFEngine(str(random_model_dir), seed=0)
+    engine = HFEngine(str(random_model_dir))
     tok = engine.tokenizer
     prompts = [Prompt(id=str(i), text=t, token_ids=tok(t, add_special_tokens=False)["input_ids"])
                for i, t in enumerate(["12+7=", "3+45="])]  # different lengths: left padding is exercised
@@ -26,7 +26,7 @@ def test_hf_engine_rollouts_and_logprob_parity(random_model_dir):
 
 
 def test_hf_engine_load_weights_changes_outputs(random_model_dir):
-    engine = HFEngine(str(random_model_dir), seed=0)
+    engine = HFEngine(str(random_model_dir))
     ids = engine.tokenizer("12+7=", add_special_tokens=False)["input_ids"]
     prompt = Prompt(id="0", text="12+7=", token_ids=ids)
     before = engine.generate([prompt], Sampling.greedy(4), 0)[0].behaviour_logprobs

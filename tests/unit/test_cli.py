@@ -91,3 +91,16 @@ def test_the_own_task_example_reward_scores_its_data(monkeypatch):
     fn = load_reward(config.reward.fn)
     scores = fn([r["prompt"] for r in rows], [r["answer"] for r in rows], answer=[r["answer"] for r in rows])
     assert scores == [{"correct": 1.0, "format": 0.1}] * 3
+
+
+def test_prompt_plus_response_over_the_context_exits_2(tmp_path, capsys, random_model_dir, toy_task):
+    config = _config(tmp_path, model={"path": str(random_model_dir)}, data={"train": str(toy_task["train"])},
+                     rollout={"max_tokens": 1000}, log={"dir": str(tmp_path / "run")})
+    code, _, err = _run(capsys, "train", config)
+    assert code == 2 and "rollout.max_tokens=1000" in err and "context of 256" in err
+
+
+def test_eval_of_a_missing_model_exits_2(tmp_path, capsys, toy_task):
+    code, _, err = _run(capsys, "eval", "--model", str(tmp_path / "none"), "--data", str(toy_task["eval"]),
+                        "--reward", "exact_match")
+    assert code == 2 and "--model=" in err

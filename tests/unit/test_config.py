@@ -294,3 +294,13 @@ def test_every_field_has_a_description():
     assert len(fields) > 40 and "algorithm.kl.coef" in fields  # the walk reaches nested sections
     missing = [path for path, field in fields.items() if not (field.description or "").strip()]
     assert not missing, f"fields without a description (the docs are generated from them): {missing}"
+
+
+def test_truncated_sampling_warns_that_the_learner_does_not_mask_yet():
+    with pytest.warns(UserWarning, match="rollout.top_p/rollout.top_k"):
+        load_config(None, ["rollout.top_p=0.9"])
+
+
+def test_eval_settings_without_eval_data_warn():
+    with pytest.warns(UserWarning, match="eval.every has no effect without data.eval"):
+        load_config(None, ["eval.every=5"])

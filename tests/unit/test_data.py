@@ -432,3 +432,11 @@ def test_sloppy_teacher_only_errs_on_carry_problems_by_ten(toy):
 def test_sloppy_sum():
     assert sloppy_sum(58, 67) == 115 and sloppy_sum(12, 34) == 46 and sloppy_sum(5, 5) == 0
     assert needs_carry(5, 5) and not needs_carry(14, 5)
+
+
+def test_duplicate_ids_name_both_rows(tmp_path):
+    tok = train_char_tokenizer(["ab+="])
+    path = tmp_path / "dup.jsonl"
+    path.write_text('{"id": "x", "prompt": "a"}\n{"id": "y", "prompt": "b"}\n{"id": "x", "prompt": "ab"}\n')
+    with pytest.raises(DataError, match=rf"{path}:3: id 'x' is already used at {path}:1"):
+        load_prompts(path, tok, 16)

@@ -124,3 +124,29 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
 
     with pytest.raises(ModelError, match="no config.json"):
         PolicyLearner(_config(tmp_path / "nowhere"))
+
+
+def test_groups_follow_generation_order_not_prompt_ids():
+    """Two different prompts that share an id (or one prompt drawn twice) stay two GRPO groups."""
+    a, b = Prompt(id="same", text="", token_ids=[5]), Prompt(id="same", text="", token_ids=[6])
+    rollouts = [Rollout(p, i, [7], "", [-1.0], "stop", [0]) for p in (a, b) for i in range(2)]
+    exp = make_experience(rollouts, [Score(1.0)] * 4, pad_id=0)
+    assert exp.group_ids.tolist() == [0, 0, 1, 1]
+
+
+def test_staleness_counts_optimizer_steps_per_mini_batch(random_model_dir):
+    stats = PolicyLearner(_config(random_model_dir, mini_batch=4)).update(_experience())
+    # 16 responses in mini-batches of 4: the mini-batches are 0, 1, 2, 3 optimizer steps stale
+    assert stats["stale/mean"] == 1.5 and stats["stale/max"] == 3.0
+    on_policy = PolicyLearner(_config(random_model_dir)).update(_experience())
+    assert on_policy["stale/mean"] == 0.0 and on_policy["loss/total"] == on_policy["loss/policy"]
+
+
+def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
+    config = load_config(None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4",
+                                "algorithm.kl.coef=0.5", "train.epochs=2"])
+    learner = PolicyLearner(config)
+    exp = _experience()
+    learner.fill_logprobs(exp)
+    stats = learner.update(exp)
+    assert stats["loss/total"] == pytest.approx(stats["loss/policy"] + 0.5 * stats["actor/kl"], rel=1e-4, abs=1e-7)
