@@ -81,8 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
     from relayrl.errors import RelayError
 
+    hf_logging.disable_progress_bar()  # per-shard load/save bars; the run has its own progress bar
     try:
         args.fn(args)
     except RelayError as err:

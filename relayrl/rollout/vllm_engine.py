@@ -26,6 +26,8 @@ def _configure_environment(kv_cache_gib: float) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU warnings are advice, not problems of the run
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM's own use of deprecated torch.distributed names; nothing a user can act on
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
 class VLLMEngine:
@@ -33,9 +35,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.5):
         _configure_environment(kv_cache_gib)
         threads = torch.get_num_threads()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # vLLM's own deprecated torch.distributed names
-            from vllm import LLM
+        from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
         self.llm = LLM(
