@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from relayrl.algorithms.advantages import ADVANTAGES, degenerate_group_fraction
+from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, degenerate_group_fraction, make_inputs
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts
 from relayrl.errors import ConfigError
@@ -42,7 +42,7 @@ class Trainer:
     tokenizer: object
     run_dir: Path
     data_metrics: dict
-    advantage_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    advantage_fn: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
     pad_id: int
 
     def step(self, step: int) -> dict[str, float]:
@@ -56,8 +56,7 @@ class Trainer:
             exp = make_experience(rollouts, scores, self.pad_id)
             self.learner.fill_logprobs(exp)
         with timer("advantage"):
-            advantages = self.advantage_fn(exp.rewards, exp.group_ids)
-            exp.advantages = advantages[:, None] * exp.loss_mask
+            exp.advantages = self.advantage_fn(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))[0]
         with timer("update"):
             stats = self.learner.update(exp)
         with timer("sync"):
@@ -149,8 +148,8 @@ def build_trainer(config: Config) -> Trainer:
     check_context(config, max_len)
     engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
                           config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
-    advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage],
-                                     std_normalize=config.algorithm.std_normalize)
+    knobs = {"std_normalize": config.algorithm.std_normalize} if config.algorithm.advantage == "grpo" else {}
+    advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **knobs)
     return Trainer(
         config=config, engine=engine, learner=PolicyLearner(config), sync=InProcessSync(), reward_fn=reward_fn,
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,

@@ -1,42 +1,195 @@
-"""Advantage estimators, one function each, registered by name. Pure functions on tensors."""
+"""Advantage estimators, one pure tensor function each, registered by name.
+
+Every estimator has the same signature: `fn(inputs: AdvantageInputs, **knobs) -> (advantages [B, T],
+returns [B, T] | None)`. Advantages are 0 outside `inputs.mask`; `returns` are a critic's regression
+targets, so only `gae` has them. Inputs are token-level so that a per-token reward (a KL penalty) and
+per-token estimators (REINFORCE++, GAE) use the same API as the sequence-level ones (GRPO, RLOO).
+
+Deliberately left out: loss aggregation (Dr. GRPO's constant normaliser lives in losses.py), the KL
+penalty itself (the caller adds it to `token_rewards`) and the critic.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {}
+Estimator = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+ADVANTAGES: dict[str, Estimator] = {}
 
 
 def register(name: str):
-    def wrap(fn):
+    def wrap(fn: Estimator) -> Estimator:
         ADVANTAGES[name] = fn
         return fn
     return wrap
 
 
-@register("grpo")
-def grpo(rewards: torch.Tensor, group_ids: torch.Tensor, std_normalize: bool = True,
-         eps: float = 1e-6) -> torch.Tensor:
-    """Group-relative advantage per response: (r - mean_group) / (std_group + eps), or r - mean_group.
+@dataclass
+class AdvantageInputs:
+    token_rewards: torch.Tensor  # [B, T] sequence reward on the last response token (+ per-token terms), else 0
+    mask: torch.Tensor  # [B, T] 1.0 on response tokens
+    group_ids: torch.Tensor  # [B] responses to one prompt share an id (any order, any values)
+    values: torch.Tensor | None = None  # [B, T] critic values (gae only)
 
-    rewards [B], group_ids [B] -> advantages [B]. The std is the unbiased sample std of the group
-    (as in DeepSeekMath); a group whose rewards are all equal gets advantage exactly 0.
+
+def make_inputs(rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
+                values: torch.Tensor | None = None) -> AdvantageInputs:
+    """rewards [B], mask [B, T], group_ids [B] -> inputs with each reward on its row's last response token."""
+    last = last_response_token(mask)  # [B]
+    token_rewards = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
+    token_rewards[torch.arange(len(rewards), device=rewards.device), last] = rewards
+    return AdvantageInputs(token_rewards, mask.to(rewards.dtype), group_ids, values)
+
+
+def last_response_token(mask: torch.Tensor) -> torch.Tensor:
+    """mask [B, T] -> [B] column of each row's last response token; a row without one is an error."""
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.where(mask > 0, positions, -1).amax(dim=1)
+    if (last < 0).any():
+        rows = torch.nonzero(last < 0).flatten().tolist()
+        raise ValueError(f"rows {rows} have no response tokens, so their reward has no token to sit on")
+    return last
+
+
+def sequence_rewards(inputs: AdvantageInputs) -> torch.Tensor:
+    """token_rewards summed over the response: [B, T] -> [B]."""
+    return (inputs.token_rewards * inputs.mask).sum(dim=1)
+
+
+@register("grpo")
+def grpo(inputs: AdvantageInputs, std_normalize: bool = True, eps: float = 1e-6) -> tuple[torch.Tensor, None]:
+    """GRPO (DeepSeekMath): A_i = (R_i - mean_g R) / (std_g R + eps), on every response token of row i.
+
+    std_g is the unbiased sample std of the group g; std_normalize=False gives R_i - mean_g R. A flat
+    group (all rewards equal) gets exactly 0, even with eps=0.
     """
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    sums = torch.zeros(len(counts), dtype=rewards.dtype).index_add_(0, inverse, rewards)
-    means = sums / counts
-    centred = rewards - means[inverse]
-    if not std_normalize:
-        return centred
-    squares = torch.zeros(len(counts), dtype=rewards.dtype).index_add_(0, inverse, centred**2)
-    std = torch.sqrt(squares / (counts - 1).clamp(min=1))[inverse]
-    return torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    centred, inverse, counts = _group_centred(sequence_rewards(inputs), inputs.group_ids)  # [B], [B], [G]
+    if std_normalize:
+        variance = _group_sum(centred**2, inverse, len(counts)) / (counts - 1).clamp(min=1)  # [G]
+        std = variance.sqrt()[inverse]  # [B]
+        centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
+    return centred[:, None] * inputs.mask, None
+
+
+@register("dr_grpo")
+def dr_grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """Dr. GRPO ("Understanding R1-Zero-like Training", Liu et al. 2025): A_i = R_i - mean_g R, no std.
+
+    The paper's other change, dividing the loss by a constant instead of each response's length, is a
+    loss-aggregation choice made in losses.py, not here.
+    """
+    centred, _, _ = _group_centred(sequence_rewards(inputs), inputs.group_ids)  # [B]
+    return centred[:, None] * inputs.mask, None
+
+
+@register("rloo")
+def rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
+    """RLOO (Ahmadian et al. 2024): A_i = R_i - mean_{j != i in g} R_j = n/(n-1) * (R_i - mean_g R).
+
+    A group of one response has no other responses to compare with and gets 0.
+    """
+    centred, inverse, counts = _group_centred(sequence_rewards(inputs), inputs.group_ids)  # [B], [B], [G]
+    scale = counts / (counts - 1).clamp(min=1)  # [G]; n=1 has centred == 0 already
+    return (centred * scale[inverse])[:, None] * inputs.mask, None
+
+
+@register("reinforce_pp")
+def reinforce_pp(inputs: AdvantageInputs, gamma: float = 1.0, eps: float = 1e-8) -> tuple[torch.Tensor, None]:
+    """REINFORCE++ (Hu 2025, OpenRLHF `reinforce`): G_t = sum_{s>=t} gamma^(s-t) r_s, then whitened.
+
+    Whitening is over all response tokens of the batch: (G_t - mean) / sqrt(max(var, eps)) with the
+    population variance, as OpenRLHF does.
+    """
+    returns_to_go = _discounted_cumsum(inputs.token_rewards, inputs.mask, gamma)  # [B, T]
+    return _whiten(returns_to_go, inputs.mask, eps), None
+
+
+@register("reinforce_pp_baseline")
+def reinforce_pp_baseline(inputs: AdvantageInputs, eps: float = 1e-8) -> tuple[torch.Tensor, None]:
+    """REINFORCE++-baseline (OpenRLHF `reinforce_baseline`): G_t = sum_{s>=t} r_s - mean_g R, whitened.
+
+    As in OpenRLHF: the group mean of the sequence reward is subtracted from the last-token reward,
+    the return-to-go is taken with gamma fixed at 1 (OpenRLHF overrides any other gamma), and the result
+    is whitened over all response tokens of the batch like `reinforce_pp`. So a flat group is not 0
+    after whitening. One difference: OpenRLHF averages the raw reward before adding the KL penalty;
+    here R is `sequence_rewards`, which includes any per-token terms already in `token_rewards`.
+    """
+    rewards = sequence_rewards(inputs)  # [B]
+    centred, _, _ = _group_centred(rewards, inputs.group_ids)
+    baseline = rewards - centred  # [B] group mean (exactly R in a flat group)
+    returns_to_go = _discounted_cumsum(inputs.token_rewards, inputs.mask, 1.0)  # [B, T]
+    # with gamma = 1 the last-token baseline is in every token's return-to-go exactly once
+    return _whiten(returns_to_go - baseline[:, None], inputs.mask, eps), None
+
+
+@register("gae")
+def gae(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False,
+        eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al. 2016): d_t = r_t + gamma V_{t+1} - V_t, A_t = d_t + gamma lam A_{t+1}.
+
+    Returns = A + V (before any whitening). V after the last response token is 0, and the recursion
+    stops at the mask, so padding and prompt columns never reach a response token. RLHF usually runs
+    gamma=1, lam=0.95. whiten=True whitens A over all response tokens of the batch like `reinforce_pp`.
+    """
+    if inputs.values is None:
+        raise ValueError("the gae advantage needs critic values, but AdvantageInputs.values is None")
+    mask = inputs.mask
+    values = inputs.values * mask  # [B, T]
+    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # [B, T]
+    deltas = inputs.token_rewards * mask + gamma * next_values - values  # [B, T]
+    advantages = _discounted_cumsum(deltas, mask, gamma * lam)
+    returns = (advantages + values) * mask
+    if whiten:
+        advantages = _whiten(advantages, mask, eps)
+    return advantages, returns
 
 
 def degenerate_group_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
-    """Fraction of groups whose rewards are all equal (they carry no GRPO signal)."""
-    groups = torch.unique(group_ids)
-    flat = sum(bool((rewards[group_ids == g] == rewards[group_ids == g][0]).all()) for g in groups)
-    return flat / len(groups)
+    """Fraction of groups whose rewards are all equal (they carry no GRPO signal): [B], [B] -> float."""
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    return float((_group_spread(rewards, inverse, len(counts)) == 0).float().mean())
+
+
+def _group_centred(rewards: torch.Tensor, group_ids: torch.Tensor):
+    """rewards [B], group_ids [B] -> (R - group mean [B], group index of each row [B], group sizes [G]).
+
+    A flat group is set to exactly 0: its float mean can be one rounding step off its rewards.
+    """
+    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    means = _group_sum(rewards, inverse, len(counts)) / counts  # [G]
+    flat = _group_spread(rewards, inverse, len(counts)) == 0  # [G]
+    centred = torch.where(flat[inverse], torch.zeros_like(rewards), rewards - means[inverse])
+    return centred, inverse, counts
+
+
+def _group_sum(x: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:
+    """x [B] summed per group -> [G]."""
+    return torch.zeros(groups, dtype=x.dtype, device=x.device).index_add_(0, inverse, x)
+
+
+def _group_spread(x: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:
+    """max - min of x [B] per group -> [G]."""
+    empty = torch.zeros(groups, dtype=x.dtype, device=x.device)
+    high = empty.scatter_reduce(0, inverse, x, "amax", include_self=False)
+    low = empty.scatter_reduce(0, inverse, x, "amin", include_self=False)
+    return high - low
+
+
+def _discounted_cumsum(x: torch.Tensor, mask: torch.Tensor, discount: float) -> torch.Tensor:
+    """out_t = (x_t + discount * out_{t+1}) * mask_t over [B, T]: a masked column cuts the sum."""
+    out, running = torch.zeros_like(x), torch.zeros_like(x[:, 0])
+    for t in reversed(range(x.shape[1])):
+        running = (x[:, t] + discount * running) * mask[:, t]
+        out[:, t] = running
+    return out
+
+
+def _whiten(x: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x - mean) / sqrt(max(var, eps)) over the masked entries of x [B, T] (population var); 0 elsewhere."""
+    count = mask.sum().clamp(min=1)
+    mean = (x * mask).sum() / count
+    variance = ((x - mean) ** 2 * mask).sum() / count
+    return (x - mean) * variance.clamp(min=eps).rsqrt() * mask

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from relayrl.algorithms.advantages import grpo
+from relayrl.algorithms.advantages import grpo, make_inputs
 from relayrl.config import load_config
 from relayrl.learner.batching import make_experience
 from relayrl.learner.policy import PolicyLearner
@@ -29,7 +29,7 @@ def _experience(seed=0, groups=4, n=4, vocab=16):
             rollouts.append(Rollout(prompt, i, response, "", [-1.0] * length, "stop", [0] * length))
             scores.append(Score(float((g + i) % 2) if g < 2 else 1.0))
     exp = make_experience(rollouts, scores, pad_id=0)
-    exp.advantages = grpo(exp.rewards, exp.group_ids)[:, None] * exp.loss_mask
+    exp.advantages, _ = grpo(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))
     return exp
 
 
