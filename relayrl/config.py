@@ -79,15 +79,52 @@ class RolloutConfig(Section):
 
 class KLConfig(Section):
     coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference; 0 = no reference loaded.")
-    estimator: Literal["k3"] = Field("k3", description="Per-token KL estimator (k3: exp(r) - r - 1, r = ref - policy).")
+    estimator: Literal["k1", "k2", "k3", "abs"] = Field(
+        "k3", description="Per-token KL estimator: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = exp(r) - r - 1 "
+                          "with r = ref - logp, abs = |logp - ref|."
+    )
+    placement: Literal["loss", "reward"] = Field(
+        "loss", description="Add the KL penalty to the loss (GRPO style) or subtract it from per-token rewards (PPO style)."
+    )
+    controller: Literal["fixed", "adaptive"] = Field(
+        "fixed", description="Fixed coefficient, or adapted towards kl.target (Ziegler et al. 2019)."
+    )
+    target: float = Field(0.1, gt=0, description="Adaptive controller: the KL per token it steers towards.")
+    horizon: int = Field(10_000, ge=1, description="Adaptive controller: samples over which the error is corrected.")
+
+
+class CorrectionConfig(Section):
+    mode: Literal["none", "tis_token", "tis_seq", "mask_token", "mask_seq"] = Field(
+        "none", description="Rollout correction with the engine's behaviour log-probs: truncated importance "
+                            "sampling per token or sequence, or masking tokens/sequences whose ratio is off."
+    )
+    threshold: float = Field(2.0, gt=0, description="TIS: cap on the importance weight old/behaviour.")
+    lower: float = Field(0.5, gt=0, description="Masking: smallest ratio kept.")
+    upper: float = Field(2.0, gt=0, description="Masking: largest ratio kept.")
 
 
 class AlgorithmConfig(Section):
-    advantage: Literal["grpo"] = Field("grpo", description="Advantage estimator.")
-    std_normalize: bool = Field(True, description="GRPO: divide group-centred rewards by the group std.")
-    clip_eps: float = Field(0.2, gt=0, description="PPO clip range for the importance ratio.")
-    loss_agg: Literal["token_mean"] = Field("token_mean", description="How per-token losses become one number.")
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
+        "grpo", description="Advantage estimator (docs/algorithms.md gives each formula)."
+    )
+    std_normalize: bool = Field(True, description="grpo: divide group-centred rewards by the group std.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of per-token returns (reinforce_pp, reinforce_pp_baseline).")
+    policy_loss: Literal["ppo_clip", "gspo"] = Field(
+        "ppo_clip", description="ppo_clip: token-level clipped surrogate; gspo: sequence-level ratio (use a small clip_eps)."
+    )
+    clip_eps: float = Field(0.2, gt=0, description="Clip range of the importance ratio (both sides unless set below).")
+    clip_eps_low: float | None = Field(None, gt=0, description="Lower clip range (1 - eps_low); default clip_eps.")
+    clip_eps_high: float | None = Field(
+        None, gt=0, description="Upper clip range (1 + eps_high); DAPO's clip-higher uses 0.28. Default clip_eps."
+    )
+    dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip bound c for negative advantages (None = off).")
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
+        "token_mean", description="How per-token losses become one number (seq_mean_token_sum_norm divides by "
+                                  "rollout.max_tokens, as Dr. GRPO)."
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     kl: KLConfig = Field(default_factory=KLConfig)
+    correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
 
 
 class TrainConfig(Section):
@@ -145,8 +182,12 @@ class Config(Section):
                 f"train.mini_batch={self.mini_batch} must divide the rollout batch "
                 f"(rollout.prompts_per_step * rollout.n = {self.rollout_batch})"
             )
-        if self.algorithm.advantage == "grpo" and self.rollout.n < 2:
-            raise ValueError("rollout.n must be at least 2 for grpo (advantages are relative within a group)")
+        group_relative = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+        if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
+            raise ValueError("algorithm.kl.controller=adaptive needs an initial algorithm.kl.coef > 0")
+        if self.algorithm.advantage in group_relative and self.rollout.n < 2:
+            raise ValueError(f"rollout.n must be at least 2 for {self.algorithm.advantage} "
+                             "(advantages are relative within a group)")
         return self
 
 
@@ -209,9 +250,15 @@ def warn_ineffective(config: Config) -> None:
         warnings.warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0", stacklevel=3)
     if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
         warnings.warn("rollout.kv_cache_gib has no effect with rollout.engine=hf", stacklevel=3)
-    if config.rollout.top_p < 1 or config.rollout.top_k > 0:
-        warnings.warn("rollout.top_p/rollout.top_k truncate the sampling distribution, but the learner does not "
-                      "yet apply the same mask to its log-probs: the update is biased (watch mismatch/*)",
+    algo = config.algorithm
+    if algo.kl.coef == 0 and algo.kl.model_fields_set - {"coef", "estimator"}:
+        names = ", ".join(f"algorithm.kl.{k}" for k in sorted(algo.kl.model_fields_set - {"coef", "estimator"}))
+        warnings.warn(f"{names} has no effect while algorithm.kl.coef is 0", stacklevel=3)
+    if algo.correction.mode == "none" and algo.correction.model_fields_set - {"mode"}:
+        warnings.warn("algorithm.correction settings have no effect while algorithm.correction.mode is none",
+                      stacklevel=3)
+    if algo.policy_loss == "ppo_clip" and algo.clip_eps < 0.01:
+        warnings.warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2",
                       stacklevel=3)
     if config.data.eval is None and config.eval.model_fields_set:
         warnings.warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval",

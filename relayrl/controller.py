@@ -56,7 +56,11 @@ class Trainer:
             exp = make_experience(rollouts, scores, self.pad_id)
             self.learner.fill_logprobs(exp)
         with timer("advantage"):
-            exp.advantages = self.advantage_fn(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))[0]
+            inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids)
+            penalty = self.learner.objective.reward_penalty(exp)  # kl.placement=reward, else None
+            if penalty is not None:
+                inputs.token_rewards = inputs.token_rewards + penalty
+            exp.advantages = self.advantage_fn(inputs)[0]
         with timer("update"):
             stats = self.learner.update(exp)
         with timer("sync"):
@@ -148,14 +152,20 @@ def build_trainer(config: Config) -> Trainer:
     check_context(config, max_len)
     engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
                           config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
-    knobs = {"std_normalize": config.algorithm.std_normalize} if config.algorithm.advantage == "grpo" else {}
-    advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **knobs)
+    advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
     return Trainer(
         config=config, engine=engine, learner=PolicyLearner(config), sync=InProcessSync(), reward_fn=reward_fn,
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
         tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
         pad_id=pad_token_id(tokenizer),
     )
+
+
+def advantage_knobs(config: Config) -> dict:
+    """The config values each estimator takes (the others have none)."""
+    algo = config.algorithm
+    return {"grpo": {"std_normalize": algo.std_normalize}, "reinforce_pp": {"gamma": algo.gamma}}.get(
+        algo.advantage, {})
 
 
 def check_context(config: Config, max_len: int) -> None:

@@ -16,9 +16,11 @@ from typing import Iterator
 
 import torch
 
-from relayrl.algorithms.losses import entropy_from_logits, kl_penalty, ppo_clip_loss
+from relayrl.algorithms.losses import entropy_from_logits
+from relayrl.algorithms.sampling_mask import truncate_logits
 from relayrl.config import Config
 from relayrl.learner.batching import token_logprobs
+from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models.loading import load_causal_lm
 from relayrl.types import Experience
@@ -39,22 +41,29 @@ class PolicyLearner:
         self.reference = None
         if config.algorithm.kl.coef > 0:
             self.reference = load_causal_lm(config.model.path, self.device).eval().requires_grad_(False)
-        self.temperature = config.rollout.temperature
+        rollout = config.rollout
+        self.temperature, self.top_k, self.top_p = rollout.temperature, rollout.top_k, rollout.top_p
+        self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.reference is not None)
         train = config.train
         self.updates_per_step = (config.rollout_batch // config.mini_batch) * train.epochs
         self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas)
         self.scheduler = build_scheduler(self.optimizer, train.steps * self.updates_per_step,
                                          train.warmup_steps, train.lr_schedule, train.min_lr_ratio)
-        self.needs_old_logprobs = self.updates_per_step > 1
+        # the learner's pre-update log-probs are needed as such when the policy moves before the last
+        # mini-batch, when the KL enters the rewards, or when they are compared with the behaviour's
+        algo = config.algorithm
+        self.needs_old_logprobs = (self.updates_per_step > 1 or algo.correction.mode != "none"
+                                   or (self.reference is not None and algo.kl.placement == "reward"))
         self.generator = torch.Generator().manual_seed(train.seed)
 
     # ------------------------------------------------------------------ log-probs
     def _forward(self, model, exp: Experience) -> torch.Tensor:
-        """Logits for target positions, temperature-scaled like the sampler's: [B, T-1, V] (fp32)."""
+        """Logits for target positions over the distribution the engine sampled from: temperature-scaled and,
+        with top-k/top-p, truncated and renormalised the way vLLM does: [B, T-1, V] (fp32)."""
         input_ids = exp.input_ids.to(self.device)
         with self.autocast:
             logits = model(input_ids=input_ids, attention_mask=exp.attention_mask.to(self.device)).logits
-        return logits[:, :-1].float() / self.temperature
+        return truncate_logits(logits[:, :-1].float() / self.temperature, self.top_k, self.top_p)
 
     @torch.no_grad()
     def logprobs(self, exp: Experience, model=None) -> torch.Tensor:
@@ -80,13 +89,14 @@ class PolicyLearner:
         totals = _Totals()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
         pre_update = torch.zeros_like(exp.loss_mask) if exp.old_logprobs is None else exp.old_logprobs
+        correction = self.objective.correct(exp)
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
             for mini in self._chunks(order, self.config.mini_batch):
                 totals.n_stale.append(len(totals.grad_norm))  # optimizer steps since the samples' policy
-                tokens = float(exp.loss_mask[mini].sum())
+                normaliser = self.objective.normaliser(exp.loss_mask[mini])
                 for micro in self._chunks(mini, train.micro_batch):
-                    logp = self._accumulate(exp.select(micro), tokens, totals)
+                    logp = self._accumulate(exp.select(micro), normaliser, totals)
                     if exp.old_logprobs is None:  # single on-policy step: these are the pre-update log-probs
                         pre_update[micro, : logp.shape[1]] = logp
                 totals.grad_norm.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)))
@@ -95,32 +105,37 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
         stats.update(mismatch_metrics(pre_update, exp.behaviour_logprobs, exp.loss_mask))
+        stats.update(correction)
+        if self.reference is not None:
+            stats.update(self._kl_step(exp, stats))
         stats["lr"] = lr
         return stats
 
-    def _accumulate(self, part: Experience, mini_tokens: float, totals: "_Totals") -> torch.Tensor:
+    def _kl_step(self, exp: Experience, stats: dict[str, float]) -> dict[str, float]:
+        """Measure the KL to the reference on this batch (pre-update policy) and adapt the coefficient."""
+        kl = stats.get("actor/kl")
+        if kl is None:  # KL in the reward: measure it from the pre-update log-probs
+            mask = exp.loss_mask.bool()
+            kl = float((exp.old_logprobs - exp.ref_logprobs)[mask].mean()) if mask.any() else 0.0
+            stats["actor/kl"] = kl
+        coef = self.objective.kl_controller.coef
+        self.objective.kl_controller.update(kl, len(exp))
+        return {"actor/kl_coef": coef}
+
+    def _accumulate(self, part: Experience, normaliser: float, totals: "_Totals") -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its detached log-probs [b, t]."""
-        algo = self.config.algorithm
         logits = self._forward(self.model, part)
         logp = token_logprobs(logits, part.input_ids[:, 1:].to(self.device))
-        mask = part.loss_mask.to(self.device)
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)
-        policy_loss, metrics = ppo_clip_loss(logp, old, part.advantages.to(self.device), mask, algo.clip_eps,
-                                             algo.loss_agg, normaliser=mini_tokens)
-        loss = policy_loss
-        if self.reference is not None:
-            kl_loss, kl_sum = kl_penalty(logp, part.ref_logprobs.to(self.device), mask, algo.kl.estimator,
-                                         algo.loss_agg, normaliser=mini_tokens)
-            loss = policy_loss + algo.kl.coef * kl_loss
-            totals.add("kl", kl_sum)
+        loss, sums = self.objective.loss(logp, logits, old, part, normaliser)
         loss.backward()
         with torch.no_grad():
-            totals.add("loss_policy", policy_loss.detach() * mini_tokens)
-            totals.add("loss_total", loss.detach() * mini_tokens)
-            totals.add("entropy", (entropy_from_logits(logits.detach()) * mask).sum())
-            totals.add("clip_tokens", metrics["clip_tokens"])
-            totals.add("ratio_sum", metrics["ratio_sum"])
-            totals.ratio_max = max(totals.ratio_max, float(metrics["ratio_max"]))
+            mask = part.loss_mask.to(self.device)
+            sums["entropy"] = (entropy_from_logits(logits.detach()) * mask).sum()
+            ratio_max = sums.pop("ratio_max")
+            for name, value in sums.items():
+                totals.add(name, value)
+            totals.ratio_max = max(totals.ratio_max, float(ratio_max))
         return logp.detach().cpu()
 
     @staticmethod
@@ -154,8 +169,9 @@ class _Totals:
     def summary(self, tokens: torch.Tensor) -> dict[str, float]:
         tokens = max(float(tokens), 1.0)
         stats = {
-            "loss/policy": self.sums["loss_policy"] / tokens,
-            "loss/total": self.sums["loss_total"] / tokens,
+            "loss/policy": self.sums["loss_policy"] / len(self.grad_norm),  # mean over optimizer steps
+            "loss/total": self.sums["loss_total"] / len(self.grad_norm),
+            "actor/dual_clip_frac": self.sums["dual_clip_tokens"] / tokens,
             "stale/mean": sum(self.n_stale) / len(self.n_stale),  # optimizer steps, per mini-batch
             "stale/max": float(max(self.n_stale)),
             "actor/entropy": self.sums["entropy"] / tokens,

@@ -69,3 +69,18 @@ def test_eval_command_scores_a_saved_model(warm_model_dir, toy_task):
     assert result.returncode == 0, result.stderr[-3000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])
     assert line["n"] == 500 and 0.2 < line["reward_mean"] < 0.95
+
+
+@pytest.mark.parametrize("recipe", [
+    ["algorithm.advantage=dr_grpo", "algorithm.loss_agg=seq_mean_token_sum_norm"],
+    ["algorithm.advantage=rloo"],
+    ["algorithm.advantage=reinforce_pp_baseline"],
+], ids=lambda r: r[0].split("=")[1])
+def test_other_estimators_raise_held_out_accuracy(tmp_path, warm_model_dir, toy_task, recipe):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    result = run_cli("train", str(config), *recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = json.loads((run_dir / "eval.json").read_text())
+    print(recipe, scores)
+    assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores

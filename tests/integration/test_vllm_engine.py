@@ -114,3 +114,24 @@ def test_requests_of_one_batch_get_independent_random_streams(engine, hf_model, 
     assert len(set(first.tolist())) >= 5
     # empirical first-token frequencies follow the model's distribution (400 draws: ~0.025 standard error)
     assert (frequencies - probs).abs().max() < 0.08
+
+
+def test_learner_keeps_the_sampling_mask_so_the_on_policy_ratio_is_one(engine, random_model_dir, prompts):
+    """With top_p=0.9, T=0.7 the learner's log-probs over the same truncated distribution equal vLLM's."""
+    from relayrl.config import load_config
+    from relayrl.learner.batching import make_experience
+    from relayrl.learner.policy import PolicyLearner
+    from relayrl.types import Score
+
+    rollouts = engine.generate(prompts, Sampling(n=4, temperature=0.7, top_p=0.9, max_tokens=6, seed=2), 0)
+    exp = make_experience(rollouts, [Score(1.0)] * len(rollouts), pad_id=0)
+    on = exp.loss_mask.bool()
+
+    def learner(top_p):
+        return PolicyLearner(load_config(None, [f"model.path={random_model_dir}", "rollout.temperature=0.7",
+                                                f"rollout.top_p={top_p}", "rollout.n=4", "rollout.prompts_per_step=3"]))
+
+    ratio = torch.exp(learner(0.9).logprobs(exp) - exp.behaviour_logprobs)[on]
+    assert (ratio - 1).abs().max() < 1e-3
+    unmasked = torch.exp(learner(1.0).logprobs(exp) - exp.behaviour_logprobs)[on]
+    assert (unmasked - 1).abs().max() > 0.05  # without the mask the ratio is visibly off 1

@@ -296,9 +296,19 @@ def test_every_field_has_a_description():
     assert not missing, f"fields without a description (the docs are generated from them): {missing}"
 
 
-def test_truncated_sampling_warns_that_the_learner_does_not_mask_yet():
-    with pytest.warns(UserWarning, match="rollout.top_p/rollout.top_k"):
-        load_config(None, ["rollout.top_p=0.9"])
+def test_kl_settings_without_a_coefficient_warn():
+    with pytest.warns(UserWarning, match="algorithm.kl.placement has no effect"):
+        load_config(None, ["algorithm.kl.placement=reward"])
+
+
+def test_correction_settings_without_a_mode_warn():
+    with pytest.warns(UserWarning, match="algorithm.correction settings have no effect"):
+        load_config(None, ["algorithm.correction.threshold=3"])
+
+
+def test_adaptive_kl_needs_an_initial_coefficient():
+    with pytest.raises(ConfigError, match="adaptive needs an initial algorithm.kl.coef"):
+        load_config(None, ["algorithm.kl.controller=adaptive"])
 
 
 def test_eval_settings_without_eval_data_warn():

@@ -10,9 +10,9 @@ from relayrl.learner.policy import PolicyLearner
 from relayrl.types import Prompt, Rollout, Score
 
 
-def _config(model_dir, **train):
+def _config(model_dir, extra=(), **train):
     overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "train.lr=1e-3"]
-    overrides += [f"train.{k}={v}" for k, v in train.items()]
+    overrides += [f"train.{k}={v}" for k, v in train.items()] + list(extra)
     return load_config(None, overrides)
 
 
@@ -59,11 +59,21 @@ def test_experience_aligns_response_tokens_to_targets():
     assert exp.group_ids.tolist() == [0, 0]
 
 
+OBJECTIVES = [
+    [],
+    ["algorithm.loss_agg=seq_mean_token_mean"],
+    ["algorithm.loss_agg=seq_mean_token_sum_norm", "rollout.max_tokens=8"],
+    ["algorithm.policy_loss=gspo", "algorithm.loss_agg=seq_mean_token_mean"],
+    ["algorithm.entropy_coef=0.01", "algorithm.clip_eps_high=0.28", "algorithm.dual_clip_c=3"],
+]
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: "+".join(o) or "default")
 @pytest.mark.parametrize("micro", [3, 5])
-def test_micro_batches_change_neither_loss_nor_gradients(random_model_dir, micro):
+def test_micro_batches_change_neither_loss_nor_gradients(random_model_dir, micro, objective):
     exp = _experience()
-    whole = PolicyLearner(_config(random_model_dir, micro_batch=16))
-    split = PolicyLearner(_config(random_model_dir, micro_batch=micro))
+    whole = PolicyLearner(_config(random_model_dir, micro_batch=16, extra=objective))
+    split = PolicyLearner(_config(random_model_dir, micro_batch=micro, extra=objective))
     grads_whole, stats_whole = _grads_of_first_step(whole, exp)
     grads_split, stats_split = _grads_of_first_step(split, exp)
     assert any(g.abs().sum() > 0 for g in grads_whole)
@@ -150,3 +160,32 @@ def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
     learner.fill_logprobs(exp)
     stats = learner.update(exp)
     assert stats["loss/total"] == pytest.approx(stats["loss/policy"] + 0.5 * stats["actor/kl"], rel=1e-4, abs=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["tis_token", "tis_seq", "mask_token", "mask_seq"])
+def test_rollout_correction_uses_the_behaviour_logprobs(random_model_dir, mode):
+    learner = PolicyLearner(_config(random_model_dir, extra=[f"algorithm.correction.mode={mode}"]))
+    assert learner.needs_old_logprobs  # the correction compares the learner's pre-update log-probs
+    exp = _experience()  # behaviour log-probs are all -1: far from the learner's, so ratios are off 1
+    learner.fill_logprobs(exp)
+    stats = learner.update(exp)
+    assert stats["correction/ratio_mean"] != pytest.approx(1.0)
+    frac = stats["correction/truncated_frac" if mode.startswith("tis") else "correction/masked_frac"]
+    assert 0.0 <= frac <= 1.0
+
+
+def test_kl_in_the_reward_forces_the_old_pass_and_reports_the_coefficient(random_model_dir):
+    extra = ["algorithm.kl.coef=0.2", "algorithm.kl.placement=reward", "algorithm.kl.controller=adaptive",
+             "algorithm.kl.target=0.01"]
+    learner = PolicyLearner(_config(random_model_dir, extra=extra))
+    assert learner.needs_old_logprobs and not learner.objective.kl_in_loss
+    exp = _experience()
+    learner.fill_logprobs(exp)
+    assert torch.equal(learner.objective.reward_penalty(exp), torch.zeros_like(exp.loss_mask))  # policy == ref
+    exp.advantages = torch.ones_like(exp.loss_mask) * exp.loss_mask
+    first = learner.update(exp)
+    assert first["actor/kl_coef"] == 0.2 and first["actor/kl"] == 0.0
+    learner.fill_logprobs(exp)
+    assert learner.objective.reward_penalty(exp).abs().sum() > 0  # the policy moved away from the reference
+    # KL 0 is below target: the adaptive controller lowered the coefficient by (1 - 0.2 * 16 / horizon)
+    assert learner.update(exp)["actor/kl_coef"] == pytest.approx(0.2 * (1 - 0.2 * 16 / 10_000))
