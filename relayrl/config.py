@@ -103,12 +103,20 @@ class CorrectionConfig(Section):
     upper: float = Field(2.0, gt=0, description="Masking: largest ratio kept.")
 
 
+class CriticConfig(Section):
+    path: str = Field("", description="Value-model initialisation (an HF causal-LM directory); default model.path.")
+    lr: float = Field(1e-5, gt=0, description="Critic AdamW learning rate.")
+    value_clip: float = Field(0.2, gt=0, description="Clip range of the new values around the old (PPO value loss).")
+    warmup_steps: int = Field(0, ge=0, description="Steps that train only the critic before the actor moves.")
+
+
 class AlgorithmConfig(Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] = Field(
         "grpo", description="Advantage estimator (docs/algorithms.md gives each formula)."
     )
     std_normalize: bool = Field(True, description="grpo: divide group-centred rewards by the group std.")
-    gamma: float = Field(1.0, ge=0, le=1, description="Discount of per-token returns (reinforce_pp, reinforce_pp_baseline).")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount of per-token returns (reinforce_pp and gae).")
+    lam: float = Field(0.95, ge=0, le=1, description="gae: the GAE lambda (bias/variance trade-off).")
     policy_loss: Literal["ppo_clip", "gspo"] = Field(
         "ppo_clip", description="ppo_clip: token-level clipped surrogate; gspo: sequence-level ratio (use a small clip_eps)."
     )
@@ -166,6 +174,7 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
 
     @property
     def rollout_batch(self) -> int:
@@ -257,6 +266,9 @@ def warn_ineffective(config: Config) -> None:
     if algo.correction.mode == "none" and algo.correction.model_fields_set - {"mode"}:
         warnings.warn("algorithm.correction settings have no effect while algorithm.correction.mode is none",
                       stacklevel=3)
+    if algo.advantage != "gae" and config.critic.model_fields_set:
+        warnings.warn(f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "
+                      "is built only for algorithm.advantage=gae", stacklevel=3)
     if algo.policy_loss == "ppo_clip" and algo.clip_eps < 0.01:
         warnings.warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2",
                       stacklevel=3)

@@ -21,6 +21,7 @@ from relayrl.data.source import PromptSampler, load_prompts
 from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
+from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
 from relayrl.metrics.timer import StepTimer
@@ -44,6 +45,7 @@ class Trainer:
     data_metrics: dict
     advantage_fn: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
     pad_id: int
+    critic: Critic | None = None  # PPO with GAE only
 
     def step(self, step: int) -> dict[str, float]:
         cfg, timer = self.config, StepTimer()
@@ -55,14 +57,16 @@ class Trainer:
         with timer("logprobs"):
             exp = make_experience(rollouts, scores, self.pad_id)
             self.learner.fill_logprobs(exp)
+            if self.critic is not None:
+                exp.values = self.critic.values(exp)
         with timer("advantage"):
-            inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids)
+            inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values)
             penalty = self.learner.objective.reward_penalty(exp)  # kl.placement=reward, else None
             if penalty is not None:
                 inputs.token_rewards = inputs.token_rewards + penalty
-            exp.advantages = self.advantage_fn(inputs)[0]
+            exp.advantages, exp.returns = self.advantage_fn(inputs)
         with timer("update"):
-            stats = self.learner.update(exp)
+            stats = self.update(step, exp)
         with timer("sync"):
             self.sync.push(self.learner, self.engine)
         metrics = {**stats, **rollout_metrics(exp, rollouts, reward_errors), **self.sync.last, **timer.metrics()}
@@ -70,6 +74,13 @@ class Trainer:
         metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
         return metrics
+
+    def update(self, step: int, exp) -> dict[str, float]:
+        """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
+        stats = {} if self.critic is None else self.critic.update(exp)
+        if self.critic is None or step >= self.config.critic.warmup_steps:
+            stats.update(self.learner.update(exp))
+        return stats
 
     def sampling(self, step: int) -> Sampling:
         r = self.config.rollout
@@ -104,6 +115,8 @@ class Trainer:
         after = self.evaluate()
         if cfg.log.save_model:
             self.learner.save(self.run_dir / "model", self.tokenizer)
+            if self.critic is not None:
+                self.critic.save(self.run_dir / "critic")
         result = {"before": before, "after": after}
         (self.run_dir / "eval.json").write_text(json.dumps(_eval_json(result), indent=2) + "\n")
         return result
@@ -158,14 +171,16 @@ def build_trainer(config: Config) -> Trainer:
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
         tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
         pad_id=pad_token_id(tokenizer),
+        critic=Critic(config, "cuda" if torch.cuda.is_available() else "cpu") if config.algorithm.advantage == "gae"
+        else None,
     )
 
 
 def advantage_knobs(config: Config) -> dict:
     """The config values each estimator takes (the others have none)."""
     algo = config.algorithm
-    return {"grpo": {"std_normalize": algo.std_normalize}, "reinforce_pp": {"gamma": algo.gamma}}.get(
-        algo.advantage, {})
+    return {"grpo": {"std_normalize": algo.std_normalize}, "reinforce_pp": {"gamma": algo.gamma},
+            "gae": {"gamma": algo.gamma, "lam": algo.lam}}.get(algo.advantage, {})
 
 
 def check_context(config: Config, max_len: int) -> None:

@@ -58,6 +58,8 @@ class Experience:
     advantages: torch.Tensor | None = None  # [B, T-1]
     old_logprobs: torch.Tensor | None = None  # [B, T-1]
     ref_logprobs: torch.Tensor | None = None  # [B, T-1]
+    values: torch.Tensor | None = None  # [B, T-1] critic values before the update (gae only)
+    returns: torch.Tensor | None = None  # [B, T-1] the critic's regression targets (gae only)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

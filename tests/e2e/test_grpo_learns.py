@@ -84,3 +84,16 @@ def test_other_estimators_raise_held_out_accuracy(tmp_path, warm_model_dir, toy_
     scores = json.loads((run_dir / "eval.json").read_text())
     print(recipe, scores)
     assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+
+
+def test_ppo_with_a_critic_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_task):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    result = run_cli("train", str(config), "algorithm.advantage=gae", "algorithm.lam=0.95", "critic.lr=1e-4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = json.loads((run_dir / "eval.json").read_text())
+    print("gae", scores)
+    assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["critic/values_mean"] != 0.0  # the value head moved off its zero initialisation
+    assert (run_dir / "critic" / "value_head.pt").is_file()

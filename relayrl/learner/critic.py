@@ -1,0 +1,99 @@
+"""The PPO critic: a value model (an HF backbone + a scalar head) and its clipped value-loss update.
+
+Values are aligned like the policy's log-probs: column j is the value of the state at position j, the one
+from which token j+1 is generated ([B, T-1]). Built only when `algorithm.advantage = gae`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from relayrl.config import Config
+from relayrl.learner.optim import build_optimizer
+from relayrl.models.loading import check_model_dir
+from relayrl.types import Experience
+
+
+class ValueModel(nn.Module):
+    """A transformer body without its LM head, and a linear head reading one value per position."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.body = AutoModel.from_pretrained(path, dtype=torch.float32)
+        self.head = nn.Linear(self.body.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # start at V = 0 everywhere: GAE then begins as plain returns
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.head(hidden).squeeze(-1)  # [B, T]
+
+
+def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+                       clip: float, normaliser: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), token-mean over the
+    mini-batch (`normaliser` = its token count). Returns (loss, number of tokens where the clipped term won)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    unclipped_error, clipped_error = (values - returns) ** 2, (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(unclipped_error, clipped_error)
+    loss = (per_token * mask).sum() / max(normaliser, 1.0)
+    return loss, ((clipped_error > unclipped_error) & mask.bool()).sum().detach()
+
+
+class Critic:
+    def __init__(self, config: Config, device: str):
+        critic = config.critic
+        path = critic.path or config.model.path
+        check_model_dir(path, "critic.path" if critic.path else "model.path")
+        self.config, self.device = config, device
+        self.model = ValueModel(path).to(device).eval()  # eval: no dropout, as for the policy
+        self.optimizer = build_optimizer(self.model, critic.lr, config.train.weight_decay, config.train.betas)
+        self.generator = torch.Generator().manual_seed(config.train.seed + 1)
+
+    def _values(self, part: Experience) -> torch.Tensor:
+        out = self.model(part.input_ids.to(self.device), part.attention_mask.to(self.device))
+        return out[:, :-1]  # [b, t-1], aligned to targets
+
+    @torch.no_grad()
+    def values(self, exp: Experience) -> torch.Tensor:
+        out = torch.zeros_like(exp.loss_mask)
+        for index in torch.arange(len(exp)).split(self.config.train.micro_batch):
+            part = exp.select(index)
+            out[index, : part.loss_mask.shape[1]] = self._values(part).cpu() * part.loss_mask
+        return out
+
+    def update(self, exp: Experience) -> dict[str, float]:
+        """Epochs of shuffled mini-batches regressing values on the GAE returns, as the actor's update."""
+        train, clip = self.config.train, self.config.critic.value_clip
+        losses, clipped, tokens = [], 0.0, 0.0
+        for _ in range(train.epochs):
+            order = torch.randperm(len(exp), generator=self.generator)
+            for mini in order.split(self.config.mini_batch):
+                normaliser = float(exp.loss_mask[mini].sum())
+                step_loss = 0.0
+                for micro in mini.split(train.micro_batch):
+                    part = exp.select(micro)
+                    mask = part.loss_mask.to(self.device)
+                    loss, n_clipped = clipped_value_loss(self._values(part), part.values.to(self.device),
+                                                         part.returns.to(self.device), mask, clip, normaliser)
+                    loss.backward()
+                    step_loss += float(loss)
+                    clipped += float(n_clipped)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                losses.append(step_loss)
+                tokens += normaliser
+        return {"critic/value_loss": sum(losses) / len(losses), "critic/clip_frac": clipped / max(tokens, 1.0),
+                "critic/values_mean": float(exp.values[exp.loss_mask.bool()].mean()),
+                "critic/returns_mean": float(exp.returns[exp.loss_mask.bool()].mean())}
+
+    def save(self, out_dir: str | Path) -> None:
+        out = Path(out_dir)
+        self.model.body.save_pretrained(out)
+        torch.save(self.model.head.state_dict(), out / "value_head.pt")
