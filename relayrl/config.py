@@ -110,6 +110,17 @@ class CriticConfig(Section):
     warmup_steps: int = Field(0, ge=0, description="Steps that train only the critic before the actor moves.")
 
 
+class DAPOConfig(Section):
+    dynamic_sampling: bool = Field(
+        False, description="Drop groups whose rewards are all equal and generate more until the batch is full."
+    )
+    max_rounds: int = Field(4, ge=1, description="Dynamic sampling: most generation rounds per step (the cap).")
+    overlong_filter: bool = Field(False, description="Give truncated responses (finish=length) no gradient.")
+    overlong_buffer: int = Field(
+        0, ge=0, description="Soft overlong punishment over the last N tokens before rollout.max_tokens (0 = off)."
+    )
+
+
 class AlgorithmConfig(Section):
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] = Field(
         "grpo", description="Advantage estimator (docs/algorithms.md gives each formula)."
@@ -133,6 +144,7 @@ class AlgorithmConfig(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     kl: KLConfig = Field(default_factory=KLConfig)
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
+    dapo: DAPOConfig = Field(default_factory=DAPOConfig)
 
 
 class TrainConfig(Section):
@@ -192,6 +204,9 @@ class Config(Section):
                 f"(rollout.prompts_per_step * rollout.n = {self.rollout_batch})"
             )
         group_relative = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+        if self.algorithm.dapo.overlong_buffer > self.rollout.max_tokens:
+            raise ValueError(f"algorithm.dapo.overlong_buffer={self.algorithm.dapo.overlong_buffer} must not exceed "
+                             f"rollout.max_tokens={self.rollout.max_tokens}")
         if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
             raise ValueError("algorithm.kl.controller=adaptive needs an initial algorithm.kl.coef > 0")
         if self.algorithm.advantage in group_relative and self.rollout.n < 2:
@@ -265,6 +280,9 @@ def warn_ineffective(config: Config) -> None:
         warnings.warn(f"{names} has no effect while algorithm.kl.coef is 0", stacklevel=3)
     if algo.correction.mode == "none" and algo.correction.model_fields_set - {"mode"}:
         warnings.warn("algorithm.correction settings have no effect while algorithm.correction.mode is none",
+                      stacklevel=3)
+    if not algo.dapo.dynamic_sampling and "max_rounds" in algo.dapo.model_fields_set:
+        warnings.warn("algorithm.dapo.max_rounds has no effect without algorithm.dapo.dynamic_sampling",
                       stacklevel=3)
     if algo.advantage != "gae" and config.critic.model_fields_set:
         warnings.warn(f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "

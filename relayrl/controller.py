@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from relayrl.algorithms.dapo import GroupCollector, overlong_mask, soft_overlong_penalty
 from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, degenerate_group_fraction, make_inputs
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts
@@ -29,6 +30,7 @@ from relayrl.metrics.trackers import ConsoleTracker, JsonlTracker, Trackers
 from relayrl.rewards import load_reward, score_rollouts
 from relayrl.rollout import Sampling, build_engine
 from relayrl.sync.inprocess import InProcessSync
+from relayrl.types import Score
 
 
 @dataclass
@@ -49,11 +51,7 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, float]:
         cfg, timer = self.config, StepTimer()
-        prompts = self.sampler.next(cfg.rollout.prompts_per_step)
-        with timer("generate"):
-            rollouts = self.engine.generate(prompts, self.sampling(step), self.sync.version)
-        with timer("reward"):
-            scores, reward_errors = score_rollouts(self.reward_fn, rollouts, cfg.reward.on_error)
+        rollouts, scores, collect_metrics = self.collect(step, timer)
         with timer("logprobs"):
             exp = make_experience(rollouts, scores, self.pad_id)
             self.learner.fill_logprobs(exp)
@@ -65,15 +63,46 @@ class Trainer:
             if penalty is not None:
                 inputs.token_rewards = inputs.token_rewards + penalty
             exp.advantages, exp.returns = self.advantage_fn(inputs)
+            if cfg.algorithm.dapo.overlong_filter:  # truncated responses count in their group, train nothing
+                exp.loss_mask = exp.loss_mask * overlong_mask(rollouts)[:, None]
         with timer("update"):
             stats = self.update(step, exp)
         with timer("sync"):
             self.sync.push(self.learner, self.engine)
-        metrics = {**stats, **rollout_metrics(exp, rollouts, reward_errors), **self.sync.last, **timer.metrics()}
+        metrics = {**stats, **rollout_metrics(exp, rollouts), **collect_metrics, **self.sync.last, **timer.metrics()}
         tokens = float(exp.loss_mask.sum())
         metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
         return metrics
+
+    def collect(self, step: int, timer: StepTimer) -> tuple[list, list, dict[str, float]]:
+        """Generate and score one batch; with DAPO dynamic sampling, keep only groups with a reward signal and
+        generate more (up to dapo.max_rounds) until prompts_per_step groups are collected."""
+        dapo, n_prompts = self.config.algorithm.dapo, self.config.rollout.prompts_per_step
+        collector = GroupCollector(n_prompts, dapo.max_rounds) if dapo.dynamic_sampling else None
+        errors = 0
+        for round_index in range(dapo.max_rounds if collector else 1):
+            prompts = self.sampler.next(n_prompts)
+            with timer("generate"):
+                rollouts = self.engine.generate(prompts, self.sampling(step, round_index), self.sync.version)
+            with timer("reward"):
+                scores, round_errors = score_rollouts(self.reward_fn, rollouts, self.config.reward.on_error)
+            errors += round_errors
+            if collector is None:
+                break
+            collector.add(rollouts, scores)
+            if collector.full:
+                break
+        metrics = {"reward/errors": float(errors)}
+        if collector is not None:
+            metrics.update(collector.metrics())
+            kept = collector.take()
+            rollouts, scores = kept if kept[0] else (rollouts, scores)  # nothing informative: a zero-signal step
+        if dapo.overlong_buffer:
+            lengths = [len(r.response_ids) for r in rollouts]
+            penalty = soft_overlong_penalty(lengths, self.config.rollout.max_tokens, dapo.overlong_buffer)
+            scores = [Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)]
+        return rollouts, scores, metrics
 
     def update(self, step: int, exp) -> dict[str, float]:
         """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
@@ -82,10 +111,11 @@ class Trainer:
             stats.update(self.learner.update(exp))
         return stats
 
-    def sampling(self, step: int) -> Sampling:
+    def sampling(self, step: int, round_index: int = 0) -> Sampling:
         r = self.config.rollout
+        seed = (self.config.train.seed * 100_003 + step) * 64 + round_index
         return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
-                        stop=tuple(r.stop), seed=self.config.train.seed * 100_003 + step)
+                        stop=tuple(r.stop), seed=seed)
 
     def evaluate(self) -> dict[str, float]:
         if not self.eval_prompts:
@@ -122,12 +152,11 @@ class Trainer:
         return result
 
 
-def rollout_metrics(exp, rollouts, reward_errors: int) -> dict[str, float]:
+def rollout_metrics(exp, rollouts) -> dict[str, float]:
     lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float32)
     return {
         "reward/mean": float(exp.rewards.mean()),
         "reward/std": float(exp.rewards.std()) if len(rollouts) > 1 else 0.0,
-        "reward/errors": float(reward_errors),
         "reward/degenerate_group_frac": degenerate_group_fraction(exp.rewards, exp.group_ids),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),

@@ -97,3 +97,21 @@ def test_ppo_with_a_critic_raises_held_out_accuracy(tmp_path, warm_model_dir, to
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["critic/values_mean"] != 0.0  # the value head moved off its zero initialisation
     assert (run_dir / "critic" / "value_head.pt").is_file()
+
+
+def test_dapo_recipe_filters_flat_groups_and_learns(tmp_path, warm_model_dir, toy_task):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    recipe = ["algorithm.clip_eps_high=0.28", "algorithm.dapo.dynamic_sampling=true", "algorithm.dapo.max_rounds=3",
+              "algorithm.dapo.overlong_filter=true", "algorithm.dapo.overlong_buffer=2", "train.steps=15"]
+    result = run_cli("train", str(config), *recipe)
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = json.loads((run_dir / "eval.json").read_text())
+    print("dapo", scores)
+    assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert 1 <= row["dynamic/rounds"] <= 3
+        if row["dynamic/filled"]:  # a full batch holds only groups with a reward signal
+            assert row["reward/degenerate_group_frac"] == 0.0
+    assert any(row["dynamic/dropped_groups"] > 0 for row in rows)
