@@ -1,4 +1,4 @@
-"""`relayrl train|eval|sft|demo`: thin entry points. Heavy modules are imported only by the command run.
+"""`relayrl train|eval|sft|demo|config`: thin entry points. Heavy modules are imported only by the command run.
 
 A user mistake (`RelayError`) prints one line naming the file/row/key/sample and exits with status 2.
 """
@@ -16,7 +16,7 @@ def _train(args) -> None:
 
     config = load_config(args.config, args.overrides)
     print(dump_config(config))
-    result = train(config)
+    result = train(config, resume=args.resume)
     print(json.dumps(result))
 
 
@@ -41,6 +41,20 @@ def _demo(args) -> None:
     run_demo(args.dir, args.overrides)
 
 
+def _config(args) -> None:
+    from relayrl import config_docs
+
+    if args.explain is not None:
+        print(config_docs.explain(args.explain))
+    elif args.write_docs is not None:
+        print(f"wrote {config_docs.write_reference(args.write_docs)}")
+    elif problem := config_docs.check_reference(args.check_docs):
+        print(f"relayrl: {problem}", file=sys.stderr)
+        sys.exit(1)  # stale docs are a failed check, not a user error (status 2)
+    else:
+        print(f"{args.check_docs} is up to date")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="run RL training from a YAML config plus key=value overrides")
     train.add_argument("config")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue from the newest valid checkpoint in RUN_DIR")
     train.set_defaults(fn=_train)
 
     ev = commands.add_parser("eval", help="mean reward of a model on a prompt file; prints one JSON line")
@@ -76,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dir", default="runs/demo")
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo config")
     demo.set_defaults(fn=_demo)
+
+    cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")
+    action = cfg.add_mutually_exclusive_group(required=True)
+    action.add_argument("--explain", metavar="KEY", help="a dotted key or section, e.g. rollout.n or algorithm.kl")
+    action.add_argument("--write-docs", nargs="?", const="docs/config.md", metavar="PATH",
+                        help="write the generated reference (default docs/config.md)")
+    action.add_argument("--check-docs", nargs="?", const="docs/config.md", metavar="PATH",
+                        help="exit 1 if PATH differs from the generated reference (default docs/config.md)")
+    cfg.set_defaults(fn=_config)
     return parser
 
 

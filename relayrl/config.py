@@ -177,6 +177,11 @@ class LogConfig(Section):
     save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
 
 
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="Write a checkpoint every N steps into <log.dir>/checkpoints (0 = never).")
+    keep: int = Field(2, ge=1, description="How many of the newest checkpoints to keep.")
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -187,6 +192,7 @@ class Config(Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @property
     def rollout_batch(self) -> int:

@@ -17,6 +17,7 @@ import torch
 
 from relayrl.algorithms.dapo import GroupCollector, overlong_mask, soft_overlong_penalty
 from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, degenerate_group_fraction, make_inputs
+from relayrl.checkpoint import checkpoint_root, latest_checkpoint, save_checkpoint
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts
 from relayrl.errors import ConfigError
@@ -127,12 +128,12 @@ class Trainer:
                                     stop=tuple(r.stop), seed=self.config.train.seed))
         return {"eval/greedy": greedy, "eval/sampled": sampled}
 
-    def run(self) -> dict[str, dict[str, float]]:
+    def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
         cfg = self.config
         trackers = Trackers([JsonlTracker(self.run_dir), ConsoleTracker(cfg.train.steps, cfg.log.progress)])
-        before = self.evaluate()
+        before = self.evaluate() if before is None else before
         try:
-            for step in range(cfg.train.steps):
+            for step in range(start_step, cfg.train.steps):
                 metrics = self.step(step)
                 if step == 0:
                     metrics.update(self.data_metrics)
@@ -140,6 +141,9 @@ class Trainer:
                 if not last and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
                     metrics.update(self.evaluate())
                 trackers.log(step, metrics)
+                if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+                    save_checkpoint(self.run_dir, step, self.learner.model, self.state_dict(step, before),
+                                    cfg.checkpoint.keep)
         finally:
             trackers.close()
         after = self.evaluate()
@@ -150,6 +154,39 @@ class Trainer:
         result = {"before": before, "after": after}
         (self.run_dir / "eval.json").write_text(json.dumps(_eval_json(result), indent=2) + "\n")
         return result
+
+    def state_dict(self, step: int, before: dict[str, float]) -> dict:
+        """Everything besides the policy weights that the loop needs to continue exactly after `step`."""
+        learner, critic = self.learner, self.critic
+        return {
+            "step": step, "before": before, "version": self.sync.version, "sampler": self.sampler.state(),
+            "optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
+            "generator": learner.generator.get_state(), "kl_coef": learner.objective.kl_controller.coef,
+            "torch_rng": torch.get_rng_state(),
+            "critic": None if critic is None else {"model": critic.model.state_dict(),
+                                                   "optimizer": critic.optimizer.state_dict(),
+                                                   "generator": critic.generator.get_state()},
+        }
+
+    def load_state(self, checkpoint: Path, state: dict) -> int:
+        """Restore a checkpoint into the built trainer (engine included); returns the step to start from."""
+        from relayrl.models.loading import load_causal_lm
+
+        learner = self.learner
+        learner.model.load_state_dict(load_causal_lm(checkpoint / "model", "cpu").state_dict())
+        learner.optimizer.load_state_dict(state["optimizer"])
+        learner.scheduler.load_state_dict(state["scheduler"])
+        learner.generator.set_state(state["generator"])
+        learner.objective.kl_controller.coef = state["kl_coef"]
+        if self.critic is not None:
+            self.critic.model.load_state_dict(state["critic"]["model"])
+            self.critic.optimizer.load_state_dict(state["critic"]["optimizer"])
+            self.critic.generator.set_state(state["critic"]["generator"])
+        self.sampler.load_state(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        self.sync.version = state["version"]
+        self.engine.load_weights(learner.named_weights(), self.sync.version)
+        return state["step"] + 1
 
 
 def rollout_metrics(exp, rollouts) -> dict[str, float]:
@@ -220,6 +257,32 @@ def check_context(config: Config, max_len: int) -> None:
                           f"{config.data.max_prompt_tokens} or rollout.max_tokens")
 
 
-def train(config: Config) -> dict[str, dict[str, float]]:
+def train(config: Config, resume: str | None = None) -> dict[str, dict[str, float]]:
+    """Run training; with `resume`, continue the run in that directory from its newest intact checkpoint."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return build_trainer(config).run()
+    if resume is None:
+        return build_trainer(config).run()
+    found = latest_checkpoint(resume)
+    if found is None:
+        raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
+    path, state = found
+    config.log.dir = str(resume)
+    rows = _metrics_until(Path(resume) / "metrics.jsonl", state["step"])
+    trainer = build_trainer(config)
+    (trainer.run_dir / "metrics.jsonl").write_text("".join(rows))  # drop rows logged after the checkpoint
+    start = trainer.load_state(path, state)
+    print(f"resuming from {path} at step {start}")
+    return trainer.run(start_step=start, before=state["before"])
+
+
+def _metrics_until(path: Path, step: int) -> list[str]:
+    """The metrics rows up to `step`; a row cut short by a kill is dropped."""
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row["step"] <= step:
+            rows.append(line + "\n")
+    return rows

@@ -1,0 +1,74 @@
+"""Kill a run with SIGKILL mid-training, resume it, and get the same metrics as a run never interrupted."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.test_grpo_learns import run_cli, write_config
+
+pytestmark = pytest.mark.slow
+
+VOLATILE = ("time/", "time_frac/", "throughput/", "sync/gbps")  # wall-clock figures differ run to run
+
+
+def metric_rows(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(VOLATILE)} for row in rows]
+
+
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task):
+    settings = ["train.steps=6", "checkpoint.every=2", "checkpoint.keep=2", "eval.max_prompts=50",
+                "rollout.prompts_per_step=16"]
+    straight = tmp_path / "straight"
+    config = write_config(tmp_path / "a.yaml", warm_model_dir, toy_task, straight, "vllm")
+    assert run_cli("train", str(config), *settings).returncode == 0
+
+    killed = tmp_path / "killed"
+    config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, killed, "vllm")
+    process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "train", str(config), *settings],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not (killed / "checkpoints" / "step_000003").is_dir() and process.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)  # somewhere in step 4 (or writing its metrics)
+    process.wait()
+    assert not (killed / "eval.json").exists()
+
+    resumed = run_cli("train", str(config), *settings, "--resume", str(killed))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
+    expected, got = metric_rows(straight), metric_rows(killed)
+    assert [r["step"] for r in got] == list(range(6))
+    for want, have in zip(expected, got):
+        assert want.keys() == have.keys()
+        for key, value in want.items():
+            assert have[key] == pytest.approx(value, abs=1e-6), (want["step"], key)
+    assert json.loads((killed / "eval.json").read_text()) == json.loads((straight / "eval.json").read_text())
+    assert sorted(p.name for p in (killed / "checkpoints").glob("step_*")) == ["step_000003", "step_000005"]
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, warm_model_dir, toy_task):
+    run_dir = tmp_path / "run"
+    settings = ["train.steps=4", "checkpoint.every=1", "checkpoint.keep=3", "eval.max_prompts=20",
+                "rollout.prompts_per_step=8"]
+    config = write_config(tmp_path / "c.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    assert run_cli("train", str(config), *settings).returncode == 0
+    newest = run_dir / "checkpoints" / "step_000003" / "trainer_state.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # a torn write
+    resumed = run_cli("train", str(config), *settings, "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "step_000003 is unusable (trainer_state.pt does not match its checksum)" in resumed.stdout
+    assert "resuming from" in resumed.stdout and "step_000002" in resumed.stdout
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_resume_without_checkpoints_is_a_clear_error(tmp_path, warm_model_dir, toy_task):
+    config = write_config(tmp_path / "d.yaml", warm_model_dir, toy_task, tmp_path / "run", "vllm")
+    result = run_cli("train", str(config), "--resume", str(tmp_path / "nothing"))
+    assert result.returncode == 2 and "no usable checkpoint" in result.stderr
