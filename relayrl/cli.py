@@ -1,4 +1,4 @@
-"""`relayrl train|eval|sft|demo|config`: thin entry points. Heavy modules are imported only by the command run.
+"""`relayrl train|eval|sft|demo|config|report|plan`: thin entry points. Heavy modules are imported only by the command run.
 
 A user mistake (`RelayError`) prints one line naming the file/row/key/sample and exits with status 2.
 """
@@ -55,6 +55,25 @@ def _config(args) -> None:
         print(f"{args.check_docs} is up to date")
 
 
+def _report(args) -> None:
+    from relayrl.metrics.report import write_report
+
+    print(f"wrote {write_report(args.run_dir)}")
+
+
+def _plan(args) -> None:
+    from relayrl.config import load_config
+    from relayrl.planner import get_profile, load_shape, make_plan
+    from relayrl.planner.report import print_plan
+
+    config = load_config(args.config, args.overrides)
+    shape = load_shape(config.model.path, params=args.params, layers=args.layers, hidden=args.hidden,
+                       kv_heads=args.kv_heads, head_dim=args.head_dim, vocab=args.vocab)
+    hardware = get_profile(args.hardware, measure=args.measure)
+    print_plan(make_plan(config, shape, hardware, fp32_master=not args.no_master, infer_dtype=args.infer_dtype,
+                         offload=args.offload))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -92,6 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo config")
     demo.set_defaults(fn=_demo)
 
+    plan = commands.add_parser("plan", help="memory per role, placement and step time of a config on a device")
+    plan.add_argument("config")
+    plan.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=16")
+    plan.add_argument("--hardware", default="H100-80GB", help="H100-80GB, H200, A100-80GB, A10G, L4 or cpu")
+    plan.add_argument("--measure", action="store_true", help="measure this CPU's bandwidth and FLOP/s (--hardware cpu)")
+    for flag in ("params", "layers", "hidden", "kv-heads", "head-dim", "vocab"):  # override model.path's config.json
+        plan.add_argument(f"--{flag}", type=float, help=f"model {flag.replace('-', ' ')} (e.g. --params 7e9)")
+    plan.add_argument("--no-master", action="store_true", help="no fp32 master copy: 12 instead of 16 B/param (GPU)")
+    plan.add_argument("--infer-dtype", choices=["bf16", "fp8", "fp32"], help="engine/reference weights (default: "
+                      "bf16 on GPU, fp32 on CPU)")
+    plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
+    plan.set_defaults(fn=_plan)
+
     cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")
     action = cfg.add_mutually_exclusive_group(required=True)
     action.add_argument("--explain", metavar="KEY", help="a dotted key or section, e.g. rollout.n or algorithm.kl")
@@ -100,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument("--check-docs", nargs="?", const="docs/config.md", metavar="PATH",
                         help="exit 1 if PATH differs from the generated reference (default docs/config.md)")
     cfg.set_defaults(fn=_config)
+
+    report = commands.add_parser("report", help="write RUN_DIR/report/index.html: reward, phase times, staleness")
+    report.add_argument("run_dir", metavar="RUN_DIR")
+    report.set_defaults(fn=_report)
     return parser
 
 

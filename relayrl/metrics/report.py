@@ -1,0 +1,265 @@
+"""`relayrl report RUN_DIR`: one self-contained HTML page (plus its PNGs) describing a finished or running run.
+
+Reads from RUN_DIR:
+  - `metrics.jsonl` (required): one JSON object per step with at least `step`; every other key is optional and
+    a plot whose metric is absent is replaced by a note. `null` values (non-finite at log time) are skipped.
+  - `eval.json` (optional): `{"before": {"greedy": .., "sampled": ..}, "after": {...}}`.
+  - `config.yaml` (optional): shown verbatim, collapsed.
+  - `timeline.jsonl` (optional): one JSON object per phase run, `{"step": int, "role": str, "phase": str,
+    "start": float, "end": float}` with `start`/`end` in seconds on one clock shared by all roles (only
+    differences are drawn). The timeline plot is drawn only when this file exists.
+
+Writes RUN_DIR/report/index.html (PNGs embedded as base64 data URIs, inline CSS, no external resources) and
+the PNGs next to it. Leaves out: live refresh, comparison of several runs, interactive plots.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import statistics
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from relayrl.errors import DataError
+
+PHASES = ("generate", "reward", "logprobs", "advantage", "update", "sync")
+PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")))
+TIMELINE_KEYS = {"step": int, "role": str, "phase": str, "start": (int, float), "end": (int, float)}
+
+
+def read_jsonl(path: Path, required: dict[str, type | tuple]) -> list[dict]:
+    """Rows of a JSONL file; a malformed line raises DataError naming `file:line`. Blank lines are skipped."""
+    rows = []
+    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_no}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        for key, kind in required.items():
+            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
+                raise DataError(f"{where}: key {key!r} missing or not {getattr(kind, '__name__', 'a number')}")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    return rows
+
+
+def load_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"{path}: not found (is {run_dir} a run directory?)")
+    return sorted(read_jsonl(path, {"step": int}), key=lambda row: row["step"])
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of the rows where `key` is a finite number."""
+    points = [(row["step"], float(row[key])) for row in rows
+              if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
+    fig = Figure(figsize=(8, 3.6), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)  # explicit Agg canvas: no pyplot, no global backend state
+    ax = fig.add_subplot()
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    return fig, ax
+
+
+def plot_reward(rows: list[dict], evals: dict) -> Figure | str:
+    steps, mean = series(rows, "reward/mean")
+    if not steps:
+        return "no `reward/mean` in metrics.jsonl"
+    fig, ax = _figure("Reward (mean ± std) and held-out accuracy", "step", "reward / accuracy")
+    ax.plot(steps, mean, color="#4c72b0", label="reward/mean")
+    std_steps, std = series(rows, "reward/std")
+    if std_steps == steps:
+        ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                        color="#4c72b0", alpha=0.2, label="± reward/std")
+    last = rows[-1]["step"]
+    for mode, marker in (("greedy", "o"), ("sampled", "s")):
+        eval_steps, accuracy = series(rows, f"eval/{mode}")
+        for when, at in (("before", -1), ("after", last)):
+            if isinstance(evals.get(when, {}).get(mode), (int, float)):
+                eval_steps, accuracy = eval_steps + [at], accuracy + [evals[when][mode]]
+        if eval_steps:
+            order = sorted(range(len(eval_steps)), key=eval_steps.__getitem__)
+            ax.plot([eval_steps[i] for i in order], [accuracy[i] for i in order], marker=marker, linestyle=":",
+                    label=f"eval/{mode}")
+    ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+def plot_phase_times(rows: list[dict]) -> Figure | str:
+    present = [p for p in PHASES if series(rows, f"time/{p}")[0]]
+    if not present:
+        return "no `time/<phase>` metrics in metrics.jsonl"
+    fig, ax = _figure("Time per step by phase (bars) vs whole step (line)", "step", "seconds")
+    steps = [row["step"] for row in rows]
+    bottom = [0.0] * len(rows)
+    for phase in present:
+        seconds = [_number(row.get(f"time/{phase}")) for row in rows]
+        ax.bar(steps, seconds, bottom=bottom, width=0.8, color=PHASE_COLORS[phase], label=phase)
+        bottom = [b + s for b, s in zip(bottom, seconds)]
+    step_steps, step_time = series(rows, "time/step")
+    if step_steps:
+        ax.plot(step_steps, step_time, color="black", marker=".", label="time/step")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return fig
+
+
+def plot_timeline(timeline: list[dict]) -> Figure:
+    roles = sorted({row["role"] for row in timeline})
+    origin = min(row["start"] for row in timeline)
+    fig, ax = _figure("Phase timeline by role", "seconds since first phase", "")
+    ax.set_yticks(range(len(roles)), roles)
+    ax.invert_yaxis()
+    extra = iter(["#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"] * 8)
+    colors = dict(PHASE_COLORS)
+    for row in timeline:
+        color = colors.setdefault(row["phase"], next(extra))
+        ax.barh(roles.index(row["role"]), row["end"] - row["start"], left=row["start"] - origin, height=0.6,
+                color=color, edgecolor="white", linewidth=0.5)
+    used = dict.fromkeys(row["phase"] for row in timeline)
+    ax.legend(handles=[Patch(color=colors[phase], label=phase) for phase in used], loc="upper left",
+              bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return fig
+
+
+def plot_staleness(rows: list[dict]) -> Figure | str:
+    hists = [(key, series(rows, key)[1]) for key in ("stale/mean", "stale/max")]
+    hists = [(key, values) for key, values in hists if values]
+    if not hists:
+        return "no `stale/mean` or `stale/max` in metrics.jsonl"
+    fig, ax = _figure("Staleness of rollouts (policy versions behind), over steps", "versions behind", "steps")
+    # bins of width 0.5 centred on 0, 0.5, 1, ...: whole versions line up and a synchronous run is one bar at 0
+    top = math.ceil(max(max(values) for _, values in hists))
+    edges = [i / 2 - 0.25 for i in range(2 * top + 2)]
+    ax.hist([values for _, values in hists], bins=edges, label=[key for key, _ in hists])
+    ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+def plot_mismatch(rows: list[dict]) -> Figure | str:
+    return _lines(rows, ("mismatch/logprob_abs_mean", "mismatch/logprob_abs_max"),
+                  "Engine vs learner log-prob mismatch", "|Δ log-prob|", log=True)
+
+
+def plot_length(rows: list[dict]) -> Figure | str:
+    return _lines(rows, ("response/length_mean", "response/length_max"), "Response length", "tokens", log=False)
+
+
+def _lines(rows: list[dict], keys: tuple[str, ...], title: str, ylabel: str, log: bool) -> Figure | str:
+    curves = [(key, *series(rows, key)) for key in keys]
+    if not any(steps for _, steps, _ in curves):
+        return f"no {' or '.join(f'`{k}`' for k in keys)} in metrics.jsonl"
+    # a log axis cannot show zeros (an exactly-synced engine); fall back to linear when nothing is positive
+    log = log and any(v > 0 for _, _, values in curves for v in values)
+    fig, ax = _figure(title + (" (log scale)" if log else ""), "step", ylabel)
+    for key, steps, values in curves:
+        if log:
+            steps, values = [s for s, v in zip(steps, values) if v > 0], [v for v in values if v > 0]
+        ax.plot(steps, values, marker=".", label=key)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(loc="best", fontsize="small")
+    return fig
+
+
+def summary(rows: list[dict], evals: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of the table at the top of the page."""
+    table = [("steps", f"{len(rows)} (last step {rows[-1]['step']})")]
+    step_time = series(rows, "time/step")[1]
+    if step_time:
+        table.append(("median step time", f"{statistics.median(step_time):.3f} s"))
+        timed = [row for row in rows if _number(row.get("time/step")) > 0]
+        fractions = [f"{phase} {_median_fraction(timed, phase):.0%}"
+                     for phase in PHASES if timed and any(f"time/{phase}" in row for row in rows)]
+        if fractions:  # what the phases do not account for: controller overhead
+            other = statistics.median(1 - sum(_number(row.get(f"time/{p}")) for p in PHASES) / row["time/step"]
+                                      for row in timed)
+            fractions.append(f"other {other:.0%}")
+        table.append(("phase fractions (median)", ", ".join(fractions) or "—"))
+    reward = series(rows, "reward/mean")[1]
+    table.append(("final reward/mean", f"{reward[-1]:.4f}" if reward else "—"))
+    for when in ("before", "after"):
+        values = evals.get(when) or {}
+        shown = ", ".join(f"{mode} {value:.4f}" for mode, value in values.items() if isinstance(value, (int, float)))
+        table.append((f"eval {when}", shown or "—"))
+    return table
+
+
+def _median_fraction(rows: list[dict], phase: str) -> float:
+    """Median over steps of this phase's share of the step's wall time."""
+    return statistics.median(_number(row.get(f"time/{phase}")) / row["time/step"] for row in rows)
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
+
+
+def _save(fig: Figure, path: Path) -> str:
+    fig.savefig(path, format="png")
+    return base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
+img{max-width:100%;display:block;margin:1em 0}.note{color:#a55;font-style:italic}
+pre{background:#f6f6f6;padding:1em;overflow-x:auto}"""
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write RUN_DIR/report/index.html and its PNGs; return the path of index.html."""
+    run_dir = Path(run_dir)
+    rows = load_metrics(run_dir)
+    eval_path, config_path, timeline_path = (run_dir / name for name in ("eval.json", "config.yaml",
+                                                                          "timeline.jsonl"))
+    evals = _read_eval(eval_path) if eval_path.is_file() else {}
+    plots = {"reward": plot_reward(rows, evals), "phase_times": plot_phase_times(rows)}
+    if timeline_path.is_file():
+        plots["timeline"] = plot_timeline(read_jsonl(timeline_path, TIMELINE_KEYS))
+    plots |= {"staleness": plot_staleness(rows), "mismatch": plot_mismatch(rows),
+              "response_length": plot_length(rows)}
+
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    body = [f"<h1>relayrl run report: {html.escape(str(run_dir))}</h1>", "<table>"]
+    body += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary(rows, evals)]
+    body.append("</table>")
+    if not eval_path.is_file():
+        body.append('<p class="note">no eval.json: before/after accuracy unknown</p>')
+    config = config_path.read_text() if config_path.is_file() else "(no config.yaml)"
+    body.append(f"<details><summary>resolved config</summary><pre>{html.escape(config)}</pre></details>")
+    for name, plot in plots.items():
+        if isinstance(plot, str):
+            body.append(f'<p class="note">{html.escape(name)} plot skipped: {html.escape(plot)}</p>')
+        else:
+            png = _save(plot, out / f"{name}.png")
+            body.append(f'<img alt="{name}" src="data:image/png;base64,{png}">')
+    page = out / "index.html"
+    page.write_text(f'<!doctype html>\n<html><head><meta charset="utf-8"><title>relayrl report</title>'
+                    f'<style>{CSS}</style></head><body>\n' + "\n".join(body) + "\n</body></html>\n")
+    return page
+
+
+def _read_eval(path: Path) -> dict:
+    try:
+        evals = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    if not isinstance(evals, dict):
+        raise DataError(f"{path}: expected an object with 'before'/'after'")
+    return evals

@@ -1,0 +1,226 @@
+"""Memory per role, colocated vs disaggregated placement, and a lower-bound step time for one RL step.
+
+The arithmetic is the seeds' (docs of issue 7): M_role = P * b_role; colocated peak = max over phases,
+disaggregated = sum of pools; decode bounded by max(P*b/BW_mem, 2*P*batch/peak); training 6*N*D and
+forward passes 2*N*D at an assumed MFU; T_sync = P*b*r/BW_link with r = 1 (a broadcast).
+Deliberately left out: sharding overheads, fragmentation, KV reads and attention FLOPs in decode, prefix
+caching, variable response lengths (every response is assumed to run to rollout.max_tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from relayrl.config import Config
+from relayrl.errors import ConfigError
+from relayrl.planner.hardware import Hardware
+from relayrl.planner.shape import ModelShape
+
+GIB = 2**30
+INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
+# Activation bytes per token per layer per hidden unit, in units of the activation dtype's bytes / 2:
+# Korthikanti et al. 2022 give 34 * s * b * h bytes per layer for bf16 with flash attention and no
+# recomputation (the 5*a*s/h attention-score term is gone with flash attention). fp32 doubles it.
+ACTIVATION_C_BF16 = 34
+
+
+@dataclass(frozen=True)
+class Precision:
+    train_terms: tuple[tuple[str, int], ...]  # (what, bytes/param) for one trainable copy
+    infer_bytes: int                          # bytes/param of an inference-only copy
+    activation_c: int                         # bytes per (token * hidden * layer) of activations
+
+    @property
+    def train_bytes(self) -> int:
+        return sum(b for _, b in self.train_terms)
+
+
+def precision_for(hardware: Hardware, fp32_master: bool = True, infer_dtype: str | None = None) -> Precision:
+    """GPU: bf16 weight 2 + bf16 grad 2 [+ fp32 master 4] + Adam m 4 + v 4 = 16 (12 without the master).
+    CPU (relayrl trains in fp32 there): fp32 weight 4 + fp32 grad 4 + Adam m 4 + v 4 = 16."""
+    if hardware.kind == "cpu":
+        terms = (("fp32 weight", 4), ("fp32 grad", 4), ("Adam m", 4), ("Adam v", 4))
+        return Precision(terms, INFER_BYTES[infer_dtype or "fp32"], 2 * ACTIVATION_C_BF16)
+    terms = (("bf16 weight", 2), ("bf16 grad", 2)) + ((("fp32 master", 4),) if fp32_master else ()) \
+        + (("Adam m", 4), ("Adam v", 4))
+    return Precision(terms, INFER_BYTES[infer_dtype or "bf16"], ACTIVATION_C_BF16)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The per-step sizes the config implies."""
+    rollout_batch: int     # prompts_per_step * n
+    prompt_tokens: int     # data.max_prompt_tokens (an upper bound per prompt)
+    response_tokens: int   # rollout.max_tokens
+    micro_batch: int
+    optimizer_steps: int   # rollout_batch / mini_batch * epochs
+    epochs: int
+    reference: bool        # algorithm.kl.coef > 0
+    critic: bool           # algorithm.advantage == "gae"
+    kv_cache_gib: float
+    gpu_memory_utilization: float
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_tokens + self.response_tokens
+
+    @property
+    def tokens(self) -> int:
+        """Tokens forwarded per pass over the rollout batch (prompt + response, at full length)."""
+        return self.rollout_batch * self.seq_len
+
+
+def workload_from_config(config: Config) -> Workload:
+    return Workload(
+        rollout_batch=config.rollout_batch, prompt_tokens=config.data.max_prompt_tokens,
+        response_tokens=config.rollout.max_tokens, micro_batch=min(config.train.micro_batch, config.mini_batch),
+        optimizer_steps=config.rollout_batch // config.mini_batch * config.train.epochs, epochs=config.train.epochs,
+        reference=config.algorithm.kl.coef > 0, critic=config.algorithm.advantage == "gae",
+        kv_cache_gib=config.rollout.kv_cache_gib, gpu_memory_utilization=config.rollout.gpu_memory_utilization)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per role (whole model, before sharding)."""
+    actor: float
+    critic: float
+    reference: float
+    engine_weights: float
+    kv_bytes_per_token: int
+    engine_devices: int      # devices the engine needs for its weights within its memory fraction
+    kv_capacity: float
+    kv_tokens: int           # tokens that fit in the KV cache
+    concurrent: int          # sequences in flight: min(rollout batch, kv_tokens // seq_len)
+    activations: float
+    logits: float
+
+    @property
+    def engine(self) -> float:
+        return self.engine_weights + self.kv_capacity
+
+    @property
+    def trainer(self) -> float:
+        """The update phase: trainable states + reference + activations of one micro-batch."""
+        return self.actor + self.critic + self.reference + self.activations + self.logits
+
+
+def kv_bytes_per_token(shape: ModelShape, kv_bytes: int) -> int:
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * kv_bytes  # 2: K and V
+
+
+def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, precision: Precision) -> Memory:
+    P, b = shape.params, precision.infer_bytes
+    per_token = kv_bytes_per_token(shape, b)
+    weights = P * b
+    if hardware.kind == "cpu":  # vLLM CPU: the KV cache is a fixed size (VLLM_CPU_KVCACHE_SPACE), weights apart
+        devices, kv_capacity = 1, work.kv_cache_gib * GIB
+    else:  # vLLM GPU: weights + KV share utilisation * memory on each of the engine's devices
+        budget = work.gpu_memory_utilization * hardware.memory_gb * 1e9
+        devices = math.ceil((weights + work.seq_len * per_token) / budget)
+        kv_capacity = devices * budget - weights
+    kv_tokens = int(kv_capacity // per_token)
+    concurrent = min(work.rollout_batch, kv_tokens // work.seq_len)
+    if concurrent == 0:
+        raise ConfigError(f"the KV cache ({kv_capacity / GIB:.2f} GiB, {kv_tokens} tokens) cannot hold one sequence of "
+                          f"{work.seq_len} tokens; raise rollout.kv_cache_gib")
+    tokens = work.micro_batch * work.seq_len
+    return Memory(
+        actor=P * precision.train_bytes, critic=P * precision.train_bytes if work.critic else 0.0,
+        reference=P * b if work.reference else 0.0, engine_weights=weights, kv_bytes_per_token=per_token,
+        engine_devices=devices, kv_capacity=kv_capacity, kv_tokens=kv_tokens, concurrent=concurrent,
+        activations=tokens * shape.hidden * shape.layers * precision.activation_c,
+        logits=tokens * shape.vocab * 4)  # fp32 logits for the log-softmax
+
+
+@dataclass(frozen=True)
+class Placement:
+    generate_phase: float      # engine (one replica) + what stays resident while generating
+    train_phase: float
+    colocated_peak: float      # max over phases
+    disaggregated: float       # sum of the pools
+    colocated_devices: int
+    trainer_devices: int
+    rollout_devices: int
+    group_devices: int         # one node of this hardware
+    colocated: bool            # the recommendation
+
+    @property
+    def recommendation(self) -> str:
+        if self.colocated:
+            return (f"colocated on {self.colocated_devices} device(s): the colocated peak "
+                    f"{self.colocated_peak / 1e9:.1f} GB fits one node of {self.group_devices}")
+        return (f"disaggregated: trainer {self.trainer_devices} + rollout {self.rollout_devices} device(s); colocated "
+                f"needs {self.colocated_devices} > {self.group_devices} devices of one node")
+
+
+def place(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, offload: bool = False) -> Placement:
+    """Colocated: the phases time-slice the same devices, so the bill is the max of the phases; disaggregated:
+    the trainer and the engine hold their own devices, so it is the sum. Roles are sharded evenly (FSDP /
+    tensor parallel). On GPU the engine takes `gpu_memory_utilization` of every device it shares, so while
+    generating the resident trainer states must fit in the rest: n >= resident / ((1 - util) * M)."""
+    resident = 0.0 if offload else memory.actor + memory.critic + memory.reference
+    generate, train = memory.engine + resident, memory.trainer
+    per_device = hardware.memory_gb * 1e9
+    trainer = math.ceil(train / per_device)
+    if hardware.kind == "cpu":  # a fixed-size KV cache: the phases are plain byte counts
+        colocated, rollout = math.ceil(max(generate, train) / per_device), math.ceil(memory.engine / per_device)
+    else:
+        free_while_generating = (1 - gpu_memory_utilization) * per_device
+        generating = math.ceil(resident / free_while_generating) if free_while_generating else math.inf
+        colocated, rollout = max(trainer, generating, memory.engine_devices), memory.engine_devices
+    return Placement(generate, train, max(generate, train), memory.engine + memory.trainer, colocated, trainer,
+                     rollout, hardware.devices_per_node, colocated <= hardware.devices_per_node)
+
+
+def decode_step_time(params: int, infer_bytes: int, batch: int, hardware: Hardware) -> tuple[float, str]:
+    """Lower bound of one decode step: weights streamed once, or 2*P FLOPs per sequence, whichever is slower."""
+    memory_s = params * infer_bytes / (hardware.mem_bw_gbs * 1e9)
+    compute_s = 2 * params * batch / (hardware.peak_tflops * 1e12)
+    return (memory_s, "memory") if memory_s >= compute_s else (compute_s, "compute")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    replicas: int          # engine replicas on the rollout devices
+    concurrent: int        # sequences each replica decodes together
+    train_devices: int
+    prefill: float
+    decode_step: float
+    decode_bound: str
+    decode_waves: int
+    decode: float
+    old_logprobs: float
+    ref_logprobs: float
+    critic: float
+    update: float
+    sync: float
+
+    @property
+    def total(self) -> float:
+        return (self.prefill + self.decode + self.old_logprobs + self.ref_logprobs + self.critic + self.update
+                + self.sync)
+
+
+def estimate_time(shape: ModelShape, work: Workload, memory: Memory, placement: Placement, hardware: Hardware,
+                  precision: Precision) -> StepTime:
+    """Phases run one after another (a synchronous step) on the recommended placement: the rollout batch is
+    split over the engine replicas, and training is data-parallel over the trainer devices at ideal scaling."""
+    rollout_devices = placement.colocated_devices if placement.colocated else placement.rollout_devices
+    train_devices = placement.colocated_devices if placement.colocated else placement.trainer_devices
+    replicas = max(1, rollout_devices // memory.engine_devices)
+    per_replica = min(memory.concurrent, math.ceil(work.rollout_batch / replicas))  # sequences decoded together
+    P, peak = shape.params, hardware.peak_tflops * 1e12
+    achieved = peak * hardware.mfu * train_devices
+    step, bound = decode_step_time(P, precision.infer_bytes, per_replica, hardware)
+    waves = math.ceil(work.rollout_batch / (replicas * per_replica))  # rounds of sequences the KV caches hold
+    forward = 2 * P * work.tokens / achieved  # one log-prob pass over the rollout batch
+    return StepTime(
+        replicas=replicas, concurrent=per_replica, train_devices=train_devices,
+        prefill=2 * P * work.rollout_batch * work.prompt_tokens / (peak * replicas * memory.engine_devices),
+        decode_step=step, decode_bound=bound, decode_waves=waves, decode=waves * work.response_tokens * step,
+        old_logprobs=forward if work.optimizer_steps > 1 else 0.0,  # else the update's own forward gives them
+        ref_logprobs=forward if work.reference else 0.0,
+        critic=forward + 6 * P * work.tokens * work.epochs / achieved if work.critic else 0.0,
+        update=6 * P * work.tokens * work.epochs / achieved,
+        sync=P * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9))
