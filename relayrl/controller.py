@@ -6,17 +6,17 @@ learner and sync are built once in `build_trainer` and the step reads the same w
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from relayrl.algorithms.dapo import GroupCollector, overlong_mask, soft_overlong_penalty
 from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, degenerate_group_fraction, make_inputs
+from relayrl.algorithms.dapo import GroupCollector, overlong_mask, soft_overlong_penalty
 from relayrl.checkpoint import checkpoint_root, latest_checkpoint, save_checkpoint
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts
@@ -25,25 +25,25 @@ from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
-from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import ConsoleTracker, JsonlTracker, Trackers
-from relayrl.rewards import load_reward, score_rollouts
-from relayrl.rollout import Sampling, build_engine
+from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
+from relayrl.rewards import RewardFn, load_reward, score_rollouts
+from relayrl.rollout import RolloutEngine, Sampling, build_engine
 from relayrl.sync.inprocess import InProcessSync
-from relayrl.types import Score
+from relayrl.types import Prompt, Score
 
 
 @dataclass
 class Trainer:
     config: Config
-    engine: object
+    engine: RolloutEngine
     learner: PolicyLearner
     sync: InProcessSync
-    reward_fn: object
+    reward_fn: RewardFn
     sampler: PromptSampler
-    eval_prompts: list
-    tokenizer: object
+    eval_prompts: list[Prompt]
+    tokenizer: object  # a transformers tokenizer
     run_dir: Path
     data_metrics: dict
     advantage_fn: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
