@@ -175,6 +175,9 @@ class LogConfig(Section):
     dir: str = Field("runs/default", description="Run directory: config.yaml, metrics.jsonl, model/.")
     progress: bool = Field(True, description="Show a rich progress bar on the console.")
     save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
+    backends: list[Literal["tensorboard"]] = Field(
+        default_factory=list, description="Extra trackers besides metrics.jsonl and the progress bar (<dir>/tensorboard)."
+    )
 
 
 class CheckpointConfig(Section):

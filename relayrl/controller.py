@@ -26,7 +26,7 @@ from relayrl.learner.batching import make_experience
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
 from relayrl.metrics.timer import StepTimer
-from relayrl.metrics.trackers import ConsoleTracker, JsonlTracker, Trackers
+from relayrl.metrics.trackers import build_trackers
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
 from relayrl.rewards import RewardFn, load_reward, score_rollouts
 from relayrl.rollout import RolloutEngine, Sampling, build_engine
@@ -130,7 +130,7 @@ class Trainer:
 
     def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
         cfg = self.config
-        trackers = Trackers([JsonlTracker(self.run_dir), ConsoleTracker(cfg.train.steps, cfg.log.progress)])
+        trackers = build_trackers(cfg, self.run_dir)
         before = self.evaluate() if before is None else before
         try:
             for step in range(start_step, cfg.train.steps):

@@ -1,4 +1,4 @@
-"""Trackers: one JSON object per step in metrics.jsonl, and a rich progress bar on the console."""
+"""Trackers: metrics.jsonl (always), a rich progress bar, and optionally TensorBoard."""
 
 from __future__ import annotations
 
@@ -60,3 +60,30 @@ class Trackers:
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.close()
+
+
+class TensorBoardTracker:
+    """Scalars to `<run>/tensorboard` (read them with TensorBoard or `tensorboard.backend.event_processing`)."""
+
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def build_trackers(config, run_dir: Path) -> Trackers:
+    """jsonl always (the report and resume read it), the progress bar if asked, plus `log.backends`."""
+    log = config.log
+    trackers = [JsonlTracker(run_dir), ConsoleTracker(config.train.steps, log.progress)]
+    if "tensorboard" in log.backends:
+        trackers.append(TensorBoardTracker(run_dir))
+    return Trackers(trackers)
