@@ -71,7 +71,7 @@ def _plan(args) -> None:
                        kv_heads=args.kv_heads, head_dim=args.head_dim, vocab=args.vocab)
     hardware = get_profile(args.hardware, measure=args.measure)
     print_plan(make_plan(config, shape, hardware, fp32_master=not args.no_master, infer_dtype=args.infer_dtype,
-                         offload=args.offload))
+                         offload=args.offload, mean_response_tokens=args.response_tokens))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--infer-dtype", choices=["bf16", "fp8", "fp32"], help="engine/reference weights (default: "
                       "bf16 on GPU, fp32 on CPU)")
     plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
+    plan.add_argument("--response-tokens", type=float, help="expected mean response length (default "
+                      "rollout.max_tokens); e.g. a previous run's response/length_mean")
     plan.set_defaults(fn=_plan)
 
     cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")

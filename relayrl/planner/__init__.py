@@ -28,8 +28,9 @@ class Plan:
 
 
 def make_plan(config: Config, shape: ModelShape, hardware: Hardware, fp32_master: bool = True,
-              infer_dtype: str | None = None, offload: bool = False) -> Plan:
-    work = workload_from_config(config)
+              infer_dtype: str | None = None, offload: bool = False,
+              mean_response_tokens: float | None = None) -> Plan:
+    work = workload_from_config(config, mean_response_tokens)
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     placement = place(memory, hardware, work.gpu_memory_utilization, offload)

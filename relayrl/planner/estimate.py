@@ -4,7 +4,8 @@ The arithmetic is the seeds' (docs of issue 7): M_role = P * b_role; colocated p
 disaggregated = sum of pools; decode bounded by max(P*b/BW_mem, 2*P*batch/peak); training 6*N*D and
 forward passes 2*N*D at an assumed MFU; T_sync = P*b*r/BW_link with r = 1 (a broadcast).
 Deliberately left out: sharding overheads, fragmentation, KV reads and attention FLOPs in decode, prefix
-caching, variable response lengths (every response is assumed to run to rollout.max_tokens).
+caching. Decoding runs until the longest response (rollout.max_tokens); the passes over the batch count
+`mean_response_tokens` per response (default: max_tokens, an upper bound; pass the expected length).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Workload:
     critic: bool           # algorithm.advantage == "gae"
     kv_cache_gib: float
     gpu_memory_utilization: float
+    mean_response_tokens: float | None = None  # expected response length; None = response_tokens
 
     @property
     def seq_len(self) -> int:
@@ -67,12 +69,13 @@ class Workload:
 
     @property
     def tokens(self) -> int:
-        """Tokens forwarded per pass over the rollout batch (prompt + response, at full length)."""
-        return self.rollout_batch * self.seq_len
+        """Tokens forwarded per pass over the rollout batch: prompt + the expected response length."""
+        response = self.response_tokens if self.mean_response_tokens is None else self.mean_response_tokens
+        return int(self.rollout_batch * (self.prompt_tokens + response))
 
 
-def workload_from_config(config: Config) -> Workload:
-    return Workload(
+def workload_from_config(config: Config, mean_response_tokens: float | None = None) -> Workload:
+    return Workload(mean_response_tokens=mean_response_tokens,
         rollout_batch=config.rollout_batch, prompt_tokens=config.data.max_prompt_tokens,
         response_tokens=config.rollout.max_tokens, micro_batch=min(config.train.micro_batch, config.mini_batch),
         optimizer_steps=config.rollout_batch // config.mini_batch * config.train.epochs, epochs=config.train.epochs,

@@ -49,6 +49,7 @@ def _sections(plan: Plan) -> list[tuple[str, list[tuple[str, str, str]]]]:
          f"{hw.mfu:g}, {hw.devices_per_node}"),
         ("rollout batch", "prompts_per_step x n", f"{w.rollout_batch}"),
         ("sequence", "max_prompt_tokens + max_tokens", f"{w.prompt_tokens} + {w.response_tokens} = {w.seq_len}"),
+        ("tokens per pass", "rollout batch x (prompt + expected response)", f"{w.tokens:,}"),
         ("optimizer steps", "rollout_batch / mini_batch x epochs", f"{w.optimizer_steps}"),
         ("b_train", train_terms, f"{pr.train_bytes} B/param"),
         ("b_infer", "engine and reference weights", f"{b} B/param"),

@@ -106,3 +106,14 @@ def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
     assert "112.00 GB" in capsys.readouterr().out
     assert main(["plan", str(config)]) == 2  # no model.path and no flags: one line naming model.path
     assert "model.path" in capsys.readouterr().err
+
+
+def test_expected_response_length_scales_the_passes_but_not_decoding():
+    from relayrl.planner.estimate import workload_from_config
+
+    config = load_config(None, ["rollout.max_tokens=64", "data.max_prompt_tokens=16", "rollout.n=4",
+                                "rollout.prompts_per_step=16"])
+    full, short = workload_from_config(config), workload_from_config(config, mean_response_tokens=32)
+    # 64 sequences x (16 prompt + 64 or 32 response tokens)
+    assert full.tokens == 64 * 80 and short.tokens == 64 * 48
+    assert short.seq_len == full.seq_len == 80  # memory still sized for the longest sequence
