@@ -36,9 +36,16 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(f"[bold]recommendation:[/] {plan.placement.recommendation}")
 
 
-def _sections(plan: Plan) -> list[tuple[str, list[tuple[str, str, str]]]]:
+Rows = list[tuple[str, str, str]]  # (name, formula with its inputs, value)
+
+
+def _sections(plan: Plan) -> list[tuple[str, Rows]]:
+    return [("inputs", _input_rows(plan)), ("memory per role", _memory_rows(plan)),
+            ("placement", _placement_rows(plan)), ("step time", _time_rows(plan))]
+
+
+def _input_rows(plan: Plan) -> Rows:
     s, w, hw, pr = plan.shape, plan.workload, plan.hardware, plan.precision
-    m, pl, t = plan.memory, plan.placement, plan.time
     P, b = s.params, pr.infer_bytes
     train_terms = " + ".join(f"{n} {v}" for n, v in pr.train_terms)
     inputs = [
@@ -54,6 +61,12 @@ def _sections(plan: Plan) -> list[tuple[str, list[tuple[str, str, str]]]]:
         ("b_train", train_terms, f"{pr.train_bytes} B/param"),
         ("b_infer", "engine and reference weights", f"{b} B/param"),
     ]
+    return inputs
+
+
+def _memory_rows(plan: Plan) -> Rows:
+    s, w, hw, pr, m = plan.shape, plan.workload, plan.hardware, plan.precision, plan.memory
+    b = pr.infer_bytes
     kv_budget = (f"kv_cache_gib {w.kv_cache_gib:g} GiB" if hw.kind == "cpu" else
                  f"{m.engine_devices} dev x {w.gpu_memory_utilization:g} x {hw.memory_gb:g} GB - weights")
     c = pr.activation_c
@@ -69,8 +82,13 @@ def _sections(plan: Plan) -> list[tuple[str, list[tuple[str, str, str]]]]:
         ("concurrent seqs", f"min(rollout batch {w.rollout_batch}, tokens / {w.seq_len})", f"{m.concurrent:,}"),
         ("activations", f"micro_batch {w.micro_batch} x seq {w.seq_len} x hidden x layers x c={c} B",
          _gb(m.activations)),
-        ("logits", f"micro_batch x seq x vocab x 4 B (fp32)", _gb(m.logits)),
+        ("logits", "micro_batch x seq x vocab x 4 B (fp32)", _gb(m.logits)),
     ]
+    return memory
+
+
+def _placement_rows(plan: Plan) -> Rows:
+    w, hw, m, pl = plan.workload, plan.hardware, plan.memory, plan.placement
     resident = "0 (offloaded)" if plan.offload else "actor + critic + reference"
     if hw.kind == "cpu":
         colocated_rule, rollout_rule = f"ceil(peak / M={hw.memory_gb:g} GB)", "ceil(engine / M)"
@@ -87,6 +105,12 @@ def _sections(plan: Plan) -> list[tuple[str, list[tuple[str, str, str]]]]:
         ("disaggregated devices", f"trainer ceil(train / M) + rollout {rollout_rule}",
          f"{pl.trainer_devices} + {pl.rollout_devices} = {pl.trainer_devices + pl.rollout_devices}"),
     ]
+    return placement
+
+
+def _time_rows(plan: Plan) -> Rows:
+    w, hw, m, t = plan.workload, plan.hardware, plan.memory, plan.time
+    b = plan.precision.infer_bytes
     D1 = w.tokens
     peak, ach = f"{hw.peak_tflops:g}T", f"{hw.peak_tflops:g}T x {hw.mfu:g}"
     ach += f" x {t.train_devices} dev"
@@ -106,4 +130,4 @@ def _sections(plan: Plan) -> list[tuple[str, list[tuple[str, str, str]]]]:
         ("sync", f"P x {b} x r=1 / {hw.link_gbs:g} GB/s", _s(t.sync)),
         ("step", "sum (lower bound; phases serial)", _s(t.total)),
     ]
-    return [("inputs", inputs), ("memory per role", memory), ("placement", placement), ("step time", time)]
+    return time
