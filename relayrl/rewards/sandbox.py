@@ -1,0 +1,249 @@
+"""Run an untrusted Python program against test cases; return the pass fraction and per-test results.
+
+Test cases (a dataset column `tests`: a list, or its JSON text), one of two kinds each:
+  {"stdin": "2 3\\n", "stdout": "5"}      the program runs as __main__ with that stdin; its stdout, with
+                                          trailing whitespace of each line and the whole dropped, must equal
+                                          `stdout` and it must exit 0.
+  {"call": "add(2, 3)", "expected": 5}    the program is run as a module (its prints go to stderr), then
+                                          `call` is evaluated in it; `repr` of the value, read back with
+                                          `ast.literal_eval`, must equal `expected` (a JSON value; tuples
+                                          compare as lists).
+The verdict is made here, outside the sandbox, from the bytes the program printed; expected outputs never
+enter the sandbox. So `sys.exit(0)`, `os._exit(0)`, patching builtins or killing the harness cannot fake
+a pass: a program passes a test only by printing its answer.
+
+Each test is one sandboxed process (see `_sandbox_launch.py` for the chain), started in a session of its
+own and killed as a group (`killpg`, SIGKILL) at the wall-clock timeout. Limits: CPU seconds, address
+space, file size (which also caps stdout/stderr), open files and processes (RLIMIT_*). The environment is
+scrubbed to PATH/LANG/HOME.
+
+Isolation (`isolation=`):
+- `namespaces` (the default where the kernel allows it, probed once): new mount, pid and network
+  namespaces (plus a user namespace when not root). No network: the namespace has only a down loopback.
+  A private /proc shows only the sandbox's processes; the killpg reaches its pid 1, whose death kills
+  everything left (double-fork daemons, `setsid` children). /tmp, /var/tmp and /dev/shm are fresh tmpfs
+  (capped at `disk_mb`) that vanish with the namespace; every other mount is read-only. As root, the
+  program also runs under an unused uid of its own (so RLIMIT_NPROC counts only its processes, and it
+  cannot read files others cannot, e.g. under /root, nor signal anything outside); the interpreter is
+  bound back in if it lives in such a directory. Not contained: world-readable files (e.g. /etc/passwd,
+  the source tree) can be read; when not root, the program runs as the calling user and can read that
+  user's files.
+- `rlimits` (when namespaces are unavailable): rlimits, the killpg, a scratch work dir, and a Python
+  audit hook that refuses socket creation. RLIMIT_NPROC counts every process of the user, so it is set
+  to the user's current count plus `processes`. Not contained: a program that calls `setsid` in a child
+  escapes the process group; C extensions / ctypes can bypass the audit hook; files are the user's.
+  Refused as root: root is exempt from RLIMIT_NPROC.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from relayrl.errors import RewardError
+
+LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
+EXIT_SETUP_FAILED = 125  # the launcher's own code for "the sandbox could not be set up"
+MARKER_PREFIX = "relayrl-sandbox-"  # in every sandbox process's command line, so tests can look for leftovers
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp/work"}
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 2.0  # wall clock per test, for the whole process group
+    cpu_s: int = 2
+    memory_mb: int = 512  # address space (RLIMIT_AS)
+    file_mb: int = 8  # largest file, stdout and stderr included (RLIMIT_FSIZE)
+    disk_mb: int = 32  # size of each scratch tmpfs (/tmp, /var/tmp, /dev/shm)
+    open_files: int = 64
+    processes: int = 16
+    output_bytes: int = 64 * 1024  # how much of stdout/stderr is read back
+
+
+@dataclass
+class ProgramRun:
+    stdout: str
+    stderr: str
+    exit_code: int  # 128 + signal when killed by a signal
+    timed_out: bool
+    wall_s: float
+
+
+@dataclass
+class TestResult:
+    passed: bool
+    reason: str  # "passed", "timeout", "exit code 1", "wrong output", ...
+    run: ProgramRun
+
+
+@dataclass
+class TestReport:
+    results: list[TestResult] = field(default_factory=list)
+
+    @property
+    def pass_fraction(self) -> float:
+        return sum(r.passed for r in self.results) / len(self.results) if self.results else 0.0
+
+
+def run_tests(program: str, tests: list[dict] | str, limits: SandboxLimits = SandboxLimits(),
+              isolation: Literal["auto", "namespaces", "rlimits"] = "auto") -> TestReport:
+    """Run `program` once per test case, each in a fresh sandbox; a bad test list raises naming the case."""
+    cases = parse_tests(tests)
+    mode = resolve_isolation(isolation)
+    report = TestReport()
+    for case in cases:
+        run = run_program(program, stdin=case.get("stdin", ""), call=case.get("call"), limits=limits, isolation=mode)
+        report.results.append(_verdict(case, run))
+    return report
+
+
+def parse_tests(tests: list[dict] | str) -> list[dict]:
+    if isinstance(tests, str):
+        try:
+            tests = json.loads(tests)
+        except json.JSONDecodeError as err:
+            raise RewardError(f"code reward: the `tests` column is a string but not JSON: {err}") from None
+    if not isinstance(tests, (list, tuple)) or not tests:
+        raise RewardError(f"code reward: `tests` must be a non-empty list of test cases, got {tests!r:.80}")
+    for index, case in enumerate(tests):
+        keys = set(case) if isinstance(case, dict) else None
+        if keys not in ({"stdin", "stdout"}, {"call", "expected"}):
+            raise RewardError(f"code reward: test {index} is {case!r:.80}; a test is "
+                              '{"stdin": ..., "stdout": ...} or {"call": ..., "expected": ...}')
+        if "call" in case and not isinstance(case["call"], str):
+            raise RewardError(f"code reward: test {index}: `call` must be a string, got {case['call']!r:.80}")
+    return list(tests)
+
+
+def run_program(program: str, stdin: str = "", call: str | None = None, limits: SandboxLimits = SandboxLimits(),
+                isolation: Literal["auto", "namespaces", "rlimits"] = "auto") -> ProgramRun:
+    """Run one program in a fresh sandbox; never outlives `limits.timeout_s` by more than the kill."""
+    mode = resolve_isolation(isolation)
+    if mode == "rlimits" and os.geteuid() == 0:
+        raise RewardError("code sandbox: isolation=rlimits cannot run as root (root is exempt from RLIMIT_NPROC, "
+                          "so a fork bomb would not be stopped); allow namespaces or run as a normal user")
+    with tempfile.TemporaryDirectory(prefix="relayrl-sandbox-") as host_dir:
+        host = Path(host_dir)
+        work_dir = host / "work"  # used only without namespaces; inside them the work dir is on a tmpfs
+        work_dir.mkdir()
+        (work_dir / "main.py").write_text(program, encoding="utf-8")
+        job = {"program": program, "call": call, "namespaces": mode == "namespaces", "uid": None,
+               "python": os.path.realpath(sys.executable), "work_dir": str(work_dir), "parent_pid": os.getpid(),
+               "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
+               "disk_mb": limits.disk_mb, "open_files": limits.open_files,
+               "processes": limits.processes if mode == "namespaces" else _user_processes() + limits.processes,
+               "env": {**ENV, "HOME": ENV["HOME"] if mode == "namespaces" else str(work_dir)}}
+        (host / "job.json").write_text(json.dumps(job))
+        (host / "stdin").write_text(stdin, encoding="utf-8")
+        marker = f"{MARKER_PREFIX}{uuid.uuid4().hex[:12]}"
+        with open(host / "stdin", "rb") as fin, open(host / "stdout", "wb") as fout, open(host / "stderr", "wb") as ferr:
+            start = time.monotonic()
+            process = subprocess.Popen(
+                [job["python"], "-I", "-S", "-B", str(LAUNCHER), str(host / "job.json"), marker],
+                stdin=fin, stdout=fout, stderr=ferr, env=job["env"], cwd=host, start_new_session=True)
+            exit_code, timed_out = _wait_or_kill(process, limits.timeout_s)
+            wall_s = time.monotonic() - start
+        stdout, stderr = (_read_capped(host / name, limits.output_bytes) for name in ("stdout", "stderr"))
+        if mode == "rlimits":  # files the program made are its own (not root's), the removal below needs write access
+            _make_writable(work_dir)
+    if exit_code == EXIT_SETUP_FAILED and stderr.startswith("sandbox setup failed"):
+        raise RewardError(f"code sandbox ({mode}) could not start: {stderr.strip()[:500]}")
+    return ProgramRun(stdout, stderr, exit_code, timed_out, wall_s)
+
+
+@functools.cache
+def resolve_isolation(isolation: str) -> str:
+    """`auto` -> `namespaces` if a trivial program runs in them here, else `rlimits` (probed once)."""
+    if isolation not in ("auto", "namespaces", "rlimits"):
+        raise RewardError(f"code sandbox: isolation={isolation!r} is not one of auto, namespaces, rlimits")
+    if isolation != "auto":
+        return isolation
+    try:
+        run = run_program("print('ok')", limits=SandboxLimits(timeout_s=10), isolation="namespaces")
+    except RewardError:
+        return "rlimits"
+    return "namespaces" if run.stdout == "ok\n" else "rlimits"
+
+
+def _wait_or_kill(process: subprocess.Popen, timeout_s: float) -> tuple[int, bool]:
+    try:
+        process.wait(timeout=timeout_s)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the launcher's group: with namespaces this ends them, too
+    except ProcessLookupError:
+        pass
+    code = process.wait()
+    return (128 + signal.SIGKILL if timed_out else (code if code >= 0 else 128 - code)), timed_out
+
+
+def _verdict(case: dict, run: ProgramRun) -> TestResult:
+    if run.timed_out:
+        return TestResult(False, "timeout", run)
+    if run.exit_code != 0:
+        return TestResult(False, f"exit code {run.exit_code}", run)
+    if "stdout" in case:
+        passed = _normalise(run.stdout) == _normalise(str(case["stdout"]))
+    else:
+        passed = _literal(run.stdout) == _as_lists(case["expected"])
+    return TestResult(passed, "passed" if passed else "wrong output", run)
+
+
+def _normalise(text: str) -> str:
+    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+
+
+_NOT_A_LITERAL = object()
+
+
+def _literal(text: str) -> Any:
+    try:
+        return _as_lists(ast.literal_eval(text))
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return _NOT_A_LITERAL
+
+
+def _as_lists(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    return value
+
+
+def _read_capped(path: Path, limit: int) -> str:
+    with open(path, "rb") as f:
+        return f.read(limit).decode("utf-8", errors="replace")
+
+
+def _user_processes() -> int:
+    uid = os.getuid()
+    count = 0
+    for entry in os.scandir("/proc"):
+        try:
+            count += entry.name.isdigit() and entry.stat().st_uid == uid
+        except OSError:
+            pass
+    return count
+
+
+def _make_writable(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.chmod(0o700)
+        except OSError:
+            pass
