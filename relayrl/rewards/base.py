@@ -3,7 +3,8 @@
 A reward function is batched: `fn(prompts, completions, **columns) -> list[float | dict[str, float]]`,
 where `columns` holds every non-prompt dataset column as a list aligned with the batch. A dict result is
 a set of named components; the reward is their sum. A function that raises, or returns NaN, None or a
-non-number, fails naming the sample (`on_error=error`) or scores it 0 and is counted (`on_error=zero`).
+non-number, fails naming the sample (`on_error=error`), or is counted and scored 0 (`on_error=zero`) or
+dropped, as None (`on_error=skip`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ def _import_file(path: str, spec: str):
     return module
 
 
-def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error") -> tuple[list[Score], int]:
-    """Score a batch; return the scores and how many samples were zeroed under `on_error=zero`.
+def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error") -> tuple[list[Score | None], int]:
+    """Score a batch; return the scores and how many samples failed (scored 0 under `on_error=zero`, None under
+    `on_error=skip`).
 
     If the batched call raises, each sample is scored alone to find (and name) the one that fails.
     """
@@ -88,9 +90,9 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
         if score is None:
             if on_error == "error":
                 raise RewardError(f"reward for sample {rollout.sample_id} is {value!r}, not a finite number "
-                                  "(set reward.on_error=zero to score such samples 0)")
+                                  "(set reward.on_error=zero or skip to score such samples 0 or drop them)")
             errors += 1
-            score = Score(0.0)
+            score = Score(0.0) if on_error == "zero" else None
         scores.append(score)
     return scores, errors
 
@@ -107,7 +109,7 @@ def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
     except RewardError:
         raise  # a setup mistake (e.g. a missing dataset column), not a failure of this sample
     except Exception as err:
-        if on_error == "zero":
+        if on_error != "error":
             return None  # counted as an error by the caller
         raise RewardError(f"reward function raised on sample {rollout.sample_id}: "
                           f"{type(err).__name__}: {err}") from err

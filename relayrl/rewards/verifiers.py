@@ -6,6 +6,8 @@ import re
 from typing import Any
 
 from relayrl.errors import RewardError
+from relayrl.rewards.code import code
+from relayrl.rewards.judge import judge
 
 
 def _column(name: str, columns: dict[str, Any], fn: str) -> list:
@@ -44,4 +46,12 @@ def regex(prompts: list[str], completions: list[str], pattern: str | None = None
     return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
 
 
-BUILTINS = {"exact_match": exact_match, "math": math, "regex": regex}
+def reward_model(prompts: list[str], completions: list[str], path: str | None = None, **options: Any) -> list[float]:
+    """The score of a sequence-classification model at `path` (bind it with reward.kwargs.path); loaded once."""
+    from relayrl.rewards.reward_model import shared_reward_model
+
+    return shared_reward_model(path, **options).score(prompts, completions)
+
+
+BUILTINS = {"exact_match": exact_match, "math": math, "regex": regex, "code": code, "reward_model": reward_model,
+            "judge": judge}

@@ -1,0 +1,127 @@
+"""The reward as a served component: `score(rollouts) -> (scores, metrics)` over one or more reward functions.
+
+`build_reward_service(config.reward)` picks the backend once:
+- `workers: 0`: in the calling process (the default; no timeouts, a hanging reward hangs the caller).
+- `workers: N`: N worker processes (pool.py), batches of `batch_size`, a deadline of `timeout_s` per
+  sample. A batch that times out or kills its worker is retried one sample at a time, so only the
+  guilty sample pays; that sample is then handled per `on_error`.
+
+`on_error` covers a reward that raises, returns a non-number, times out or kills its worker: `error`
+raises a RewardError naming the sample, `zero` scores it 0, `skip` returns None in its place (the caller
+drops it). Metrics: reward/errors, reward/timeouts, reward/skipped (samples returned as None) and
+reward/<name> (mean of each component over the samples it scored).
+
+Several components combine as reward = sum of weight * component; the Score's parts are the components
+(and a component's own named parts as `<name>.<part>`). A single component keeps its Score as is.
+Left out: a Ray-actor backend; overlapping scoring with generation is the caller's schedule.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from relayrl.config import RewardComponentConfig, RewardConfig
+from relayrl.errors import RewardError
+from relayrl.rewards.base import load_reward, score_rollouts
+from relayrl.rewards.pool import DIED, TIMEOUT, Task, WorkerPool
+from relayrl.types import Rollout, Score
+
+
+class RewardService(Protocol):
+    def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]: ...
+
+    def close(self) -> None: ...
+
+
+def build_reward_service(config: RewardConfig) -> RewardService:
+    if config.workers == 0:
+        return InProcessRewards(config)
+    return WorkerRewards(config)
+
+
+class InProcessRewards:
+    def __init__(self, config: RewardConfig):
+        self.components = config.resolved_components()
+        self.fns = [load_reward(c.fn, c.kwargs) for c in self.components]
+        self.on_error = config.on_error
+
+    def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
+        per_component, errors = [], 0
+        for fn in self.fns:
+            scores, failed = score_rollouts(fn, rollouts, self.on_error)
+            per_component.append(scores)
+            errors += failed
+        return combine(self.components, per_component, errors=errors, timeouts=0)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        self.close()
+
+
+class WorkerRewards(InProcessRewards):
+    def __init__(self, config: RewardConfig):
+        self.components = config.resolved_components()
+        self.on_error = config.on_error
+        self.batch_size = config.batch_size
+        self.pool = WorkerPool(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
+                               config.timeout_s)
+
+    def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
+        per_component: list[list[Score | None]] = [[None] * len(rollouts) for _ in self.components]
+        pending = deque(Task(c, start, rollouts[start:start + self.batch_size])
+                        for c in range(len(self.components)) for start in range(0, len(rollouts), self.batch_size))
+        errors = timeouts = 0
+        for task, outcome in self.pool.run(pending):
+            if outcome.status == "ok":
+                per_component[task.component][task.offset:task.offset + len(task.rollouts)] = outcome.scores
+                errors += outcome.errors
+            elif outcome.status == "reward_error":
+                self.pool.abandon_in_flight()
+                raise RewardError(outcome.message)
+            elif len(task.rollouts) > 1:  # TIMEOUT or DIED: find the guilty sample, one at a time
+                pending.extend(Task(task.component, task.offset + i, [r]) for i, r in enumerate(task.rollouts))
+            else:
+                timeouts += outcome.status == TIMEOUT
+                errors += outcome.status == DIED
+                per_component[task.component][task.offset] = self._failed(task, outcome.message)
+        return combine(self.components, per_component, errors=errors, timeouts=timeouts)
+
+    def _failed(self, task: Task, message: str) -> Score | None:
+        if self.on_error == "error":
+            self.pool.abandon_in_flight()
+            raise RewardError(f"reward '{self.components[task.component].label}' on sample "
+                              f"{task.rollouts[0].sample_id}: {message} (set reward.on_error=zero or skip to "
+                              "score such samples 0 or drop them)")
+        return Score(0.0) if self.on_error == "zero" else None
+
+    def close(self) -> None:
+        """Stop the workers (SIGKILL for any still busy); the service cannot score afterwards."""
+        self.pool.close()
+
+
+def combine(components: list[RewardComponentConfig], per_component: list[list[Score | None]],
+            errors: int, timeouts: int) -> tuple[list[Score | None], dict[str, float]]:
+    """One Score per sample (None if any component skipped it) and the service's metrics."""
+    combined = []
+    for parts in zip(*per_component):
+        if any(part is None for part in parts):
+            combined.append(None)
+        elif len(components) == 1:
+            combined.append(parts[0])
+        else:
+            named = {c.label: p.reward for c, p in zip(components, parts)}
+            named.update({f"{c.label}.{k}": v for c, p in zip(components, parts) for k, v in p.components.items()})
+            combined.append(Score(sum(c.weight * p.reward for c, p in zip(components, parts)), named))
+    metrics = {"reward/errors": float(errors), "reward/timeouts": float(timeouts),
+               "reward/skipped": float(sum(score is None for score in combined))}
+    for component, scores in zip(components, per_component):
+        values = [s.reward for s in scores if s is not None]
+        if values:
+            metrics[f"reward/{component.label}"] = sum(values) / len(values)
+    return combined, metrics
