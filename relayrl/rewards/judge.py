@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+import string
 from typing import Any, Protocol
 
 from relayrl.errors import RewardError
@@ -42,10 +43,12 @@ class Judge:
     def __init__(self, engine: TextEngine, template: str = DEFAULT_TEMPLATE, pattern: str = DEFAULT_PATTERN,
                  default: float | None = None, max_tokens: int = 16):
         try:
-            template.format(prompt="", completion="")
-        except (KeyError, IndexError, ValueError) as err:
-            raise RewardError(f"judge template {template[:80]!r} cannot be filled: {type(err).__name__}: {err} "
-                              "(it may use {prompt}, {completion} and dataset columns)") from None
+            self.fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        except ValueError as err:
+            raise RewardError(f"judge template {template[:80]!r} is not a format string: {err}") from None
+        if any(not name.isidentifier() for name in self.fields):
+            raise RewardError(f"judge template {template[:80]!r}: fields must be names ({{prompt}}, {{completion}} "
+                              f"or a dataset column), got {sorted(self.fields)}")
         try:
             self.pattern = re.compile(pattern)
         except re.error as err:
@@ -53,6 +56,9 @@ class Judge:
         self.engine, self.template, self.default, self.max_tokens = engine, template, default, max_tokens
 
     def score(self, prompts: list[str], completions: list[str], **columns: list) -> list[float]:
+        if missing := self.fields - {"prompt", "completion"} - set(columns):
+            raise RewardError(f"judge template uses {{{sorted(missing)[0]}}}, which is neither prompt, completion "
+                              f"nor a dataset column (columns: {sorted(columns)})")
         rows = [{name: values[i] for name, values in columns.items()} for i in range(len(prompts))]
         texts = [self.template.format(prompt=p, completion=c, **row) for p, c, row in zip(prompts, completions, rows)]
         answers = self.engine.complete(texts, self.max_tokens)
