@@ -22,3 +22,11 @@ class RewardError(RelayError):
 
 class ModelError(RelayError):
     """A model path or checkpoint cannot be used."""
+
+
+class SyncError(RelayError):
+    """Weights did not reach an engine intact (checksum mismatch, layout change, transport failure)."""
+
+
+class PlacementError(RelayError):
+    """The roles cannot be placed on the cluster, or a role's actor died or missed its deadline."""

@@ -1,0 +1,118 @@
+"""Bucketing for weight sync: many named tensors packed into a few flat buffers, each with a checksum.
+
+A `Layout` is computed once from the learner's parameter names and shapes; it says which bucket and
+offset each tensor occupies in the wire dtype. Packing copies (and casts) the tensors into the bucket
+buffers; unpacking yields views of them under the original names, so the receiver copies each byte once
+more, into its own parameters. `bucket_mb=0` puts every tensor in its own bucket (the per-tensor
+baseline a benchmark compares against). Checksums are CRC-32 over a bucket's bytes (~4 GB/s here, so
+verification costs about as much as one more memcpy); a mismatch names the bucket, its tensors and the
+policy version.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import torch
+
+from relayrl.errors import SyncError
+
+WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int  # in elements of the wire dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+
+@dataclass(frozen=True)
+class Layout:
+    slots: tuple[Slot, ...]
+    bucket_sizes: tuple[int, ...]  # elements per bucket
+    wire_dtype: str
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return WIRE_DTYPES[self.wire_dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.bucket_sizes) * self.dtype.itemsize
+
+    def bucket_slots(self, bucket: int) -> list[Slot]:
+        return [s for s in self.slots if s.bucket == bucket]
+
+    def empty_buckets(self) -> list[torch.Tensor]:
+        return [torch.empty(size, dtype=self.dtype) for size in self.bucket_sizes]
+
+
+def make_layout(named_shapes: Iterable[tuple[str, tuple[int, ...]]], bucket_mb: float, wire_dtype: str) -> Layout:
+    """Greedy, in parameter order: a bucket closes when the next tensor would overflow it. A tensor larger
+    than a bucket gets a bucket of its own; `bucket_mb=0` gives one bucket per tensor."""
+    if wire_dtype not in WIRE_DTYPES:
+        raise SyncError(f"sync.wire_dtype={wire_dtype!r}: expected one of {sorted(WIRE_DTYPES)}")
+    limit = int(bucket_mb * 2**20) // WIRE_DTYPES[wire_dtype].itemsize
+    slots, sizes, fill = [], [], 0
+    for name, shape in named_shapes:
+        numel = 1
+        for size in shape:
+            numel *= size
+        if not sizes or fill + numel > limit:
+            sizes.append(0)
+            fill = 0
+        slots.append(Slot(name, tuple(shape), len(sizes) - 1, fill))
+        fill += numel
+        sizes[-1] = fill
+    return Layout(tuple(slots), tuple(sizes), wire_dtype)
+
+
+def layout_of(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: float, wire_dtype: str) -> Layout:
+    return make_layout(((name, tuple(t.shape)) for name, t in named_tensors), bucket_mb, wire_dtype)
+
+
+def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], layout: Layout, buckets: list[torch.Tensor]) -> None:
+    """Copy each tensor into its slot (casting to the wire dtype)."""
+    slots = {s.name: s for s in layout.slots}
+    seen = 0
+    for name, tensor in named_tensors:
+        slot = slots.get(name)
+        if slot is None or tuple(tensor.shape) != slot.shape:
+            raise SyncError(f"weight {name} {tuple(tensor.shape)} is not in the sync layout "
+                            f"(expected {slot.shape if slot else 'no such name'}); the model changed shape")
+        buckets[slot.bucket][slot.offset: slot.offset + slot.numel].view(slot.shape).copy_(tensor)
+        seen += 1
+    if seen != len(slots):
+        raise SyncError(f"the learner sent {seen} weights; the sync layout has {len(slots)}")
+
+
+def unpack(layout: Layout, buckets: list[torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The named tensors as views of the buckets (no copy)."""
+    for slot in layout.slots:
+        yield slot.name, buckets[slot.bucket][slot.offset: slot.offset + slot.numel].view(slot.shape)
+
+
+def checksum(bucket: torch.Tensor) -> int:
+    return zlib.crc32(bucket.view(torch.uint8).numpy())
+
+
+def verify(layout: Layout, buckets: list[torch.Tensor], expected: list[int], version: int) -> None:
+    """Raise naming the first bucket whose bytes do not match the sender's checksum."""
+    for index, (bucket, want) in enumerate(zip(buckets, expected)):
+        got = checksum(bucket)
+        if got != want:
+            names = [s.name for s in layout.bucket_slots(index)]
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            raise SyncError(f"weight bucket {index} of policy version {version} is corrupt "
+                            f"(checksum {got:#010x}, sender wrote {want:#010x}); it holds {shown}")

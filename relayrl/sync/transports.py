@@ -1,0 +1,261 @@
+"""Weight transports between processes: a sender on the learner, a receiver on each engine.
+
+Every transport moves the same bucket buffers (see `buckets.py`) and returns a `Manifest`: the policy
+version, a checksum per bucket and whatever handle the receiver needs (segment names, a file, object
+refs). Receivers verify every bucket before they yield a single tensor, so a corrupt transfer never
+reaches the engine half-applied.
+
+- `shm`: one POSIX shared-memory segment per bucket under /dev/shm, created once and reused every step
+  (first touch of fresh pages costs 5-10x, so buffers live as long as the run).
+- `disk`: one safetensors file, written under a temporary name and renamed into place.
+- `object_store`: Ray's object store, one numpy array per bucket; refs are owned by the sender.
+- `broadcast`: a torch.distributed group of its own (gloo on CPU, nccl on GPU) spanning the sender
+  (rank 0) and every receiver, separate from any group the learner uses, with a timeout on every call.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from relayrl.errors import SyncError
+from relayrl.sync.buckets import Layout, checksum, pack, unpack, verify
+
+TRANSPORTS = ("shm", "disk", "object_store", "broadcast")
+
+
+@dataclass
+class Manifest:
+    version: int
+    checksums: list[int] | None
+    handle: Any = None
+    nbytes: int = 0
+    send_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+class Sender:
+    """Packs the learner's tensors into buckets and publishes them."""
+
+    def __init__(self, layout: Layout, verify_checksums: bool = True):
+        self.layout = layout
+        self.verify_checksums = verify_checksums
+        self.buckets = self._allocate()
+
+    def _allocate(self) -> list[torch.Tensor]:
+        return self.layout.empty_buckets()
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Manifest:
+        start = time.perf_counter()
+        pack(named_tensors, self.layout, self.buckets)
+        sums = [checksum(b) for b in self.buckets] if self.verify_checksums else None
+        handle = self._publish(version)
+        return Manifest(version, sums, handle, self.layout.nbytes, time.perf_counter() - start)
+
+    def _publish(self, version: int) -> Any:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class Receiver:
+    """Fetches the buckets a manifest describes, verifies them and yields the named tensors."""
+
+    def __init__(self, layout: Layout):
+        self.layout = layout
+
+    def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
+        buckets = self._fetch(manifest)
+        if manifest.checksums is not None:
+            verify(self.layout, buckets, manifest.checksums, manifest.version)
+        return unpack(self.layout, buckets)
+
+    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------- shared memory
+
+
+def _shm_buckets(prefix: str, layout: Layout) -> list[torch.Tensor]:
+    return [torch.from_file(f"{prefix}-{i}", shared=True, size=size, dtype=layout.dtype)
+            for i, size in enumerate(layout.bucket_sizes)]
+
+
+class ShmSender(Sender):
+    def _allocate(self) -> list[torch.Tensor]:
+        self.prefix = f"/dev/shm/relayrl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        return _shm_buckets(self.prefix, self.layout)
+
+    def _publish(self, version: int) -> str:
+        return self.prefix
+
+    def close(self) -> None:
+        for i in range(len(self.layout.bucket_sizes)):
+            Path(f"{self.prefix}-{i}").unlink(missing_ok=True)
+
+
+class ShmReceiver(Receiver):
+    def __init__(self, layout: Layout):
+        super().__init__(layout)
+        self.prefix, self.buckets = None, []
+
+    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+        if manifest.handle != self.prefix:  # attach once; the segments are reused every step
+            missing = [i for i in range(len(self.layout.bucket_sizes)) if not Path(f"{manifest.handle}-{i}").exists()]
+            if missing:
+                raise SyncError(f"shared-memory segment {manifest.handle}-{missing[0]} does not exist "
+                                "(the sender closed it, or it runs on another machine: use sync.transport=broadcast)")
+            self.prefix, self.buckets = manifest.handle, _shm_buckets(manifest.handle, self.layout)
+        return self.buckets
+
+
+# ---------------------------------------------------------------------------- disk
+
+
+class DiskSender(Sender):
+    def __init__(self, layout: Layout, verify_checksums: bool = True, directory: str | None = None):
+        super().__init__(layout, verify_checksums)
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="relayrl-sync-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / "weights.safetensors"
+
+    def _publish(self, version: int) -> str:
+        from safetensors.torch import save_file
+
+        tmp = self.path.with_suffix(".tmp")
+        save_file({f"bucket_{i}": b for i, b in enumerate(self.buckets)}, str(tmp), metadata={"version": str(version)})
+        os.replace(tmp, self.path)
+        return str(self.path)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+class DiskReceiver(Receiver):
+    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+        from safetensors import safe_open
+
+        with safe_open(manifest.handle, framework="pt") as f:
+            found = f.metadata().get("version")
+            if found != str(manifest.version):
+                raise SyncError(f"{manifest.handle} holds policy version {found}, expected {manifest.version} "
+                                "(two runs share the sync directory?)")
+            return [f.get_tensor(f"bucket_{i}") for i in range(len(self.layout.bucket_sizes))]
+
+
+# ---------------------------------------------------------------------------- Ray object store
+
+
+class ObjectStoreSender(Sender):
+    def _publish(self, version: int) -> list:
+        import ray
+
+        self.refs = [ray.put(b.numpy() if b.dtype != torch.bfloat16 else b.view(torch.int16).numpy())
+                     for b in self.buckets]  # numpy has no bfloat16: ship its bits
+        return self.refs
+
+
+class ObjectStoreReceiver(Receiver):
+    def __init__(self, layout: Layout, timeout_s: float = 60.0):
+        super().__init__(layout)
+        self.timeout_s = timeout_s
+
+    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+        import ray
+
+        arrays = ray.get(manifest.handle, timeout=self.timeout_s)
+        buckets = [torch.from_numpy(a.copy() if not a.flags.writeable else a) for a in arrays]
+        return [b.view(torch.bfloat16) if self.layout.dtype == torch.bfloat16 else b for b in buckets]
+
+
+# ---------------------------------------------------------------------------- torch.distributed broadcast
+
+
+def join_group(address: str, port: int, rank: int, world: int, timeout_s: float):
+    """A process group of its own (never the default one): TCPStore hosted by rank 0, gloo or nccl."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = torch.distributed.TCPStore(address, port, world, rank == 0, timeout=timeout)
+    if torch.cuda.is_available():
+        return torch.distributed.ProcessGroupNCCL(store, rank, world)
+    return torch.distributed.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def _broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
+    options = torch.distributed.BroadcastOptions()
+    options.rootRank = 0
+    work = group.broadcast([tensor], options)
+    if not work.wait(datetime.timedelta(seconds=timeout_s)):
+        raise SyncError(f"weight broadcast did not complete within {timeout_s} s")
+
+
+class BroadcastSender(Sender):
+    def __init__(self, layout: Layout, verify_checksums: bool, group, timeout_s: float):
+        super().__init__(layout, verify_checksums)
+        self.group, self.timeout_s = group, timeout_s
+
+    def _publish(self, version: int) -> None:
+        header = torch.tensor([version] + ([checksum(b) for b in self.buckets] if self.verify_checksums else []),
+                              dtype=torch.int64)
+        _broadcast(self.group, header, self.timeout_s)
+        for bucket in self.buckets:
+            _broadcast(self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket,
+                       self.timeout_s)
+
+
+class BroadcastReceiver(Receiver):
+    def __init__(self, layout: Layout, verify_checksums: bool, group, timeout_s: float):
+        super().__init__(layout)
+        self.verify_checksums, self.group, self.timeout_s = verify_checksums, group, timeout_s
+        self.buckets = layout.empty_buckets()
+
+    def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
+        header = torch.zeros(1 + (len(self.buckets) if self.verify_checksums else 0), dtype=torch.int64)
+        _broadcast(self.group, header, self.timeout_s)
+        for bucket in self.buckets:
+            _broadcast(self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket,
+                       self.timeout_s)
+        version = int(header[0])
+        if version != manifest.version:
+            raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")
+        if self.verify_checksums:
+            verify(self.layout, self.buckets, [int(x) for x in header[1:]], version)
+        return unpack(self.layout, self.buckets)
+
+
+def make_sender(kind: str, layout: Layout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0,
+                directory: str | None = None) -> Sender:
+    if kind == "shm":
+        return ShmSender(layout, verify_checksums)
+    if kind == "disk":
+        return DiskSender(layout, verify_checksums, directory)
+    if kind == "object_store":
+        return ObjectStoreSender(layout, verify_checksums)
+    if kind == "broadcast":
+        return BroadcastSender(layout, verify_checksums, group, timeout_s)
+    raise SyncError(f"sync.transport={kind!r}: expected one of {', '.join(TRANSPORTS)}")
+
+
+def make_receiver(kind: str, layout: Layout, verify_checksums: bool = True, group=None,
+                  timeout_s: float = 60.0) -> Receiver:
+    if kind == "shm":
+        return ShmReceiver(layout)
+    if kind == "disk":
+        return DiskReceiver(layout)
+    if kind == "object_store":
+        return ObjectStoreReceiver(layout, timeout_s)
+    if kind == "broadcast":
+        return BroadcastReceiver(layout, verify_checksums, group, timeout_s)
+    raise SyncError(f"sync.transport={kind!r}: expected one of {', '.join(TRANSPORTS)}")

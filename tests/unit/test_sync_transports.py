@@ -1,0 +1,107 @@
+"""Bucketing, checksums and the transports that run without Ray (shm, disk), sender and receiver in one process."""
+
+import pytest
+import torch
+
+from relayrl.errors import SyncError
+from relayrl.sync.buckets import checksum, layout_of, make_layout, pack, unpack
+from relayrl.sync.transports import make_receiver, make_sender
+
+
+def weights(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [("embed.weight", torch.randn(50, 8, generator=g)), ("layer.0.w", torch.randn(8, 8, generator=g)),
+            ("layer.0.b", torch.randn(8, generator=g)), ("head.weight", torch.randn(8, 50, generator=g))]
+
+
+def test_layout_greedy_buckets_and_oversized_tensor():
+    # 1 KiB buckets of fp32 = 256 elements: 400 alone (oversized), 64 + 8 together, 400 alone
+    layout = make_layout([("a", (50, 8)), ("b", (8, 8)), ("c", (8,)), ("d", (8, 50))], bucket_mb=1 / 1024,
+                         wire_dtype="fp32")
+    assert layout.bucket_sizes == (400, 72, 400)
+    assert [s.bucket for s in layout.slots] == [0, 1, 1, 2]
+    assert [s.offset for s in layout.slots] == [0, 0, 64, 0]
+
+
+def test_per_tensor_layout_has_one_bucket_each():
+    layout = layout_of(weights(), bucket_mb=0, wire_dtype="fp32")
+    assert len(layout.bucket_sizes) == 4
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_pack_unpack_round_trip(wire):
+    named = weights()
+    layout = layout_of(named, bucket_mb=1, wire_dtype=wire)
+    buckets = layout.empty_buckets()
+    pack(named, layout, buckets)
+    out = dict(unpack(layout, buckets))
+    for name, tensor in named:
+        expected = tensor if wire == "fp32" else tensor.to(torch.bfloat16)
+        assert torch.equal(out[name], expected), name
+    assert layout.nbytes == sum(t.numel() for _, t in named) * (4 if wire == "fp32" else 2)
+
+
+def test_pack_rejects_a_changed_shape():
+    named = weights()
+    layout = layout_of(named, 1, "fp32")
+    with pytest.raises(SyncError, match="layer.0.w"):
+        pack([("layer.0.w", torch.zeros(9, 8))], layout, layout.empty_buckets())
+
+
+@pytest.mark.parametrize("kind", ["shm", "disk"])
+def test_transport_delivers_every_version(kind, tmp_path):
+    layout = layout_of(weights(), bucket_mb=0.001, wire_dtype="fp32")
+    sender = make_sender(kind, layout, directory=str(tmp_path))
+    receiver = make_receiver(kind, layout)
+    try:
+        for version in (1, 2):
+            manifest = sender.send(weights(seed=version), version)
+            got = dict(receiver.receive(manifest))
+            for name, tensor in weights(seed=version):
+                assert torch.equal(got[name], tensor)
+            assert manifest.version == version and len(manifest.checksums) == len(layout.bucket_sizes)
+    finally:
+        sender.close()
+
+
+def test_shm_buffers_are_reused_across_pushes():
+    layout = layout_of(weights(), 1, "fp32")
+    sender = make_sender("shm", layout)
+    try:
+        first = sender.send(weights(1), 1).handle
+        assert sender.send(weights(2), 2).handle == first
+    finally:
+        sender.close()
+
+
+@pytest.mark.parametrize("kind", ["shm", "disk"])
+def test_a_corrupted_bucket_is_detected_by_its_checksum(kind, tmp_path):
+    layout = layout_of(weights(), bucket_mb=0.001, wire_dtype="fp32")
+    sender = make_sender(kind, layout, directory=str(tmp_path))
+    receiver = make_receiver(kind, layout)
+    try:
+        manifest = sender.send(weights(), 7)
+        if kind == "shm":
+            sender.buckets[1][3] += 1.0  # flips bytes in the shared segment after the checksum was taken
+        else:
+            manifest.checksums[1] ^= 1  # equivalent: what arrived does not match what the sender hashed
+        with pytest.raises(SyncError, match=r"bucket 1 of policy version 7 is corrupt.*layer\.0\.w"):
+            receiver.receive(manifest)
+    finally:
+        sender.close()
+
+
+def test_shm_receiver_names_a_missing_segment():
+    layout = layout_of(weights(), 1, "fp32")
+    sender = make_sender("shm", layout)
+    manifest = sender.send(weights(), 1)
+    sender.close()
+    with pytest.raises(SyncError, match="does not exist"):
+        make_receiver("shm", layout).receive(manifest)
+
+
+def test_checksum_changes_with_one_bit():
+    t = torch.zeros(1000)
+    before = checksum(t)
+    t.view(torch.int32)[500] ^= 1
+    assert checksum(t) != before
