@@ -17,14 +17,13 @@ import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, degenerate_group_fraction, make_inputs
 from relayrl.algorithms.dapo import GroupCollector, overlong_mask, soft_overlong_penalty
-from relayrl.checkpoint import checkpoint_root, latest_checkpoint, save_checkpoint
+from relayrl.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts
 from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
-from relayrl.learner.critic import Critic
-from relayrl.learner.policy import PolicyLearner
+from relayrl.learner.role import LearnerRole
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
@@ -37,9 +36,9 @@ from relayrl.types import Prompt, Score
 @dataclass
 class Trainer:
     config: Config
-    engine: RolloutEngine
-    learner: PolicyLearner
-    sync: InProcessSync
+    engine: RolloutEngine  # a local engine, or an EngineGroup of Ray actors
+    learner: LearnerRole  # or a RemoteRole with the same methods
+    sync: InProcessSync  # or a RaySync
     reward_fn: RewardFn
     sampler: PromptSampler
     eval_prompts: list[Prompt]
@@ -48,29 +47,28 @@ class Trainer:
     data_metrics: dict
     advantage_fn: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
     pad_id: int
-    critic: Critic | None = None  # PPO with GAE only
+    close: Callable[[], None] = lambda: None  # release actors and shared memory
 
     def step(self, step: int) -> dict[str, float]:
         cfg, timer = self.config, StepTimer()
         rollouts, scores, collect_metrics = self.collect(step, timer)
         with timer("logprobs"):
-            exp = make_experience(rollouts, scores, self.pad_id)
-            self.learner.fill_logprobs(exp)
-            if self.critic is not None:
-                exp.values = self.critic.values(exp)
+            exp = self.learner.prepare(make_experience(rollouts, scores, self.pad_id))
         with timer("advantage"):
             inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values)
-            penalty = self.learner.objective.reward_penalty(exp)  # kl.placement=reward, else None
+            penalty = self.learner.reward_penalty(exp) if cfg.algorithm.kl.placement == "reward" else None
             if penalty is not None:
                 inputs.token_rewards = inputs.token_rewards + penalty
             exp.advantages, exp.returns = self.advantage_fn(inputs)
             if cfg.algorithm.dapo.overlong_filter:  # truncated responses count in their group, train nothing
                 exp.loss_mask = exp.loss_mask * overlong_mask(rollouts)[:, None]
         with timer("update"):
-            stats = self.update(step, exp)
+            stats = self.learner.update(step, exp)
         with timer("sync"):
             self.sync.push(self.learner, self.engine)
         metrics = {**stats, **rollout_metrics(exp, rollouts), **collect_metrics, **self.sync.last, **timer.metrics()}
+        if hasattr(self.engine, "metrics"):
+            metrics.update(self.engine.metrics())
         tokens = float(exp.loss_mask.sum())
         metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
@@ -105,13 +103,6 @@ class Trainer:
             scores = [Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)]
         return rollouts, scores, metrics
 
-    def update(self, step: int, exp) -> dict[str, float]:
-        """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
-        stats = {} if self.critic is None else self.critic.update(exp)
-        if self.critic is None or step >= self.config.critic.warmup_steps:
-            stats.update(self.learner.update(exp))
-        return stats
-
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
         r = self.config.rollout
         seed = (self.config.train.seed * 100_003 + step) * 64 + round_index
@@ -142,50 +133,26 @@ class Trainer:
                     metrics.update(self.evaluate())
                 trackers.log(step, metrics)
                 if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                    save_checkpoint(self.run_dir, step, self.learner.model, self.state_dict(step, before),
-                                    cfg.checkpoint.keep)
+                    self.learner.checkpoint(str(self.run_dir), step, self.loop_state(step, before),
+                                            cfg.checkpoint.keep)
         finally:
             trackers.close()
         after = self.evaluate()
         if cfg.log.save_model:
-            self.learner.save(self.run_dir / "model", self.tokenizer)
-            if self.critic is not None:
-                self.critic.save(self.run_dir / "critic")
+            self.learner.save(str(self.run_dir), self.tokenizer)
         result = {"before": before, "after": after}
         (self.run_dir / "eval.json").write_text(json.dumps(_eval_json(result), indent=2) + "\n")
         return result
 
-    def state_dict(self, step: int, before: dict[str, float]) -> dict:
-        """Everything besides the policy weights that the loop needs to continue exactly after `step`."""
-        learner, critic = self.learner, self.critic
-        return {
-            "step": step, "before": before, "version": self.sync.version, "sampler": self.sampler.state(),
-            "optimizer": learner.optimizer.state_dict(), "scheduler": learner.scheduler.state_dict(),
-            "generator": learner.generator.get_state(), "kl_coef": learner.objective.kl_controller.coef,
-            "torch_rng": torch.get_rng_state(),
-            "critic": None if critic is None else {"model": critic.model.state_dict(),
-                                                   "optimizer": critic.optimizer.state_dict(),
-                                                   "generator": critic.generator.get_state()},
-        }
+    def loop_state(self, step: int, before: dict[str, float]) -> dict:
+        """What the loop itself needs to continue exactly after `step` (the learner adds its own state)."""
+        return {"step": step, "before": before, "version": self.sync.version, "sampler": self.sampler.state()}
 
     def load_state(self, checkpoint: Path, state: dict) -> int:
-        """Restore a checkpoint into the built trainer (engine included); returns the step to start from."""
-        from relayrl.models.loading import load_causal_lm
-
-        learner = self.learner
-        learner.model.load_state_dict(load_causal_lm(checkpoint / "model", "cpu").state_dict())
-        learner.optimizer.load_state_dict(state["optimizer"])
-        learner.scheduler.load_state_dict(state["scheduler"])
-        learner.generator.set_state(state["generator"])
-        learner.objective.kl_controller.coef = state["kl_coef"]
-        if self.critic is not None:
-            self.critic.model.load_state_dict(state["critic"]["model"])
-            self.critic.optimizer.load_state_dict(state["critic"]["optimizer"])
-            self.critic.generator.set_state(state["critic"]["generator"])
+        """Restore a checkpoint into the built trainer (engines included); returns the step to start from."""
+        self.learner.load_state(str(checkpoint), state)
         self.sampler.load_state(state["sampler"])
-        torch.set_rng_state(state["torch_rng"])
-        self.sync.version = state["version"]
-        self.engine.load_weights(learner.named_weights(), self.sync.version)
+        self.sync.push(self.learner, self.engine, version=state["version"])
         return state["step"] + 1
 
 
@@ -206,7 +173,7 @@ def _eval_json(result: dict) -> dict:
 
 
 def build_trainer(config: Config) -> Trainer:
-    """Construct every role once, in the driver process (the `local` placement)."""
+    """Construct every role once: in this process (`placement.mode=local`) or as Ray actors (`ray`)."""
     check_model_dir(config.model.path)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
@@ -229,17 +196,27 @@ def build_trainer(config: Config) -> Trainer:
     reward_fn = load_reward(config.reward.fn, config.reward.kwargs)
     max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
     check_context(config, max_len)
-    engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
-                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
+    probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
+    engine, learner, sync, close = build_roles(config, max_len, probe_ids)
     advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
     return Trainer(
-        config=config, engine=engine, learner=PolicyLearner(config), sync=InProcessSync(), reward_fn=reward_fn,
+        config=config, engine=engine, learner=learner, sync=sync, reward_fn=reward_fn,
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
         tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
-        pad_id=pad_token_id(tokenizer),
-        critic=Critic(config, "cuda" if torch.cuda.is_available() else "cpu") if config.algorithm.advantage == "gae"
-        else None,
+        pad_id=pad_token_id(tokenizer), close=close,
     )
+
+
+def build_roles(config: Config, max_len: int, probe_ids: list[int] | None):
+    """(engine, learner, sync, close) for the configured placement."""
+    if config.placement.mode == "ray":
+        from relayrl.placement.build import build_ray_roles, shutdown
+
+        learner, engines, sync, group = build_ray_roles(config, max_len, probe_ids)
+        return engines, learner, sync, functools.partial(shutdown, learner, engines, group)
+    engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
+                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
+    return engine, LearnerRole(config), InProcessSync(probe_ids=probe_ids), lambda: None
 
 
 def advantage_knobs(config: Config) -> dict:
@@ -261,7 +238,11 @@ def train(config: Config, resume: str | None = None) -> dict[str, dict[str, floa
     """Run training; with `resume`, continue the run in that directory from its newest intact checkpoint."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if resume is None:
-        return build_trainer(config).run()
+        trainer = build_trainer(config)
+        try:
+            return trainer.run()
+        finally:
+            trainer.close()
     found = latest_checkpoint(resume)
     if found is None:
         raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
@@ -270,9 +251,12 @@ def train(config: Config, resume: str | None = None) -> dict[str, dict[str, floa
     rows = _metrics_until(Path(resume) / "metrics.jsonl", state["step"])
     trainer = build_trainer(config)
     (trainer.run_dir / "metrics.jsonl").write_text("".join(rows))  # drop rows logged after the checkpoint
-    start = trainer.load_state(path, state)
-    print(f"resuming from {path} at step {start}")
-    return trainer.run(start_step=start, before=state["before"])
+    try:
+        start = trainer.load_state(path, state)
+        print(f"resuming from {path} at step {start}")
+        return trainer.run(start_step=start, before=state["before"])
+    finally:
+        trainer.close()
 
 
 def _metrics_until(path: Path, step: int) -> list[str]:

@@ -9,12 +9,13 @@ import time
 
 
 class InProcessSync:
-    def __init__(self, version: int = 0):
+    def __init__(self, version: int = 0, probe_ids: list[int] | None = None):
         self.version = version
+        self.probe_ids = probe_ids
         self.last: dict[str, float] = {}
 
-    def push(self, learner, engine) -> int:
-        self.version += 1
+    def push(self, learner, engine, version: int | None = None) -> int:
+        self.version = self.version + 1 if version is None else version
         nbytes = 0
 
         def counted():
@@ -28,4 +29,8 @@ class InProcessSync:
         seconds = time.perf_counter() - start
         self.last = {"sync/bytes": float(nbytes), "sync/gbps": nbytes / max(seconds, 1e-9) / 1e9,
                      "sync/version": float(self.version)}
+        if self.probe_ids:
+            from relayrl.sync.parity import parity_gap
+
+            self.last["sync/parity_abs_max"] = parity_gap(learner, engine, self.probe_ids)
         return self.version

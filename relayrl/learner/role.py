@@ -1,0 +1,122 @@
+"""The learner role: the policy (with its reference) and the optional critic, behind one small interface.
+
+The controller talks to this object and nothing inside it. Under `placement.mode=local` it lives in the
+driver; under `ray` the same class runs inside an actor and the controller holds a proxy with the same
+methods (`relayrl/placement/roles.py`). Methods therefore take and return values (an `Experience` comes
+back filled) rather than mutating the caller's objects, and checkpoints are written from here, where
+the weights are. The sending half of a weight transport also lives here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from relayrl.checkpoint import save_checkpoint
+from relayrl.config import Config
+from relayrl.learner.critic import Critic
+from relayrl.learner.policy import PolicyLearner
+from relayrl.sync.buckets import Layout, layout_of
+from relayrl.sync.transports import Manifest, Sender, join_group, make_sender
+from relayrl.types import Experience
+
+
+class LearnerRole:
+    def __init__(self, config: Config, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.config = config
+        self.policy = PolicyLearner(config)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.critic = Critic(config, device) if config.algorithm.advantage == "gae" else None
+        self.sender: Sender | None = None
+        self.sync_group = None
+
+    def ping(self) -> int:
+        return torch.get_num_threads()
+
+    # ------------------------------------------------------------------ the step
+    def prepare(self, exp: Experience) -> Experience:
+        """The passes over the pre-update policy: old and reference log-probs, critic values."""
+        self.policy.fill_logprobs(exp)
+        if self.critic is not None:
+            exp.values = self.critic.values(exp)
+        return exp
+
+    def reward_penalty(self, exp: Experience) -> torch.Tensor | None:
+        return self.policy.objective.reward_penalty(exp)  # kl.placement=reward, else None
+
+    def update(self, step: int, exp: Experience) -> dict[str, float]:
+        """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
+        stats = {} if self.critic is None else self.critic.update(exp)
+        if self.critic is None or step >= self.config.critic.warmup_steps:
+            stats.update(self.policy.update(exp))
+        return stats
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> dict:
+        policy, critic = self.policy, self.critic
+        return {
+            "optimizer": policy.optimizer.state_dict(), "scheduler": policy.scheduler.state_dict(),
+            "generator": policy.generator.get_state(), "kl_coef": policy.objective.kl_controller.coef,
+            "torch_rng": torch.get_rng_state(),
+            "critic": None if critic is None else {"model": critic.model.state_dict(),
+                                                   "optimizer": critic.optimizer.state_dict(),
+                                                   "generator": critic.generator.get_state()},
+        }
+
+    def load_state(self, checkpoint: str | Path, state: dict) -> None:
+        from relayrl.models.loading import load_causal_lm
+
+        policy = self.policy
+        policy.model.load_state_dict(load_causal_lm(Path(checkpoint) / "model", "cpu").state_dict())
+        policy.optimizer.load_state_dict(state["optimizer"])
+        policy.scheduler.load_state_dict(state["scheduler"])
+        policy.generator.set_state(state["generator"])
+        policy.objective.kl_controller.coef = state["kl_coef"]
+        if self.critic is not None:
+            self.critic.model.load_state_dict(state["critic"]["model"])
+            self.critic.optimizer.load_state_dict(state["critic"]["optimizer"])
+            self.critic.generator.set_state(state["critic"]["generator"])
+        torch.set_rng_state(state["torch_rng"])
+
+    def checkpoint(self, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str:
+        """Write the policy, this role's state and the loop's state as one atomic checkpoint."""
+        return str(save_checkpoint(run_dir, step, self.policy.model, {**loop_state, **self.state()}, keep))
+
+    def save(self, run_dir: str | Path, tokenizer=None) -> None:
+        self.policy.save(Path(run_dir) / "model", tokenizer)
+        if self.critic is not None:
+            self.critic.save(Path(run_dir) / "critic")
+
+    # ------------------------------------------------------------------ weights
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return self.policy.named_weights()
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the parity probe's learner side)."""
+        ids = torch.tensor([token_ids], device=self.policy.device)
+        logits = self.policy.model(input_ids=ids).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+
+    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
+        return layout_of(self.policy.named_weights(), bucket_mb, wire_dtype)
+
+    def join_sync_group(self, address: str, port: int, world: int, timeout_s: float) -> None:
+        self.sync_group = join_group(address, port, 0, world, timeout_s)
+
+    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str) -> None:
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None)
+
+    def send_weights(self, version: int) -> Manifest:
+        return self.sender.send(self.policy.named_weights(), version)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
