@@ -185,6 +185,43 @@ class CheckpointConfig(Section):
     keep: int = Field(2, ge=1, description="How many of the newest checkpoints to keep.")
 
 
+class PlacementConfig(Section):
+    mode: Literal["local", "ray"] = Field(
+        "local", description="local: every role in this process. ray: each role a Ray actor in a placement group."
+    )
+    layout: Literal["colocated", "disaggregated"] = Field(
+        "disaggregated", description="ray: roles share one bundle and take turns (colocated), or each role has "
+                                     "its own bundle and engines generate while the learner trains (disaggregated)."
+    )
+    engines: int = Field(1, ge=1, description="ray: rollout-engine replicas; each step's prompts are split across them.")
+    learner_cpus: float = Field(1.0, gt=0, description="ray: CPUs reserved for the learner (and its reference/critic).")
+    engine_cpus: float = Field(1.0, gt=0, description="ray: CPUs reserved for each rollout engine.")
+    learner_threads: int = Field(0, ge=0, description="ray: torch threads in the learner (0 = its reserved CPUs).")
+    engine_threads: int = Field(0, ge=0, description="ray: OpenMP threads per engine (0 = its reserved CPUs).")
+    num_cpus: int = Field(0, ge=0, description="ray: CPUs Ray may use when it starts the cluster (0 = all).")
+    address: str = Field("", description="ray: address of a running cluster to join ('' = start one here).")
+    placement_timeout_s: float = Field(60.0, gt=0, description="ray: deadline for the placement group to be placed.")
+    call_timeout_s: float = Field(600.0, gt=0, description="ray: deadline for any one call into a role (a step's "
+                                                           "generate, update, ...); a miss names the role.")
+    on_engine_failure: Literal["restart", "fail"] = Field(
+        "restart", description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop."
+    )
+    max_engine_restarts: int = Field(3, ge=0, description="ray: engine restarts allowed per run before giving up.")
+
+
+class SyncConfig(Section):
+    transport: Literal["auto", "inprocess", "shm", "broadcast", "disk", "object_store"] = Field(
+        "auto", description="How weights reach the engines: auto = inprocess under placement.mode=local, shm under ray."
+    )
+    bucket_mb: float = Field(64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor).")
+    wire_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Dtype on the wire (bf16 halves the bytes).")
+    checksum: bool = Field(True, description="CRC-32 per bucket, verified by each engine before it loads anything.")
+    parity_probe: bool = Field(False, description="After each push, compare engine and learner log-probs on a fixed "
+                                                  "sequence (sync/parity_abs_max).")
+    timeout_s: float = Field(120.0, gt=0, description="Deadline for one push (every collective and wait within it).")
+    directory: str = Field("", description="disk transport: where the weights file goes ('' = a temporary directory).")
+
+
 class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -196,6 +233,8 @@ class Config(Section):
     log: LogConfig = Field(default_factory=LogConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
 
     @property
     def rollout_batch(self) -> int:
@@ -216,6 +255,15 @@ class Config(Section):
         if self.algorithm.dapo.overlong_buffer > self.rollout.max_tokens:
             raise ValueError(f"algorithm.dapo.overlong_buffer={self.algorithm.dapo.overlong_buffer} must not exceed "
                              f"rollout.max_tokens={self.rollout.max_tokens}")
+        transport = self.sync.transport
+        if self.placement.mode == "local" and transport not in ("auto", "inprocess"):
+            raise ValueError(f"sync.transport={transport} needs placement.mode=ray (under local, every role shares "
+                             "one process and weights move in-process)")
+        if self.placement.mode == "ray" and transport == "inprocess":
+            raise ValueError("sync.transport=inprocess needs placement.mode=local; under ray use shm, broadcast, "
+                             "disk or object_store")
+        if self.placement.mode == "ray" and self.rollout.engine != "vllm":
+            raise ValueError("placement.mode=ray runs vLLM engines; set rollout.engine=vllm")
         if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
             raise ValueError("algorithm.kl.controller=adaptive needs an initial algorithm.kl.coef > 0")
         if self.algorithm.advantage in group_relative and self.rollout.n < 2:
@@ -302,6 +350,21 @@ def warn_ineffective(config: Config) -> None:
     if config.data.eval is None and config.eval.model_fields_set:
         warnings.warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval",
                       stacklevel=3)
+
+    placement = config.placement
+    if placement.mode == "local" and placement.model_fields_set - {"mode"}:
+        names = ", ".join(f"placement.{k}" for k in sorted(placement.model_fields_set - {"mode"}))
+        warnings.warn(f"{names} has no effect under placement.mode=local", stacklevel=3)
+    if effective_transport(config) == "inprocess" and config.sync.model_fields_set - {"transport"}:
+        names = ", ".join(f"sync.{k}" for k in sorted(config.sync.model_fields_set - {"transport"}))
+        warnings.warn(f"{names} has no effect with the inprocess transport", stacklevel=3)
+
+
+def effective_transport(config: Config) -> str:
+    """`sync.transport`, with `auto` resolved for the placement."""
+    if config.sync.transport != "auto":
+        return config.sync.transport
+    return "inprocess" if config.placement.mode == "local" else "shm"
 
 
 def _deep_merge(base: dict, update: dict) -> dict:

@@ -21,6 +21,7 @@ class Sampling:
     max_tokens: int = 64
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
+    request_offset: int = 0  # index of the first prompt within the step's batch (a replica's share of it)
 
     @classmethod
     def greedy(cls, max_tokens: int, stop: Iterable[str] = ()) -> "Sampling":

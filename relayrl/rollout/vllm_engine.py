@@ -61,7 +61,7 @@ class VLLMEngine:
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
             logprobs=0,  # the sampled token's log-prob only
-            seed=request_seed(sampling.seed, index, sampling.n),
+            seed=request_seed(sampling.seed, sampling.request_offset + index, sampling.n),
         ) for index in range(len(prompts))]
         requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
@@ -95,6 +95,14 @@ class VLLMEngine:
                                 SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
         steps = out[0].prompt_logprobs[1:]
         return [step[token].logprob for step, token in zip(steps, token_ids[1:])]
+
+    def complete(self, texts: list[str], max_tokens: int) -> list[str]:
+        """Greedy text completions of plain-text prompts (an LLM judge's call; relayrl/rewards/judge.py)."""
+        from vllm import SamplingParams
+
+        outputs = self.llm.generate(list(texts), SamplingParams(max_tokens=max_tokens, temperature=0.0),
+                                    use_tqdm=False)
+        return [output.outputs[0].text for output in outputs]
 
     def _worker(self):
         # Internal path (vLLM 0.32, in-process V1 engine); tested in tests/integration/test_vllm_engine.py.

@@ -1,0 +1,1 @@
+"""Placement of the roles: everything in this process (`local`), or Ray actors in placement groups (`ray`)."""

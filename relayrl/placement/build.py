@@ -1,0 +1,52 @@
+"""Start the roles of a run on Ray: the learner actor, the engine replicas, and the weight sync between them."""
+
+from __future__ import annotations
+
+import ray
+
+from relayrl.config import Config, effective_transport
+from relayrl.learner.role import LearnerRole
+from relayrl.placement.cluster import actor_options, reserve
+from relayrl.placement.engine_worker import EngineWorker
+from relayrl.placement.engines import EngineGroup
+from relayrl.placement.roles import RemoteRole
+from relayrl.sync.remote import RaySync
+
+
+def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | None = None):
+    """(learner, engines, sync), every actor started and the first weights already on the engines."""
+    placement = config.placement
+    group, slots = reserve(config)
+    learner_slot, engine_slots = slots[0], slots[1:]
+    timeout = placement.call_timeout_s
+    learner_actor = ray.remote(LearnerRole).options(**actor_options(group, learner_slot)).remote(
+        config, learner_slot.threads)
+
+    def spawn(index: int) -> RemoteRole:
+        slot = engine_slots[index]
+        actor = ray.remote(EngineWorker).options(**actor_options(group, slot)).remote(
+            config.model.path, max_model_len, config.train.seed, config.rollout.kv_cache_gib, slot.threads,
+            slot.cores)
+        return RemoteRole(actor, slot.role, timeout)
+
+    engines = EngineGroup(spawn, placement)
+    learner = RemoteRole(learner_actor, "learner", timeout)
+    learner.ping()
+    engines.ready()
+    sync = RaySync(config.sync, effective_transport(config), probe_ids)
+    sync.setup(learner, engines)
+    return learner, engines, sync, group
+
+
+def shutdown(learner, engines, group) -> None:
+    """Release shared memory and the placement group; the actors go with it."""
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        learner.close()
+    except Exception:  # the learner may be the role that died
+        pass
+    for replica in engines.replicas:
+        ray.kill(replica._actor, no_restart=True)
+    ray.kill(learner._actor, no_restart=True)
+    remove_placement_group(group)

@@ -1,0 +1,109 @@
+"""Ray placement: start or join the cluster, reserve bundles for the roles, start the role actors in them.
+
+Disaggregated: a bundle per role (learner, each engine), packed on one node; each role is pinned to its own
+cores and runs while the others run. Colocated: one bundle that every role shares (fractional CPUs), roles
+take turns. Every bundle holds CPU (an actor in a CPU-less bundle cannot start), thread counts are set
+explicitly in every actor, and the placement group is awaited with a deadline: a placement that cannot
+fit fails naming the roles, what they asked for and what the cluster has.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from relayrl.config import Config, PlacementConfig
+from relayrl.errors import PlacementError
+
+WORKER_ENV = {  # every actor: vLLM in-process, quiet, offline
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
+}
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one role's actor goes: its bundle, the CPUs it reserves there, its threads and cores."""
+
+    role: str
+    bundle: int
+    cpus: float
+    threads: int
+    cores: str
+
+
+def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dict], list[Slot]]:
+    """The bundles to reserve and the slot of each role: the learner first, then engine 0..N-1."""
+    n = placement.engines
+    learner_threads = placement.learner_threads or max(1, math.floor(placement.learner_cpus))
+    engine_threads = placement.engine_threads or max(1, math.floor(placement.engine_cpus))
+    if placement.layout == "colocated":
+        size = max(placement.learner_cpus, placement.engine_cpus)
+        share = size / (n + 1)
+        every = f"0-{max(0, min(machine_cores, math.ceil(size)) - 1)}"
+        slots = [Slot("learner", 0, share, learner_threads, every)]
+        slots += [Slot(f"engine {i}", 0, share, engine_threads, every) for i in range(n)]
+        return [{"CPU": size}], slots
+    bundles = [{"CPU": placement.learner_cpus}] + [{"CPU": placement.engine_cpus} for _ in range(n)]
+    slots, first = [], 0
+    for index, (role, threads) in enumerate([("learner", learner_threads)] + [(f"engine {i}", engine_threads)
+                                                                             for i in range(n)]):
+        cores = [(first + k) % machine_cores for k in range(threads)]
+        first += threads
+        slots.append(Slot(role, index, bundles[index]["CPU"], threads, ",".join(map(str, cores))))
+    return bundles, slots
+
+
+def start_ray(placement: PlacementConfig) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if placement.address:
+        ray.init(address=placement.address, include_dashboard=False, log_to_driver=True)
+    else:
+        ray.init(num_cpus=placement.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": WORKER_ENV})
+
+
+def reserve(config: Config):
+    """The placement group for every role, placed within `placement.placement_timeout_s`, and the slots."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    placement = config.placement
+    start_ray(placement)
+    bundles, slots = plan_slots(placement, os.cpu_count() or 1)
+    group = placement_group(bundles, strategy="PACK")
+    if not group.wait(timeout_seconds=placement.placement_timeout_s):
+        remove_placement_group(group)
+        raise PlacementError(unplaceable_message(placement, bundles, ray.cluster_resources(),
+                                                 ray.available_resources()))
+    return group, slots
+
+
+def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> str:
+    asked = sum(b["CPU"] for b in bundles)
+    if placement.layout == "colocated":
+        roles = f"learner and {placement.engines} engine(s) sharing one bundle of {{CPU: {bundles[0]['CPU']:g}}}"
+    else:
+        roles = (f"learner {{CPU: {placement.learner_cpus:g}}} + {placement.engines} engine(s) "
+                 f"{{CPU: {placement.engine_cpus:g}}} each")
+    return (f"placement.layout={placement.layout} could not be placed within {placement.placement_timeout_s:g} s: "
+            f"{roles} = {asked:g} CPUs, but the cluster has {total.get('CPU', 0):g} CPUs "
+            f"({free.get('CPU', 0):g} free). Lower placement.engines, placement.engine_cpus or "
+            "placement.learner_cpus, or use placement.layout=colocated")
+
+
+def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    env = {**WORKER_ENV, "OMP_NUM_THREADS": str(slot.threads), **(extra_env or {})}
+    return {
+        "num_cpus": slot.cpus,
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group,
+                                                                placement_group_bundle_index=slot.bundle),
+        "runtime_env": {"env_vars": env},
+        "max_restarts": 0,  # a dead role is reported (and engines restarted) by the driver, with fresh weights
+    }

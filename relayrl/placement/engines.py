@@ -1,0 +1,84 @@
+"""Rollout-engine replicas behind the `RolloutEngine` interface, restarted when one dies.
+
+A step's prompts are split into contiguous shares, one per replica, generated concurrently and joined
+in order; each share carries its offset in the batch, so every request keeps the seed it would have on a
+single engine (N replicas with equal weights sample exactly what one would). When a replica dies or
+misses its deadline, `placement.on_engine_failure=restart` starts a fresh actor in the same bundle, lets
+the sync re-attach and push the current weights, and retries that share; `fail` (or running out of
+`max_engine_restarts`) ends the run with the role, the actor and the cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable
+
+from relayrl.config import PlacementConfig
+from relayrl.placement.roles import RemoteRole, RoleFailure
+from relayrl.rollout.base import Sampling
+from relayrl.types import Prompt, Rollout
+
+
+class EngineGroup:
+    def __init__(self, spawn: Callable[[int], RemoteRole], placement: PlacementConfig):
+        self.spawn, self.placement = spawn, placement
+        self.replicas = [spawn(i) for i in range(placement.engines)]
+        self.on_restart: Callable[[], None] = lambda: None  # set by the sync: re-attach and push weights
+        self.restarts = 0
+
+    def ready(self) -> list[int]:
+        """Wait until every replica has started (vLLM loaded); their process ids."""
+        refs = [r.submit("ping") for r in self.replicas]
+        return [r.wait(ref, "start-up") for r, ref in zip(self.replicas, refs)]
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
+        shares = split(prompts, len(self.replicas))
+        args = [(share, dataclasses.replace(sampling, request_offset=sampling.request_offset + offset), version)
+                for offset, share in shares]
+        refs = [r.submit("generate", *a) if a[0] else None for r, a in zip(self.replicas, args)]
+        rollouts = []
+        for index, (ref, a) in enumerate(zip(refs, args)):
+            if ref is None:
+                continue
+            try:
+                rollouts += self.replicas[index].wait(ref, "generate")
+            except RoleFailure as failure:
+                self.recover(index, failure)
+                rollouts += self.replicas[index].generate(*a)
+        return rollouts
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self.replicas[0].prompt_logprobs(token_ids)
+
+    def recover(self, index: int, failure: RoleFailure) -> None:
+        """Replace replica `index` and re-sync weights, or re-raise when restarts are off or used up."""
+        import ray
+
+        placement = self.placement
+        if placement.on_engine_failure == "fail":
+            raise RoleFailure(f"{failure} (placement.on_engine_failure=fail)", failure.role, failure.died) from None
+        if self.restarts >= placement.max_engine_restarts:
+            raise RoleFailure(f"{failure}; placement.max_engine_restarts={placement.max_engine_restarts} already used",
+                              failure.role, failure.died) from None
+        ray.kill(self.replicas[index]._actor, no_restart=True)  # a hung actor must not linger
+        self.restarts += 1
+        print(f"relayrl: {failure}; restarting engine {index} "
+              f"(restart {self.restarts} of {placement.max_engine_restarts})", file=sys.stderr, flush=True)
+        self.replicas[index] = self.spawn(index)
+        self.replicas[index].ping()
+        self.on_restart()
+
+    def metrics(self) -> dict[str, float]:
+        return {"placement/engine_restarts": float(self.restarts)}
+
+
+def split(items: list, parts: int) -> list[tuple[int, list]]:
+    """Contiguous shares as even as possible, with the offset of each: [(0, [...]), (k, [...]), ...]."""
+    size, extra = divmod(len(items), parts)
+    shares, start = [], 0
+    for part in range(parts):
+        end = start + size + (part < extra)
+        shares.append((start, items[start:end]))
+        start = end
+    return shares

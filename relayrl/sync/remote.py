@@ -1,0 +1,82 @@
+"""Weight sync between Ray actors, driven from the controller: the learner sends, every engine receives.
+
+`setup` agrees on the bucket layout (and, for `broadcast`, forms the dedicated process group); `push`
+publishes the learner's weights under a new policy version and waits, with `sync.timeout_s`, until every
+engine has verified and loaded them. A failed engine is restarted by the engine group, which calls back
+here to re-attach and push the current version again. Metrics: bytes, seconds on each side, effective
+GB/s and the version; with `sync.parity_probe`, the largest engine-vs-learner log-prob gap on a fixed
+sequence after the push.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from relayrl.config import SyncConfig
+from relayrl.placement.roles import RoleFailure
+from relayrl.sync.parity import parity_gap
+from relayrl.sync.transports import Manifest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RaySync:
+    def __init__(self, options: SyncConfig, transport: str, probe_ids: list[int] | None = None, version: int = 0):
+        self.options, self.transport, self.version = options, transport, version
+        self.probe_ids = probe_ids if options.parity_probe else None
+        self.last: dict[str, float] = {}
+        self.learner = self.engines = None
+
+    def setup(self, learner, engines) -> None:
+        o, replicas = self.options, engines.replicas
+        self.learner, self.engines = learner, engines
+        layout = learner.weight_layout(o.bucket_mb, o.wire_dtype)
+        if self.transport == "broadcast":
+            port, world = free_port(), 1 + len(replicas)
+            refs = [learner.submit("join_sync_group", "127.0.0.1", port, world, o.timeout_s)]
+            refs += [r.submit("join_sync_group", "127.0.0.1", port, i + 1, world, o.timeout_s)
+                     for i, r in enumerate(replicas)]
+            for role, ref in zip([learner, *replicas], refs):
+                role.wait(ref, "joining the weight-sync group", o.timeout_s)
+        learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory)
+        for replica in replicas:
+            replica.open_receiver(self.transport, layout, o.checksum, o.timeout_s)
+        engines.on_restart = self.reattach
+
+    def reattach(self) -> None:
+        """After an engine restart: a fresh group/receivers, and the current weights at the current version."""
+        self.setup(self.learner, self.engines)
+        self.push(self.learner, self.engines, version=self.version)
+
+    def push(self, learner, engines, version: int | None = None) -> int:
+        version = self.version + 1 if version is None else version
+        timeout, replicas = self.options.timeout_s, engines.replicas
+        start = time.perf_counter()
+        if self.transport == "broadcast":  # every rank must be in the collective at once
+            sent = learner.submit("send_weights", version)
+            received = [r.submit("receive_weights", Manifest(version, None)) for r in replicas]
+            manifest = learner.wait(sent, "sending weights", timeout)
+        else:
+            manifest = learner.wait(learner.submit("send_weights", version), "sending weights", timeout)
+            received = [r.submit("receive_weights", manifest) for r in replicas]
+        receive_seconds = []
+        for index, ref in enumerate(received):
+            try:
+                receive_seconds.append(replicas[index].wait(ref, "receiving weights", timeout))
+            except RoleFailure as failure:
+                engines.recover(index, failure)  # restarts it and re-pushes this version to every replica
+                receive_seconds.append(0.0)
+        seconds = time.perf_counter() - start
+        self.version = version
+        self.last = {"sync/bytes": float(manifest.nbytes), "sync/gbps": manifest.nbytes / max(seconds, 1e-9) / 1e9,
+                     "sync/version": float(version), "sync/send_s": manifest.send_seconds,
+                     "sync/receive_s": max(receive_seconds)}
+        if self.probe_ids:
+            self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
+        return version
+
