@@ -4,7 +4,7 @@ The controller talks to this object and nothing inside it. Under `placement.mode
 driver; under `ray` the same class runs inside an actor and the controller holds a proxy with the same
 methods (`relayrl/placement/roles.py`). Methods therefore take and return values (an `Experience` comes
 back filled) rather than mutating the caller's objects, and checkpoints are written from here, where
-the weights are. The sending half of a weight transport also lives here.
+the weights are. The sending half of a weight transport (`WeightSource`) lives here too.
 """
 
 from __future__ import annotations
@@ -18,12 +18,11 @@ from relayrl.checkpoint import save_checkpoint
 from relayrl.config import Config
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
-from relayrl.sync.buckets import Layout, layout_of
-from relayrl.sync.transports import Manifest, Sender, join_group, make_sender
+from relayrl.sync.endpoints import WeightSource
 from relayrl.types import Experience
 
 
-class LearnerRole:
+class LearnerRole(WeightSource):
     def __init__(self, config: Config, threads: int = 0):
         if threads:
             torch.set_num_threads(threads)
@@ -31,8 +30,6 @@ class LearnerRole:
         self.policy = PolicyLearner(config)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         self.critic = Critic(config, device) if config.algorithm.advantage == "gae" else None
-        self.sender: Sender | None = None
-        self.sync_group = None
 
     def ping(self) -> int:
         return torch.get_num_threads()
@@ -102,21 +99,5 @@ class LearnerRole:
         logits = self.policy.model(input_ids=ids).logits[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
 
-    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
-        return layout_of(self.policy.named_weights(), bucket_mb, wire_dtype)
-
-    def join_sync_group(self, address: str, port: int, world: int, timeout_s: float) -> None:
-        self.sync_group = join_group(address, port, 0, world, timeout_s)
-
-    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str) -> None:
-        if self.sender is not None:
-            self.sender.close()
-        self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None)
-
-    def send_weights(self, version: int) -> Manifest:
-        return self.sender.send(self.policy.named_weights(), version)
-
     def close(self) -> None:
-        if self.sender is not None:
-            self.sender.close()
-            self.sender = None
+        self.close_sender()

@@ -4,18 +4,18 @@ A `Layout` is computed once from the learner's parameter names and shapes; it sa
 offset each tensor occupies in the wire dtype. Packing copies (and casts) the tensors into the bucket
 buffers; unpacking yields views of them under the original names, so the receiver copies each byte once
 more, into its own parameters. `bucket_mb=0` puts every tensor in its own bucket (the per-tensor
-baseline a benchmark compares against). Checksums are CRC-32 over a bucket's bytes (~4 GB/s here, so
-verification costs about as much as one more memcpy); a mismatch names the bucket, its tensors and the
-policy version.
+baseline a benchmark compares against). Checksums are xxh3-64 over a bucket's bytes: ~29 GB/s here,
+against ~4 GB/s for zlib's CRC-32, which cost more than the copy it guards and held shared memory to 12%
+of memcpy speed. A mismatch names the bucket, its tensors and the policy version.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 import torch
+import xxhash
 
 from relayrl.errors import SyncError
 
@@ -104,7 +104,9 @@ def unpack(layout: Layout, buckets: list[torch.Tensor]) -> Iterator[tuple[str, t
 
 
 def checksum(bucket: torch.Tensor) -> int:
-    return zlib.crc32(bucket.view(torch.uint8).numpy())
+    """xxh3-64 of the bucket's bytes, as a signed int64 (so a header tensor can carry it)."""
+    value = xxhash.xxh3_64_intdigest(bucket.view(torch.uint8).numpy())
+    return value - 2**64 if value >= 2**63 else value
 
 
 def verify(layout: Layout, buckets: list[torch.Tensor], expected: list[int], version: int) -> None:
@@ -115,4 +117,4 @@ def verify(layout: Layout, buckets: list[torch.Tensor], expected: list[int], ver
             names = [s.name for s in layout.bucket_slots(index)]
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
             raise SyncError(f"weight bucket {index} of policy version {version} is corrupt "
-                            f"(checksum {got:#010x}, sender wrote {want:#010x}); it holds {shown}")
+                            f"(checksum {got & (2**64 - 1):016x}, sender wrote {want & (2**64 - 1):016x}); it holds {shown}")

@@ -1,0 +1,62 @@
+"""The two ends of a weight push, as mixins for whatever holds the weights.
+
+`WeightSource` (the learner; the sync benchmark's synthetic sender) needs `named_weights()`;
+`WeightSink` (an engine; the benchmark's receiver) needs `load_weights(named_tensors, version)`.
+`RaySync` drives both through these method names, so the benchmark measures the production path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Iterator
+
+import torch
+
+from relayrl.sync.buckets import Layout, layout_of
+from relayrl.sync.transports import Manifest, join_group, make_receiver, make_sender
+
+
+class WeightSource:
+    sender = None
+    sync_group = None
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
+        return layout_of(self.named_weights(), bucket_mb, wire_dtype)
+
+    def join_sync_group(self, address: str, port: int, world: int, timeout_s: float) -> None:
+        self.sync_group = join_group(address, port, 0, world, timeout_s)
+
+    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str) -> None:
+        self.close_sender()
+        self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None)
+
+    def send_weights(self, version: int) -> Manifest:
+        return self.sender.send(self.named_weights(), version)
+
+    def close_sender(self) -> None:
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+
+
+class WeightSink:
+    receiver = None
+    sync_group = None
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        raise NotImplementedError
+
+    def join_sync_group(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        self.sync_group = join_group(address, port, rank, world, timeout_s)
+
+    def open_receiver(self, transport: str, layout: Layout, checksum: bool, timeout_s: float) -> None:
+        self.receiver = make_receiver(transport, layout, checksum, self.sync_group, timeout_s)
+
+    def receive_weights(self, manifest: Manifest) -> float:
+        """Fetch, verify and load one push; returns the seconds it took on this side."""
+        start = time.perf_counter()
+        self.load_weights(self.receiver.receive(manifest), manifest.version)
+        return time.perf_counter() - start
