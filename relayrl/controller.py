@@ -24,11 +24,13 @@ from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import LearnerRole
+from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
 from relayrl.rewards import RewardFn, load_reward, score_rollouts
 from relayrl.rollout import RolloutEngine, Sampling, build_engine
+from relayrl.schedules.overlap import SCHEDULES
 from relayrl.sync.inprocess import InProcessSync
 from relayrl.types import Prompt, Score
 
@@ -48,10 +50,12 @@ class Trainer:
     advantage_fn: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]]
     pad_id: int
     close: Callable[[], None] = lambda: None  # release actors and shared memory
+    timeline: Timeline | None = None
+    schedule: object = None  # where rollouts come from: relayrl/schedules/overlap.py
 
     def step(self, step: int) -> dict[str, float]:
-        cfg, timer = self.config, StepTimer()
-        rollouts, scores, collect_metrics = self.collect(step, timer)
+        cfg, timer = self.config, StepTimer(self.timeline, step)
+        rollouts, scores, collect_metrics = self.schedule.batch(step, timer)
         with timer("logprobs"):
             exp = self.learner.prepare(make_experience(rollouts, scores, self.pad_id))
         with timer("advantage"):
@@ -66,13 +70,32 @@ class Trainer:
             stats = self.learner.update(step, exp)
         with timer("sync"):
             self.sync.push(self.learner, self.engine)
+        self.schedule.published(self.sync.version)
         metrics = {**stats, **rollout_metrics(exp, rollouts), **collect_metrics, **self.sync.last, **timer.metrics()}
+        lags = staleness_metrics(exp, self.sync.version - 1, self.learner_updates_per_step)
+        if lags and "stale/mean" in stats:  # the learner counts optimizer steps within this step's update
+            stats["stale/mean"] += lags["stale/version_mean"] * self.learner_updates_per_step
+            stats["stale/max"] += lags["stale/version_max"] * self.learner_updates_per_step
+        metrics.update(lags)
         if hasattr(self.engine, "metrics"):
             metrics.update(self.engine.metrics())
+        self._record_engine_spans(step)
         tokens = float(exp.loss_mask.sum())
-        metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
+        if "time/generate" in metrics:
+            metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
+        metrics["throughput/samples_per_s"] = len(rollouts) / metrics["time/step"]
         return metrics
+
+    @property
+    def learner_updates_per_step(self) -> int:
+        return (self.config.rollout_batch // self.config.mini_batch) * self.config.train.epochs
+
+    def _record_engine_spans(self, step: int) -> None:
+        if self.timeline is not None:
+            for replica, start, end in getattr(self.engine, "take_spans", lambda: [])():
+                self.timeline.add(step, f"engine {replica}", "generate", start, end)
+            self.timeline.flush()
 
     def collect(self, step: int, timer: StepTimer) -> tuple[list, list, dict[str, float]]:
         """Generate and score one batch; with DAPO dynamic sampling, keep only groups with a reward signal and
@@ -123,6 +146,7 @@ class Trainer:
         cfg = self.config
         trackers = build_trackers(cfg, self.run_dir)
         before = self.evaluate() if before is None else before
+        self.schedule = SCHEDULES[cfg.train.schedule](self)  # async producers start generating here
         try:
             for step in range(start_step, cfg.train.steps):
                 metrics = self.step(step)
@@ -136,6 +160,7 @@ class Trainer:
                     self.learner.checkpoint(str(self.run_dir), step, self.loop_state(step, before),
                                             cfg.checkpoint.keep)
         finally:
+            self.schedule.close()
             trackers.close()
         after = self.evaluate()
         if cfg.log.save_model:
@@ -154,6 +179,20 @@ class Trainer:
         self.sampler.load_state(state["sampler"])
         self.sync.push(self.learner, self.engine, version=state["version"])
         return state["step"] + 1
+
+
+def staleness_metrics(exp, trained_version: int, updates_per_step: int) -> dict[str, float]:
+    """How many policy versions each trained token lags the policy it updates (`stale/version_*`, a
+    histogram `stale/hist/<k>` as token fractions), and `stale/mean|max` in optimizer steps: the lag times
+    the updates per step plus the learner's own count within the step."""
+    mask = exp.loss_mask.bool()
+    if not mask.any():
+        return {}
+    lag = (trained_version - exp.versions[mask]).clamp(min=0)
+    out = {"stale/version_mean": float(lag.float().mean()), "stale/version_max": float(lag.max())}
+    counts = torch.bincount(lag.long())
+    out.update({f"stale/hist/{k}": float(c) / lag.numel() for k, c in enumerate(counts.tolist()) if c})
+    return out
 
 
 def rollout_metrics(exp, rollouts) -> dict[str, float]:
@@ -199,12 +238,13 @@ def build_trainer(config: Config) -> Trainer:
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     engine, learner, sync, close = build_roles(config, max_len, probe_ids)
     advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
-    return Trainer(
+    trainer = Trainer(
         config=config, engine=engine, learner=learner, sync=sync, reward_fn=reward_fn,
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
         tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
-        pad_id=pad_token_id(tokenizer), close=close,
+        pad_id=pad_token_id(tokenizer), close=close, timeline=Timeline(run_dir / "timeline.jsonl"),
     )
+    return trainer
 
 
 def build_roles(config: Config, max_len: int, probe_ids: list[int] | None):

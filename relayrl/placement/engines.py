@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 from typing import Callable
 
 from relayrl.config import PlacementConfig
@@ -26,6 +27,8 @@ class EngineGroup:
         self.replicas = [spawn(i) for i in range(placement.engines)]
         self.on_restart: Callable[[], None] = lambda: None  # set by the sync: re-attach and push weights
         self.restarts = 0
+        self.lock = threading.RLock()
+        self.spans: list[tuple[int, float, float]] = []
 
     def ready(self) -> list[int]:
         """Wait until every replica has started (vLLM loaded); their process ids."""
@@ -33,20 +36,37 @@ class EngineGroup:
         return [r.wait(ref, "start-up") for r, ref in zip(self.replicas, refs)]
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
-        shares = split(prompts, len(self.replicas))
-        args = [(share, dataclasses.replace(sampling, request_offset=sampling.request_offset + offset), version)
-                for offset, share in shares]
-        refs = [r.submit("generate", *a) if a[0] else None for r, a in zip(self.replicas, args)]
+        return self.finish(self.submit(prompts, sampling, version))
+
+    def submit(self, prompts: list[Prompt], sampling: Sampling, version: int, replicas: list[int] | None = None):
+        """Start generating (shares across `replicas`, default all) and return at once; `finish` collects."""
+        replicas = list(range(len(self.replicas))) if replicas is None else replicas
+        shares = split(prompts, len(replicas))
+        pending = []
+        for index, (offset, share) in zip(replicas, shares):
+            if share:
+                args = (share, dataclasses.replace(sampling, request_offset=sampling.request_offset + offset), version)
+                pending.append((index, args, self.replicas[index].submit("generate_timed", *args)))
+        return pending
+
+    def finish(self, pending) -> list[Rollout]:
+        """The rollouts of a `submit`, in prompt order; a replica that died is replaced and its share redone."""
         rollouts = []
-        for index, (ref, a) in enumerate(zip(refs, args)):
-            if ref is None:
-                continue
+        for index, args, ref in pending:
             try:
-                rollouts += self.replicas[index].wait(ref, "generate")
+                share, start, end = self.replicas[index].wait(ref, "generate")
+                rollouts += share
+                self.spans.append((index, start, end))
             except RoleFailure as failure:
                 self.recover(index, failure)
-                rollouts += self.replicas[index].generate(*a)
+                rollouts += self.replicas[index].generate(*args)
         return rollouts
+
+    def take_spans(self) -> list[tuple[int, float, float]]:
+        """(replica, start, end) of every generate call since the last take (for the timeline)."""
+        with self.lock:
+            spans, self.spans = self.spans, []
+        return spans
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         return self.replicas[0].prompt_logprobs(token_ids)
@@ -55,6 +75,10 @@ class EngineGroup:
         """Replace replica `index` and re-sync weights, or re-raise when restarts are off or used up."""
         import ray
 
+        with self.lock:  # producer threads (async schedule) and the training loop may both see a failure
+            self._recover(index, failure, ray)
+
+    def _recover(self, index: int, failure: RoleFailure, ray) -> None:
         placement = self.placement
         if placement.on_engine_failure == "fail":
             raise RoleFailure(f"{failure} (placement.on_engine_failure=fail)", failure.role, failure.died) from None

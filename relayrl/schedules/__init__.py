@@ -1,0 +1,1 @@
+"""Training schedules: sync, one-step-off and async (bounded staleness), and what they share."""

@@ -1,0 +1,111 @@
+"""The async buffer never hands out a sample staler than max_staleness; drop and wait do what they say."""
+
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relayrl.errors import PlacementError
+from relayrl.schedules.buffer import Group, RolloutBuffer
+
+
+def simulate(buffer: RolloutBuffer, actions, updates: int):
+    """Producers admit groups (sampled with the engines' version then), finish them in any order and any
+    delay; the learner takes a batch whenever one is ready and publishes the next version."""
+    in_flight, version, handed_out = [], buffer.version, []
+    for action, pick in actions:
+        if action == "admit":
+            try:
+                ticket = buffer.admit(timeout_s=0)
+            except PlacementError:
+                continue
+            in_flight.append((ticket, buffer.version))
+        elif action == "finish" and in_flight:
+            ticket, oldest = in_flight.pop(pick % len(in_flight))
+            buffer.put(Group([], [], oldest=oldest, ticket=ticket))
+        elif action == "learn":
+            try:
+                batch = buffer.take(version, timeout_s=0)
+            except PlacementError:
+                continue
+            handed_out.append((version, [g.oldest for g in batch]))
+            version += 1
+            buffer.advance(version)
+            if version >= updates:
+                break
+    return handed_out
+
+
+actions = st.lists(st.tuples(st.sampled_from(["admit", "admit", "finish", "finish", "learn"]),
+                             st.integers(0, 1000)), max_size=400)
+
+
+@settings(max_examples=200, deadline=None)
+@given(actions=actions, per_step=st.integers(1, 4), max_staleness=st.integers(0, 3),
+       on_stale=st.sampled_from(["drop", "wait"]))
+def test_no_handed_out_sample_is_staler_than_the_bound(actions, per_step, max_staleness, on_stale):
+    buffer = RolloutBuffer(per_step, max_staleness, on_stale)
+    for version, oldest in simulate(buffer, actions, updates=50):
+        assert len(oldest) == per_step
+        assert all(version - o <= max_staleness for o in oldest), (version, oldest)
+    if on_stale == "wait":
+        assert buffer.dropped == 0
+
+
+def test_drop_discards_stale_groups_and_counts_them():
+    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="drop", capacity=10)
+    for oldest in (0, 0, 2, 3):
+        buffer.put(Group([], [], oldest=oldest))
+    batch = buffer.take(version=3, timeout_s=0)  # version 3: the two groups from version 0 are 3 behind
+    assert [g.oldest for g in batch] == [2, 3]
+    assert buffer.dropped == 2
+
+
+def test_drop_producers_block_only_on_capacity():
+    buffer = RolloutBuffer(groups_per_step=1, max_staleness=0, on_stale="drop", capacity=2)
+    buffer.admit(0), buffer.put(Group([], [], oldest=0)), buffer.admit(0), buffer.put(Group([], [], oldest=0))
+    with pytest.raises(PlacementError, match="room in the buffer"):
+        buffer.admit(timeout_s=0)
+
+
+def test_wait_producers_block_until_the_learner_publishes():
+    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="wait")
+    tickets = [buffer.admit(0) for _ in range(4)]  # (0 + 1 + 1) * 2 groups may be in flight at version 0
+    assert tickets == [0, 1, 2, 3]
+    with pytest.raises(PlacementError):
+        buffer.admit(timeout_s=0)
+    released = []
+    thread = threading.Thread(target=lambda: released.append(buffer.admit(timeout_s=5)))
+    thread.start()
+    time.sleep(0.1)
+    assert not released  # still waiting
+    buffer.advance(1)
+    thread.join(5)
+    assert released == [4]
+
+
+def test_wait_takes_tickets_in_order_and_waits_for_a_straggler():
+    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="wait")
+    for _ in range(3):
+        buffer.admit(0)
+    buffer.put(Group([], [], oldest=0, ticket=1))
+    buffer.put(Group([], [], oldest=0, ticket=2))
+    with pytest.raises(PlacementError, match="1 of 2|2 of 2"):
+        buffer.take(version=0, timeout_s=0.05)  # ticket 0 is still generating
+    buffer.put(Group([], [], oldest=0, ticket=0))
+    assert [g.ticket for g in buffer.take(version=0, timeout_s=1)] == [0, 1]
+
+
+def test_close_releases_waiting_producers_and_fails_the_learner():
+    buffer = RolloutBuffer(groups_per_step=1, max_staleness=0, on_stale="wait")
+    buffer.admit(0)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(buffer.admit(timeout_s=5)))
+    thread.start()
+    buffer.close()
+    thread.join(5)
+    assert results == [None]
+    with pytest.raises(PlacementError, match="stopped"):
+        buffer.take(version=0, timeout_s=1)
