@@ -1,4 +1,4 @@
-"""The sandbox's own side: run as `python -I -S _sandbox_launch.py JOB.json MARKER` by `sandbox.py`.
+"""The sandbox's own side: run as `python -I -S _sandbox_launch.py JOB_FD MARKER` by `sandbox.py`.
 
 Standard library only, and never imported by relayrl: it runs in the child process the parent started
 with `start_new_session=True`, so the parent can kill it and everything below it with one `killpg`.
@@ -72,7 +72,8 @@ def mount(source, target, fstype, flags, data=None) -> None:
 
 
 def main() -> None:
-    job = json.load(open(sys.argv[1]))
+    with os.fdopen(int(sys.argv[1])) as job_file:  # an inherited fd: the job file has no name on disk
+        job = json.load(job_file)
     marker = sys.argv[2]
     try:
         die_with_parent()

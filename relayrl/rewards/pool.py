@@ -19,7 +19,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any, Iterator
+from typing import Iterator
 
 from relayrl.errors import RewardError
 from relayrl.types import Rollout

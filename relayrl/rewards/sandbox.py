@@ -41,6 +41,7 @@ import ast
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,30 +134,35 @@ def run_program(program: str, stdin: str = "", call: str | None = None, limits: 
     if mode == "rlimits" and os.geteuid() == 0:
         raise RewardError("code sandbox: isolation=rlimits cannot run as root (root is exempt from RLIMIT_NPROC, "
                           "so a fork bomb would not be stopped); allow namespaces or run as a normal user")
-    with tempfile.TemporaryDirectory(prefix="relayrl-sandbox-") as host_dir:
-        host = Path(host_dir)
-        work_dir = host / "work"  # used only without namespaces; inside them the work dir is on a tmpfs
-        work_dir.mkdir()
-        (work_dir / "main.py").write_text(program, encoding="utf-8")
+    # Files without names (unlinked at creation): nothing is left on disk even if this process is SIGKILLed
+    # mid-run (a reward worker past its deadline). Only the rlimits mode needs a work dir on the host.
+    work_dir = Path(tempfile.mkdtemp(prefix="relayrl-sandbox-")) if mode == "rlimits" else None
+    try:
+        if work_dir:
+            (work_dir / "main.py").write_text(program, encoding="utf-8")
         job = {"program": program, "call": call, "namespaces": mode == "namespaces", "uid": None,
                "python": os.path.realpath(sys.executable), "work_dir": str(work_dir), "parent_pid": os.getpid(),
                "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
                "disk_mb": limits.disk_mb, "open_files": limits.open_files,
                "processes": limits.processes if mode == "namespaces" else _user_processes() + limits.processes,
-               "env": {**ENV, "HOME": ENV["HOME"] if mode == "namespaces" else str(work_dir)}}
-        (host / "job.json").write_text(json.dumps(job))
-        (host / "stdin").write_text(stdin, encoding="utf-8")
+               "env": {**ENV, "HOME": str(work_dir) if work_dir else ENV["HOME"]}}
         marker = f"{MARKER_PREFIX}{uuid.uuid4().hex[:12]}"
-        with open(host / "stdin", "rb") as fin, open(host / "stdout", "wb") as fout, open(host / "stderr", "wb") as ferr:
+        with (tempfile.TemporaryFile() as fjob, tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout,
+              tempfile.TemporaryFile() as ferr):
+            for file, text in ((fjob, json.dumps(job)), (fin, stdin)):
+                file.write(text.encode("utf-8"))
+                file.seek(0)
             start = time.monotonic()
             process = subprocess.Popen(
-                [job["python"], "-I", "-S", "-B", str(LAUNCHER), str(host / "job.json"), marker],
-                stdin=fin, stdout=fout, stderr=ferr, env=job["env"], cwd=host, start_new_session=True)
+                [job["python"], "-I", "-S", "-B", str(LAUNCHER), str(fjob.fileno()), marker], pass_fds=(fjob.fileno(),),
+                stdin=fin, stdout=fout, stderr=ferr, env=job["env"], cwd="/", start_new_session=True)
             exit_code, timed_out = _wait_or_kill(process, limits.timeout_s)
             wall_s = time.monotonic() - start
-        stdout, stderr = (_read_capped(host / name, limits.output_bytes) for name in ("stdout", "stderr"))
-        if mode == "rlimits":  # files the program made are its own (not root's), the removal below needs write access
+            stdout, stderr = (_read_capped(file, limits.output_bytes) for file in (fout, ferr))
+    finally:
+        if work_dir:  # files the program made are its own (not root's): the removal needs write access
             _make_writable(work_dir)
+            shutil.rmtree(work_dir, ignore_errors=True)
     if exit_code == EXIT_SETUP_FAILED and stderr.startswith("sandbox setup failed"):
         raise RewardError(f"code sandbox ({mode}) could not start: {stderr.strip()[:500]}")
     return ProgramRun(stdout, stderr, exit_code, timed_out, wall_s)
@@ -224,9 +230,9 @@ def _as_lists(value: Any) -> Any:
     return value
 
 
-def _read_capped(path: Path, limit: int) -> str:
-    with open(path, "rb") as f:
-        return f.read(limit).decode("utf-8", errors="replace")
+def _read_capped(file, limit: int) -> str:
+    file.seek(0)
+    return file.read(limit).decode("utf-8", errors="replace")
 
 
 def _user_processes() -> int:
