@@ -71,7 +71,8 @@ def _plan(args) -> None:
                        kv_heads=args.kv_heads, head_dim=args.head_dim, vocab=args.vocab)
     hardware = get_profile(args.hardware, measure=args.measure)
     print_plan(make_plan(config, shape, hardware, fp32_master=not args.no_master, infer_dtype=args.infer_dtype,
-                         offload=args.offload, mean_response_tokens=args.response_tokens))
+                         offload=args.offload, longest_prompt_tokens=args.prompt_tokens,
+                         longest_response_tokens=args.response_tokens, measure=args.measure))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,15 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("config")
     plan.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=16")
     plan.add_argument("--hardware", default="H100-80GB", help="H100-80GB, H200, A100-80GB, A10G, L4 or cpu")
-    plan.add_argument("--measure", action="store_true", help="measure this CPU's bandwidth and FLOP/s (--hardware cpu)")
+    plan.add_argument("--measure", action="store_true", help="measure this CPU (--hardware cpu): bandwidth, peak "
+                      "FLOP/s, the model's matmuls at the plan's shapes, the engine's fixed costs (~30 s)")
     for flag in ("params", "layers", "hidden", "kv-heads", "head-dim", "vocab"):  # override model.path's config.json
         plan.add_argument(f"--{flag}", type=float, help=f"model {flag.replace('-', ' ')} (e.g. --params 7e9)")
     plan.add_argument("--no-master", action="store_true", help="no fp32 master copy: 12 instead of 16 B/param (GPU)")
     plan.add_argument("--infer-dtype", choices=["bf16", "fp8", "fp32"], help="engine/reference weights (default: "
                       "bf16 on GPU, fp32 on CPU)")
     plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
-    plan.add_argument("--response-tokens", type=float, help="expected mean response length (default "
-                      "rollout.max_tokens); e.g. a previous run's response/length_mean")
+    plan.add_argument("--prompt-tokens", type=float, help="expected longest prompt of a batch (default "
+                      "data.max_prompt_tokens): the learner pads every row to the batch's longest sequence")
+    plan.add_argument("--response-tokens", type=float, help="expected longest response of a batch (default "
+                      "rollout.max_tokens); e.g. a previous run's response/length_max")
     plan.set_defaults(fn=_plan)
 
     cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")

@@ -1,7 +1,8 @@
 """`relayrl plan`: memory per role, placement and step time of a config on a hardware profile, before a run.
 
 `shape` reads the model's size from config.json, `hardware` holds the device profiles (and measures this
-CPU), `estimate` does the arithmetic, `report` prints every input and formula. Nothing here loads weights.
+CPU), `probe` measures matmuls at the model's shapes and the engine's fixed costs, `estimate` does the memory
+arithmetic, `timing` the step time, `report` prints every input and formula. Nothing here loads weights.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.config import Config
-from relayrl.planner.estimate import (Memory, Placement, Precision, StepTime, Workload, estimate_memory,
-                                      estimate_time, place, precision_for, workload_from_config)
+from relayrl.planner.estimate import (Memory, Placement, Precision, Workload, estimate_memory, place, precision_for,
+                                      workload_from_config)
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
 from relayrl.planner.shape import ModelShape, count_params, load_shape
+from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 
 
 @dataclass(frozen=True)
@@ -24,18 +26,28 @@ class Plan:
     memory: Memory
     placement: Placement
     time: StepTime
+    rates: Rates
     offload: bool
 
 
 def make_plan(config: Config, shape: ModelShape, hardware: Hardware, fp32_master: bool = True,
-              infer_dtype: str | None = None, offload: bool = False,
-              mean_response_tokens: float | None = None) -> Plan:
-    work = workload_from_config(config, mean_response_tokens)
+              infer_dtype: str | None = None, offload: bool = False, longest_prompt_tokens: float | None = None,
+              longest_response_tokens: float | None = None, measure: bool = False) -> Plan:
+    """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs on this
+    machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU."""
+    work = workload_from_config(config, longest_prompt_tokens, longest_response_tokens)
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     placement = place(memory, hardware, work.gpu_memory_utilization, offload)
+    rates = profile_rates(hardware)
+    if measure:
+        from relayrl.planner.probe import measure_engine_overhead, measure_matmul_rates
+
+        matmul = measure_matmul_rates(shape, update_rows=int(work.micro_batch * work.width),
+                                      decode_rows=memory.concurrent)
+        rates = measured_rates(matmul, measure_engine_overhead(config.rollout.engine))
     return Plan(shape, work, hardware, precision, memory, placement,
-                estimate_time(shape, work, memory, placement, hardware, precision), offload)
+                estimate_time(shape, work, memory, placement, hardware, precision, rates), rates, offload)
 
 
 __all__ = ["PROFILES", "Plan", "ModelShape", "count_params", "get_profile", "load_shape", "make_plan"]

@@ -1,11 +1,8 @@
-"""Memory per role, colocated vs disaggregated placement, and a lower-bound step time for one RL step.
+"""The workload a config implies, memory per role, and colocated vs disaggregated placement.
 
 The arithmetic is the seeds' (docs of issue 7): M_role = P * b_role; colocated peak = max over phases,
-disaggregated = sum of pools; decode bounded by max(P*b/BW_mem, 2*P*batch/peak); training 6*N*D and
-forward passes 2*N*D at an assumed MFU; T_sync = P*b*r/BW_link with r = 1 (a broadcast).
-Deliberately left out: sharding overheads, fragmentation, KV reads and attention FLOPs in decode, prefix
-caching. Decoding runs until the longest response (rollout.max_tokens); the passes over the batch count
-`mean_response_tokens` per response (default: max_tokens, an upper bound; pass the expected length).
+disaggregated = sum of pools. The step time is `relayrl/planner/timing.py`.
+Deliberately left out: sharding overheads, fragmentation, prefix caching.
 """
 
 from __future__ import annotations
@@ -61,21 +58,38 @@ class Workload:
     critic: bool           # algorithm.advantage == "gae"
     kv_cache_gib: float
     gpu_memory_utilization: float
-    mean_response_tokens: float | None = None  # expected response length; None = response_tokens
+    # The longest prompt and response expected in a batch (None: the limits above). The engine decodes until
+    # the longest response ends; the learner pads every row to the batch's longest sequence.
+    longest_prompt_tokens: float | None = None
+    longest_response_tokens: float | None = None
 
     @property
     def seq_len(self) -> int:
+        """The longest sequence the limits allow: memory is sized for it."""
         return self.prompt_tokens + self.response_tokens
 
     @property
+    def prompt(self) -> float:
+        return self.prompt_tokens if self.longest_prompt_tokens is None else self.longest_prompt_tokens
+
+    @property
+    def response(self) -> float:
+        return self.response_tokens if self.longest_response_tokens is None else self.longest_response_tokens
+
+    @property
+    def width(self) -> float:
+        """Expected padded width of the learner's batch: longest prompt + longest response."""
+        return self.prompt + self.response
+
+    @property
     def tokens(self) -> int:
-        """Tokens forwarded per pass over the rollout batch: prompt + the expected response length."""
-        response = self.response_tokens if self.mean_response_tokens is None else self.mean_response_tokens
-        return int(self.rollout_batch * (self.prompt_tokens + response))
+        """Tokens forwarded per pass over the rollout batch, padding included (the learner computes on it)."""
+        return int(self.rollout_batch * self.width)
 
 
-def workload_from_config(config: Config, mean_response_tokens: float | None = None) -> Workload:
-    return Workload(mean_response_tokens=mean_response_tokens,
+def workload_from_config(config: Config, longest_prompt_tokens: float | None = None,
+                         longest_response_tokens: float | None = None) -> Workload:
+    return Workload(longest_prompt_tokens=longest_prompt_tokens, longest_response_tokens=longest_response_tokens,
         rollout_batch=config.rollout_batch, prompt_tokens=config.data.max_prompt_tokens,
         response_tokens=config.rollout.max_tokens, micro_batch=min(config.train.micro_batch, config.mini_batch),
         optimizer_steps=config.rollout_batch // config.mini_batch * config.train.epochs, epochs=config.train.epochs,
@@ -174,56 +188,3 @@ def place(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, off
         colocated, rollout = max(trainer, generating, memory.engine_devices), memory.engine_devices
     return Placement(generate, train, max(generate, train), memory.engine + memory.trainer, colocated, trainer,
                      rollout, hardware.devices_per_node, colocated <= hardware.devices_per_node)
-
-
-def decode_step_time(params: int, infer_bytes: int, batch: int, hardware: Hardware) -> tuple[float, str]:
-    """Lower bound of one decode step: weights streamed once, or 2*P FLOPs per sequence, whichever is slower."""
-    memory_s = params * infer_bytes / (hardware.mem_bw_gbs * 1e9)
-    compute_s = 2 * params * batch / (hardware.peak_tflops * 1e12)
-    return (memory_s, "memory") if memory_s >= compute_s else (compute_s, "compute")
-
-
-@dataclass(frozen=True)
-class StepTime:
-    replicas: int          # engine replicas on the rollout devices
-    concurrent: int        # sequences each replica decodes together
-    train_devices: int
-    prefill: float
-    decode_step: float
-    decode_bound: str
-    decode_waves: int
-    decode: float
-    old_logprobs: float
-    ref_logprobs: float
-    critic: float
-    update: float
-    sync: float
-
-    @property
-    def total(self) -> float:
-        return (self.prefill + self.decode + self.old_logprobs + self.ref_logprobs + self.critic + self.update
-                + self.sync)
-
-
-def estimate_time(shape: ModelShape, work: Workload, memory: Memory, placement: Placement, hardware: Hardware,
-                  precision: Precision) -> StepTime:
-    """Phases run one after another (a synchronous step) on the recommended placement: the rollout batch is
-    split over the engine replicas, and training is data-parallel over the trainer devices at ideal scaling."""
-    rollout_devices = placement.colocated_devices if placement.colocated else placement.rollout_devices
-    train_devices = placement.colocated_devices if placement.colocated else placement.trainer_devices
-    replicas = max(1, rollout_devices // memory.engine_devices)
-    per_replica = min(memory.concurrent, math.ceil(work.rollout_batch / replicas))  # sequences decoded together
-    P, peak = shape.params, hardware.peak_tflops * 1e12
-    achieved = peak * hardware.mfu * train_devices
-    step, bound = decode_step_time(P, precision.infer_bytes, per_replica, hardware)
-    waves = math.ceil(work.rollout_batch / (replicas * per_replica))  # rounds of sequences the KV caches hold
-    forward = 2 * P * work.tokens / achieved  # one log-prob pass over the rollout batch
-    return StepTime(
-        replicas=replicas, concurrent=per_replica, train_devices=train_devices,
-        prefill=2 * P * work.rollout_batch * work.prompt_tokens / (peak * replicas * memory.engine_devices),
-        decode_step=step, decode_bound=bound, decode_waves=waves, decode=waves * work.response_tokens * step,
-        old_logprobs=forward if work.optimizer_steps > 1 else 0.0,  # else the update's own forward gives them
-        ref_logprobs=forward if work.reference else 0.0,
-        critic=forward + 6 * P * work.tokens * work.epochs / achieved if work.critic else 0.0,
-        update=6 * P * work.tokens * work.epochs / achieved,
-        sync=P * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9))

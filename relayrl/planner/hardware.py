@@ -57,18 +57,31 @@ def measure_cpu(base: Hardware, copy_mb: int = 256, matmul_n: int = 1024, repeat
     """
     import torch
 
+    warm_up()
     src = torch.empty(copy_mb * 1_000_000 // 4, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
-    copy_s = _best_time(lambda: dst.copy_(src), repeats)
+    copy_s = best_time(lambda: dst.copy_(src), repeats)
     bandwidth_gbs = 2 * src.numel() * 4 / copy_s / 1e9
     a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
-    matmul_s = _best_time(lambda: a @ b, repeats)
+    matmul_s = best_time(lambda: a @ b, repeats)
     tflops = 2 * matmul_n**3 / matmul_s / 1e12
     return replace(base, mem_bw_gbs=round(bandwidth_gbs, 1), link_gbs=round(bandwidth_gbs, 1),
                    peak_tflops=round(tflops, 4), source=f"measured (copy {copy_mb} MB, matmul {matmul_n}^3)")
 
 
-def _best_time(fn, repeats: int) -> float:
+def warm_up(seconds: float = 1.0) -> None:
+    """Keep both cores busy with matmuls for `seconds` before timing anything: the first measurements of a
+    process here ran ~3x slow (a 1024^3 matmul 61 vs 189 GFLOP/s, the demo's fwd+bwd 12 vs 146) until the
+    thread pool and the cores' clocks were up."""
+    import torch
+
+    a = torch.randn(512, 512)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a @ a
+
+
+def best_time(fn, repeats: int) -> float:
     fn()  # warm up: page faults, thread pool start
     best = float("inf")
     for _ in range(repeats):

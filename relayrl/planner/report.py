@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 from rich.console import Console
@@ -41,7 +42,7 @@ Rows = list[tuple[str, str, str]]  # (name, formula with its inputs, value)
 
 def _sections(plan: Plan) -> list[tuple[str, Rows]]:
     return [("inputs", _input_rows(plan)), ("memory per role", _memory_rows(plan)),
-            ("placement", _placement_rows(plan)), ("step time", _time_rows(plan))]
+            ("placement", _placement_rows(plan)), ("rates", _rate_rows(plan)), ("step time", _time_rows(plan))]
 
 
 def _input_rows(plan: Plan) -> Rows:
@@ -56,7 +57,9 @@ def _input_rows(plan: Plan) -> Rows:
          f"{hw.mfu:g}, {hw.devices_per_node}"),
         ("rollout batch", "prompts_per_step x n", f"{w.rollout_batch}"),
         ("sequence", "max_prompt_tokens + max_tokens", f"{w.prompt_tokens} + {w.response_tokens} = {w.seq_len}"),
-        ("tokens per pass", "rollout batch x (prompt + expected response)", f"{w.tokens:,}"),
+        ("batch width", "longest prompt + longest response expected in a batch (--prompt/--response-tokens)",
+         f"{w.prompt:g} + {w.response:g} = {w.width:g}"),
+        ("tokens per pass", "rollout batch x width (the learner pads rows to the longest)", f"{w.tokens:,}"),
         ("optimizer steps", "rollout_batch / mini_batch x epochs", f"{w.optimizer_steps}"),
         ("b_train", train_terms, f"{pr.train_bytes} B/param"),
         ("b_infer", "engine and reference weights", f"{b} B/param"),
@@ -108,26 +111,53 @@ def _placement_rows(plan: Plan) -> Rows:
     return placement
 
 
+def _flops(x: float) -> str:
+    return f"{x / 1e9:,.1f} GFLOP/s" if x < 1e12 else f"{x / 1e12:,.1f} TFLOP/s"
+
+
+def _rate_rows(plan: Plan) -> Rows:
+    r, s = plan.rates, plan.shape
+    rows = [("source", r.source, ""),
+            ("matmul weights", f"P {s.params:,} - embedding lookup (untied) = linear layers + LM head",
+             f"{s.matmul_params:,}"),
+            ("update rate", "fwd + bwd matmuls at micro-batch tokens", _flops(r.update)),
+            ("forward rate", "log-prob passes and prefill", _flops(r.forward)),
+            ("decode rate", f"forward at {plan.time.concurrent} concurrent sequences", _flops(r.decode))]
+    if r.engine is not None:
+        e = r.engine
+        rows.append(("engine fixed costs", f"{e.engine}, null model: per call + per step + per token + per sequence",
+                     f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}"))
+    return rows
+
+
 def _time_rows(plan: Plan) -> Rows:
-    w, hw, m, t = plan.workload, plan.hardware, plan.memory, plan.time
+    s, w, hw, m, t = plan.shape, plan.workload, plan.hardware, plan.memory, plan.time
     b = plan.precision.infer_bytes
-    D1 = w.tokens
-    peak, ach = f"{hw.peak_tflops:g}T", f"{hw.peak_tflops:g}T x {hw.mfu:g}"
-    ach += f" x {t.train_devices} dev"
-    engines = f"{t.replicas} x {m.engine_devices} dev"
+    fwd = f"(2 x {s.matmul_params:,} + 4 x {s.layers} x {s.q_width} x ctx)"  # FLOPs per token of a forward
+    dev = f" x {t.train_devices} dev" if t.train_devices > 1 else ""
+    ctx = w.prompt + w.response / 2
+    engine = (f"{_s(plan.rates.engine.per_call)} + {t.decode_steps:g} steps, {w.rollout_batch * w.response / t.replicas:,.0f} "
+              f"tokens, {math.ceil(w.rollout_batch / t.replicas)} seqs x their costs" if plan.rates.engine
+              else "not measured (--measure)")
     time = [
-        ("prefill", f"2 x P x {w.rollout_batch * w.prompt_tokens:,} prompt tokens / ({peak} x {engines})",
+        ("prefill", f"{fwd} ctx={w.prompt / 2:g} x {w.rollout_batch} x {w.prompt:g} prompt tokens / forward rate",
          _s(t.prefill)),
-        ("decode step", f"max(P x {b} / {hw.mem_bw_gbs:g} GB/s, 2 x P x {t.concurrent} seqs / {peak})",
-         f"{_s(t.decode_step)} ({t.decode_bound}-bound)"),
-        ("decode", f"{t.decode_waves} wave(s) x {w.response_tokens} tokens x step ({t.replicas} replica(s))",
+        ("decode step", f"max(({_count(s.params)} x {b} B + {t.concurrent} seqs x ctx={ctx:g} x KV B/token) / "
+         f"{hw.mem_bw_gbs:g} GB/s, {t.concurrent} x {fwd} / decode rate)", f"{_s(t.decode_step)} ({t.decode_bound})"),
+        ("decode", f"{t.decode_waves} wave(s) x {w.response:g} longest response = {t.decode_steps:g} steps x step",
          _s(t.decode)),
-        ("old log-probs", f"2 x P x {D1:,} / ({ach})" if t.old_logprobs else "none (one optimizer step)",
-         _s(t.old_logprobs)),
-        ("ref log-probs", f"2 x P x {D1:,} / ({ach})" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
-        ("critic", f"(2 + 6 x {w.epochs}) x P x {D1:,} / ({ach})" if w.critic else "no critic", _s(t.critic)),
-        ("update", f"6 x P x {D1:,} tokens x {w.epochs} epochs / ({ach})", _s(t.update)),
+        ("engine fixed costs", engine, _s(t.engine_overhead)),
+        ("generate", "prefill + decode + engine fixed costs", _s(t.generate)),
+        ("old log-probs", f"{fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens / forward rate{dev}"
+         if t.old_logprobs else "none (one optimizer step)", _s(t.old_logprobs)),
+        ("ref log-probs", "as old log-probs" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
+        ("critic", f"(1 + 3 x {w.epochs}) x forward" if w.critic else "no critic", _s(t.critic)),
+        ("update FLOPs", f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / "
+         f"update rate{dev}", _s(t.update)),
+        ("optimizer", f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
+         _s(t.optimizer)),
+        ("update", "update FLOPs + optimizer", _s(t.update_phase)),
         ("sync", f"P x {b} x r=1 / {hw.link_gbs:g} GB/s", _s(t.sync)),
-        ("step", "sum (lower bound; phases serial)", _s(t.total)),
+        ("step", "sum (phases serial)", _s(t.total)),
     ]
     return time

@@ -13,6 +13,7 @@ from pathlib import Path
 from relayrl.errors import ModelError
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+SHAPE_FLAGS = {"params", "layers", "hidden", "kv_heads", "head_dim", "vocab"}  # enough for a plan without config.json
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,22 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     vocab: int
+    # Known from config.json, not from the shape flags; without them the time model counts 2*P FLOPs per
+    # token (the LM head counted as tied) and --measure cannot build the model's matmul shapes.
+    heads: int | None = None
+    intermediate: int | None = None
+    tied: bool | None = None
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights a token's forward multiplies by: every linear layer and the LM head (tied or not), not the
+        embedding lookup (a gather) and not the norms. Untied: P counts the embedding apart from the head."""
+        return self.params if self.tied in (True, None) else self.params - self.vocab * self.hidden
+
+    @property
+    def q_width(self) -> int:
+        """heads x head_dim: the width of the queries (and of the attention output)."""
+        return self.heads * self.head_dim if self.heads else self.hidden
 
 
 def count_params(cfg) -> int:
@@ -44,7 +61,9 @@ def count_params(cfg) -> int:
 
 def shape_from_config(cfg) -> ModelShape:
     return ModelShape(params=count_params(cfg), layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
-                      kv_heads=_kv_heads(cfg), head_dim=_head_dim(cfg), vocab=cfg.vocab_size)
+                      kv_heads=_kv_heads(cfg), head_dim=_head_dim(cfg), vocab=cfg.vocab_size,
+                      heads=cfg.num_attention_heads, intermediate=cfg.intermediate_size,
+                      tied=bool(cfg.tie_word_embeddings))
 
 
 def load_shape(model_path: str, **flags: float | None) -> ModelShape:
@@ -53,7 +72,7 @@ def load_shape(model_path: str, **flags: float | None) -> ModelShape:
     With every flag given, no config.json is needed (a 7B plan without weights).
     """
     given = {name: int(value) for name, value in flags.items() if value is not None}
-    if set(given) >= set(ModelShape.__dataclass_fields__):
+    if set(given) >= SHAPE_FLAGS:
         return ModelShape(**given)
     if not model_path or not (Path(model_path) / "config.json").is_file():
         raise ModelError(f"model.path={model_path!r} has no config.json; point it at a model directory or pass "

@@ -1,4 +1,5 @@
-"""`relayrl plan`: parameter count from config arithmetic, the seeds' 7B memory figures by hand, max vs sum."""
+"""`relayrl plan`: parameter count from config arithmetic, the seeds' 7B memory figures by hand, max vs sum,
+and the step-time terms (FLOPs per token, decode bytes, engine fixed costs, optimizer bytes) by hand."""
 
 from pathlib import Path
 
@@ -9,8 +10,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from relayrl.cli import main
 from relayrl.config import load_config
 from relayrl.planner import PROFILES, ModelShape, count_params, load_shape, make_plan
-from relayrl.planner.estimate import Memory, decode_step_time, place
+from relayrl.planner.estimate import Memory, place
 from relayrl.planner.hardware import measure_cpu
+from relayrl.planner.probe import EngineOverhead, fit_engine_overhead, linear_shapes, measure_matmul_rates
+from relayrl.planner.timing import Rates, decode_step_time, engine_overhead_time, forward_flops_per_token
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/grpo_7b/config.yaml"
@@ -33,7 +36,8 @@ def test_param_count_matches_a_real_qwen2_with_qkv_bias():
 
 def test_example_7b_shape_is_qwen2_5_7b():
     shape = load_shape(str(ROOT / "examples/grpo_7b"))
-    assert shape == ModelShape(params=7_615_616_512, layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
+    assert shape == ModelShape(params=7_615_616_512, layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064,
+                               heads=28, intermediate=18944, tied=False)
 
 
 def _plan_7b(hardware="H100-80GB", **kwargs):
@@ -75,12 +79,94 @@ def test_colocated_is_a_max_and_disaggregated_a_sum():
     assert place(memory, device, 0.5, offload=True).generate_phase == 3 * gb
 
 
+SEVEN_B = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
+
+
 def test_decode_is_memory_bound_at_batch_1_and_compute_bound_for_a_huge_batch():
     h100 = PROFILES["H100-80GB"]
-    seconds, bound = decode_step_time(int(7e9), 2, 1, h100)
+    bw, peak = 3350e9, 989e12
+    seconds, bound = decode_step_time(SEVEN_B, 2, 1, 0, 57_344, bw, peak)
     assert bound == "memory" and seconds == pytest.approx(14e9 / 3350e9)  # the seeds' ~4.2 ms per token
-    seconds, bound = decode_step_time(int(7e9), 2, 100_000, h100)
+    # batch 8 at 1000 tokens of context: the KV caches add 8 x 1000 x 56 KiB to the weights' 14 GB
+    seconds, _ = decode_step_time(SEVEN_B, 2, 8, 1000, 57_344, bw, peak)
+    assert seconds == pytest.approx((14e9 + 8 * 1000 * 57_344) / 3350e9)
+    seconds, bound = decode_step_time(SEVEN_B, 2, 100_000, 0, 57_344, bw, peak)
     assert bound == "compute" and seconds == pytest.approx(2 * 7e9 * 100_000 / 989e12)
+    assert h100.mem_bw_gbs * 1e9 == bw and h100.peak_tflops * 1e12 == peak
+
+
+def test_forward_flops_count_matmul_weights_and_attention():
+    tied = ModelShape(params=1000, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10, heads=2, tied=True)
+    untied = ModelShape(params=1080, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10, heads=2, tied=False)
+    assert tied.matmul_params == 1000  # the tied embedding is the LM head: multiplied once
+    assert untied.matmul_params == 1080 - 10 * 8  # the embedding lookup is a gather, not a matmul
+    # 2 per weight + QK^T and AV: 2 x 2 x 2 layers x q_width 8 x 5 positions
+    assert forward_flops_per_token(tied, context=5) == 2 * 1000 + 4 * 2 * 8 * 5 == 2320
+
+
+def test_linear_shapes_are_the_real_models_matmul_weights():
+    config = LlamaConfig(**SMALL, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    shape = load_shape_from(config)
+    assert sum(fan_in * fan_out * count for fan_in, fan_out, count in linear_shapes(shape)) == linear
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    assert shape.matmul_params == linear + norms  # tied: the head is the embedding; norms are noise here
+
+
+def load_shape_from(config):
+    from relayrl.planner.shape import shape_from_config
+
+    return shape_from_config(config)
+
+
+def test_engine_fixed_costs_are_recovered_from_exact_timings():
+    per_call, per_step, per_token, per_sequence = 0.010, 0.002, 3e-5, 4e-4
+    counts = [[1, steps, tokens, seqs] for steps, tokens, seqs in
+              [(2, 16, 8), (24, 190, 8), (2, 512, 256), (24, 6000, 256), (12, 700, 64)]]
+    seconds = [per_call + per_step * s + per_token * t + per_sequence * q for _, s, t, q in counts]
+    fitted = fit_engine_overhead(counts, seconds, "vllm")
+    assert (fitted.per_call, fitted.per_step, fitted.per_token, fitted.per_sequence) == pytest.approx(
+        (per_call, per_step, per_token, per_sequence))
+    assert engine_overhead_time(fitted, steps=6, tokens=1536, sequences=256) == pytest.approx(
+        0.010 + 6 * 0.002 + 1536 * 3e-5 + 256 * 4e-4)
+    assert engine_overhead_time(None, 6, 1536, 256) == 0.0
+
+
+def test_update_is_three_forwards_per_epoch_plus_the_optimizer_bytes():
+    config = load_config(None, ["rollout.n=4", "rollout.prompts_per_step=2", "rollout.max_tokens=6",
+                                "data.max_prompt_tokens=10", "train.epochs=2", "train.mini_batch=4"])
+    shape = ModelShape(params=1000, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10, heads=2, tied=True)
+    cpu = PROFILES["cpu"]
+    plan = make_plan(config, shape, cpu)
+    rate = cpu.peak_tflops * 1e12 * cpu.mfu
+    tokens = 8 * (10 + 6)  # rollout batch x padded width
+    forward = forward_flops_per_token(shape, context=16 / 2) * tokens
+    assert plan.time.update == pytest.approx(3 * forward * 2 / rate)
+    assert plan.time.old_logprobs == pytest.approx(forward / rate)  # 4 optimizer steps: a separate pass
+    assert plan.time.optimizer == pytest.approx(4 * 2 * 16 * 1000 / (cpu.mem_bw_gbs * 1e9))  # 2 mini x 2 epochs
+    assert plan.time.update_phase == plan.time.update + plan.time.optimizer
+    assert plan.time.engine_overhead == 0.0  # a profile: no engine costs measured
+
+
+def test_measured_engine_costs_enter_generate():
+    config = load_config(None, ["rollout.n=4", "rollout.prompts_per_step=2", "rollout.max_tokens=6"])
+    shape = ModelShape(params=1000, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10)
+    plan = make_plan(config, shape, PROFILES["cpu"], longest_response_tokens=5)
+    from relayrl.planner.timing import estimate_time
+
+    engine = EngineOverhead(per_call=0.01, per_step=0.002, per_token=1e-5, per_sequence=1e-4, engine="vllm")
+    rates = Rates(*[plan.rates.update, plan.rates.forward, plan.rates.decode, plan.rates.prefill], engine, "test")
+    timed = estimate_time(shape, plan.workload, plan.memory, plan.placement, plan.hardware, plan.precision, rates)
+    assert timed.engine_overhead == pytest.approx(0.01 + 5 * 0.002 + 8 * 5 * 1e-5 + 8 * 1e-4)
+    assert timed.generate == pytest.approx(timed.prefill + timed.decode + timed.engine_overhead)
+    assert timed.decode_steps == 5
+
+
+def test_matmul_rates_at_the_models_shapes_are_positive():
+    shape = load_shape_from(LlamaConfig(**SMALL))
+    rates = measure_matmul_rates(shape, update_rows=64, decode_rows=4, repeats=1)
+    assert rates.update > 0 and rates.forward > 0 and rates.decode > 0
 
 
 def test_measure_cpu_reports_positive_rates():
@@ -108,12 +194,13 @@ def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
     assert "model.path" in capsys.readouterr().err
 
 
-def test_expected_response_length_scales_the_passes_but_not_decoding():
+def test_expected_longest_prompt_and_response_set_the_padded_width_but_not_memory():
     from relayrl.planner.estimate import workload_from_config
 
     config = load_config(None, ["rollout.max_tokens=64", "data.max_prompt_tokens=16", "rollout.n=4",
                                 "rollout.prompts_per_step=16"])
-    full, short = workload_from_config(config), workload_from_config(config, mean_response_tokens=32)
-    # 64 sequences x (16 prompt + 64 or 32 response tokens)
-    assert full.tokens == 64 * 80 and short.tokens == 64 * 48
+    full = workload_from_config(config)
+    short = workload_from_config(config, longest_prompt_tokens=6, longest_response_tokens=32)
+    # 64 sequences x (16 prompt + 64 response tokens), or x (6 + 32) when the batches are expected shorter
+    assert full.tokens == 64 * 80 and short.tokens == 64 * 38
     assert short.seq_len == full.seq_len == 80  # memory still sized for the longest sequence

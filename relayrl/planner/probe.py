@@ -1,0 +1,149 @@
+"""`relayrl plan --measure`, at the model's own sizes: matmul rates at the shapes a pass feeds them, and the
+rollout engine's fixed costs. Measured on this machine, nothing assumed.
+
+- Matmul rates. A big square matmul runs near peak; a 128-wide model's matmuls do not. So the model's own
+  linear layers (q, k, v, o, gate, up, down and the LM head, Llama-family names) are timed at the rows a pass
+  feeds them: forward + backward (3 matmuls per layer: the backward is two matmuls of the forward's size) at
+  micro-batch tokens for the update, forward alone for a log-prob pass, forward at the concurrent sequences
+  for one decode step. Rate = FLOPs of those matmuls / their measured time.
+- Engine overheads. The config's rollout engine, through relayrl's own engine class, generates with a null
+  model (one layer, hidden 64: its compute is negligible) on a grid of batch sizes and lengths. A least-squares
+  fit of `time = per_call + per_step x decode steps + per_token x generated tokens + per_sequence x sequences`
+  over the grid separates what an engine iteration, a sampled token and a request cost apart from the model.
+Left out: attention kernels and elementwise ops (norms, activations, softmax), counted at the matmul rate or
+not at all; the training loop's Python overhead.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+
+from relayrl.planner.hardware import best_time, warm_up
+from relayrl.planner.shape import ModelShape
+
+# (batch of prompts x n=8, max_tokens): a grid whose rows are linearly independent in (1, steps, tokens, seqs)
+ENGINE_GRID = ((1, 2), (1, 24), (32, 2), (32, 24), (8, 12))
+ENGINE_N = 8
+
+
+@dataclass(frozen=True)
+class MatmulRates:
+    """Achieved FLOP/s of the model's linear layers at a pass's rows (measured)."""
+    update: float        # forward + backward at micro-batch tokens
+    forward: float       # forward at micro-batch tokens (log-prob passes, prefill)
+    decode: float        # forward at the concurrent sequences of one decode step
+    update_rows: int
+    decode_rows: int
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Seconds the engine spends apart from the model's FLOPs and bytes (measured with a null model)."""
+    per_call: float
+    per_step: float      # one engine iteration: scheduling, input preparation, kernel launches
+    per_token: float     # one sampled token of one sequence: sampling, its log-prob, detokenising
+    per_sequence: float  # one sequence: request set-up and the returned Rollout
+    engine: str
+
+
+def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
+    """(in, out, how many per forward) of every matmul with weights: per layer q, k, v, o, gate, up, down;
+    once, the LM head."""
+    if shape.heads is None or shape.intermediate is None:
+        from relayrl.errors import ConfigError
+
+        raise ConfigError("--measure times the model's own matmuls: it needs model.path's config.json "
+                          "(heads and intermediate size), not only the shape flags")
+    h, q, kv, i, layers = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim, shape.intermediate, shape.layers
+    return [(h, q, layers), (h, kv, 2 * layers), (q, h, layers), (h, i, 2 * layers), (i, h, layers),
+            (h, shape.vocab, 1)]
+
+
+def measure_matmul_rates(shape: ModelShape, update_rows: int, decode_rows: int, repeats: int = 3) -> MatmulRates:
+    warm_up()
+    return MatmulRates(update=_rate(shape, update_rows, backward=True, repeats=repeats),
+                       forward=_rate(shape, update_rows, backward=False, repeats=repeats),
+                       decode=_rate(shape, decode_rows, backward=False, repeats=repeats),
+                       update_rows=update_rows, decode_rows=decode_rows)
+
+
+def _rate(shape: ModelShape, rows: int, backward: bool, repeats: int) -> float:
+    import torch
+
+    flops = seconds = 0.0
+    for fan_in, fan_out, count in linear_shapes(shape):
+        x = torch.randn(rows, fan_in, requires_grad=backward)
+        weight = torch.randn(fan_out, fan_in, requires_grad=backward)
+        grad = torch.randn(rows, fan_out)
+
+        def run():
+            y = torch.nn.functional.linear(x, weight)
+            if backward:
+                y.backward(grad)  # dX = grad @ W and dW = grad^T @ X: two matmuls of the forward's size
+
+        seconds += count * best_time(run, repeats)
+        flops += count * 2 * rows * fan_in * fan_out * (3 if backward else 1)
+    return flops / seconds
+
+
+def measure_engine_overhead(kind: str, seed: int = 0) -> EngineOverhead:
+    """Fit the engine's fixed costs in a child process: an in-process vLLM engine keeps threads spinning after
+    it is dropped, which slows every later measurement in the process (a 1024^3 matmul 177 -> 71 GFLOP/s)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "relayrl.planner.probe", kind, str(seed)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {kind} engine probe failed:\n{done.stderr[-2000:]}")
+    return EngineOverhead(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
+    """Fit the engine's fixed costs on ENGINE_GRID with a null model built in a temporary directory."""
+    from relayrl.models.tiny import build_tiny
+    from relayrl.rollout.base import Sampling, build_engine
+    from relayrl.types import Prompt
+
+    alphabet = [chr(c) for c in range(33, 127)]  # 94 characters: the end token is rarely sampled
+    rows, seconds = [], []
+    with tempfile.TemporaryDirectory() as model_dir:
+        _, tokenizer = build_tiny(["".join(alphabet)], model_dir, seed=seed, hidden=64, layers=1, heads=2,
+                                  intermediate=64)
+        engine = build_engine(kind, model_dir, max_model_len=64, seed=seed, kv_cache_gib=1.0)
+        prompt_ids = tokenizer("0123456789")["input_ids"]
+        for batch, max_tokens in (ENGINE_GRID[0], *ENGINE_GRID):  # the first call warms up and is dropped
+            prompts = [Prompt(id=str(i), text="", token_ids=list(prompt_ids)) for i in range(batch)]
+            sampling = Sampling(n=ENGINE_N, temperature=1.0, max_tokens=max_tokens, seed=seed)
+            best, rollouts = float("inf"), []
+            for _ in range(3):
+                start = time.perf_counter()
+                rollouts = engine.generate(prompts, sampling, version=0)
+                best = min(best, time.perf_counter() - start)
+            lengths = [len(r.response_ids) for r in rollouts]
+            rows.append([1.0, max(lengths), sum(lengths), len(rollouts)])
+            seconds.append(best)
+        del engine
+    return fit_engine_overhead(rows[1:], seconds[1:], kind)
+
+
+def fit_engine_overhead(counts: list[list[float]], seconds: list[float], kind: str) -> EngineOverhead:
+    """Least squares of seconds on rows of (1, decode steps, generated tokens, sequences); a cost the noise
+    pushes below zero is 0."""
+    import numpy as np
+
+    coefficients, *_ = np.linalg.lstsq(np.array(counts, dtype=float), np.array(seconds, dtype=float), rcond=None)
+    per_call, per_step, per_token, per_sequence = (max(0.0, float(c)) for c in coefficients)
+    return EngineOverhead(per_call, per_step, per_token, per_sequence, kind)
+
+
+
+if __name__ == "__main__":  # the child process of measure_engine_overhead; vLLM on CPU needs this guard (spawn)
+    import json
+    import sys
+    from dataclasses import asdict
+
+    print(json.dumps(asdict(probe_engine_here(sys.argv[1], int(sys.argv[2])))))
