@@ -6,6 +6,7 @@ A user mistake (`RelayError`) prints one line naming the file/row/key/sample and
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import json
 import sys
 
@@ -75,6 +76,19 @@ def _plan(args) -> None:
                          longest_response_tokens=args.response_tokens, measure=args.measure))
 
 
+def _bench_sync(args) -> None:
+    import json
+
+    from relayrl.sync.bench import run, table
+
+    result = run(int(args.params), args.transports.split(","), receivers=args.receivers, repeats=args.repeats,
+                 checksum=not args.no_checksum, bucket_mb=args.bucket_mb, wire_dtype=args.wire_dtype)
+    print(table(result))
+    if args.json:
+        rows = [vars(r) for r in result.pop("rows")]
+        Path(args.json).write_text(json.dumps({**result, "rows": rows}, indent=1) + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--response-tokens", type=float, help="expected longest response of a batch (default "
                       "rollout.max_tokens); e.g. a previous run's response/length_max")
     plan.set_defaults(fn=_plan)
+
+    bench = commands.add_parser("bench", help="benchmarks: `bench sync` times each weight transport")
+    targets = bench.add_subparsers(dest="target", required=True)
+    sync = targets.add_parser("sync", help="seconds and GB/s per transport, bucketed vs per-tensor, vs memcpy")
+    sync.add_argument("--params", type=float, default=1e8, help="model size in parameters (default 1e8)")
+    sync.add_argument("--transports", default="shm,broadcast,object_store,disk")
+    sync.add_argument("--receivers", type=int, default=1, help="engines receiving each push (r)")
+    sync.add_argument("--repeats", type=int, default=3)
+    sync.add_argument("--bucket-mb", type=float, default=64.0)
+    sync.add_argument("--wire-dtype", choices=["fp32", "bf16"], default="fp32")
+    sync.add_argument("--no-checksum", action="store_true", help="skip the xxh3-64 checksum per bucket")
+    sync.add_argument("--json", help="also write the figures to this file")
+    sync.set_defaults(fn=_bench_sync)
 
     cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")
     action = cfg.add_mutually_exclusive_group(required=True)

@@ -53,15 +53,62 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Shuffle the training prompts each epoch (seeded by train.seed).")
 
 
+class RewardComponentConfig(Section):
+    """One reward function of a weighted combination (`reward.components`)."""
+
+    fn: str = Field(description="Built-in name, `module:function` or `path/file.py:function` (as `reward.fn`).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
+    weight: float = Field(1.0, description="Its weight in the reward: reward = sum of weight * component.")
+    name: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$",
+                      description="Logged as reward/<name>; empty = the function's name (`math`, `score` of `m:score`).")
+
+    @property
+    def label(self) -> str:
+        return self.name or self.fn.rpartition(":")[2]
+
+
 class RewardConfig(Section):
     fn: str = Field(
         "exact_match",
-        description="Built-in name (exact_match, math, regex) or `module:function` or `path/file.py:function`.",
+        description="Built-in name (exact_match, math, regex, code, reward_model, judge) or `module:function` or "
+                    "`path/file.py:function`.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the reward function.")
-    on_error: Literal["error", "zero"] = Field(
-        "error", description="A reward that raises or is not a finite number: fail naming the sample, or score it 0."
+    components: list[RewardComponentConfig] = Field(
+        default_factory=list,
+        description="Several reward functions, each `{fn, kwargs, weight, name}`: reward = sum of weight * component, "
+                    "each logged as reward/<name>. Set this or `fn`/`kwargs`, not both.",
     )
+    on_error: Literal["error", "zero", "skip"] = Field(
+        "error", description="A reward that raises, times out or is not a finite number: fail naming the sample, "
+                             "score it 0, or drop the sample from the batch. Counted as reward/errors, reward/timeouts.",
+    )
+    workers: int = Field(
+        0, ge=0, description="Reward worker processes scoring in parallel; 0 = score in the training process "
+                             "(no timeouts: a hanging reward hangs the run).",
+    )
+    timeout_s: float = Field(
+        60.0, gt=0, description="With workers: seconds one sample may take; a sample over it is killed with its "
+                                "worker (replaced) and handled per on_error. A batch gets timeout_s per sample.",
+    )
+    batch_size: int = Field(8, ge=1, description="With workers: samples per call of a reward function in a worker.")
+
+    @model_validator(mode="after")
+    def _check_components(self) -> "RewardConfig":
+        if self.components and self.model_fields_set & {"fn", "kwargs"}:
+            raise ValueError("reward.components replaces reward.fn and reward.kwargs: set one or the other "
+                             "(a single function is `components: [{fn: ..., kwargs: ...}]`)")
+        labels = [c.label for c in self.components]
+        if duplicated := sorted({label for label in labels if labels.count(label) > 1}):
+            raise ValueError(f"reward.components: the name {duplicated[0]!r} is used twice; give each component "
+                             "a distinct `name` (it is logged as reward/<name>)")
+        if self.workers == 0 and self.model_fields_set & {"timeout_s", "batch_size"}:
+            warnings.warn("reward.timeout_s and reward.batch_size have no effect with reward.workers=0", stacklevel=2)
+        return self
+
+    def resolved_components(self) -> list[RewardComponentConfig]:
+        """`components`, or the single `fn`/`kwargs` as one component of weight 1."""
+        return list(self.components) or [RewardComponentConfig(fn=self.fn, kwargs=self.kwargs)]
 
 
 class RolloutConfig(Section):
@@ -163,6 +210,20 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
     threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
+    schedule: Literal["sync", "one_step_off", "async"] = Field(
+        "sync", description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
+                            "async: engines generate continuously into a bounded buffer (needs placement.mode=ray)."
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="async: the most policy versions a sample may lag the policy it trains."
+    )
+    on_stale: Literal["wait", "drop"] = Field(
+        "wait", description="async: keep within max_staleness by making producers wait, or by dropping old samples."
+    )
+    partial_rollouts: float = Field(
+        0.0, ge=0, description="async: over-provision factor for partial rollouts (APRIL): generate this many times "
+                               "the groups needed, stop when enough finish, continue the rest later (0 = off)."
+    )
 
 
 class EvalConfig(Section):
@@ -175,9 +236,24 @@ class LogConfig(Section):
     dir: str = Field("runs/default", description="Run directory: config.yaml, metrics.jsonl, model/.")
     progress: bool = Field(True, description="Show a rich progress bar on the console.")
     save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
-    backends: list[Literal["tensorboard"]] = Field(
-        default_factory=list, description="Extra trackers besides metrics.jsonl and the progress bar (<dir>/tensorboard)."
+    backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=list,
+        description="Extra trackers besides metrics.jsonl and the progress bar: tensorboard (<dir>/tensorboard), "
+        "mlflow (sqlite store <dir>/mlflow/mlflow.db), wandb (offline run under <dir>/wandb).",
     )
+
+    @model_validator(mode="after")
+    def _check_backends_installed(self) -> "LogConfig":
+        """A backend's package is an optional extra: a missing one fails here, before any work is done."""
+        import importlib.util
+
+        modules = {"tensorboard": ("tensorboard",), "mlflow": ("mlflow", "sqlalchemy", "alembic"), "wandb": ("wandb",)}
+        for backend in self.backends:
+            missing = [module for module in modules[backend] if importlib.util.find_spec(module) is None]
+            if missing:
+                raise ValueError(f"log.backends={backend} needs {', '.join(missing)}, which is not installed: "
+                                 "pip install 'relayrl[track]' (or pip install --no-deps -r requirements/cpu.lock)")
+        return self
 
 
 class CheckpointConfig(Section):
@@ -215,7 +291,7 @@ class SyncConfig(Section):
     )
     bucket_mb: float = Field(64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor).")
     wire_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Dtype on the wire (bf16 halves the bytes).")
-    checksum: bool = Field(True, description="CRC-32 per bucket, verified by each engine before it loads anything.")
+    checksum: bool = Field(True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything.")
     parity_probe: bool = Field(False, description="After each push, compare engine and learner log-probs on a fixed "
                                                   "sequence (sync/parity_abs_max).")
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one push (every collective and wait within it).")
@@ -262,6 +338,17 @@ class Config(Section):
         if self.placement.mode == "ray" and transport == "inprocess":
             raise ValueError("sync.transport=inprocess needs placement.mode=local; under ray use shm, broadcast, "
                              "disk or object_store")
+        if self.train.schedule != "sync" and self.placement.mode != "ray":
+            raise ValueError(f"train.schedule={self.train.schedule} overlaps generation with training, which needs "
+                             "separate processes: set placement.mode=ray")
+        if self.train.partial_rollouts and (self.train.schedule != "async" or self.train.on_stale != "drop"
+                                            or self.train.partial_rollouts < 1):
+            raise ValueError("train.partial_rollouts needs train.schedule=async with train.on_stale=drop and a factor "
+                             ">= 1 (a carried response holds tokens of older versions, which wait's admission "
+                             "control cannot account for)")
+        if self.train.schedule != "sync" and self.algorithm.dapo.dynamic_sampling:
+            raise ValueError(f"algorithm.dapo.dynamic_sampling works with train.schedule=sync only, "
+                             f"not {self.train.schedule}")
         if self.placement.mode == "ray" and self.rollout.engine != "vllm":
             raise ValueError("placement.mode=ray runs vLLM engines; set rollout.engine=vllm")
         if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
@@ -350,7 +437,13 @@ def warn_ineffective(config: Config) -> None:
     if config.data.eval is None and config.eval.model_fields_set:
         warnings.warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval",
                       stacklevel=3)
-
+    train = config.train
+    if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
+        names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
+        warnings.warn(f"{names} has no effect under train.schedule={train.schedule}", stacklevel=3)
+    if train.schedule != "sync" and algo.correction.mode == "none":
+        warnings.warn(f"train.schedule={train.schedule} trains on samples from older policies without correction; "
+                      "consider algorithm.correction.mode=tis_token", stacklevel=3)
     placement = config.placement
     if placement.mode == "local" and placement.model_fields_set - {"mode"}:
         names = ", ".join(f"placement.{k}" for k in sorted(placement.model_fields_set - {"mode"}))
