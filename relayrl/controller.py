@@ -28,11 +28,11 @@ from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
-from relayrl.rewards import RewardFn, load_reward, score_rollouts
+from relayrl.rewards.service import RewardService, add_counts, build_reward_service
 from relayrl.rollout import RolloutEngine, Sampling, build_engine
 from relayrl.schedules.overlap import SCHEDULES
 from relayrl.sync.inprocess import InProcessSync
-from relayrl.types import Prompt, Score
+from relayrl.types import Prompt, Rollout, Score
 
 
 @dataclass
@@ -41,7 +41,7 @@ class Trainer:
     engine: RolloutEngine  # a local engine, or an EngineGroup of Ray actors
     learner: LearnerRole  # or a RemoteRole with the same methods
     sync: InProcessSync  # or a RaySync
-    reward_fn: RewardFn
+    rewards: RewardService
     sampler: PromptSampler
     eval_prompts: list[Prompt]
     tokenizer: object  # a transformers tokenizer
@@ -102,20 +102,19 @@ class Trainer:
         generate more (up to dapo.max_rounds) until prompts_per_step groups are collected."""
         dapo, n_prompts = self.config.algorithm.dapo, self.config.rollout.prompts_per_step
         collector = GroupCollector(n_prompts, dapo.max_rounds) if dapo.dynamic_sampling else None
-        errors = 0
+        metrics: dict[str, float] = {}
         for round_index in range(dapo.max_rounds if collector else 1):
             prompts = self.sampler.next(n_prompts)
             with timer("generate"):
                 rollouts = self.engine.generate(prompts, self.sampling(step, round_index), self.sync.version)
             with timer("reward"):
-                scores, round_errors = score_rollouts(self.reward_fn, rollouts, self.config.reward.on_error)
-            errors += round_errors
+                rollouts, scores, round_metrics = self.score(rollouts)
+            metrics = add_counts(metrics, round_metrics)
             if collector is None:
                 break
             collector.add(rollouts, scores)
             if collector.full:
                 break
-        metrics = {"reward/errors": float(errors)}
         if collector is not None:
             metrics.update(collector.metrics())
             kept = collector.take()
@@ -124,6 +123,17 @@ class Trainer:
             lengths = [len(r.response_ids) for r in rollouts]
             penalty = soft_overlong_penalty(lengths, self.config.rollout.max_tokens, dapo.overlong_buffer)
             scores = [Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)]
+        return rollouts, scores, metrics
+
+    def score(self, rollouts: list[Rollout]) -> tuple[list[Rollout], list[Score], dict[str, float]]:
+        """Score through the reward service; a group with a skipped sample (on_error=skip) is dropped whole,
+        as group-relative advantages need every member."""
+        scores, metrics = self.rewards.score(rollouts)
+        skipped = {r.prompt.id for r, s in zip(rollouts, scores) if s is None}
+        if skipped:
+            kept = [(r, s) for r, s in zip(rollouts, scores) if r.prompt.id not in skipped]
+            rollouts, scores = [r for r, _ in kept], [s for _, s in kept]
+            metrics["reward/skipped_groups"] = float(len(skipped))
         return rollouts, scores, metrics
 
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
@@ -136,8 +146,9 @@ class Trainer:
         if not self.eval_prompts:
             return {}
         r = self.config.rollout
-        greedy = evaluate(self.engine, self.eval_prompts, self.reward_fn, Sampling.greedy(r.max_tokens, r.stop))
-        sampled = evaluate(self.engine, self.eval_prompts, self.reward_fn,
+        score = functools.partial(lambda rewards, rollouts: rewards.score(rollouts)[0], self.rewards)
+        greedy = evaluate(self.engine, self.eval_prompts, score, Sampling.greedy(r.max_tokens, r.stop))
+        sampled = evaluate(self.engine, self.eval_prompts, score,
                            Sampling(n=1, temperature=self.config.eval.temperature, max_tokens=r.max_tokens,
                                     stop=tuple(r.stop), seed=self.config.train.seed))
         return {"eval/greedy": greedy, "eval/sampled": sampled}
@@ -232,17 +243,18 @@ def build_trainer(config: Config) -> Trainer:
         eval_prompts = eval_prompts[: config.eval.max_prompts or None]
         data_metrics.update({"data/eval_prompts_dropped": eval_stats.dropped,
                              "data/eval_prompts_truncated": eval_stats.truncated})
-    reward_fn = load_reward(config.reward.fn, config.reward.kwargs)
+    rewards = build_reward_service(config.reward)
     max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
     check_context(config, max_len)
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     engine, learner, sync, close = build_roles(config, max_len, probe_ids)
     advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
     trainer = Trainer(
-        config=config, engine=engine, learner=learner, sync=sync, reward_fn=reward_fn,
+        config=config, engine=engine, learner=learner, sync=sync, rewards=rewards,
         sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
         tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
-        pad_id=pad_token_id(tokenizer), close=close, timeline=Timeline(run_dir / "timeline.jsonl"),
+        pad_id=pad_token_id(tokenizer), close=lambda: (rewards.close(), close()),
+        timeline=Timeline(run_dir / "timeline.jsonl"),
     )
     return trainer
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 from relayrl.rewards import score_rollouts
 from relayrl.rollout.base import Sampling
-from relayrl.types import Prompt
+from relayrl.types import Prompt, Rollout, Score
 
 
-def evaluate(engine, prompts: list[Prompt], reward_fn, sampling: Sampling, version: int = 0) -> float:
-    """Mean reward over all prompts x sampling.n responses (reward errors count as failures: 0)."""
+def evaluate(engine, prompts: list[Prompt], score: Callable[[list[Rollout]], list[Score | None]],
+             sampling: Sampling, version: int = 0) -> float:
+    """Mean reward over all prompts x sampling.n responses; `score` is the run's reward service (a skipped
+    sample counts as 0)."""
     rollouts = engine.generate(prompts, sampling, version)
-    scores, _ = score_rollouts(reward_fn, rollouts, on_error="zero")
-    return sum(s.reward for s in scores) / len(scores)
+    scores = score(rollouts)
+    return sum(s.reward for s in scores if s is not None) / len(scores)
 
 
 def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: float = 0.0,
@@ -33,4 +38,5 @@ def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: 
     max_len = max(len(p.token_ids) for p in prompts) + max_tokens
     rollout_engine = build_engine(engine, model, max_len, seed)
     sampling = Sampling(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
-    return {"reward_mean": evaluate(rollout_engine, prompts, fn, sampling), "n": len(prompts) * n}
+    score = functools.partial(lambda fn, rollouts: score_rollouts(fn, rollouts, on_error="zero")[0], fn)
+    return {"reward_mean": evaluate(rollout_engine, prompts, score, sampling), "n": len(prompts) * n}

@@ -42,6 +42,9 @@ class EngineWorker(WeightSink):
         rollouts = self.generate(prompts, sampling)
         return rollouts, start, time.time()
 
+    def generate_until(self, samples, sampling, groups_needed: int):
+        return self.engine.generate_until(samples, sampling, groups_needed)
+
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         return self.engine.prompt_logprobs(token_ids)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import threading
+import time
 from typing import Callable
 
 from relayrl.config import PlacementConfig
@@ -61,6 +62,18 @@ class EngineGroup:
                 self.recover(index, failure)
                 rollouts += self.replicas[index].generate(*args)
         return rollouts
+
+    def generate_until(self, replica: int, samples, sampling: Sampling, groups_needed: int):
+        """Partial rollouts on one replica (see `VLLMEngine.generate_until`); retried once on a restarted one."""
+        start = time.time()
+        try:
+            result = self.replicas[replica].generate_until(samples, sampling, groups_needed)
+        except RoleFailure as failure:
+            self.recover(replica, failure)
+            result = self.replicas[replica].generate_until(samples, sampling, groups_needed)
+        with self.lock:
+            self.spans.append((replica, start, time.time()))
+        return result
 
     def take_spans(self) -> list[tuple[int, float, float]]:
         """(replica, start, end) of every generate call since the last take (for the timeline)."""

@@ -125,3 +125,12 @@ def combine(components: list[RewardComponentConfig], per_component: list[list[Sc
         if values:
             metrics[f"reward/{component.label}"] = sum(values) / len(values)
     return combined, metrics
+
+
+def add_counts(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """Per-round reward metrics summed over DAPO rounds (counts add up; component means are the last round's)."""
+    out = dict(total)
+    for key, value in part.items():
+        counted = key in ("reward/errors", "reward/timeouts", "reward/skipped", "reward/skipped_groups")
+        out[key] = out.get(key, 0.0) + value if counted else value
+    return out

@@ -28,6 +28,31 @@ class Sampling:
         return cls(n=1, temperature=0.0, max_tokens=max_tokens, stop=tuple(stop))
 
 
+@dataclass
+class PartialSample:
+    """One response being generated in pieces (partial rollouts): the tokens so far, the log-prob and the
+    policy version of each, and how it ended (None while unfinished)."""
+
+    prompt: Prompt
+    group: int  # which group (prompt draw) it belongs to
+    group_index: int
+    seed: int | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_rollout(self) -> Rollout:
+        return Rollout(prompt=self.prompt, group_index=self.group_index, response_ids=list(self.token_ids),
+                       response_text=self.text, behaviour_logprobs=list(self.logprobs),
+                       finish_reason=self.finish_reason or "length", versions=list(self.versions))
+
+
 class RolloutEngine(Protocol):
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         """`sampling.n` rollouts per prompt, prompt-major, with behaviour log-probs of the sampling pass."""

@@ -15,7 +15,7 @@ from typing import Iterable
 
 import torch
 
-from relayrl.rollout.base import Sampling
+from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.types import Prompt, Rollout
 
 
@@ -79,6 +79,53 @@ class VLLMEngine:
                     versions=[version] * len(token_ids),
                 ))
         return rollouts
+
+    def generate_until(self, samples: list[PartialSample], sampling: Sampling, groups_needed: int) -> list[PartialSample]:
+        """Partial rollouts: advance every unfinished sample (one request each, continuing from its tokens so
+        far) until `groups_needed` groups have all their samples finished, then abort the rest. Every new
+        token is tagged with this engine's version; the unfinished samples come back to be continued later,
+        possibly under newer weights (their tokens then span versions)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        engine, live = self.llm.llm_engine, {}
+        for index, sample in enumerate(samples):
+            left = sampling.max_tokens - len(sample.token_ids)
+            if sample.finished:
+                continue
+            if left <= 0:
+                sample.finish_reason = "length"
+                continue
+            params = SamplingParams(
+                n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=left, logprobs=0,
+                stop=list(sampling.stop) or None, output_kind=RequestOutputKind.DELTA,
+                seed=None if sample.seed is None else sample.seed + 7919 * len(sample.token_ids))
+            request_id = f"p{index}"
+            engine.add_request(request_id, {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}, params)
+            live[request_id] = sample
+        groups: dict[int, list[PartialSample]] = {}
+        for sample in samples:
+            groups.setdefault(sample.group, []).append(sample)
+        done = sum(all(x.finished for x in g) for g in groups.values())
+        while live and done < groups_needed:
+            for out in engine.step():
+                sample = live.get(out.request_id)
+                if sample is None:
+                    continue
+                completion = out.outputs[0]
+                tokens = list(completion.token_ids)
+                sample.token_ids += tokens
+                sample.logprobs += [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
+                sample.versions += [self.version] * len(tokens)
+                sample.text += completion.text
+                if out.finished:
+                    sample.finish_reason = completion.finish_reason or "length"
+                    del live[out.request_id]
+                    done += all(x.finished for x in groups[sample.group])
+        if live:
+            engine.abort_request(list(live))
+        return samples
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         worker = self._worker()

@@ -7,18 +7,24 @@
 - `async`: one producer thread per engine replica generates continuously into a `RolloutBuffer`, scoring
   each chunk as soon as it finishes (streaming rewards, overlapped with the other replicas and the
   learner); the learner takes a batch per step. Staleness is bounded by `train.max_staleness`, by
-  waiting (admission control) or dropping (`train.on_stale`).
+  waiting (admission control) or dropping (`train.on_stale`). With `train.partial_rollouts` (APRIL), each
+  producer starts that factor more groups than it needs, stops the engine once enough have finished and
+  carries the unfinished responses into its next call, where they continue under the newest weights
+  (their tokens then span versions, each tagged; groups too old to be used are discarded and counted).
 Each returns `(rollouts, scores, metrics)` from `batch(step, timer)`; `published(version)` is called
 after every push and `close()` at the end of the run.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 from relayrl.errors import PlacementError
-from relayrl.rewards import score_rollouts
+from relayrl.rewards.service import add_counts
+from relayrl.rollout.base import PartialSample
+from relayrl.rollout.vllm_engine import request_seed
 from relayrl.schedules.buffer import Group, RolloutBuffer
 
 
@@ -54,8 +60,7 @@ class OneStepOff(SyncSchedule):
             rollouts = t.engine.finish(self.pending)
         self.pending = self._submit(step + 1) if step + 1 < t.config.train.steps else None
         with timer("reward"):
-            scores, errors = score_rollouts(t.reward_fn, rollouts, t.config.reward.on_error)
-        return rollouts, scores, {"reward/errors": float(errors)}
+            return t.score(rollouts)
 
     def close(self) -> None:
         if self.pending is not None:  # drain, so no call is left running in an engine
@@ -72,7 +77,9 @@ class AsyncSchedule(SyncSchedule):
         replicas = len(trainer.engine.replicas)
         self.chunk = max(1, cfg.rollout.prompts_per_step // replicas)
         self.sampler_lock = threading.Lock()
-        self.errors, self.failure = 0, None
+        self.reward_metrics: dict[str, float] = {}  # summed over the chunks scored since the last batch
+        self.failure = None
+        self.partial_states: list[PartialState] = []
         self.threads = [threading.Thread(target=self._produce, args=(i,), name=f"producer-{i}", daemon=True)
                         for i in range(replicas)]
         for thread in self.threads:
@@ -80,30 +87,68 @@ class AsyncSchedule(SyncSchedule):
 
     def _produce(self, replica: int) -> None:
         try:
-            while self._produce_chunk(replica):
+            produce = self._produce_partial if self.trainer.config.train.partial_rollouts else self._produce_chunk
+            carry = PartialState()
+            self.partial_states.append(carry)
+            while produce(replica, carry):
                 pass
         except BaseException as err:  # surfaces in the training loop's next `batch`
             self.failure = err
             self.buffer.close()
 
-    def _produce_chunk(self, replica: int) -> bool:
-        t, n = self.trainer, self.trainer.config.rollout.n
+    def _admit_chunk(self) -> list[int] | None:
         tickets = []
         for _ in range(self.chunk):
             ticket = self.buffer.admit()
             if ticket is None:
-                return False
+                return None
             tickets.append(ticket)
+        return tickets
+
+    def _produce_chunk(self, replica: int, _carry=None) -> bool:
+        t, n = self.trainer, self.trainer.config.rollout.n
+        tickets = self._admit_chunk()
+        if tickets is None:
+            return False
         with self.sampler_lock:
             prompts = t.sampler.next(len(tickets))
         version = self.buffer.version
         rollouts = t.engine.finish(t.engine.submit(prompts, t.sampling(tickets[0]), version, replicas=[replica]))
-        scores, errors = score_rollouts(t.reward_fn, rollouts, t.config.reward.on_error)  # streaming: now
-        self.errors += errors
+        self._score_and_put(rollouts, tickets, version)
+        return True
+
+    def _score_and_put(self, rollouts, tickets: list[int], version: int) -> None:
+        """Score as soon as generated (streaming), one group per ticket; a group with a skipped sample still
+        fills its ticket, empty, so the learner never waits for it."""
+        n = self.trainer.config.rollout.n
+        scores, metrics = self.trainer.rewards.score(rollouts)
+        with self.sampler_lock:
+            self.reward_metrics = add_counts(self.reward_metrics, metrics)
         for i, ticket in enumerate(tickets):
-            group = rollouts[i * n:(i + 1) * n]
+            group, group_scores = rollouts[i * n:(i + 1) * n], scores[i * n:(i + 1) * n]
+            if any(s is None for s in group_scores):
+                group, group_scores = [], []
             oldest = min((v for r in group for v in r.versions), default=version)
-            self.buffer.put(Group(group, scores[i * n:(i + 1) * n], oldest, ticket))
+            self.buffer.put(Group(group, group_scores, oldest, ticket))
+
+    def _produce_partial(self, replica: int, state: "PartialState") -> bool:
+        t, cfg = self.trainer, self.trainer.config
+        n, tickets = cfg.rollout.n, self._admit_chunk()
+        if tickets is None:
+            return False
+        state.discard_older_than(self.buffer.version - cfg.train.max_staleness)
+        wanted = math.ceil(len(tickets) * cfg.train.partial_rollouts) - state.groups_started()
+        with self.sampler_lock:
+            prompts = t.sampler.next(max(0, wanted))
+        sampling = t.sampling(tickets[0])
+        for prompt in prompts:
+            state.start(prompt, n, request_seed(sampling.seed, state.next_group, n))
+        needed = max(0, len(tickets) - len(state.ready))
+        state.running = t.engine.generate_until(replica, state.running, sampling, needed)  # a remote copy
+        state.collect()
+        rollouts = [s.to_rollout() for group in state.ready[:len(tickets)] for s in group]
+        self._score_and_put(rollouts, tickets[:len(state.ready)], self.buffer.version)
+        state.ready = state.ready[len(tickets):]
         return True
 
     def batch(self, step: int, timer):
@@ -117,8 +162,15 @@ class AsyncSchedule(SyncSchedule):
                 raise
         rollouts = [r for g in groups for r in g.rollouts]
         scores = [s for g in groups for s in g.scores]
-        errors, self.errors = self.errors, 0
-        return rollouts, scores, {"reward/errors": float(errors), **self.buffer.metrics()}
+        with self.sampler_lock:
+            reward_metrics, self.reward_metrics = self.reward_metrics, {}
+        spanning = sum(len(set(r.versions)) > 1 for r in rollouts) / max(1, len(rollouts))
+        metrics = {**reward_metrics, **self.buffer.metrics()}
+        if t.config.train.partial_rollouts:
+            metrics.update({"partial/spanning_frac": spanning,
+                            "partial/running": float(sum(len(p.running) for p in self.partial_states)),
+                            "partial/discarded_groups": float(sum(p.discarded for p in self.partial_states))})
+        return rollouts, scores, metrics
 
     def published(self, version: int) -> None:
         self.buffer.advance(version)
@@ -128,6 +180,40 @@ class AsyncSchedule(SyncSchedule):
         deadline = time.monotonic() + self.trainer.config.placement.call_timeout_s
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+
+
+class PartialState:
+    """One producer's partial rollouts: groups running (some samples unfinished) and groups finished but
+    not yet handed to the buffer."""
+
+    def __init__(self):
+        self.running: list[PartialSample] = []
+        self.ready: list[list[PartialSample]] = []
+        self.next_group = 0
+        self.discarded = 0
+
+    def start(self, prompt, n: int, seed: int | None) -> None:
+        self.running += [PartialSample(prompt=prompt, group=self.next_group, group_index=j,
+                                       seed=None if seed is None else seed + j) for j in range(n)]
+        self.next_group += 1
+
+    def groups_started(self) -> int:
+        return len({s.group for s in self.running}) + len(self.ready)
+
+    def collect(self) -> None:
+        """Move every group whose samples have all finished from `running` to `ready` (oldest group first)."""
+        groups: dict[int, list[PartialSample]] = {}
+        for sample in self.running:
+            groups.setdefault(sample.group, []).append(sample)
+        done = [g for g in sorted(groups) if all(s.finished for s in groups[g])]
+        self.ready += [groups[g] for g in done]
+        self.running = [s for s in self.running if s.group not in set(done)]
+
+    def discard_older_than(self, version: int) -> None:
+        """Drop running groups holding tokens older than `version`: they could not be trained in time."""
+        old = {s.group for s in self.running if s.versions and min(s.versions) < version}
+        self.discarded += len(old)
+        self.running = [s for s in self.running if s.group not in old]
 
 
 SCHEDULES = {"sync": SyncSchedule, "one_step_off": OneStepOff, "async": AsyncSchedule}

@@ -46,3 +46,16 @@ def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_
         assert all(r["buffer/dropped"] == 0 for r in metrics)
         scores = json.loads((run_dir / "eval.json").read_text())
         assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+
+
+def test_async_partial_rollouts_carry_responses_across_versions(tmp_path, warm_model_dir, toy_task):
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    result = run_cli("train", str(config), *RAY, "train.schedule=async", "train.max_staleness=2",
+                     "train.on_stale=drop", "train.partial_rollouts=1.5", "train.steps=6", "eval.max_prompts=16",
+                     "log.save_model=false")
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = rows(run_dir)
+    assert len(metrics) == 6 and max(r["stale/version_max"] for r in metrics) <= 2
+    assert any(r["partial/running"] > 0 for r in metrics)  # over-provisioned responses were carried
+    assert all(0 <= r["partial/spanning_frac"] <= 1 for r in metrics)

@@ -135,3 +135,45 @@ def test_learner_keeps_the_sampling_mask_so_the_on_policy_ratio_is_one(engine, r
     assert (ratio - 1).abs().max() < 1e-3
     unmasked = torch.exp(learner(1.0).logprobs(exp) - exp.behaviour_logprobs)[on]
     assert (unmasked - 1).abs().max() > 0.05  # without the mask the ratio is visibly off 1
+
+
+def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engine, hf_model, prompts):
+    """APRIL-style: stop once enough groups finish, keep the rest, continue them after a weight update; every
+    token carries the version that produced it and the behaviour log-prob of those weights."""
+    from relayrl.rollout.base import PartialSample
+
+    engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=3)
+    sampling = Sampling(n=1, temperature=1.0, max_tokens=12, seed=0)
+    samples = [PartialSample(prompt=p, group=g, group_index=0, seed=1000 * g)  # groups of one: the first
+               for g, p in enumerate(prompts * 8)]  # response to stop completes the target
+    engine.generate_until(samples, sampling, groups_needed=1)
+    groups = {}
+    for s in samples:
+        groups.setdefault(s.group, []).append(s)
+    assert sum(all(s.finished for s in g) for g in groups.values()) >= 1
+    unfinished = [s for s in samples if not s.finished]
+    assert unfinished and all(len(s.token_ids) < 12 for s in unfinished)  # stopped early, tokens kept
+    progress = {id(s): len(s.token_ids) for s in unfinished}
+
+    new_model = type(hf_model)(hf_model.config)
+    new_model.load_state_dict(hf_model.state_dict())
+    with torch.no_grad():
+        for param in new_model.parameters():
+            param.mul_(0.9)
+    engine.load_weights(((n, p.detach()) for n, p in new_model.named_parameters()), version=4)
+    engine.generate_until(samples, sampling, groups_needed=len(groups))
+    assert all(s.finished for s in samples)
+    spanning = 0
+    for s in unfinished:
+        old = progress[id(s)]
+        assert s.versions == [3] * old + [4] * (len(s.token_ids) - old)
+        assert len(s.logprobs) == len(s.token_ids) <= 12
+        rollout = s.to_rollout()
+        for model, lo, hi in ((hf_model, 0, old), (new_model.eval(), old, len(s.token_ids))):
+            if hi > lo:  # each piece's behaviour log-probs are those of the weights that sampled it
+                expected = hf_logprobs(model, s.prompt.token_ids, rollout.response_ids)[lo:hi]
+                torch.testing.assert_close(torch.tensor(rollout.behaviour_logprobs[lo:hi]), expected,
+                                           atol=1e-3, rtol=0)
+        spanning += 0 < old < len(s.token_ids)
+    assert spanning, "at least one response should span both versions"
+    engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=0)
