@@ -82,7 +82,8 @@ def _bench_sync(args) -> None:
     from relayrl.sync.bench import run, table
 
     result = run(int(args.params), args.transports.split(","), receivers=args.receivers, repeats=args.repeats,
-                 checksum=not args.no_checksum, bucket_mb=args.bucket_mb, wire_dtype=args.wire_dtype)
+                 checksum=not args.no_checksum, bucket_mb=args.bucket_mb, wire_dtype=args.wire_dtype,
+                 adopt=not args.no_adopt)
     print(table(result))
     if args.json:
         rows = [vars(r) for r in result.pop("rows")]
@@ -154,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--bucket-mb", type=float, default=64.0)
     sync.add_argument("--wire-dtype", choices=["fp32", "bf16"], default="fp32")
     sync.add_argument("--no-checksum", action="store_true", help="skip the xxh3-64 checksum per bucket")
+    sync.add_argument("--no-adopt", action="store_true", help="shm: pack a copy per push instead of keeping the "
+                      "sender's weights in shared memory")
     sync.add_argument("--json", help="also write the figures to this file")
     sync.set_defaults(fn=_bench_sync)
 

@@ -89,6 +89,9 @@ class LearnerRole(WeightSource):
             self.critic.save(Path(run_dir) / "critic")
 
     # ------------------------------------------------------------------ weights
+    def adoptable_parameters(self):
+        return self.policy.model.named_parameters()
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.policy.named_weights()
 

@@ -20,31 +20,36 @@ from relayrl.config import SyncConfig
 from relayrl.sync.endpoints import WeightSink, WeightSource
 
 
-def synthetic_shapes(params: int, hidden: int = 768, vocab: int = 32_000) -> list[tuple[str, tuple[int, ...]]]:
-    """Layers of a Qwen-like model at `hidden` (attention biases included: real models carry many small
-    tensors, which is what bucketing is for), as many as bring the total to about `params`."""
-    mlp = hidden * 8 // 3
-    per_layer = 4 * hidden * hidden + 3 * hidden * mlp + 5 * hidden
-    layers = max(1, round((params - vocab * hidden) / per_layer))
+def synthetic_shapes(params: int) -> list[tuple[str, tuple[int, ...]]]:
+    """SmolLM-135M's tensor shapes (hidden 576, grouped-query k/v of 192, MLP 1536, vocab 49152, untied
+    head), with as many layers as bring the total to about `params`: a real model's mix of large matrices
+    and many small norms, which is what bucketing is for."""
+    hidden, kv, mlp, vocab = 576, 192, 1536, 49_152
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
+    layers = max(1, round((params - 2 * vocab * hidden) / per_layer))
     shapes = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes += [(p + f"self_attn.{n}_proj.weight", (hidden, hidden)) for n in "qkvo"]
-        shapes += [(p + f"self_attn.{n}_proj.bias", (hidden,)) for n in "qkv"]
-        shapes += [(p + "mlp.gate_proj.weight", (mlp, hidden)), (p + "mlp.up_proj.weight", (mlp, hidden)),
+        shapes += [(p + "self_attn.q_proj.weight", (hidden, hidden)), (p + "self_attn.k_proj.weight", (kv, hidden)),
+                   (p + "self_attn.v_proj.weight", (kv, hidden)), (p + "self_attn.o_proj.weight", (hidden, hidden)),
+                   (p + "mlp.gate_proj.weight", (mlp, hidden)), (p + "mlp.up_proj.weight", (mlp, hidden)),
                    (p + "mlp.down_proj.weight", (hidden, mlp)),
                    (p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
-    return shapes + [("model.norm.weight", (hidden,))]
+    return shapes + [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
 
 
 class SyntheticSource(WeightSource):
-    def __init__(self, shapes, seed: int = 0):
+    def __init__(self, shapes, seed: int = 0, adopt: bool = True):
         torch.set_num_threads(1)
+        self.adopt = adopt
         g = torch.Generator().manual_seed(seed)
         self.weights = [(name, torch.randn(shape, generator=g)) for name, shape in shapes]
 
     def named_weights(self):
         return iter(self.weights)
+
+    def adoptable_parameters(self):
+        return iter(self.weights) if self.adopt else None
 
     def memcpy_gbps(self, repeats: int = 5) -> float:
         """The ceiling: one copy of the model's bytes between two buffers in this process."""
@@ -90,7 +95,7 @@ class Row:
 
 
 def run(params: int, transports: list[str], receivers: int = 1, repeats: int = 3, checksum: bool = True,
-        bucket_mb: float = 64.0, wire_dtype: str = "fp32", timeout_s: float = 300.0) -> dict:
+        bucket_mb: float = 64.0, wire_dtype: str = "fp32", timeout_s: float = 300.0, adopt: bool = True) -> dict:
     import ray
 
     from relayrl.placement.roles import RemoteRole
@@ -99,7 +104,7 @@ def run(params: int, transports: list[str], receivers: int = 1, repeats: int = 3
     if not ray.is_initialized():
         ray.init(num_cpus=max(2, receivers + 1), include_dashboard=False, log_to_driver=False)
     shapes = synthetic_shapes(params)
-    source_actor = ray.remote(num_cpus=0)(SyntheticSource).remote(shapes)
+    source_actor = ray.remote(num_cpus=0)(SyntheticSource).remote(shapes, adopt=adopt)
     sink_actors = [ray.remote(num_cpus=0)(CopyingSink).remote(shapes) for _ in range(receivers)]
     source = RemoteRole(source_actor, "sender", timeout_s)
     sinks = [RemoteRole(a, f"receiver {i}", timeout_s) for i, a in enumerate(sink_actors)]
@@ -132,7 +137,7 @@ def run(params: int, transports: list[str], receivers: int = 1, repeats: int = 3
         ray.kill(actor)
     return {"params": sum(_numel(s) for _, s in shapes), "tensors": len(shapes), "bytes": nbytes,
             "receivers": receivers, "memcpy_gbps": memcpy, "predicted_s": nbytes * receivers / (memcpy * 1e9),
-            "checksum": checksum, "rows": rows}
+            "checksum": checksum, "adopt": adopt, "rows": rows}
 
 
 def _numel(shape) -> int:
@@ -154,7 +159,8 @@ def _no_recovery(index, failure):
 def table(result: dict) -> str:
     gb = result["bytes"] / 1e9
     lines = [f"model: {result['params'] / 1e6:.0f}M parameters in {result['tensors']} tensors, {gb:.2f} GB on the wire, "
-             f"{result['receivers']} receiver(s), checksums {'on' if result['checksum'] else 'off'}",
+             f"{result['receivers']} receiver(s), checksums {'on' if result['checksum'] else 'off'}, "
+             f"shm {'zero-copy (weights live in shared memory)' if result['adopt'] else 'packs a copy per push'}",
              f"memcpy ceiling (same run): {result['memcpy_gbps']:.2f} GB/s; predicted P*b*r/BW = "
              f"{result['predicted_s']:.3f} s",
              "", f"{'transport':<13} {'bucketing':<11} {'buckets':>7} {'seconds':>8} {'GB/s':>6} {'of memcpy':>9} {'vs per-tensor':>13}"]

@@ -91,7 +91,9 @@ def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], layout: Layout, buck
         if slot is None or tuple(tensor.shape) != slot.shape:
             raise SyncError(f"weight {name} {tuple(tensor.shape)} is not in the sync layout "
                             f"(expected {slot.shape if slot else 'no such name'}); the model changed shape")
-        buckets[slot.bucket][slot.offset: slot.offset + slot.numel].view(slot.shape).copy_(tensor)
+        target = buckets[slot.bucket][slot.offset: slot.offset + slot.numel]
+        if target.data_ptr() != tensor.data_ptr():  # an adopted parameter already lives in its slot
+            target.view(slot.shape).copy_(tensor)
         seen += 1
     if seen != len(slots):
         raise SyncError(f"the learner sent {seen} weights; the sync layout has {len(slots)}")

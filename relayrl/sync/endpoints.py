@@ -29,9 +29,16 @@ class WeightSource:
     def join_sync_group(self, address: str, port: int, world: int, timeout_s: float) -> None:
         self.sync_group = join_group(address, port, 0, world, timeout_s)
 
-    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str) -> None:
+    def adoptable_parameters(self):
+        """Named parameters the shm transport may move into shared memory (None: copy on every push)."""
+        return None
+
+    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str) -> int:
+        """Returns how many parameters now live in shared memory (shm transport; 0 otherwise)."""
         self.close_sender()
         self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None)
+        params = self.adoptable_parameters()
+        return self.sender.adopt(params) if params is not None and hasattr(self.sender, "adopt") else 0
 
     def send_weights(self, version: int) -> Manifest:
         return self.sender.send(self.named_weights(), version)

@@ -43,7 +43,7 @@ class RaySync:
                      for i, r in enumerate(replicas)]
             for role, ref in zip([learner, *replicas], refs):
                 role.wait(ref, "joining the weight-sync group", o.timeout_s)
-        learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory)
+        self.adopted = learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory)
         self.layout = layout
         for replica in replicas:
             replica.open_receiver(self.transport, layout, o.checksum, o.timeout_s)

@@ -95,9 +95,27 @@ def _shm_buckets(prefix: str, layout: Layout) -> list[torch.Tensor]:
 
 
 class ShmSender(Sender):
+    """With `adopt`, the learner's parameters are moved into the shared segments (their `.data` becomes a
+    view of a bucket), so the optimizer writes the next weights straight into shared memory and a push
+    copies nothing on this side: it only checksums. The engines then copy once, from shared memory into
+    their own parameters. Without it (or with a bf16 wire), each push packs a copy first."""
+
     def _allocate(self) -> list[torch.Tensor]:
         self.prefix = f"/dev/shm/relayrl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         return _shm_buckets(self.prefix, self.layout)
+
+    def adopt(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]]) -> int:
+        """Re-home every parameter whose dtype is the wire dtype into its slot; returns how many moved."""
+        slots, moved = {s.name: s for s in self.layout.slots}, 0
+        for name, param in named_parameters:
+            slot = slots.get(name)
+            if slot is None or param.dtype != self.layout.dtype or param.device.type != "cpu":
+                continue
+            view = self.buckets[slot.bucket][slot.offset: slot.offset + slot.numel].view(slot.shape)
+            view.copy_(param.data)
+            param.data = view
+            moved += 1
+        return moved
 
     def _publish(self, version: int) -> str:
         return self.prefix

@@ -105,3 +105,21 @@ def test_checksum_changes_with_one_bit():
     before = checksum(t)
     t.view(torch.int32)[500] ^= 1
     assert checksum(t) != before
+
+
+def test_adopted_parameters_live_in_shared_memory_and_push_without_a_copy():
+    params = [(name, torch.nn.Parameter(t.clone())) for name, t in weights()]
+    layout = layout_of(params, bucket_mb=1, wire_dtype="fp32")
+    sender = make_sender("shm", layout)
+    receiver = make_receiver("shm", layout)
+    try:
+        assert sender.adopt(params) == len(params)
+        slot = layout.slots[1]
+        assert params[1][1].data_ptr() == sender.buckets[slot.bucket][slot.offset:].data_ptr()
+        with torch.no_grad():
+            params[1][1].add_(1.0)  # an optimizer step writes straight into the segment
+        got = dict(receiver.receive(sender.send(params, 1)))
+        for name, param in params:
+            assert torch.equal(got[name], param.detach())
+    finally:
+        sender.close()

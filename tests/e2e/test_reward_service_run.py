@@ -1,0 +1,47 @@
+"""The reward service inside a training run: a reward that hangs costs its timeout, never the run."""
+
+import json
+import time
+
+import pytest
+
+from tests.e2e.test_grpo_learns import run_cli, write_config
+
+pytestmark = pytest.mark.slow
+
+HANGING_REWARD = '''
+import os, time
+from relayrl.rewards.verifiers import exact_match
+
+def reward(prompts, completions, **columns):
+    if os.environ["RELAYRL_TEST_HANG_ON"] in prompts:  # a wedged verifier, on one prompt's samples
+        time.sleep(3600)
+    return exact_match(prompts, completions, **columns)
+'''
+
+
+def first_training_prompt(model_dir, train_file) -> str:
+    from relayrl.data.source import PromptSampler, load_prompts
+    from relayrl.models.loading import load_tokenizer
+
+    prompts, _ = load_prompts(train_file, load_tokenizer(str(model_dir)), 16)
+    return PromptSampler(prompts, seed=0, shuffle=True).next(1)[0].text
+
+
+def test_a_hanging_reward_costs_its_timeout_not_the_run(tmp_path, warm_model_dir, toy_task, monkeypatch):
+    (tmp_path / "hang.py").write_text(HANGING_REWARD)
+    monkeypatch.setenv("RELAYRL_TEST_HANG_ON", first_training_prompt(warm_model_dir, toy_task["train"]))
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    start = time.time()
+    result = run_cli("train", str(config), f"reward.fn={tmp_path / 'hang.py'}:reward", "reward.workers=2",
+                     "reward.timeout_s=3", "reward.batch_size=8", "reward.on_error=zero", "train.steps=3",
+                     "eval.max_prompts=16", "log.save_model=false", "log.progress=false",
+                     "rollout.prompts_per_step=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.time() - start < 240  # start-up, evals, and 8 x 3 s + 8 x 3 s for the hung group
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    # its batch (one group of 8, deadline 8 x 3 s) timed out, then each sample alone: only those 8 paid
+    assert rows[0]["reward/timeouts"] == 8 and sum(r["reward/timeouts"] for r in rows) == 8
+    assert all(r["reward/mean"] > 0 for r in rows)  # the others were scored for real
