@@ -15,7 +15,7 @@ and the median longest response of the run's batches (`--prompt-tokens`, `--resp
 takes from the data or a previous run). Timings on a shared 2-core machine swing 10-20x under load: the
 busiest other processes are printed before and after; rerun on a quiet machine.
 
-Run: .venv/bin/python benchmarks/planner_validation.py [--steps 12] [--out runs/planner_validation]
+Run: .venv/bin/python benchmarks/planner_validation.py [--steps 10] [--out runs/planner_validation]
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ CASES = {
 }
 
 
-def background_load(seconds: float = 1.0, top: int = 4) -> str:
-    """Machine CPU % over `seconds` and the busiest processes other than this one and its children."""
+def background_load(seconds: float = 1.0, top: int = 4) -> tuple[str, float]:
+    """Machine CPU % over `seconds` and the busiest processes other than this one and its children, as text,
+    and the CPU % (of one core) those other processes used together."""
     import psutil
 
     mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
@@ -56,10 +57,11 @@ def background_load(seconds: float = 1.0, top: int = 4) -> str:
             busy.append((proc.cpu_percent(None), proc.pid, " ".join(proc.info["cmdline"] or [proc.info["name"]])))
         except psutil.Error:
             pass
+    others = sum(cpu for cpu, _, _ in busy)
     busy = sorted(busy, reverse=True)[:top]
-    lines = [f"machine CPU {total:.0f}% of {psutil.cpu_count()} cores; busiest others:"]
+    lines = [f"machine CPU {total:.0f}% of {psutil.cpu_count()} cores; others {others:.0f}% of a core; busiest:"]
     lines += [f"  {cpu:5.0f}%  pid {pid}  {cmd[:100]}" for cpu, pid, cmd in busy if cpu >= 1] or ["  none"]
-    return "\n".join(lines)
+    return "\n".join(lines), others
 
 
 def wait_for_quiet(threshold: float = 15.0, timeout_s: float = 600.0) -> float:
@@ -118,25 +120,36 @@ def predict(config_path: Path, overrides: list[str], model_dir: Path, prompt: fl
                      longest_prompt_tokens=prompt, longest_response_tokens=response, measure=True)
 
 
-def run_case(name: str, root: Path, steps: int) -> dict:
-    config_path = Path(str(resources.files("relayrl") / "configs" / "demo.yaml"))
-    model_dir, paths = build_case(name, root)
-    run_dir = root / name / "run"
-    overrides = overrides_for(name, model_dir, paths, run_dir, steps)
+def train_case(config_path: Path, overrides: list[str]) -> dict:
+    """One training run in its own process, with the machine's load sampled before and after."""
     waited = wait_for_quiet()
-    load_before = background_load()
+    load_before, others_before = background_load()
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(config_path), *overrides], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     train_s = time.perf_counter() - start
-    load_after = background_load()
-    waited += wait_for_quiet()
+    load_after, others_after = background_load()
+    return dict(train_s=train_s, load_before_training=load_before, load_after_training=load_after,
+                waited_for_quiet_s=waited, others_cpu_pct=max(others_before, others_after))
+
+
+def run_case(name: str, root: Path, steps: int, previous: dict | None) -> dict:
+    """Train (or, with `previous`, reuse that run and its load record) and predict with --measure."""
+    config_path = Path(str(resources.files("relayrl") / "configs" / "demo.yaml"))
+    model_dir, paths = build_case(name, root)
+    run_dir = root / name / "run"
+    overrides = overrides_for(name, model_dir, paths, run_dir, steps)
+    training = train_case(config_path, overrides) if previous is None else {
+        key: previous[key] for key in ("train_s", "load_before_training", "load_after_training",
+                                       "waited_for_quiet_s", "others_cpu_pct")}
+    wait_for_quiet()
     measured = measured_medians(run_dir)
     prompt = longest_prompt(model_dir, paths["train"])
     plan = predict(config_path, overrides, model_dir, prompt, measured["response/length_max"])
+    load_measuring, others_measuring = background_load()
     t = plan.time
-    return dict(case=name, params=plan.shape.params, train_s=train_s, longest_prompt=prompt, **measured,
-                load_before_training=load_before, load_after_training=load_after, waited_for_quiet_s=waited,
+    return dict(case=name, params=plan.shape.params, longest_prompt=prompt, **measured, **training,
+                load_after_measuring=load_measuring, others_cpu_pct_measuring=others_measuring,
                 steps=[{k: row[k] for k in ("time/generate", "time/update")} for row in read_rows(run_dir)],
                 predicted={"generate": t.generate, "prefill": t.prefill, "decode": t.decode,
                            "engine_fixed": t.engine_overhead, "update": t.update_phase, "update_flops": t.update,
@@ -149,7 +162,8 @@ def run_case(name: str, root: Path, steps: int) -> dict:
 def print_table(results: list[dict]) -> None:
     for r in results:
         print(f"\n{r['case']}: waited {r['waited_for_quiet_s']:.0f}s for a quiet machine; load before training: "
-              f"{r['load_before_training']}\n{r['case']}: load after training: {r['load_after_training']}")
+              f"{r['load_before_training']}\n{r['case']}: load after training: {r['load_after_training']}\n"
+              f"{r['case']}: load after measuring: {r['load_after_measuring']}")
         print(f"{r['case']}: per step generate " + " ".join(f"{s['time/generate']:.3f}" for s in r["steps"])
               + "; update " + " ".join(f"{s['time/update']:.3f}" for s in r["steps"]))
     print(f"\n{'case':6} {'params':>8} {'phase':9} {'predicted':>10} {'measured':>10} {'pred/meas':>9}  predicted parts")
@@ -159,8 +173,11 @@ def print_table(results: list[dict]) -> None:
                  "update": f"FLOPs {p['update_flops']:.3f} + optimizer {p['optimizer']:.3f}"}
         for phase in ("generate", "update"):
             measured = r[f"time/{phase}"]
+            loaded = "  LOADED: others used {:.0f}% of a core".format(r["others_cpu_pct"]) if r["others_cpu_pct"] > 20 else ""
+            if r["others_cpu_pct_measuring"] > 20:
+                loaded += "  LOADED while measuring: {:.0f}%".format(r["others_cpu_pct_measuring"])
             print(f"{r['case']:6} {r['params'] / 1e6:7.2f}M {phase:9} {p[phase]:9.3f}s {measured:9.3f}s "
-                  f"{p[phase] / measured:8.2f}x  {parts[phase]}")
+                  f"{p[phase] / measured:8.2f}x  {parts[phase]}{loaded}")
     for r in results:
         e = r["rates"]["engine"]
         print(f"{r['case']}: update rate {r['rates']['update_gflops']:.1f} GFLOP/s, decode rate "
@@ -173,14 +190,18 @@ def print_table(results: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default="runs/planner_validation")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--predict-only", action="store_true", help="reuse the runs of the last results.json "
+                        "(e.g. when the machine was busy while measuring, not while training)")
     args = parser.parse_args()
     root = Path(args.out)
-    print("background load before:\n" + background_load())
-    results = [run_case(name, root, args.steps) for name in args.cases]
-    after = background_load()
+    previous = {r["case"]: r for r in json.loads((root / "results.json").read_text())} if args.predict_only else {}
+    print("background load before:\n" + background_load()[0])
+    results = [run_case(name, root, args.steps, previous.get(name) if args.predict_only else None)
+               for name in args.cases]
+    after = background_load()[0]
     print_table(results)
     print("background load after:\n" + after)
     (root / "results.json").write_text(json.dumps(results, indent=2))

@@ -61,7 +61,7 @@ def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
             (h, shape.vocab, 1)]
 
 
-def measure_matmul_rates(shape: ModelShape, update_rows: int, decode_rows: int, repeats: int = 3) -> MatmulRates:
+def measure_matmul_rates(shape: ModelShape, update_rows: int, decode_rows: int, repeats: int = 5) -> MatmulRates:
     warm_up()
     return MatmulRates(update=_rate(shape, update_rows, backward=True, repeats=repeats),
                        forward=_rate(shape, update_rows, backward=False, repeats=repeats),
