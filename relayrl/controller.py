@@ -243,11 +243,11 @@ def build_trainer(config: Config) -> Trainer:
         eval_prompts = eval_prompts[: config.eval.max_prompts or None]
         data_metrics.update({"data/eval_prompts_dropped": eval_stats.dropped,
                              "data/eval_prompts_truncated": eval_stats.truncated})
-    rewards = build_reward_service(config.reward)
     max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
     check_context(config, max_len)
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     engine, learner, sync, close = build_roles(config, max_len, probe_ids)
+    rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
     trainer = Trainer(
         config=config, engine=engine, learner=learner, sync=sync, rewards=rewards,

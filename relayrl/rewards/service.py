@@ -2,8 +2,8 @@
 
 `build_reward_service(config.reward)` picks the backend once:
 - `workers: 0`: in the calling process (the default; no timeouts, a hanging reward hangs the caller).
-- `workers: N`: N worker processes (pool.py), batches of `batch_size`, a deadline of `timeout_s` per
-  sample. A batch that times out or kills its worker is retried one sample at a time, so only the
+- `workers: N`: N worker processes (pool.py; Ray actors under placement.mode=ray, ray_pool.py), batches
+  of `batch_size`, a deadline of `timeout_s` per sample. A batch that times out or kills its worker is retried one sample at a time, so only the
   guilty sample pays; that sample is then handled per `on_error`.
 
 `on_error` covers a reward that raises, returns a non-number, times out or kills its worker: `error`
@@ -13,7 +13,7 @@ reward/<name> (mean of each component over the samples it scored).
 
 Several components combine as reward = sum of weight * component; the Score's parts are the components
 (and a component's own named parts as `<name>.<part>`). A single component keeps its Score as is.
-Left out: a Ray-actor backend; overlapping scoring with generation is the caller's schedule.
+Overlapping scoring with generation is the schedule's job (the async schedule scores each chunk as it lands).
 """
 
 from __future__ import annotations
@@ -34,9 +34,14 @@ class RewardService(Protocol):
     def close(self) -> None: ...
 
 
-def build_reward_service(config: RewardConfig) -> RewardService:
+def build_reward_service(config: RewardConfig, on_ray: bool = False) -> RewardService:
+    """In-process, worker processes, or (`on_ray`, under placement.mode=ray) Ray actors as workers."""
     if config.workers == 0:
         return InProcessRewards(config)
+    if on_ray:
+        from relayrl.rewards.ray_pool import RayWorkerPool
+
+        return WorkerRewards(config, RayWorkerPool)
     return WorkerRewards(config)
 
 
@@ -65,11 +70,11 @@ class InProcessRewards:
 
 
 class WorkerRewards(InProcessRewards):
-    def __init__(self, config: RewardConfig):
+    def __init__(self, config: RewardConfig, pool_class=WorkerPool):
         self.components = config.resolved_components()
         self.on_error = config.on_error
         self.batch_size = config.batch_size
-        self.pool = WorkerPool(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
+        self.pool = pool_class(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
                                config.timeout_s)
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:

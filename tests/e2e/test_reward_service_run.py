@@ -28,7 +28,8 @@ def first_training_prompt(model_dir, train_file) -> str:
     return PromptSampler(prompts, seed=0, shuffle=True).next(1)[0].text
 
 
-def test_a_hanging_reward_costs_its_timeout_not_the_run(tmp_path, warm_model_dir, toy_task, monkeypatch):
+@pytest.mark.parametrize("placement", ["local", "ray"])  # worker processes, or Ray actors as workers
+def test_a_hanging_reward_costs_its_timeout_not_the_run(tmp_path, warm_model_dir, toy_task, monkeypatch, placement):
     (tmp_path / "hang.py").write_text(HANGING_REWARD)
     monkeypatch.setenv("RELAYRL_TEST_HANG_ON", first_training_prompt(warm_model_dir, toy_task["train"]))
     run_dir = tmp_path / "run"
@@ -37,7 +38,7 @@ def test_a_hanging_reward_costs_its_timeout_not_the_run(tmp_path, warm_model_dir
     result = run_cli("train", str(config), f"reward.fn={tmp_path / 'hang.py'}:reward", "reward.workers=2",
                      "reward.timeout_s=3", "reward.batch_size=8", "reward.on_error=zero", "train.steps=3",
                      "eval.max_prompts=16", "log.save_model=false", "log.progress=false",
-                     "rollout.prompts_per_step=8")
+                     "rollout.prompts_per_step=8", f"placement.mode={placement}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert time.time() - start < 240  # start-up, evals, and 8 x 3 s + 8 x 3 s for the hung group
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
