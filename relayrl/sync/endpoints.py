@@ -40,8 +40,8 @@ class WeightSource:
         params = self.adoptable_parameters()
         return self.sender.adopt(params) if params is not None and hasattr(self.sender, "adopt") else 0
 
-    def send_weights(self, version: int) -> Manifest:
-        return self.sender.send(self.named_weights(), version)
+    def send_weights(self, version: int, only: list[int] | None = None) -> Manifest:
+        return self.sender.send(self.named_weights(), version, only)
 
     def close_sender(self) -> None:
         if self.sender is not None:

@@ -81,3 +81,25 @@ class RaySync:
             self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
         return version
 
+    def push_in_calls(self, learner, engines, version: int | None = None) -> int:
+        """The same weights in one send/receive call pair per bucket (with `bucket_mb=0`, per tensor): the
+        protocol of a per-parameter weight update, which `relayrl bench sync` compares a push against."""
+        version = self.version + 1 if version is None else version
+        timeout, replicas = self.options.timeout_s, engines.replicas
+        start = time.perf_counter()
+        for bucket in range(len(self.layout.bucket_sizes)):
+            if self.transport == "broadcast":
+                sent = learner.submit("send_weights", version, [bucket])
+                refs = [r.submit("receive_weights", Manifest(version, None, buckets=[bucket])) for r in replicas]
+                learner.wait(sent, "sending weights", timeout)
+            else:
+                manifest = learner.wait(learner.submit("send_weights", version, [bucket]), "sending weights", timeout)
+                refs = [r.submit("receive_weights", manifest) for r in replicas]
+            for replica, ref in zip(replicas, refs):
+                replica.wait(ref, "receiving weights", timeout)
+        seconds = time.perf_counter() - start
+        self.version = version
+        self.last = {"sync/bytes": float(self.layout.nbytes), "sync/gbps": self.layout.nbytes / seconds / 1e9,
+                     "sync/version": float(version)}
+        return version
+

@@ -20,7 +20,7 @@ import os
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -35,11 +35,11 @@ TRANSPORTS = ("shm", "disk", "object_store", "broadcast")
 @dataclass
 class Manifest:
     version: int
-    checksums: list[int] | None
+    checksums: list[int] | None  # one per bucket in `buckets`
     handle: Any = None
     nbytes: int = 0
     send_seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
+    buckets: list[int] | None = None  # the buckets this push carries (None: all of them)
 
 
 class Sender:
@@ -53,14 +53,19 @@ class Sender:
     def _allocate(self) -> list[torch.Tensor]:
         return self.layout.empty_buckets()
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> Manifest:
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
+             only: list[int] | None = None) -> Manifest:
+        """Publish every bucket, or only the buckets `only` (one call per bucket or tensor: the protocol a
+        benchmark compares a single push against); `named_tensors` must cover what is sent."""
         start = time.perf_counter()
-        pack(named_tensors, self.layout, self.buckets)
-        sums = [checksum(b) for b in self.buckets] if self.verify_checksums else None
-        handle = self._publish(version)
-        return Manifest(version, sums, handle, self.layout.nbytes, time.perf_counter() - start)
+        chosen = list(range(len(self.buckets))) if only is None else only
+        pack(named_tensors, self.layout, self.buckets, None if only is None else set(only))
+        sums = [checksum(self.buckets[i]) for i in chosen] if self.verify_checksums else None
+        handle = self._publish(version, chosen)
+        nbytes = sum(self.layout.bucket_sizes[i] for i in chosen) * self.layout.dtype.itemsize
+        return Manifest(version, sums, handle, nbytes, time.perf_counter() - start, only)
 
-    def _publish(self, version: int) -> Any:
+    def _publish(self, version: int, chosen: list[int]) -> Any:
         return None
 
     def close(self) -> None:
@@ -74,12 +79,14 @@ class Receiver:
         self.layout = layout
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
-        buckets = self._fetch(manifest)
+        chosen = list(range(len(self.layout.bucket_sizes))) if manifest.buckets is None else manifest.buckets
+        fetched = self._fetch(manifest, chosen)
         if manifest.checksums is not None:
-            verify(self.layout, buckets, manifest.checksums, manifest.version)
-        return unpack(self.layout, buckets)
+            verify(self.layout, fetched, manifest.checksums, manifest.version, chosen)
+        return unpack(self.layout, fetched, chosen)
 
-    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+    def _fetch(self, manifest: Manifest, chosen: list[int]) -> list[torch.Tensor]:
+        """The buckets `chosen`, in that order."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -117,7 +124,7 @@ class ShmSender(Sender):
             moved += 1
         return moved
 
-    def _publish(self, version: int) -> str:
+    def _publish(self, version: int, chosen: list[int]) -> str:
         return self.prefix
 
     def close(self) -> None:
@@ -130,14 +137,14 @@ class ShmReceiver(Receiver):
         super().__init__(layout)
         self.prefix, self.buckets = None, []
 
-    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+    def _fetch(self, manifest: Manifest, chosen: list[int]) -> list[torch.Tensor]:
         if manifest.handle != self.prefix:  # attach once; the segments are reused every step
             missing = [i for i in range(len(self.layout.bucket_sizes)) if not Path(f"{manifest.handle}-{i}").exists()]
             if missing:
                 raise SyncError(f"shared-memory segment {manifest.handle}-{missing[0]} does not exist "
                                 "(the sender closed it, or it runs on another machine: use sync.transport=broadcast)")
             self.prefix, self.buckets = manifest.handle, _shm_buckets(manifest.handle, self.layout)
-        return self.buckets
+        return [self.buckets[i] for i in chosen]
 
 
 # ---------------------------------------------------------------------------- disk
@@ -150,11 +157,11 @@ class DiskSender(Sender):
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "weights.safetensors"
 
-    def _publish(self, version: int) -> str:
+    def _publish(self, version: int, chosen: list[int]) -> str:
         from safetensors.torch import save_file
 
         tmp = self.path.with_suffix(".tmp")
-        save_file({f"bucket_{i}": b for i, b in enumerate(self.buckets)}, str(tmp), metadata={"version": str(version)})
+        save_file({f"bucket_{i}": self.buckets[i] for i in chosen}, str(tmp), metadata={"version": str(version)})
         os.replace(tmp, self.path)
         return str(self.path)
 
@@ -163,7 +170,7 @@ class DiskSender(Sender):
 
 
 class DiskReceiver(Receiver):
-    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+    def _fetch(self, manifest: Manifest, chosen: list[int]) -> list[torch.Tensor]:
         from safetensors import safe_open
 
         with safe_open(manifest.handle, framework="pt") as f:
@@ -171,18 +178,18 @@ class DiskReceiver(Receiver):
             if found != str(manifest.version):
                 raise SyncError(f"{manifest.handle} holds policy version {found}, expected {manifest.version} "
                                 "(two runs share the sync directory?)")
-            return [f.get_tensor(f"bucket_{i}") for i in range(len(self.layout.bucket_sizes))]
+            return [f.get_tensor(f"bucket_{i}") for i in chosen]
 
 
 # ---------------------------------------------------------------------------- Ray object store
 
 
 class ObjectStoreSender(Sender):
-    def _publish(self, version: int) -> list:
+    def _publish(self, version: int, chosen: list[int]) -> list:
         import ray
 
-        self.refs = [ray.put(b.numpy() if b.dtype != torch.bfloat16 else b.view(torch.int16).numpy())
-                     for b in self.buckets]  # numpy has no bfloat16: ship its bits
+        self.refs = [ray.put(self.buckets[i].numpy() if self.layout.dtype != torch.bfloat16
+                             else self.buckets[i].view(torch.int16).numpy()) for i in chosen]  # numpy has no bf16
         return self.refs
 
 
@@ -191,7 +198,7 @@ class ObjectStoreReceiver(Receiver):
         super().__init__(layout)
         self.timeout_s = timeout_s
 
-    def _fetch(self, manifest: Manifest) -> list[torch.Tensor]:
+    def _fetch(self, manifest: Manifest, chosen: list[int]) -> list[torch.Tensor]:
         import ray
 
         arrays = ray.get(manifest.handle, timeout=self.timeout_s)
@@ -224,11 +231,11 @@ class BroadcastSender(Sender):
         super().__init__(layout, verify_checksums)
         self.group, self.timeout_s = group, timeout_s
 
-    def _publish(self, version: int) -> None:
-        header = torch.tensor([version] + ([checksum(b) for b in self.buckets] if self.verify_checksums else []),
-                              dtype=torch.int64)
+    def _publish(self, version: int, chosen: list[int]) -> None:
+        sums = [checksum(self.buckets[i]) for i in chosen] if self.verify_checksums else []
+        header = torch.tensor([version] + sums, dtype=torch.int64)
         _broadcast(self.group, header, self.timeout_s)
-        for bucket in self.buckets:
+        for bucket in (self.buckets[i] for i in chosen):
             _broadcast(self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket,
                        self.timeout_s)
 
@@ -240,17 +247,19 @@ class BroadcastReceiver(Receiver):
         self.buckets = layout.empty_buckets()
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
-        header = torch.zeros(1 + (len(self.buckets) if self.verify_checksums else 0), dtype=torch.int64)
+        chosen = list(range(len(self.buckets))) if manifest.buckets is None else manifest.buckets
+        header = torch.zeros(1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64)
         _broadcast(self.group, header, self.timeout_s)
-        for bucket in self.buckets:
+        for bucket in (self.buckets[i] for i in chosen):
             _broadcast(self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket,
                        self.timeout_s)
         version = int(header[0])
         if version != manifest.version:
             raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")
+        fetched = [self.buckets[i] for i in chosen]
         if self.verify_checksums:
-            verify(self.layout, self.buckets, [int(x) for x in header[1:]], version)
-        return unpack(self.layout, self.buckets)
+            verify(self.layout, fetched, [int(x) for x in header[1:]], version, chosen)
+        return unpack(self.layout, fetched, chosen)
 
 
 def make_sender(kind: str, layout: Layout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0,

@@ -123,3 +123,23 @@ def test_adopted_parameters_live_in_shared_memory_and_push_without_a_copy():
             assert torch.equal(got[name], param.detach())
     finally:
         sender.close()
+
+
+@pytest.mark.parametrize("kind", ["shm", "disk"])
+def test_one_bucket_per_call_delivers_just_that_bucket(kind, tmp_path):
+    layout = layout_of(weights(), bucket_mb=0, wire_dtype="fp32")  # one bucket per tensor
+    sender = make_sender(kind, layout, directory=str(tmp_path))
+    receiver = make_receiver(kind, layout)
+    try:
+        named = weights(seed=3)
+        manifest = sender.send(named, 5, only=[2])
+        assert manifest.buckets == [2] and len(manifest.checksums) == 1
+        assert manifest.nbytes == named[2][1].numel() * 4
+        got = dict(receiver.receive(manifest))
+        assert list(got) == ["layer.0.b"] and torch.equal(got["layer.0.b"], named[2][1])
+        if kind == "shm":
+            sender.buckets[2][0] += 1.0
+            with pytest.raises(SyncError, match="bucket 2 of policy version 5"):
+                receiver.receive(manifest)
+    finally:
+        sender.close()
