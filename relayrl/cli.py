@@ -1,4 +1,4 @@
-"""`relayrl train|eval|sft|demo|config|report|plan`: thin entry points. Heavy modules are imported only by the command run.
+"""`relayrl train|eval|sft|demo|config|report|plan|bench`: thin entry points. Heavy modules are imported only by the command run.
 
 A user mistake (`RelayError`) prints one line naming the file/row/key/sample and exits with status 2.
 """
@@ -6,9 +6,9 @@ A user mistake (`RelayError`) prints one line naming the file/row/key/sample and
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 import json
 import sys
+from pathlib import Path
 
 
 def _train(args) -> None:
@@ -77,8 +77,6 @@ def _plan(args) -> None:
 
 
 def _bench_sync(args) -> None:
-    import json
-
     from relayrl.sync.bench import run, table
 
     result = run(int(args.params), args.transports.split(","), receivers=args.receivers, repeats=args.repeats,
@@ -88,6 +86,23 @@ def _bench_sync(args) -> None:
     if args.json:
         rows = [vars(r) for r in result.pop("rows")]
         Path(args.json).write_text(json.dumps({**result, "rows": rows}, indent=1) + "\n")
+
+
+def _add_bench(commands) -> None:
+    bench = commands.add_parser("bench", help="benchmarks: `bench sync` times each weight transport")
+    targets = bench.add_subparsers(dest="target", required=True)
+    sync = targets.add_parser("sync", help="seconds and GB/s per transport, bucketed vs per-tensor, vs memcpy")
+    sync.add_argument("--params", type=float, default=1e8, help="model size in parameters (default 1e8)")
+    sync.add_argument("--transports", default="shm,broadcast,object_store,disk")
+    sync.add_argument("--receivers", type=int, default=1, help="engines receiving each push (r)")
+    sync.add_argument("--repeats", type=int, default=3)
+    sync.add_argument("--bucket-mb", type=float, default=64.0)
+    sync.add_argument("--wire-dtype", choices=["fp32", "bf16"], default="fp32")
+    sync.add_argument("--no-checksum", action="store_true", help="skip the xxh3-64 checksum per bucket")
+    sync.add_argument("--no-adopt", action="store_true", help="shm: pack a copy per push instead of keeping the "
+                      "sender's weights in shared memory")
+    sync.add_argument("--json", help="also write the figures to this file")
+    sync.set_defaults(fn=_bench_sync)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,20 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "rollout.max_tokens); e.g. a previous run's response/length_max")
     plan.set_defaults(fn=_plan)
 
-    bench = commands.add_parser("bench", help="benchmarks: `bench sync` times each weight transport")
-    targets = bench.add_subparsers(dest="target", required=True)
-    sync = targets.add_parser("sync", help="seconds and GB/s per transport, bucketed vs per-tensor, vs memcpy")
-    sync.add_argument("--params", type=float, default=1e8, help="model size in parameters (default 1e8)")
-    sync.add_argument("--transports", default="shm,broadcast,object_store,disk")
-    sync.add_argument("--receivers", type=int, default=1, help="engines receiving each push (r)")
-    sync.add_argument("--repeats", type=int, default=3)
-    sync.add_argument("--bucket-mb", type=float, default=64.0)
-    sync.add_argument("--wire-dtype", choices=["fp32", "bf16"], default="fp32")
-    sync.add_argument("--no-checksum", action="store_true", help="skip the xxh3-64 checksum per bucket")
-    sync.add_argument("--no-adopt", action="store_true", help="shm: pack a copy per push instead of keeping the "
-                      "sender's weights in shared memory")
-    sync.add_argument("--json", help="also write the figures to this file")
-    sync.set_defaults(fn=_bench_sync)
+    _add_bench(commands)
 
     cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")
     action = cfg.add_mutually_exclusive_group(required=True)
