@@ -85,6 +85,9 @@ class Trainer:
             metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
         metrics["throughput/samples_per_s"] = len(rollouts) / metrics["time/step"]
+        positions = float(exp.attention_mask.numel())  # what every learner pass computes over, padding included
+        metrics["learner/positions"] = positions
+        metrics["learner/padding_frac"] = 1.0 - float(exp.attention_mask.sum()) / positions
         return metrics
 
     @property
