@@ -441,6 +441,9 @@ def warn_ineffective(config: Config) -> None:
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
         warnings.warn(f"{names} has no effect under train.schedule={train.schedule}", stacklevel=3)
+    if train.schedule != "sync" and config.checkpoint.every:
+        warnings.warn(f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the "
+                      "rollouts in flight: a resumed run is not a replay of an uninterrupted one", stacklevel=3)
     if train.schedule != "sync" and algo.correction.mode == "none":
         warnings.warn(f"train.schedule={train.schedule} trains on samples from older policies without correction; "
                       "consider algorithm.correction.mode=tis_token", stacklevel=3)

@@ -314,3 +314,27 @@ def test_adaptive_kl_needs_an_initial_coefficient():
 def test_eval_settings_without_eval_data_warn():
     with pytest.warns(UserWarning, match="eval.every has no effect without data.eval"):
         load_config(None, ["eval.every=5"])
+
+
+def test_overlapped_schedules_need_ray_and_warn_about_what_they_change():
+    with pytest.raises(ConfigError, match="needs separate processes: set placement.mode=ray"):
+        load_config(overrides=["train.schedule=async"])
+    with pytest.raises(ConfigError, match="partial_rollouts needs train.schedule=async with train.on_stale=drop"):
+        load_config(overrides=["placement.mode=ray", "train.schedule=async", "train.partial_rollouts=1.5"])
+    with pytest.warns(UserWarning) as caught:
+        load_config(overrides=["placement.mode=ray", "train.schedule=one_step_off", "checkpoint.every=2"])
+    messages = " ".join(str(w.message) for w in caught)
+    assert "not a replay" in messages and "without correction" in messages
+    with pytest.warns(UserWarning, match="train.max_staleness has no effect under train.schedule=sync"):
+        load_config(overrides=["train.max_staleness=3"])
+
+
+def test_transport_and_placement_must_agree():
+    with pytest.raises(ConfigError, match="sync.transport=shm needs placement.mode=ray"):
+        load_config(overrides=["sync.transport=shm"])
+    with pytest.raises(ConfigError, match="sync.transport=inprocess needs placement.mode=local"):
+        load_config(overrides=["placement.mode=ray", "sync.transport=inprocess"])
+    with pytest.raises(ConfigError, match="placement.mode=ray runs vLLM engines"):
+        load_config(overrides=["placement.mode=ray", "rollout.engine=hf"])
+    with pytest.warns(UserWarning, match="placement.engines has no effect under placement.mode=local"):
+        load_config(overrides=["placement.engines=2"])
