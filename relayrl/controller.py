@@ -72,10 +72,10 @@ class Trainer:
             self.sync.push(self.learner, self.engine)
         self.schedule.published(self.sync.version)
         metrics = {**stats, **rollout_metrics(exp, rollouts), **collect_metrics, **self.sync.last, **timer.metrics()}
-        lags = staleness_metrics(exp, self.sync.version - 1, self.learner_updates_per_step)
-        if lags and "stale/mean" in stats:  # the learner counts optimizer steps within this step's update
-            stats["stale/mean"] += lags["stale/version_mean"] * self.learner_updates_per_step
-            stats["stale/max"] += lags["stale/version_max"] * self.learner_updates_per_step
+        lags = staleness_metrics(exp, self.sync.version - 1)
+        if lags and "stale/mean" in metrics:  # the learner counted optimizer steps within this step's update
+            metrics["stale/mean"] += lags["stale/version_mean"] * self.learner_updates_per_step
+            metrics["stale/max"] += lags["stale/version_max"] * self.learner_updates_per_step
         metrics.update(lags)
         if hasattr(self.engine, "metrics"):
             metrics.update(self.engine.metrics())
@@ -195,10 +195,10 @@ class Trainer:
         return state["step"] + 1
 
 
-def staleness_metrics(exp, trained_version: int, updates_per_step: int) -> dict[str, float]:
-    """How many policy versions each trained token lags the policy it updates (`stale/version_*`, a
-    histogram `stale/hist/<k>` as token fractions), and `stale/mean|max` in optimizer steps: the lag times
-    the updates per step plus the learner's own count within the step."""
+def staleness_metrics(exp, trained_version: int) -> dict[str, float]:
+    """How many policy versions each trained token lags the policy it updates: `stale/version_{mean,max}`
+    and a histogram `stale/hist/<k>` (token fractions). The step adds lag x updates-per-step to the
+    learner's `stale/{mean,max}` (optimizer steps)."""
     mask = exp.loss_mask.bool()
     if not mask.any():
         return {}

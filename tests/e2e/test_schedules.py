@@ -24,6 +24,7 @@ def test_one_step_off_samples_are_one_version_old(tmp_path, warm_model_dir, toy_
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     assert [r["stale/version_max"] for r in metrics] == [0, 1, 1, 1]
+    assert [r["stale/mean"] for r in metrics] == [0, 1, 1, 1]  # in optimizer steps: one update per step
     assert all(r["stale/hist/1"] == 1.0 for r in metrics[1:])
     timeline = [json.loads(line) for line in (run_dir / "timeline.jsonl").read_text().splitlines()]
     assert {"learner", "sync", "engine 0"} <= {row["role"] for row in timeline}
