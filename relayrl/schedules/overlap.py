@@ -87,11 +87,14 @@ class AsyncSchedule(SyncSchedule):
 
     def _produce(self, replica: int) -> None:
         try:
-            produce = self._produce_partial if self.trainer.config.train.partial_rollouts else self._produce_chunk
-            carry = PartialState()
-            self.partial_states.append(carry)
-            while produce(replica, carry):
-                pass
+            if self.trainer.config.train.partial_rollouts:
+                state = PartialState()
+                self.partial_states.append(state)
+                while self._produce_partial(replica, state):
+                    pass
+            else:
+                while self._produce_chunk(replica):
+                    pass
         except BaseException as err:  # surfaces in the training loop's next `batch`
             self.failure = err
             self.buffer.close()
@@ -105,8 +108,8 @@ class AsyncSchedule(SyncSchedule):
             tickets.append(ticket)
         return tickets
 
-    def _produce_chunk(self, replica: int, _carry=None) -> bool:
-        t, n = self.trainer, self.trainer.config.rollout.n
+    def _produce_chunk(self, replica: int) -> bool:
+        t = self.trainer
         tickets = self._admit_chunk()
         if tickets is None:
             return False
