@@ -119,6 +119,8 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
     top_k: int = Field(-1, ge=-1, description="Sample among the k most likely tokens (-1 = off).")
     max_tokens: int = Field(64, ge=1, description="Longest response, in tokens.")
+    min_tokens: int = Field(0, ge=0, description="Shortest response, in tokens: end-of-sequence and stop strings are "
+                                                "ignored before it (decode-heavy benchmarks, length floors).")
     stop: list[str] = Field(default_factory=list, description="Strings that end a response.")
     kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), GiB.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
@@ -210,6 +212,11 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
     threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
+    packing: Literal["auto", "groups", "none"] = Field(
+        "auto", description="Learner forward layout: `groups` packs each group into one row (the prompt once, then "
+                            "every response, block attention mask), `none` right-pads one row per sample, `auto` "
+                            "packs when that computes at least 10% fewer positions."
+    )
     schedule: Literal["sync", "one_step_off", "async"] = Field(
         "sync", description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
                             "async: engines generate continuously into a bounded buffer (needs placement.mode=ray)."
@@ -328,6 +335,9 @@ class Config(Section):
                 f"(rollout.prompts_per_step * rollout.n = {self.rollout_batch})"
             )
         group_relative = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+        if self.rollout.min_tokens > self.rollout.max_tokens:
+            raise ValueError(f"rollout.min_tokens={self.rollout.min_tokens} exceeds rollout.max_tokens="
+                             f"{self.rollout.max_tokens}")
         if self.algorithm.dapo.overlong_buffer > self.rollout.max_tokens:
             raise ValueError(f"algorithm.dapo.overlong_buffer={self.algorithm.dapo.overlong_buffer} must not exceed "
                              f"rollout.max_tokens={self.rollout.max_tokens}")

@@ -85,9 +85,10 @@ class Trainer:
             metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
         metrics["throughput/update_tokens_per_s"] = tokens * cfg.train.epochs / metrics["time/update"]
         metrics["throughput/samples_per_s"] = len(rollouts) / metrics["time/step"]
-        positions = float(exp.attention_mask.numel())  # what every learner pass computes over, padding included
-        metrics["learner/positions"] = positions
-        metrics["learner/padding_frac"] = 1.0 - float(exp.attention_mask.sum()) / positions
+        if "learner/positions" not in metrics:  # a learner that does not count: one padded row per sample
+            positions = float(exp.attention_mask.numel())
+            metrics["learner/positions"] = positions
+            metrics["learner/padding_frac"] = 1.0 - float(exp.attention_mask.sum()) / positions
         return metrics
 
     @property
@@ -143,7 +144,7 @@ class Trainer:
         r = self.config.rollout
         seed = (self.config.train.seed * 100_003 + step) * 64 + round_index
         return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
-                        stop=tuple(r.stop), seed=seed)
+                        min_tokens=r.min_tokens, stop=tuple(r.stop), seed=seed)
 
     def evaluate(self) -> dict[str, float]:
         if not self.eval_prompts:

@@ -60,6 +60,7 @@ class Experience:
     ref_logprobs: torch.Tensor | None = None  # [B, T-1]
     values: torch.Tensor | None = None  # [B, T-1] critic values before the update (gae only)
     returns: torch.Tensor | None = None  # [B, T-1] the critic's regression targets (gae only)
+    prompt_lengths: torch.Tensor | None = None  # [B] prompt tokens of each row (group packing needs them)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

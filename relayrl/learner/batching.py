@@ -29,8 +29,10 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
         behaviour[row, targets] = torch.tensor(rollout.behaviour_logprobs)
         versions[row, targets] = torch.tensor(rollout.versions)
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+    prompt_lengths = torch.tensor([len(r.prompt.token_ids) for r in rollouts], dtype=torch.long)
     return Experience(input_ids=input_ids, attention_mask=attention_mask, loss_mask=loss_mask,
-                      behaviour_logprobs=behaviour, rewards=rewards, group_ids=group_ids, versions=versions)
+                      behaviour_logprobs=behaviour, rewards=rewards, group_ids=group_ids, versions=versions,
+                      prompt_lengths=prompt_lengths)
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from relayrl.algorithms.sampling_mask import truncate_logits
 from relayrl.config import Config
 from relayrl.learner.batching import token_logprobs
 from relayrl.learner.objective import Objective
+from relayrl.learner.layout import ForwardLayout
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models.loading import load_causal_lm
 from relayrl.types import Experience
@@ -55,19 +56,21 @@ class PolicyLearner:
         self.needs_old_logprobs = (self.updates_per_step > 1 or algo.correction.mode != "none"
                                    or (self.reference is not None and algo.kl.placement == "reward"))
         self.generator = torch.Generator().manual_seed(train.seed)
+        self.layout = ForwardLayout(train.packing, self.model.config, self.device)
 
     # ------------------------------------------------------------------ log-probs
     def _forward(self, model, exp: Experience) -> torch.Tensor:
         """Logits for target positions over the distribution the engine sampled from: temperature-scaled and,
-        with top-k/top-p, truncated and renormalised the way vLLM does: [B, T-1, V] (fp32)."""
-        input_ids = exp.input_ids.to(self.device)
+        with top-k/top-p, truncated and renormalised the way vLLM does: [B, T-1, V] (fp32). Group-packed
+        (relayrl/learner/packing.py) when `train.packing` chooses it for this batch."""
         with self.autocast:
-            logits = model(input_ids=input_ids, attention_mask=exp.attention_mask.to(self.device)).logits
-        return truncate_logits(logits[:, :-1].float() / self.temperature, self.top_k, self.top_p)
+            logits = self.layout.logits(model, exp)
+        return truncate_logits(logits.float() / self.temperature, self.top_k, self.top_p)
 
     @torch.no_grad()
     def logprobs(self, exp: Experience, model=None) -> torch.Tensor:
-        """Log-probs of every target token under `model` (the policy by default), micro-batched: [B, T-1]."""
+        """Log-probs of the response tokens under `model` (the policy by default), micro-batched: [B, T-1]
+        (other columns hold no meaningful value: a packed forward does not predict prompt tokens)."""
         model = model or self.model
         out = torch.zeros_like(exp.loss_mask)
         for index in self._chunks(torch.arange(len(exp)), self.config.train.micro_batch):
@@ -88,6 +91,7 @@ class PolicyLearner:
         train = self.config.train
         totals = _Totals()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
+        self.layout.take_counts()  # count the update's passes only
         pre_update = torch.zeros_like(exp.loss_mask) if exp.old_logprobs is None else exp.old_logprobs
         correction = self.objective.correct(exp)
         for _ in range(train.epochs):
@@ -109,6 +113,9 @@ class PolicyLearner:
         if self.reference is not None:
             stats.update(self._kl_step(exp, stats))
         stats["lr"] = lr
+        counts = self.layout.take_counts()
+        counts["learner/positions"] /= train.epochs  # per pass over the batch
+        stats.update(counts)
         return stats
 
     def _kl_step(self, exp: Experience, stats: dict[str, float]) -> dict[str, float]:

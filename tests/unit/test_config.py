@@ -338,3 +338,15 @@ def test_transport_and_placement_must_agree():
         load_config(overrides=["placement.mode=ray", "rollout.engine=hf"])
     with pytest.warns(UserWarning, match="placement.engines has no effect under placement.mode=local"):
         load_config(overrides=["placement.engines=2"])
+
+
+def test_min_tokens_cannot_exceed_max_tokens():
+    with pytest.raises(ConfigError, match="rollout.min_tokens=9 exceeds rollout.max_tokens=8"):
+        load_config(None, ["rollout.min_tokens=9", "rollout.max_tokens=8"])
+    assert load_config(None, ["rollout.min_tokens=8", "rollout.max_tokens=8"]).rollout.min_tokens == 8
+
+
+def test_packing_takes_only_its_layouts():
+    assert load_config(None, []).train.packing == "auto"
+    with pytest.raises(ConfigError, match="train.packing"):
+        load_config(None, ["train.packing=rows"])

@@ -1,0 +1,125 @@
+"""Group packing: the learner's forward over one row per group, the prompt once and every response after it.
+
+A GRPO-style batch holds n responses to each prompt. Right-padded rows (`Experience`) repeat the prompt n
+times and pad every row to the longest sequence; on short responses that is most of the positions the
+forward and backward compute over. Packed, a group's row is
+
+    prompt | response 1 | response 2 | ... | response k
+
+with position ids restarting at the prompt's length for each response and a block attention mask: the
+prompt is causal, and a response token sees the prompt and the earlier tokens of its own response only.
+Every response token then has exactly the context it has in its own row, so log-probs and gradients are
+the same (the prompt positions receive the sum of their k rows' gradients, as before) over far fewer
+positions: the shared-prefix idea of e.g. Prefix Grouper (Liu et al. 2025) for GRPO, done with a custom
+4D mask that transformers passes to SDPA or eager attention as-is.
+
+`pack_groups` builds the rows; `unpack_logits` scatters the packed logits back to the [B, T-1, V] layout
+the objective uses (zero where no response token is predicted: those positions are loss-masked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from relayrl.types import Experience
+
+
+@dataclass
+class PackedGroups:
+    input_ids: torch.Tensor  # [R, L], one row per group
+    position_ids: torch.Tensor  # [R, L]
+    attention_mask: torch.Tensor  # [R, 1, L, L] bool: True where a query may attend (SDPA's convention)
+    sample: torch.Tensor  # [N] per predicted response token: its row in the Experience
+    column: torch.Tensor  # [N] its target column in the Experience
+    row: torch.Tensor  # [N] the packed row holding its predictor position
+    position: torch.Tensor  # [N] that position
+    shape: tuple[int, int]  # the Experience's [B, T-1]
+    tokens: int  # real tokens among the positions (the rest is padding)
+
+    @property
+    def positions(self) -> int:
+        return self.input_ids.numel()
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """The mask as eager attention adds it to the scores: 0 where allowed, the dtype's minimum elsewhere."""
+        return torch.zeros(self.attention_mask.shape, dtype=dtype).masked_fill(~self.attention_mask,
+                                                                               torch.finfo(dtype).min)
+
+
+def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
+    """One packed row per group of `exp` (the members present in it; a group may be split across parts)."""
+    if exp.prompt_lengths is None:
+        raise ValueError("group packing needs the prompt length of every sample (Experience.prompt_lengths)")
+    lengths = exp.attention_mask.sum(dim=1).tolist()
+    prompt_lengths = exp.prompt_lengths.tolist()
+    members: dict[int, list[int]] = {}
+    for sample, group in enumerate(exp.group_ids.tolist()):
+        members.setdefault(group, []).append(sample)
+    rows = [_pack_group(exp.input_ids, samples, prompt_lengths[samples[0]], lengths) for samples in members.values()]
+    width = max(len(tokens) for tokens, *_ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    segments = torch.full((len(rows), width), -1, dtype=torch.long)  # -1 padding, 0 prompt, i response i
+    index: list[tuple[int, int, int, int]] = []
+    for r, (tokens, positions, segment, predicted) in enumerate(rows):
+        input_ids[r, : len(tokens)] = torch.tensor(tokens)
+        position_ids[r, : len(tokens)] = torch.tensor(positions)
+        segments[r, : len(tokens)] = torch.tensor(segment)
+        index += [(sample, column, r, position) for sample, column, position in predicted]
+    sample, column, row, position = torch.tensor(index, dtype=torch.long).reshape(-1, 4).unbind(1)
+    return PackedGroups(input_ids=input_ids, position_ids=position_ids, attention_mask=_block_mask(segments),
+                        sample=sample, column=column, row=row, position=position,
+                        shape=(len(exp), exp.input_ids.shape[1] - 1), tokens=sum(len(t) for t, *_ in rows))
+
+
+def _pack_group(input_ids: torch.Tensor, samples: list[int], prompt_length: int, lengths: list[int]):
+    """(tokens, position ids, segment ids, [(sample, target column, predictor position)]) of one group's row."""
+    prompt = input_ids[samples[0], :prompt_length]
+    tokens, positions = prompt.tolist(), list(range(prompt_length))
+    segment, predicted = [0] * prompt_length, []
+    for number, sample in enumerate(samples, start=1):
+        if not torch.equal(input_ids[sample, :prompt_length], prompt):
+            raise ValueError(f"sample {sample} of a group has a different prompt from sample {samples[0]}: a group's "
+                             "samples must share their prompt to be packed")
+        response = input_ids[sample, prompt_length: lengths[sample]].tolist()
+        start = len(tokens)
+        for j in range(len(response)):  # token j is predicted from the prompt's last position, or token j-1
+            predicted.append((sample, prompt_length - 1 + j, prompt_length - 1 if j == 0 else start + j - 1))
+        tokens += response
+        positions += range(prompt_length, prompt_length + len(response))
+        segment += [number] * len(response)
+    return tokens, positions, segment, predicted
+
+
+def _block_mask(segments: torch.Tensor) -> torch.Tensor:
+    """[R, 1, L, L] bool mask: causal, and a query sees the prompt (segment 0) and its own segment;
+    padding sees only itself (a query with nothing to attend to would give NaN)."""
+    width = segments.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    query, key = segments[:, :, None], segments[:, None, :]
+    allowed = causal & ((key == 0) | (key == query)) & (query >= 0)
+    allowed |= torch.eye(width, dtype=torch.bool)
+    return allowed[:, None]
+
+
+def unpack_logits(logits: torch.Tensor, packed: PackedGroups) -> torch.Tensor:
+    """Packed logits [R, L, V] -> the Experience layout [B, T-1, V]; zero where no response token is predicted."""
+    picked = logits[packed.row, packed.position]
+    out = logits.new_zeros((*packed.shape, logits.shape[-1]))
+    return out.index_put((packed.sample, packed.column), picked)
+
+
+def padded_positions(exp: Experience) -> int:
+    """Positions a right-padded forward over `exp` computes: rows x the longest sequence."""
+    return len(exp) * int(exp.attention_mask.sum(dim=1).max())
+
+
+def packed_positions(exp: Experience) -> int:
+    """Positions the packed forward would compute: groups x the longest packed row (without building it)."""
+    lengths = exp.attention_mask.sum(dim=1)
+    rows: dict[int, int] = {}
+    for group, length, prompt in zip(exp.group_ids.tolist(), lengths.tolist(), exp.prompt_lengths.tolist()):
+        rows[group] = rows.get(group, prompt) + length - prompt
+    return len(rows) * max(rows.values())
