@@ -19,6 +19,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = -1
     max_tokens: int = 64
+    min_tokens: int = 0  # EOS and stop strings are ignored before this many tokens
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
     request_offset: int = 0  # index of the first prompt within the step's batch (a replica's share of it)

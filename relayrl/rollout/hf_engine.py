@@ -40,7 +40,7 @@ class HFEngine:
             input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
             do_sample=not greedy, temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p, top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
-            num_return_sequences=sampling.n, max_new_tokens=sampling.max_tokens,
+            num_return_sequences=sampling.n, max_new_tokens=sampling.max_tokens, min_new_tokens=sampling.min_tokens or None,
             stop_strings=list(sampling.stop) or None, tokenizer=self.tokenizer if sampling.stop else None,
             pad_token_id=self.pad_id, eos_token_id=self.eos_id,
             output_scores=True, return_dict_in_generate=True,

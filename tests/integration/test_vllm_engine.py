@@ -56,6 +56,22 @@ def test_generate_returns_n_rollouts_per_prompt_with_logprobs(engine, prompts):
         assert all(lp <= 0 for lp in r.behaviour_logprobs)
 
 
+def test_min_tokens_holds_off_the_end_of_sequence(engine, prompts):
+    rollouts = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=12, min_tokens=12, seed=3), 0)
+    assert [len(r.response_ids) for r in rollouts] == [12] * len(rollouts)
+
+
+def test_texts_decoded_once_per_batch_equal_vllms_own_detokenizing(engine, prompts):
+    from vllm import SamplingParams
+
+    ours = engine.generate(prompts, Sampling(n=2, temperature=1.0, max_tokens=8, seed=5), 0)
+    theirs = engine.llm.generate([{"prompt_token_ids": p.token_ids} for p in prompts],
+                                 [SamplingParams(n=2, temperature=1.0, max_tokens=8, logprobs=0, seed=s)
+                                  for s in (5_000_015, 5_000_017, 5_000_019)], use_tqdm=False)
+    assert [r.response_ids for r in ours] == [list(c.token_ids) for o in theirs for c in o.outputs]
+    assert [r.response_text for r in ours] == [c.text for o in theirs for c in o.outputs]
+
+
 def test_seeded_sampling_is_reproducible(engine, prompts):
     sampling = Sampling(n=4, temperature=1.0, max_tokens=5, seed=123)
     first = [r.response_ids for r in engine.generate(prompts, sampling, 0)]
