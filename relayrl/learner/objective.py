@@ -61,6 +61,17 @@ class Objective:
         return kl_in_reward(exp.old_logprobs, exp.ref_logprobs, exp.loss_mask, self.algo.kl.estimator,
                             self.kl_controller.coef)
 
+    def correct_in_pass(self, part: Experience, logp: torch.Tensor) -> dict[str, torch.Tensor]:
+        """TIS inside the update's own forward, for a single on-policy mini-batch: the micro-batch's current
+        log-probs are the pre-update ones, so the old-log-prob pass is not needed. Reweights part.advantages;
+        returns token-weighted metric sums (ratio_sum, hit_tokens) and ratio_max for the learner to add up."""
+        mask = part.loss_mask.to(logp.device)
+        weights, metrics = self.correction(logp.detach(), part.behaviour_logprobs.to(logp.device), mask)
+        part.advantages = part.advantages.to(logp.device) * weights
+        tokens = mask.sum()
+        return {"ratio_sum": metrics["ratio_mean"] * tokens, "ratio_max": metrics["ratio_max"],
+                "hit_tokens": metrics["truncated_frac"] * tokens}
+
     def correct(self, exp: Experience) -> dict[str, float]:
         """Reweight (TIS) or mask tokens by the old/behaviour ratio, in place; returns correction metrics."""
         if self.correction is None:

@@ -53,7 +53,10 @@ class PolicyLearner:
         # the learner's pre-update log-probs are needed as such when the policy moves before the last
         # mini-batch, when the KL enters the rewards, or when they are compared with the behaviour's
         algo = config.algorithm
-        self.needs_old_logprobs = (self.updates_per_step > 1 or algo.correction.mode != "none"
+        # TIS weights of a single on-policy mini-batch come from the update's own forward (Objective.correct_in_pass)
+        self.correct_in_pass = self.updates_per_step == 1 and algo.correction.mode.startswith("tis")
+        self.needs_old_logprobs = (self.updates_per_step > 1
+                                   or (algo.correction.mode != "none" and not self.correct_in_pass)
                                    or (self.reference is not None and algo.kl.placement == "reward"))
         self.generator = torch.Generator().manual_seed(train.seed)
         self.layout = ForwardLayout(train.packing, self.model.config, self.device)
@@ -93,7 +96,7 @@ class PolicyLearner:
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
         self.layout.take_counts()  # count the update's passes only
         pre_update = torch.zeros_like(exp.loss_mask) if exp.old_logprobs is None else exp.old_logprobs
-        correction = self.objective.correct(exp)
+        correction = {} if self.correct_in_pass else self.objective.correct(exp)
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
             for mini in self._chunks(order, self.config.mini_batch):
@@ -109,7 +112,7 @@ class PolicyLearner:
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
         stats.update(mismatch_metrics(pre_update, exp.behaviour_logprobs, exp.loss_mask))
-        stats.update(correction)
+        stats.update(correction or totals.correction_metrics())
         if self.reference is not None:
             stats.update(self._kl_step(exp, stats))
         stats["lr"] = lr
@@ -134,6 +137,8 @@ class PolicyLearner:
         logits = self._forward(self.model, part)
         logp = token_logprobs(logits, part.input_ids[:, 1:].to(self.device))
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)
+        if self.correct_in_pass:
+            totals.add_correction(self.objective.correct_in_pass(part, logp))
         loss, sums = self.objective.loss(logp, logits, old, part, normaliser)
         loss.backward()
         with torch.no_grad():
@@ -169,12 +174,27 @@ class _Totals:
         self.grad_norm: list[float] = []
         self.n_stale: list[int] = []  # per mini-batch
         self.ratio_max = 0.0
+        self.correction: dict[str, float] = {}  # in-pass TIS: token-weighted sums, and the max ratio
+        self.tokens = 1.0  # response tokens of the step, set by `summary`
+
+    def add_correction(self, sums: dict[str, torch.Tensor]) -> None:
+        for name, value in sums.items():
+            old = self.correction.get(name, 0.0)
+            self.correction[name] = max(old, float(value)) if name == "ratio_max" else old + float(value)
+
+    def correction_metrics(self) -> dict[str, float]:
+        if not self.correction:
+            return {}
+        tokens = max(self.tokens, 1.0)
+        return {"correction/ratio_mean": self.correction["ratio_sum"] / tokens,
+                "correction/ratio_max": self.correction["ratio_max"],
+                "correction/truncated_frac": self.correction["hit_tokens"] / tokens}
 
     def add(self, name: str, value: torch.Tensor) -> None:
         self.sums[name] = self.sums.get(name, 0.0) + float(value)
 
     def summary(self, tokens: torch.Tensor) -> dict[str, float]:
-        tokens = max(float(tokens), 1.0)
+        tokens = self.tokens = max(float(tokens), 1.0)
         stats = {
             "loss/policy": self.sums["loss_policy"] / len(self.grad_norm),  # mean over optimizer steps
             "loss/total": self.sums["loss_total"] / len(self.grad_norm),

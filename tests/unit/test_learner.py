@@ -166,7 +166,9 @@ def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
 @pytest.mark.parametrize("mode", ["tis_token", "tis_seq", "mask_token", "mask_seq"])
 def test_rollout_correction_uses_the_behaviour_logprobs(random_model_dir, mode):
     learner = PolicyLearner(_config(random_model_dir, extra=[f"algorithm.correction.mode={mode}"]))
-    assert learner.needs_old_logprobs  # the correction compares the learner's pre-update log-probs
+    # the correction compares the learner's pre-update log-probs: a separate pass, except for TIS on a single
+    # on-policy mini-batch, whose weights come from the update's own forward
+    assert learner.needs_old_logprobs == mode.startswith("mask")
     exp = _experience()  # behaviour log-probs are all -1: far from the learner's, so ratios are off 1
     learner.fill_logprobs(exp)
     stats = learner.update(exp)
@@ -190,3 +192,25 @@ def test_kl_in_the_reward_forces_the_old_pass_and_reports_the_coefficient(random
     assert learner.objective.reward_penalty(exp).abs().sum() > 0  # the policy moved away from the reference
     # KL 0 is below target: the adaptive controller lowered the coefficient by (1 - 0.2 * 16 / horizon)
     assert learner.update(exp)["actor/kl_coef"] == pytest.approx(0.2 * (1 - 0.2 * 16 / 10_000))
+
+
+@pytest.mark.parametrize("mode", ["tis_token", "tis_seq"])
+def test_tis_in_the_update_pass_equals_tis_from_a_separate_old_pass(random_model_dir, mode):
+    results = []
+    for in_pass in (True, False):
+        learner = PolicyLearner(_config(random_model_dir, micro_batch=8, extra=[f"algorithm.correction.mode={mode}",
+                                                                               "algorithm.correction.threshold=1.5"]))
+        assert learner.correct_in_pass
+        if not in_pass:
+            learner.correct_in_pass, learner.needs_old_logprobs = False, True
+        exp = _experience()  # behaviour log-probs spread on both sides of the learner's: some ratios pass 1.5
+        exp.behaviour_logprobs = -5 * torch.rand(exp.loss_mask.shape, generator=torch.Generator().manual_seed(0))
+        learner.fill_logprobs(exp)
+        assert (exp.old_logprobs is None) == in_pass
+        results.append(_grads_of_first_step(learner, exp))
+    (grads_in, stats_in), (grads_sep, stats_sep) = results
+    for a, b in zip(grads_in, grads_sep):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    for name in ("ratio_mean", "ratio_max", "truncated_frac"):
+        assert stats_in[f"correction/{name}"] == pytest.approx(stats_sep[f"correction/{name}"], rel=1e-5)
+    assert 0 < stats_in["correction/truncated_frac"] < 1
