@@ -217,6 +217,11 @@ class TrainConfig(Section):
                             "every response, block attention mask), `none` right-pads one row per sample, `auto` "
                             "packs when that computes at least 10% fewer positions."
     )
+    logits_chunk: int = Field(
+        1024, ge=0, description="Apply the LM head only where a response token is predicted, this many positions at "
+                                "a time (recomputed in the backward): full-vocabulary logits are never held for more. "
+                                "0 = take the model's own logits over every position."
+    )
     schedule: Literal["sync", "one_step_off", "async"] = Field(
         "sync", description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
                             "async: engines generate continuously into a bounded buffer (needs placement.mode=ray)."

@@ -1,60 +1,79 @@
-"""How the learner lays a batch out for the model (`train.packing`): right-padded rows, one per sample, or one
-packed row per group (relayrl/learner/packing.py), and the positions each forward computes over.
+"""How the learner runs the model over a batch and turns its output into per-token log-probs and entropies.
 
-The first packed forward of a run is checked against the padded forward of the same batch (no gradients):
-a model whose attention or positions do not honour a custom 4D mask and explicit position ids would give
-other log-probs, and the run stops with one message instead of training on them.
+Two choices, each with a setting:
+- `train.packing`: right-padded rows, one per sample, or one packed row per group (relayrl/learner/packing.py).
+- `train.logits_chunk`: the LM head applied to the final hidden states only where a response token is
+  predicted, that many positions at a time (relayrl/learner/token_stats.py); 0 = the model's own logits.
+
+The first forward of a run is checked against the plain one (padded rows, the model's logits) on the same
+batch: a model whose attention ignores a custom mask or position ids, or whose logits are more than its
+head over the hidden states (soft-capping, scaling), would give other log-probs, and the run stops with
+one message naming the setting to change instead of training on them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from relayrl.errors import ConfigError
-from relayrl.learner.packing import pack_groups, packed_positions, padded_positions, unpack_logits
+from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
+from relayrl.learner.token_stats import head_stats, logits_stats, output_head
 from relayrl.types import Experience
 
 PACKABLE_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D mask as it is
 MIN_SAVING = 0.10  # `auto` packs when that computes at least this share fewer positions
-PARITY_TOLERANCE = {torch.float32: 1e-3}  # max |log-prob difference|, packed vs padded; 5e-2 under bf16
+PARITY_TOLERANCE = {torch.float32: 1e-3}  # max |log-prob difference| vs the plain forward; 5e-2 under bf16
 PAD_ID = 0  # any id: padded positions are masked out and predict nothing
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """The distribution the engine sampled from: what the log-probs are taken under."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+@dataclass
+class Predictions:
+    """What the model says at the positions that predict a response token: hidden states [N, H] (or
+    logits [N, V] with train.logits_chunk=0), and where each prediction goes in the Experience."""
+
+    output: torch.Tensor
+    sample: torch.Tensor  # [N] row in the Experience
+    column: torch.Tensor  # [N] target column there
+
+
 class ForwardLayout:
-    def __init__(self, packing: str, model_config, device: str):
-        self.packing = packing
+    def __init__(self, packing: str, logits_chunk: int, sampled: Sampled, model_config, device: str):
+        self.packing, self.logits_chunk, self.sampled, self.device = packing, logits_chunk, sampled, device
         self.attention = getattr(model_config, "_attn_implementation", None)
         self.architecture = (getattr(model_config, "architectures", None) or ["?"])[0]
-        self.device = device
         if packing == "groups" and self.attention not in PACKABLE_ATTENTION:
             raise ConfigError(f"train.packing=groups needs {' or '.join(PACKABLE_ATTENTION)} attention; "
                               f"{self.architecture} uses {self.attention!r}. Use train.packing=auto or none.")
         self.checked = False
-        self.positions = 0  # computed over since the last `take_counts`
-        self.tokens = 0  # of which real tokens (the rest is padding)
-        self.packed_forwards = 0
-        self.forwards = 0
+        self.positions = self.tokens = self.packed_forwards = self.forwards = 0  # since the last take_counts
 
     def chooses_packing(self, exp: Experience) -> bool:
         if self.packing == "none" or exp.prompt_lengths is None or self.attention not in PACKABLE_ATTENTION:
             return False
         return self.packing == "groups" or packed_positions(exp) <= (1 - MIN_SAVING) * padded_positions(exp)
 
-    def logits(self, model, exp: Experience) -> torch.Tensor:
-        """Logits predicting every target token of `exp`: [B, T-1, V] in the model's output dtype."""
-        self.forwards += 1
-        if not self.chooses_packing(exp):
-            self.positions += exp.attention_mask.numel()
-            self.tokens += int(exp.attention_mask.sum())
-            return self._padded(model, exp)
-        packed = pack_groups(exp, PAD_ID)
-        self.positions += packed.positions
-        self.tokens += packed.tokens
-        self.packed_forwards += 1
-        logits = self._packed(model, packed)
+    def token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropies) of the response tokens of `exp`, [B, T-1] each (fp32, 0 elsewhere)."""
+        packed = self.chooses_packing(exp)
+        predictions = self._packed(model, exp) if packed else self._padded(model, exp)
+        targets = exp.input_ids[predictions.sample, predictions.column + 1].to(self.device)
+        logp, entropy = self._stats(model, predictions.output, targets, entropy_grad)
         if not self.checked:
-            self._check(model, exp, packed, logits)
-        return logits
+            self._check(model, exp, predictions, logp, packed)
+        index = (predictions.sample.to(self.device), predictions.column.to(self.device))
+        shape = (len(exp), exp.input_ids.shape[1] - 1)
+        return logp.new_zeros(shape).index_put(index, logp), entropy.new_zeros(shape).index_put(index, entropy)
 
     def take_counts(self) -> dict[str, float]:
         """Positions computed and their padding share since the last call (learner/* metrics)."""
@@ -64,26 +83,68 @@ class ForwardLayout:
         self.positions = self.tokens = self.packed_forwards = self.forwards = 0
         return counts
 
-    def _padded(self, model, exp: Experience) -> torch.Tensor:
-        out = model(input_ids=exp.input_ids.to(self.device), attention_mask=exp.attention_mask.to(self.device))
-        return out.logits[:, :-1]
+    # ------------------------------------------------------------------ the forward, each layout
+    def _output(self, model, **inputs) -> torch.Tensor:
+        inputs = {name: value.to(self.device) for name, value in inputs.items()}
+        if self.logits_chunk > 0:
+            return model.base_model(**inputs).last_hidden_state
+        return model(**inputs).logits
 
-    def _packed(self, model, packed) -> torch.Tensor:
+    def _padded(self, model, exp: Experience) -> Predictions:
+        self.forwards += 1
+        self.positions += exp.attention_mask.numel()
+        self.tokens += int(exp.attention_mask.sum())
+        output = self._output(model, input_ids=exp.input_ids, attention_mask=exp.attention_mask)
+        sample, column = response_targets(exp)
+        return Predictions(output[sample.to(self.device), column.to(self.device)], sample, column)
+
+    def _packed(self, model, exp: Experience) -> Predictions:
+        packed = pack_groups(exp, PAD_ID)
+        self.forwards += 1
+        self.packed_forwards += 1
+        self.positions += packed.positions
+        self.tokens += packed.tokens
         mask = packed.attention_mask if self.attention == "sdpa" else packed.additive_mask(model.dtype)
-        out = model(input_ids=packed.input_ids.to(self.device), position_ids=packed.position_ids.to(self.device),
-                    attention_mask=mask.to(self.device))
-        return unpack_logits(out.logits, packed)
+        output = self._output(model, input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=mask)
+        return Predictions(output[packed.row.to(self.device), packed.position.to(self.device)], packed.sample,
+                           packed.column)
 
+    def _stats(self, model, output, targets, entropy_grad):
+        s = self.sampled
+        if self.logits_chunk > 0:
+            return head_stats(output, output_head(model), targets, s.temperature, s.top_k, s.top_p, self.logits_chunk,
+                              entropy_grad)
+        return logits_stats(output, targets, s.temperature, s.top_k, s.top_p, entropy_grad)
+
+    # ------------------------------------------------------------------ first-use check
     @torch.no_grad()
-    def _check(self, model, exp: Experience, packed, logits: torch.Tensor) -> None:
-        padded = self._padded(model, exp)
-        index = (packed.sample, packed.column)
-        gap = float((torch.log_softmax(logits.detach()[index].float(), -1)
-                     - torch.log_softmax(padded[index].float(), -1)).abs().max())
-        tolerance = PARITY_TOLERANCE.get(padded.dtype, 5e-2)
+    def _check(self, model, exp: Experience, predictions: Predictions, logp: torch.Tensor, packed: bool) -> None:
+        if not packed and self.logits_chunk <= 0:
+            self.checked = True  # the plain forward itself
+            return
+        logits = model(input_ids=exp.input_ids.to(self.device), attention_mask=exp.attention_mask.to(self.device)).logits
+        index = (predictions.sample.to(self.device), predictions.column.to(self.device))
+        targets = exp.input_ids[predictions.sample, predictions.column + 1].to(self.device)
+        s = self.sampled
+        plain, _ = logits_stats(logits[index], targets, s.temperature, s.top_k, s.top_p, False)
+        gap = float((logp.detach() - plain).abs().max()) if len(plain) else 0.0
+        tolerance = PARITY_TOLERANCE.get(logits.dtype, 5e-2)
         if gap > tolerance:
-            raise ConfigError(f"train.packing: the group-packed forward of {self.architecture} ({self.attention} "
-                              f"attention) gives log-probs up to {gap:.2g} away from the padded forward (tolerance "
-                              f"{tolerance:g}); this model does not honour a custom attention mask and position "
-                              "ids. Set train.packing=none.")
+            used = [text for on, text in ((packed, "train.packing=none"), (self.logits_chunk > 0, "train.logits_chunk=0"))
+                    if on]
+            raise ConfigError(f"the learner's forward of {self.architecture} ({self.attention} attention, "
+                              f"{'group-packed' if packed else 'padded'} rows, "
+                              f"{'head over hidden states' if self.logits_chunk > 0 else 'model logits'}) gives log-probs "
+                              f"up to {gap:.2g} away from the plain forward (tolerance {tolerance:g}): this model does "
+                              f"not support it. Set {' or '.join(used)}.")
         self.checked = True
+
+
+def response_targets(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, target column) of every response token of a right-padded `exp`, row by row."""
+    if exp.prompt_lengths is None:
+        return exp.loss_mask.nonzero(as_tuple=True)
+    columns = torch.arange(exp.input_ids.shape[1] - 1)[None]
+    first = exp.prompt_lengths[:, None] - 1
+    last = exp.attention_mask.sum(dim=1, keepdim=True) - 1
+    return ((columns >= first) & (columns < last)).nonzero(as_tuple=True)

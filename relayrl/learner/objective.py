@@ -14,7 +14,7 @@ import torch
 from relayrl.algorithms.correction import sequence_ratio_mask, sequence_tis, token_ratio_mask, token_tis
 from relayrl.algorithms.kl import AdaptiveKLController, FixedKLController, kl_in_reward
 from relayrl.algorithms.losses import (
-    POLICY_LOSSES, entropy_bonus, entropy_from_logits, kl_penalty, mini_batch_normaliser,
+    POLICY_LOSSES, entropy_bonus, kl_penalty, mini_batch_normaliser,
 )
 from relayrl.config import AlgorithmConfig
 from relayrl.types import Experience
@@ -37,9 +37,13 @@ class Objective:
     def normaliser(self, mask: torch.Tensor) -> float:
         return mini_batch_normaliser(mask, self.algo.loss_agg, self.max_tokens)
 
-    def loss(self, logp: torch.Tensor, logits: torch.Tensor, old: torch.Tensor, part: Experience,
+    @property
+    def entropy_in_loss(self) -> bool:
+        return self.algo.entropy_coef > 0
+
+    def loss(self, logp: torch.Tensor, entropy: torch.Tensor, old: torch.Tensor, part: Experience,
              normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Loss of one micro-batch. logp, old: [b, t]; logits: [b, t, V] (for the entropy)."""
+        """Loss of one micro-batch. logp, entropy, old: [b, t] (entropy with gradients when it is in the loss)."""
         mask = part.loss_mask.to(logp.device)
         loss, metrics = self.policy_loss(logp, old, part.advantages.to(logp.device), mask, normaliser=normaliser)
         sums = {"loss_policy": loss.detach(), **metrics}  # micro-batch losses add up to the mini-batch's
@@ -47,9 +51,8 @@ class Objective:
             kl_loss, sums["kl"] = kl_penalty(logp, part.ref_logprobs.to(logp.device), mask, self.algo.kl.estimator,
                                              self.algo.loss_agg, normaliser)
             loss = loss + self.kl_controller.coef * kl_loss
-        if self.algo.entropy_coef > 0:
-            bonus, _ = entropy_bonus(entropy_from_logits(logits), mask, self.algo.entropy_coef, self.algo.loss_agg,
-                                     normaliser)
+        if self.entropy_in_loss:
+            bonus, _ = entropy_bonus(entropy, mask, self.algo.entropy_coef, self.algo.loss_agg, normaliser)
             loss = loss + bonus
         sums["loss_total"] = loss.detach()
         return loss, sums

@@ -13,8 +13,8 @@ the same (the prompt positions receive the sum of their k rows' gradients, as be
 positions: the shared-prefix idea of e.g. Prefix Grouper (Liu et al. 2025) for GRPO, done with a custom
 4D mask that transformers passes to SDPA or eager attention as-is.
 
-`pack_groups` builds the rows; `unpack_logits` scatters the packed logits back to the [B, T-1, V] layout
-the objective uses (zero where no response token is predicted: those positions are loss-masked).
+`pack_groups` builds the rows and says, for every response token, which packed position predicts it and
+where it goes in the Experience's [B, T-1] layout (relayrl/learner/layout.py reads the model there).
 """
 
 from __future__ import annotations
@@ -102,13 +102,6 @@ def _block_mask(segments: torch.Tensor) -> torch.Tensor:
     allowed = causal & ((key == 0) | (key == query)) & (query >= 0)
     allowed |= torch.eye(width, dtype=torch.bool)
     return allowed[:, None]
-
-
-def unpack_logits(logits: torch.Tensor, packed: PackedGroups) -> torch.Tensor:
-    """Packed logits [R, L, V] -> the Experience layout [B, T-1, V]; zero where no response token is predicted."""
-    picked = logits[packed.row, packed.position]
-    out = logits.new_zeros((*packed.shape, logits.shape[-1]))
-    return out.index_put((packed.sample, packed.column), picked)
 
 
 def padded_positions(exp: Experience) -> int:

@@ -16,12 +16,9 @@ from typing import Iterator
 
 import torch
 
-from relayrl.algorithms.losses import entropy_from_logits
-from relayrl.algorithms.sampling_mask import truncate_logits
 from relayrl.config import Config
-from relayrl.learner.batching import token_logprobs
 from relayrl.learner.objective import Objective
-from relayrl.learner.layout import ForwardLayout
+from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models.loading import load_causal_lm
 from relayrl.types import Experience
@@ -59,16 +56,16 @@ class PolicyLearner:
                                    or (algo.correction.mode != "none" and not self.correct_in_pass)
                                    or (self.reference is not None and algo.kl.placement == "reward"))
         self.generator = torch.Generator().manual_seed(train.seed)
-        self.layout = ForwardLayout(train.packing, self.model.config, self.device)
+        self.layout = ForwardLayout(train.packing, train.logits_chunk, Sampled(rollout.temperature, rollout.top_k,
+                                                                               rollout.top_p),
+                                    self.model.config, self.device)
 
     # ------------------------------------------------------------------ log-probs
-    def _forward(self, model, exp: Experience) -> torch.Tensor:
-        """Logits for target positions over the distribution the engine sampled from: temperature-scaled and,
-        with top-k/top-p, truncated and renormalised the way vLLM does: [B, T-1, V] (fp32). Group-packed
-        (relayrl/learner/packing.py) when `train.packing` chooses it for this batch."""
+    def _token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log-probs, entropies) of the response tokens [B, T-1] under the distribution the engine sampled from:
+        temperature-scaled and, with top-k/top-p, truncated and renormalised the way vLLM does (fp32)."""
         with self.autocast:
-            logits = self.layout.logits(model, exp)
-        return truncate_logits(logits.float() / self.temperature, self.top_k, self.top_p)
+            return self.layout.token_stats(model, exp, entropy_grad)
 
     @torch.no_grad()
     def logprobs(self, exp: Experience, model=None) -> torch.Tensor:
@@ -77,8 +74,7 @@ class PolicyLearner:
         model = model or self.model
         out = torch.zeros_like(exp.loss_mask)
         for index in self._chunks(torch.arange(len(exp)), self.config.train.micro_batch):
-            part = exp.select(index)
-            logp = token_logprobs(self._forward(model, part), part.input_ids[:, 1:].to(self.device))
+            logp, _ = self._token_stats(model, exp.select(index))
             out[index, : logp.shape[1]] = logp.cpu()
         return out
 
@@ -134,16 +130,15 @@ class PolicyLearner:
 
     def _accumulate(self, part: Experience, normaliser: float, totals: "_Totals") -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its detached log-probs [b, t]."""
-        logits = self._forward(self.model, part)
-        logp = token_logprobs(logits, part.input_ids[:, 1:].to(self.device))
+        logp, entropy = self._token_stats(self.model, part, entropy_grad=self.objective.entropy_in_loss)
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)
         if self.correct_in_pass:
             totals.add_correction(self.objective.correct_in_pass(part, logp))
-        loss, sums = self.objective.loss(logp, logits, old, part, normaliser)
+        loss, sums = self.objective.loss(logp, entropy, old, part, normaliser)
         loss.backward()
         with torch.no_grad():
             mask = part.loss_mask.to(self.device)
-            sums["entropy"] = (entropy_from_logits(logits.detach()) * mask).sum()
+            sums["entropy"] = (entropy.detach() * mask).sum()
             ratio_max = sums.pop("ratio_max")
             for name, value in sums.items():
                 totals.add(name, value)

@@ -6,11 +6,13 @@ import torch
 
 from relayrl.errors import ConfigError
 from relayrl.learner.batching import make_experience
-from relayrl.learner.layout import ForwardLayout
-from relayrl.learner.packing import pack_groups, packed_positions, padded_positions, unpack_logits
+from relayrl.learner.layout import ForwardLayout, Sampled
+from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
 from relayrl.learner.policy import PolicyLearner
 from relayrl.types import Prompt, Rollout, Score
 from tests.unit.test_learner import _config, _experience, _grads_of_first_step
+
+SAMPLED = Sampled(temperature=1.0, top_k=-1, top_p=1.0)
 
 
 def _two_groups():
@@ -37,16 +39,6 @@ def test_a_group_is_one_row_with_the_prompt_once_and_positions_restarting_per_re
     assert pairs == [(0, 2, 0, 2), (0, 3, 0, 3), (1, 2, 0, 2), (2, 1, 1, 1), (2, 2, 1, 2), (2, 3, 1, 3)]
 
 
-def test_unpacked_logits_land_on_the_loss_mask_and_nowhere_else():
-    exp = _two_groups()
-    packed = pack_groups(exp, pad_id=0)
-    logits = torch.randn(*packed.input_ids.shape, 7)
-    out = unpack_logits(logits, packed)
-    assert out.shape == (4, exp.input_ids.shape[1] - 1, 7)
-    assert torch.equal(out.abs().sum(-1) > 0, exp.loss_mask.bool())
-    assert torch.equal(out[2, 1], logits[1, 1])
-
-
 def test_packing_refuses_a_group_whose_samples_have_different_prompts():
     exp = _two_groups()
     exp.input_ids[1, 0] = 9
@@ -56,11 +48,12 @@ def test_packing_refuses_a_group_whose_samples_have_different_prompts():
 
 def test_auto_packs_only_when_it_saves_positions():
     exp = _experience(groups=4, n=4)
-    layout = ForwardLayout("auto", type("C", (), {"_attn_implementation": "sdpa"})(), "cpu")
+    config = type("C", (), {"_attn_implementation": "sdpa"})()
+    layout = ForwardLayout("auto", 0, SAMPLED, config, "cpu")
     assert packed_positions(exp) < 0.9 * padded_positions(exp) and layout.chooses_packing(exp)
     single = exp.select(torch.arange(0, 16, 4))  # one sample per group: nothing is shared
     assert not layout.chooses_packing(single)
-    assert not ForwardLayout("none", layout, "cpu").chooses_packing(exp)
+    assert not ForwardLayout("none", 0, SAMPLED, config, "cpu").chooses_packing(exp)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -85,14 +78,15 @@ def test_packed_and_padded_updates_have_the_same_loss_and_gradients(random_model
 
 def test_a_model_that_ignores_the_packed_layout_is_stopped_with_one_message(random_model_dir):
     learner = PolicyLearner(_config(random_model_dir, packing="groups"))
-    forward = learner.model.forward
+    backbone = learner.model.base_model
+    forward = backbone.forward
 
     def ignores_positions(*args, position_ids=None, **kwargs):  # as a model without position-id support would
         return forward(*args, **kwargs)
 
-    learner.model.forward = ignores_positions
-    with pytest.raises(ConfigError, match="train.packing: the group-packed forward of LlamaForCausalLM .* "
-                                          "Set train.packing=none"):
+    backbone.forward = ignores_positions
+    with pytest.raises(ConfigError, match="forward of LlamaForCausalLM .*group-packed rows.* gives log-probs up to .* "
+                                          "Set train.packing=none or train.logits_chunk=0"):
         learner.update(_experience())
 
 
@@ -100,4 +94,4 @@ def test_packing_groups_needs_an_attention_that_takes_a_custom_mask(random_model
     config = type("C", (), {"_attn_implementation": "flash_attention_2", "architectures": ["LlamaForCausalLM"]})()
     with pytest.raises(ConfigError, match="train.packing=groups needs sdpa or eager attention; LlamaForCausalLM "
                                           "uses 'flash_attention_2'"):
-        ForwardLayout("groups", config, "cpu")
+        ForwardLayout("groups", 0, SAMPLED, config, "cpu")

@@ -1,0 +1,61 @@
+"""Log-probs and entropies from hidden states a chunk at a time (relayrl/learner/token_stats.py): the same
+values and gradients as from full logits, and a model whose logits are more than its head is stopped."""
+
+import pytest
+import torch
+
+from relayrl.errors import ConfigError
+from relayrl.learner.policy import PolicyLearner
+from relayrl.learner.token_stats import head_stats, logits_stats
+from tests.unit.test_learner import _config, _experience, _grads_of_first_step
+
+
+@pytest.mark.parametrize("top_k,top_p,entropy_grad", [(-1, 1.0, False), (5, 1.0, True), (-1, 0.8, True)])
+def test_chunks_give_the_values_and_gradients_of_one_piece(top_k, top_p, entropy_grad):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(37, 8, generator=gen)
+    head = torch.nn.Linear(8, 11, bias=False)
+    targets = torch.randint(0, 11, (37,), generator=gen)
+    results = []
+    for chunk in (0, 5):
+        h = hidden.clone().requires_grad_()
+        head.zero_grad()
+        logp, entropy = head_stats(h, head, targets, 0.7, top_k, top_p, chunk, entropy_grad)
+        # keep only finite log-probs (a target outside top-k/top-p has -inf)
+        loss = logp[logp.isfinite()].sum() + (entropy.sum() if entropy_grad else 0)
+        loss.backward()
+        results.append((logp.detach(), entropy.detach(), h.grad.clone(), head.weight.grad.clone()))
+        assert entropy.requires_grad == entropy_grad
+    for whole, chunked in zip(*results):
+        torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=1e-5)
+    direct = logits_stats(hidden @ head.weight.T, targets, 0.7, top_k, top_p, False)
+    torch.testing.assert_close(results[0][0], direct[0])
+
+
+@pytest.mark.parametrize("logits_chunk", [0, 3])
+def test_the_head_over_hidden_states_trains_as_the_models_logits(random_model_dir, logits_chunk):
+    runs = {}
+    for chunk in (logits_chunk, 1024):
+        learner = PolicyLearner(_config(random_model_dir, micro_batch=8, logits_chunk=chunk,
+                                        extra=["algorithm.entropy_coef=0.01", "rollout.temperature=0.7"]))
+        runs[chunk] = _grads_of_first_step(learner, _experience())
+    (grads_a, stats_a), (grads_b, stats_b) = runs.values()
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
+    assert stats_a["actor/entropy"] == pytest.approx(stats_b["actor/entropy"], rel=1e-5)
+    assert stats_a["loss/total"] == pytest.approx(stats_b["loss/total"], abs=1e-6)
+
+
+def test_a_model_whose_logits_are_not_its_head_is_stopped_with_one_message(random_model_dir):
+    learner = PolicyLearner(_config(random_model_dir, packing="none"))
+    forward = learner.model.forward
+
+    def soft_capped(*args, **kwargs):  # as Gemma-2's final logit soft-capping would
+        out = forward(*args, **kwargs)
+        out.logits = 5 * torch.tanh(out.logits / 5)
+        return out
+
+    learner.model.forward = soft_capped
+    with pytest.raises(ConfigError, match=r"padded rows, head over hidden states\) gives log-probs up to .* "
+                                          r"Set train.logits_chunk=0\.$"):
+        learner.update(_experience())
