@@ -9,7 +9,9 @@ import torch
 
 def build_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]):
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas)
+    # foreach: one multi-tensor kernel per op instead of a Python loop over parameters (torch picks it on GPU
+    # only; on CPU the loop costs ~3 ms a step for a small model's ~30 tensors)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, foreach=True)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
