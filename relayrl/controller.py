@@ -271,7 +271,8 @@ def build_roles(config: Config, max_len: int, probe_ids: list[int] | None):
         learner, engines, sync, group = build_ray_roles(config, max_len, probe_ids)
         return engines, learner, sync, functools.partial(shutdown, learner, engines, group)
     engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
-                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization)
+                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization,
+                          config.rollout.prefix_caching)
     return engine, LearnerRole(config), InProcessSync(probe_ids=probe_ids), lambda: None
 
 

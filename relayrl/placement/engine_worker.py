@@ -16,7 +16,7 @@ from relayrl.sync.endpoints import WeightSink
 
 class EngineWorker(WeightSink):
     def __init__(self, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float, threads: int,
-                 cores: str):
+                 cores: str, prefix_caching: str = "auto"):
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         import torch
@@ -24,7 +24,7 @@ class EngineWorker(WeightSink):
         torch.set_num_threads(threads)
         from relayrl.rollout.vllm_engine import VLLMEngine
 
-        self.engine = VLLMEngine(model_path, max_model_len, seed, kv_cache_gib)
+        self.engine = VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, prefix_caching=prefix_caching)
         torch.set_num_threads(threads)
 
     def ping(self) -> int:

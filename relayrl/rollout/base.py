@@ -63,11 +63,11 @@ class RolloutEngine(Protocol):
 
 
 def build_engine(kind: str, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5) -> RolloutEngine:
+                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto") -> RolloutEngine:
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization)
+        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching)
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine
 

@@ -32,7 +32,7 @@ def _configure_environment(kv_cache_gib: float) -> None:
 
 class VLLMEngine:
     def __init__(self, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5):
+                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto"):
         _configure_environment(kv_cache_gib)
         threads = torch.get_num_threads()
         from vllm import LLM
@@ -46,6 +46,7 @@ class VLLMEngine:
             max_model_len=max_model_len,
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=uses_prefix_caching(prefix_caching, max_model_len, on_gpu),
         )
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
         self.version = 0
@@ -163,6 +164,18 @@ def _rollout(prompt: Prompt, index: int, completion, text: str, version: int) ->
     return Rollout(prompt=prompt, group_index=index, response_ids=token_ids, response_text=text,
                    behaviour_logprobs=logprobs, finish_reason=completion.finish_reason or "length",
                    versions=[version] * len(token_ids))
+
+
+# vLLM 0.32's default KV block sizes (tests/integration/test_vllm_engine.py pins the CPU one)
+DEFAULT_BLOCK_SIZE = {"cpu": 128, "gpu": 16}
+
+
+def uses_prefix_caching(setting: str, max_model_len: int, on_gpu: bool) -> bool:
+    """`rollout.prefix_caching`: `auto` turns it off when no sequence can fill a KV block, as nothing can then
+    be reused and the hashing still runs for every request (the cache is also reset at every weight update)."""
+    if setting != "auto":
+        return setting == "on"
+    return max_model_len > DEFAULT_BLOCK_SIZE["gpu" if on_gpu else "cpu"]
 
 
 def request_seed(seed: int | None, index: int, n: int) -> int | None:

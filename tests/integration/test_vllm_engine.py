@@ -56,6 +56,17 @@ def test_generate_returns_n_rollouts_per_prompt_with_logprobs(engine, prompts):
         assert all(lp <= 0 for lp in r.behaviour_logprobs)
 
 
+def test_prefix_caching_auto_is_off_when_no_sequence_fills_a_block(engine):
+    from relayrl.rollout.vllm_engine import DEFAULT_BLOCK_SIZE, uses_prefix_caching
+
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    assert cache.block_size == DEFAULT_BLOCK_SIZE["cpu"]  # the rule's assumption about this vLLM
+    assert cache.enable_prefix_caching is False  # max_model_len 64 < 128
+    assert uses_prefix_caching("auto", 129, on_gpu=False) and not uses_prefix_caching("auto", 128, on_gpu=False)
+    assert uses_prefix_caching("auto", 64, on_gpu=True) and uses_prefix_caching("on", 8, on_gpu=False)
+    assert not uses_prefix_caching("off", 4096, on_gpu=True)
+
+
 def test_min_tokens_holds_off_the_end_of_sequence(engine, prompts):
     rollouts = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=12, min_tokens=12, seed=3), 0)
     assert [len(r.response_ids) for r in rollouts] == [12] * len(rollouts)
