@@ -62,6 +62,27 @@ class Workload:
     # the longest response ends; the learner pads every row to the batch's longest sequence.
     longest_prompt_tokens: float | None = None
     longest_response_tokens: float | None = None
+    group_size: int = 1    # rollout.n
+    packing: str = "none"  # train.packing
+
+    @property
+    def packed(self) -> bool:
+        """Whether the learner packs whole groups (relayrl/learner/layout.py; `auto` when that saves >= 10%).
+        Estimated only when one micro-batch holds the rollout batch: shuffled mini-batches split groups."""
+        if self.packing == "none" or self.group_size < 2 or self.micro_batch < self.rollout_batch:
+            return False
+        if self.packing == "groups":
+            return True
+        return self.groups * self.packed_width <= 0.9 * self.rollout_batch * self.width
+
+    @property
+    def groups(self) -> int:
+        return max(1, self.rollout_batch // self.group_size)
+
+    @property
+    def packed_width(self) -> float:
+        """A packed row: the prompt once, then every response of the group (at their longest)."""
+        return self.prompt + self.group_size * self.response
 
     @property
     def seq_len(self) -> int:
@@ -84,6 +105,8 @@ class Workload:
     @property
     def tokens(self) -> int:
         """Tokens forwarded per pass over the rollout batch, padding included (the learner computes on it)."""
+        if self.packed:
+            return int(self.groups * self.packed_width)
         return int(self.rollout_batch * self.width)
 
 
@@ -94,7 +117,8 @@ def workload_from_config(config: Config, longest_prompt_tokens: float | None = N
         response_tokens=config.rollout.max_tokens, micro_batch=min(config.train.micro_batch, config.mini_batch),
         optimizer_steps=config.rollout_batch // config.mini_batch * config.train.epochs, epochs=config.train.epochs,
         reference=config.algorithm.kl.coef > 0, critic=config.algorithm.advantage == "gae",
-        kv_cache_gib=config.rollout.kv_cache_gib, gpu_memory_utilization=config.rollout.gpu_memory_utilization)
+        kv_cache_gib=config.rollout.kv_cache_gib, gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        group_size=config.rollout.n, packing=config.train.packing)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def _input_rows(plan: Plan) -> Rows:
         ("sequence", "max_prompt_tokens + max_tokens", f"{w.prompt_tokens} + {w.response_tokens} = {w.seq_len}"),
         ("batch width", "longest prompt + longest response expected in a batch (--prompt/--response-tokens)",
          f"{w.prompt:g} + {w.response:g} = {w.width:g}"),
-        ("tokens per pass", "rollout batch x width (the learner pads rows to the longest)", f"{w.tokens:,}"),
+        ("tokens per pass", "groups x (prompt + n x response): one packed row per group (train.packing)" if w.packed
+         else "rollout batch x width (the learner pads rows to the longest)", f"{w.tokens:,}"),
         ("optimizer steps", "rollout_batch / mini_batch x epochs", f"{w.optimizer_steps}"),
         ("b_train", train_terms, f"{pr.train_bytes} B/param"),
         ("b_infer", "engine and reference weights", f"{b} B/param"),

@@ -198,9 +198,24 @@ def test_expected_longest_prompt_and_response_set_the_padded_width_but_not_memor
     from relayrl.planner.estimate import workload_from_config
 
     config = load_config(None, ["rollout.max_tokens=64", "data.max_prompt_tokens=16", "rollout.n=4",
-                                "rollout.prompts_per_step=16"])
+                                "rollout.prompts_per_step=16", "train.packing=none"])
     full = workload_from_config(config)
     short = workload_from_config(config, longest_prompt_tokens=6, longest_response_tokens=32)
     # 64 sequences x (16 prompt + 64 response tokens), or x (6 + 32) when the batches are expected shorter
     assert full.tokens == 64 * 80 and short.tokens == 64 * 38
     assert short.seq_len == full.seq_len == 80  # memory still sized for the longest sequence
+
+
+def test_packed_groups_set_the_tokens_per_pass_when_they_save_positions():
+    from relayrl.planner.estimate import workload_from_config
+
+    short = ["data.max_prompt_tokens=100", "rollout.max_tokens=8", "rollout.n=8", "rollout.prompts_per_step=4",
+             "train.micro_batch=32"]
+    packed = workload_from_config(load_config(None, short))
+    # 4 groups x (100 + 8 x 8) instead of 32 rows x (100 + 8): the prompt is computed once per group
+    assert packed.packed and packed.tokens == 4 * 164
+    long = ["data.max_prompt_tokens=8", "rollout.max_tokens=100", "rollout.n=8", "rollout.prompts_per_step=4",
+            "train.micro_batch=32"]
+    assert not workload_from_config(load_config(None, long)).packed  # 4 x 808 is no saving over 32 x 108
+    assert workload_from_config(load_config(None, long + ["train.packing=groups"])).tokens == 4 * 808
+    assert not workload_from_config(load_config(None, short[:-1] + ["train.micro_batch=8"])).packed  # split groups
