@@ -35,8 +35,8 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit
 
-bench: setup
-	$(BIN)/python benchmarks/peer_trl.py
+bench: setup  # the benchmark suite, one table vs the targets; `make bench QUICK=1` for a smoke run
+	$(BIN)/python benchmarks/suite.py $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,8 +1,24 @@
 """Peer benchmark: the same GRPO run through relayrl and through TRL's `GRPOTrainer`, on CPU.
 
-What it measures, for each framework, on the demo task (two-number addition, tiny warm-started Llama,
+Two regimes (`--regime`), both on the demo task's data (two-number addition prompts,
 `relayrl/configs/demo.yaml` with this script's --steps/--prompts-per-step/--n/--max-tokens/--lr, whose
-defaults are the benchmark's own, not the demo's):
+defaults are each regime's own, not the demo's):
+
+  a (default)  tiny arithmetic: the demo's warm-started Llama (~0.8M parameters), 20 steps x 32 prompts x
+               n=8, completions of at most 6 tokens, reward and held-out score = exact match (500 problems).
+  b            decode-heavy: a randomly initialised ~27M-parameter Llama (hidden 512, 8 layers, 8 heads,
+               MLP 1536, `relayrl.models.tiny.build_tiny` over the task's texts, cached in <dir>/regime_b/model),
+               8 steps x 8 prompts x n=4, every completion exactly 128 tokens (end-of-sequence is suppressed
+               before 128: relayrl `rollout.min_tokens=128`, TRL `generation_kwargs={"min_new_tokens": 128}`;
+               both sides' mean completion length is checked to be 128 +- 1). No warm start: supervised
+               training of a 27M model on this 2-core machine would take longer than the benchmark. Exact
+               match is always 0 for a random model writing 128 tokens, so the reward is the dense, verifiable
+               `digit_fraction` of benchmarks/rewards.py (share of the completion's characters that are digits),
+               the same function on both sides; the held-out score is its greedy mean over the first 64
+               held-out prompts, 128 tokens, measured by one benchmark-side evaluator (relayrl's vLLM engine,
+               `min_tokens=128`; `relayrl eval` has no length floor) for the initial model and both final models.
+
+What it measures, for each framework:
 
 * median step time (s): one step = generate prompts_per_step * n completions, score them, one optimizer
   step on all of them. relayrl: `time/step` from <run>/metrics.jsonl (generate -> ... -> weight sync to
@@ -12,8 +28,10 @@ defaults are the benchmark's own, not the demo's):
   policy's `generate` call, timed by wrapping it on the model instance).
 * tokens/s: completion tokens generated in a step (EOS included, on both sides) / that step's time,
   median over steps.
-* held-out greedy accuracy: exact match on the 500 held-out problems, greedy, for the warm start and for
-  each final model, all measured by the same evaluator (`relayrl eval`, vLLM, one subprocess per model).
+* held-out greedy score: regime a: exact match on the 500 held-out problems, greedy, for the warm start and
+  for each final model, all measured by the same evaluator (`relayrl eval`, vLLM, one subprocess per model);
+  regime b: see above.
+* mean completion length (tokens), per framework.
 
 How TRL is configured to do the same work per step (TRL 1.16 semantics):
     per_device_train_batch_size = prompts_per_step * n      (= relayrl train.micro_batch: one forward/backward)
@@ -25,6 +43,7 @@ How TRL is configured to do the same work per step (TRL 1.16 semantics):
     loss_type = "dapo": sum of per-token losses / active tokens in the batch (relayrl loss_agg = token_mean)
     scale_rewards = "group" (relayrl std_normalize), beta = 0 (relayrl kl.coef = 0: no reference model),
     epsilon = clip_eps, max_grad_norm = grad_clip, temperature/top_p/top_k, max_completion_length = max_tokens
+    generation_kwargs = {"min_new_tokens": min_tokens} when rollout.min_tokens > 0 (regime b)
     optimizer + schedule: relayrl's own AdamW and warmup/constant LambdaLR, handed to TRL through
       `optimizers=`, because HF's `constant_with_warmup` starts at lr 0 where relayrl starts at lr/warmup.
 
@@ -39,12 +58,13 @@ Simplifications and known differences (also printed at run time):
 * relayrl trains in a subprocess (`relayrl train`), TRL in this process; each evaluation is its own
   subprocess, so no two vLLM engines ever share a process.
 
-Usage:  python benchmarks/peer_trl.py [--quick] [--steps 20] [--prompts-per-step 32] [--n 8] ...
+Usage:  python benchmarks/peer_trl.py [--regime a|b] [--quick] [--steps N] [--prompts-per-step N] [--n N] ...
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -53,6 +73,7 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -64,46 +85,100 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
 
 REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(__file__).resolve().parent
 DEMO_WARMSTART = REPO / "runs" / "demo" / "warmstart"
-QUICK_STEPS = 3
+
+
+@dataclass(frozen=True)
+class Regime:
+    """One benchmark setting: its defaults (overridable on the command line) and what it scores."""
+
+    name: str
+    steps: int
+    quick_steps: int
+    prompts_per_step: int
+    n: int
+    max_tokens: int
+    min_tokens: int  # 0 = completions end at EOS; > 0: EOS is suppressed before this many tokens
+    lr: float
+    reward: str  # relayrl reward.fn spec; TRL calls the same function
+    eval_prompts: int  # held-out prompts scored (0 = all)
+    warm_start: bool  # False: a random init of MODEL_B
+    held_out: str  # what the held-out number is, for the table and the JSON
+
+
+REGIMES = {
+    "a": Regime("a", steps=20, quick_steps=3, prompts_per_step=32, n=8, max_tokens=6, min_tokens=0, lr=1e-4,
+                reward="exact_match", eval_prompts=0, warm_start=True,
+                held_out="greedy exact match on the 500 held-out problems"),
+    "b": Regime("b", steps=8, quick_steps=2, prompts_per_step=8, n=4, max_tokens=128, min_tokens=128, lr=1e-4,
+                reward=f"{BENCH / 'rewards.py'}:digit_fraction", eval_prompts=64, warm_start=False,
+                held_out="greedy digit_fraction on the first 64 held-out prompts, 128 tokens"),
+}
+MODEL_B = dict(hidden=512, layers=8, heads=8, intermediate=1536)  # ~27M parameters with the task's vocabulary
+LENGTH_TOLERANCE = 1.0  # tokens: a fixed-length regime fails when a side's mean completion length is further off
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--prompts-per-step", type=int, default=32)
-    parser.add_argument("--n", type=int, default=8, help="completions per prompt (group size)")
-    parser.add_argument("--max-tokens", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--out", default=None,
-                        help="JSON table (default runs/bench/peer_trl.json; peer_trl_quick.json with --quick)")
+    parser.add_argument("--regime", choices=sorted(REGIMES), default="a",
+                        help="a: tiny arithmetic (default); b: decode-heavy, 27M model, 128-token completions")
+    parser.add_argument("--steps", type=int, help="default: the regime's (a 20, b 8)")
+    parser.add_argument("--prompts-per-step", type=int, help="default: the regime's (a 32, b 8)")
+    parser.add_argument("--n", type=int, help="completions per prompt (group size); default: the regime's (a 8, b 4)")
+    parser.add_argument("--max-tokens", type=int, help="default: the regime's (a 6, b 128)")
+    parser.add_argument("--lr", type=float, help="default: the regime's (1e-4)")
+    parser.add_argument("--out", default=None, help="JSON table (default <dir>/peer_trl[_b][_quick].json)")
     parser.add_argument("--dir", default="runs/bench", help="work directory: data, warm start, both runs")
-    parser.add_argument("--warmstart", default=None, help="warm-started model directory to reuse")
-    parser.add_argument("--quick", action="store_true", help=f"smoke run: {QUICK_STEPS} steps")
+    parser.add_argument("--warmstart", default=None, help="regime a: warm-started model directory to reuse")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a few steps (a 3, b 2)")
     args = parser.parse_args(argv)
+    regime = REGIMES[args.regime]
+    for key in ("steps", "prompts_per_step", "n", "max_tokens", "lr"):
+        if getattr(args, key) is None:
+            setattr(args, key, getattr(regime, key))
     if args.quick:
-        args.steps = QUICK_STEPS
+        args.steps = regime.quick_steps
+    args.min_tokens = min(regime.min_tokens, args.max_tokens)
     if args.out is None:
-        args.out = str(Path(args.dir) / ("peer_trl_quick.json" if args.quick else "peer_trl.json"))
+        suffix = ("_b" if args.regime == "b" else "") + ("_quick" if args.quick else "")
+        args.out = str(Path(args.dir) / f"peer_trl{suffix}.json")
     return args
+
+
+def regime_of(args: argparse.Namespace) -> Regime:
+    """The regime of a namespace; callers with their own arguments (phases.py) get regime a."""
+    return REGIMES[getattr(args, "regime", "a")]
+
+
+def work_dir(args: argparse.Namespace) -> Path:
+    """Where a regime's model, runs and logs go: <dir> for regime a (as before regimes), <dir>/regime_b."""
+    regime = regime_of(args)
+    return Path(args.dir) if regime.name == "a" else Path(args.dir) / f"regime_{regime.name}"
 
 
 # ---------------------------------------------------------------------------- shared inputs
 
 
 def prepare_inputs(args: argparse.Namespace) -> dict[str, Path]:
-    """Toy data in <dir>/data; the warm start from --warmstart, the demo's cache, or built in <dir>."""
+    """Toy data in <dir>/data; the initial model ("init"): regime a's warm start (--warmstart, the demo's cache,
+    or built in <dir>), regime b's random init; regime b's held-out subset."""
     from relayrl.data.toy import write_toy_task
 
+    regime, work = regime_of(args), work_dir(args)
     paths = write_toy_task(Path(args.dir) / "data", seed=0)
-    if args.warmstart:
-        warm = Path(args.warmstart)
+    if not regime.warm_start:
+        init = build_random_model(paths["sft"], work / "model")
+    elif getattr(args, "warmstart", None):
+        init = Path(args.warmstart)
     elif all((DEMO_WARMSTART / name).is_file() for name in ("config.json", "model.safetensors")):
-        warm = DEMO_WARMSTART
+        init = DEMO_WARMSTART
     else:
-        warm = build_warmstart(paths["sft"], Path(args.dir) / "warmstart")
-    print(f"warm start: {warm}")
-    return {**paths, "warmstart": warm}
+        init = build_warmstart(paths["sft"], Path(args.dir) / "warmstart")
+    if regime.eval_prompts:
+        paths["eval"] = first_rows(paths["eval"], work / f"eval_{regime.eval_prompts}.jsonl", regime.eval_prompts)
+    print(f"initial model: {init}")
+    return {**paths, "init": init}
 
 
 def build_warmstart(sft: Path, warm: Path) -> Path:
@@ -120,6 +195,26 @@ def build_warmstart(sft: Path, warm: Path) -> Path:
     return warm
 
 
+def build_random_model(sft: Path, out: Path) -> Path:
+    """Regime b's model: a random-init MODEL_B Llama with a character tokenizer over the task's texts, cached."""
+    if not all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
+        from relayrl.models.tiny import build_tiny
+
+        texts = [row["prompt"] + row["completion"] for row in map(json.loads, sft.read_text().splitlines())]
+        model, _ = build_tiny(texts, out, seed=0, **MODEL_B)
+        print(f"built a random-init model in {out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params")
+    return out
+
+
+def first_rows(source: Path, target: Path, count: int) -> Path:
+    """The first `count` rows of a .jsonl file, written to `target` (rewritten only when they changed)."""
+    text = "".join(source.read_text().splitlines(keepends=True)[:count])
+    if not target.is_file() or target.read_text() != text:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return target
+
+
 def build_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path) -> tuple[object, list[str]]:
     """The demo config with the benchmark's settings (one optimizer step per rollout batch), and the
     `relayrl train` command that runs it: the tree as <run_dir>/bench_config.yaml plus the overrides."""
@@ -127,14 +222,18 @@ def build_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path
 
     from relayrl.config import load_config, read_yaml
 
+    regime = regime_of(args)
     tree = read_yaml(resources.files("relayrl") / "configs" / "demo.yaml")
-    tree.update(model={"path": str(paths["warmstart"])},
+    tree.update(model={"path": str(paths["init"])},
                 data={**tree.get("data", {}), "train": str(paths["train"]), "eval": str(paths["eval"])},
-                log={"dir": str(run_dir), "progress": False})
+                log={"dir": str(run_dir), "progress": False},
+                reward={**tree.get("reward", {}), "fn": regime.reward})
     batch = args.prompts_per_step * args.n
     overrides = [f"train.steps={args.steps}", f"rollout.prompts_per_step={args.prompts_per_step}",
                  f"rollout.n={args.n}", f"rollout.max_tokens={args.max_tokens}", f"train.lr={args.lr}",
                  f"train.mini_batch={batch}", f"train.micro_batch={batch}"]
+    if getattr(args, "min_tokens", 0):
+        overrides.append(f"rollout.min_tokens={args.min_tokens}")
     config = load_config(None, overrides, base=tree)  # validates here, before anything runs
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
@@ -154,14 +253,64 @@ def run_logged(command: list[str], log_path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def greedy_accuracy(model_dir: Path, eval_path: Path, max_tokens: int, log_path: Path) -> float:
-    """Held-out greedy exact match of a saved model, by `relayrl eval` (vLLM) in its own process."""
-    command = [sys.executable, "-m", "relayrl.cli", "eval", "--model", str(model_dir), "--data", str(eval_path),
-               "--reward", "exact_match", "--max-tokens", str(max_tokens), "--temperature", "0"]
-    return float(json.loads(run_logged(command, log_path))["reward_mean"])
+def held_out_score(model_dir: Path, args: argparse.Namespace, eval_path: Path, log_path: Path) -> dict:
+    """The regime's held-out greedy score of a saved model, in its own process: `relayrl eval` (vLLM) when
+    completions end at EOS; else `evaluate_fixed_length` (relayrl's engine with the regime's length floor).
+    Returns {"score", "sampled", "length_mean"} (the last two None from `relayrl eval`)."""
+    regime = regime_of(args)
+    if not args.min_tokens:
+        command = [sys.executable, "-m", "relayrl.cli", "eval", "--model", str(model_dir), "--data", str(eval_path),
+                   "--reward", regime.reward, "--max-tokens", str(args.max_tokens), "--temperature", "0"]
+        score = float(json.loads(run_logged(command, log_path))["reward_mean"])
+        return {"score": score, "sampled": None, "length_mean": None}
+    entry = "import sys; sys.path.insert(0, sys.argv[1]); import peer_trl; peer_trl.fixed_length_entry(sys.argv[2:])"
+    command = [sys.executable, "-c", entry, str(BENCH), str(model_dir), str(eval_path), regime.reward,
+               str(args.max_tokens), str(args.min_tokens)]
+    result = json.loads(run_logged(command, log_path))
+    check_length(f"held-out eval of {model_dir}", result["length_mean"], args.min_tokens, args.max_tokens)
+    return {"score": result["reward_mean"], "sampled": result["sampled_mean"], "length_mean": result["length_mean"]}
 
 
-def summarize(step_times: list[float], tokens: list[float], rewards: list[float]) -> dict:
+def evaluate_fixed_length(model: str, data: str, reward: str, max_tokens: int, min_tokens: int) -> dict:
+    """`relayrl eval`'s greedy path (vLLM engine, relayrl's prompt loading and reward scoring, a failing sample
+    scored 0) with `min_tokens`, which `relayrl eval` does not take; also the mean completion length and the
+    mean reward of one sample per prompt at temperature 1 (continuous where the greedy score saturates)."""
+    from relayrl.data.source import load_prompts
+    from relayrl.models.loading import context_length, load_tokenizer
+    from relayrl.rewards import load_reward, score_rollouts
+    from relayrl.rollout.base import Sampling, build_engine
+
+    limit = context_length(model) or 10**9
+    prompts, _ = load_prompts(data, load_tokenizer(model), max_prompt_tokens=max(1, limit - max_tokens))
+    engine = build_engine("vllm", model, max(len(p.token_ids) for p in prompts) + max_tokens, seed=0)
+    fn = load_reward(reward)
+
+    def run(temperature: float) -> tuple[float, float]:
+        sampling = Sampling(n=1, temperature=temperature, max_tokens=max_tokens, min_tokens=min_tokens, seed=0)
+        rollouts = engine.generate(prompts, sampling, 0)
+        scores, _ = score_rollouts(fn, rollouts, on_error="zero")
+        return (sum(s.reward for s in scores if s is not None) / len(scores),
+                statistics.mean(len(r.response_ids) for r in rollouts))
+
+    (greedy, length), (sampled, _) = run(0.0), run(1.0)
+    return {"reward_mean": greedy, "sampled_mean": sampled, "n": len(prompts), "length_mean": length}
+
+
+def fixed_length_entry(argv: list[str]) -> None:
+    """Subprocess entry of `held_out_score`: MODEL DATA REWARD MAX_TOKENS MIN_TOKENS -> one JSON line."""
+    model, data, reward, max_tokens, min_tokens = argv
+    print(json.dumps(evaluate_fixed_length(model, data, reward, int(max_tokens), int(min_tokens))))
+
+
+def check_length(who: str, length_mean: float, min_tokens: int, max_tokens: int) -> None:
+    """Fail loudly when a fixed-length regime's completions are not that long (min_tokens == max_tokens)."""
+    if min_tokens == max_tokens and abs(length_mean - min_tokens) > LENGTH_TOLERANCE:
+        raise RuntimeError(f"{who}: mean completion length {length_mean:.2f} tokens, expected {min_tokens} "
+                           f"(+-{LENGTH_TOLERANCE:g}): the length floor is not applied; the timings would not compare")
+
+
+def summarize(step_times: list[float], tokens: list[float], rewards: list[float], batch: int) -> dict:
+    """Per-step numbers of one framework's run; `tokens` = completion tokens per step, `batch` completions."""
     return {
         "per_step": {"time_s": step_times, "completion_tokens": tokens, "train_reward": rewards},
         "steps": len(step_times),
@@ -170,6 +319,7 @@ def summarize(step_times: list[float], tokens: list[float], rewards: list[float]
         "first_step_s": step_times[0],
         "tokens_per_s": statistics.median(t / s for t, s in zip(tokens, step_times)),
         "completion_tokens_per_step": statistics.mean(tokens),
+        "completion_length_mean": statistics.mean(tokens) / batch,
     }
 
 
@@ -185,9 +335,9 @@ def run_relayrl(config, command: list[str], run_dir: Path) -> dict:
     times = [row["time/step"] for row in rows]
     tokens = [row["response/length_mean"] * config.rollout_batch for row in rows]
     rewards = [row["reward/mean"] for row in rows]
-    return {**summarize(times, tokens, rewards), "wall_s": wall, "own_eval": result,
+    return {**summarize(times, tokens, rewards, config.rollout_batch), "wall_s": wall, "own_eval": result,
             "generate_median_s": statistics.median(row["time/generate"] for row in rows),
-            "phase_median_s": phase_medians(rows)}
+            "phase_median_s": phase_medians(rows), "run_dir": str(run_dir)}
 
 
 def phase_medians(rows: list[dict]) -> dict[str, float]:
@@ -213,6 +363,7 @@ def trl_arguments(config, out_dir: Path):
         beta=a.kl.coef, epsilon=a.clip_eps, loss_type="dapo", scale_rewards="group" if a.std_normalize else "none",
         use_vllm=False, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
         shuffle_dataset=config.data.shuffle, dataloader_num_workers=0,
+        generation_kwargs={"min_new_tokens": r.min_tokens} if r.min_tokens else None,
     )
     assert args.generation_batch_size == config.rollout_batch and args.steps_per_generation == 1
     return args
@@ -241,17 +392,20 @@ def make_clock():
     return StepClock()
 
 
-def recording_reward(samples: list):
-    """relayrl's exact_match, unchanged, also keeping the first batch's (prompt, completion) pairs."""
+def recording_reward(spec: str, samples: list):
+    """The run's reward function as relayrl loads it (`reward.fn`), unchanged, also keeping the first batch's
+    (prompt, completion, answer) triples."""
     import functools
 
-    from relayrl.rewards.verifiers import exact_match
+    from relayrl.rewards import load_reward
 
-    @functools.wraps(exact_match)
+    fn = load_reward(spec)
+
+    @functools.wraps(fn)
     def reward(prompts, completions, **columns):
         if not samples:
             samples.extend(zip(prompts, completions, columns["answer"]))
-        return exact_match(prompts, completions, **columns)
+        return fn(prompts, completions, **columns)
 
     return reward
 
@@ -287,7 +441,8 @@ def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
     scheduler = build_scheduler(optimizer, t.steps, t.warmup_steps, t.lr_schedule, t.min_lr_ratio)
     clock, samples, generate_s = make_clock(), [], []
     time_generate(model, generate_s)
-    trainer = GRPOTrainer(model=model, reward_funcs=recording_reward(samples), args=trl_arguments(config, out_dir),
+    trainer = GRPOTrainer(model=model, reward_funcs=recording_reward(config.reward.fn, samples),
+                          args=trl_arguments(config, out_dir),
                           train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
                           callbacks=[clock], optimizers=(optimizer, scheduler))
     trainer.remove_callback(PrinterCallback)
@@ -297,7 +452,7 @@ def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
     trainer.save_model(str(out_dir / "model"))
     tokens = [log["completions/mean_length"] * config.rollout_batch for log in clock.logs]
     rewards = [log["reward"] for log in clock.logs]
-    stats = {**summarize(clock.times, tokens, rewards), "wall_s": wall,
+    stats = {**summarize(clock.times, tokens, rewards, config.rollout_batch), "wall_s": wall,
              "generate_median_s": statistics.median(generate_s),
              "trl_step_time_median_s": statistics.median(log["step_time"] for log in clock.logs if "step_time" in log)}
     return stats, samples
@@ -321,8 +476,9 @@ def unmirrored(config) -> list[str]:
     return notes
 
 
-def trl_differences(config, rows_path: Path) -> list[str]:
-    """Check the inputs TRL will see against relayrl's; list what cannot be made identical."""
+def trl_differences(config, rows_path: Path, regime: Regime) -> list[str]:
+    """Check the inputs TRL will see against relayrl's; list what cannot be made identical (and, for a regime
+    without a warm start, what the benchmark simplifies)."""
     from transformers import AutoTokenizer
     from trl.data_utils import is_conversational
 
@@ -337,7 +493,7 @@ def trl_differences(config, rows_path: Path) -> list[str]:
         f"{config.train.seed}): different prompts/completions per step",
         f"data.max_prompt_tokens={config.data.max_prompt_tokens}: no TRL equivalent (no prompt here is that long)",
     ]
-    notes += unmirrored(config)
+    notes += unmirrored(config) + regime_notes(config, regime)
     trl_ids = tokenizer(text=[first["prompt"]])["input_ids"][0]
     ours = tokenizer(first["prompt"], add_special_tokens=False)["input_ids"]
     if trl_ids != ours:
@@ -345,68 +501,111 @@ def trl_differences(config, rows_path: Path) -> list[str]:
     return notes
 
 
+def regime_notes(config, regime: Regime) -> list[str]:
+    """The regime's own simplifications, printed with the differences."""
+    if regime.warm_start:
+        return []
+    notes = [f"model: randomly initialised ({config.model.path}), no warm start: supervised training of a model "
+             "this size would take longer than the benchmark on this machine",
+             f"reward: {regime.reward} on both sides (exact match is always 0 for a random model at this length)",
+             f"held-out score: {regime.held_out}, one benchmark-side evaluator (relayrl's vLLM engine with "
+             "min_tokens; `relayrl eval` has no length floor) for the initial and both final models"]
+    if config.rollout.min_tokens:
+        notes.append(f"length: end-of-sequence suppressed before {config.rollout.min_tokens} tokens on both sides "
+                     "(vLLM min_tokens / HF min_new_tokens); each side's mean length is checked")
+    return notes
+
+
 # ---------------------------------------------------------------------------- report
 
 
-def check_samples(samples: list[tuple[str, str, str]]) -> None:
-    """TRL's decoded completions must be bare answers (digits; no '</s>', no prompt echo)."""
-    shown = ", ".join(f"{p!r}->{c!r} (answer {a})" for p, c, a in samples[:4])
+def check_samples(samples: list[tuple[str, str, str]], regime: Regime) -> None:
+    """Show TRL's decoded completions as the reward sees them; regime a's must be bare answers (digits; no
+    '</s>', no prompt echo)."""
+    shown = ", ".join(f"{p!r}->{c[:40]!r} (answer {a})" for p, c, a in samples[:4])
     print(f"TRL completions as the reward sees them: {shown}")
+    if regime.reward != "exact_match":
+        return
     digits = sum(c.strip().isdigit() for _, c, _ in samples) / max(len(samples), 1)
     if digits < 0.5:
         print(f"WARNING: only {digits:.0%} of TRL's first-batch completions are digit strings")
 
 
-def table(rows: dict[str, dict], ratio: float) -> str:
+def table(rows: dict[str, dict], ratio: float, held_out: str = "") -> str:
     header = (f"{'framework':<10} {'median step (s)':>16} {'min step':>9} {'median generate':>18} {'tokens/s':>9} "
-              f"{'greedy before':>14} {'greedy after':>13}")
+              f"{'mean len':>9} {'held-out before':>16} {'held-out after':>15}")
     lines = [header, "-" * len(header)]
     for name, row in rows.items():
         lines.append(f"{name:<10} {row['median_step_s']:>16.3f} {row['min_step_s']:>9.3f} "
                      f"{row['generate_median_s']:>18.3f} {row['tokens_per_s']:>9.0f} "
-                     f"{row['greedy_before']:>14.3f} {row['greedy_after']:>13.3f}")
-    lines.append(f"step time relayrl/TRL: {ratio:.2f}x")
+                     f"{row['completion_length_mean']:>9.1f} "
+                     f"{row['greedy_before']:>16.3f} {row['greedy_after']:>15.3f}")
+    lines.append(f"step time relayrl/TRL: {ratio:.2f}x" + (f"   held-out = {held_out}" if held_out else ""))
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    regime = regime_of(args)
     start, busy_start = time.perf_counter(), cpu_busy()
     if busy_start > 0.1:
         print(f"WARNING: the CPUs were {busy_start:.0%} busy before the start: timings will be noisy")
     cpu_start = cpu_sample()
-    work = Path(args.dir)
+    work = work_dir(args)
     paths = prepare_inputs(args)
     config, relayrl_command = build_config(args, paths, work / "relayrl")
-    differences = trl_differences(config, paths["train"])
-    print("settings: " + json.dumps(settings_of(config)))
+    differences = trl_differences(config, paths["train"], regime)
+    print(f"regime {regime.name}; settings: " + json.dumps(settings_of(config)))
     print("TRL differs from relayrl in:\n  - " + "\n  - ".join(differences))
-    before = greedy_accuracy(paths["warmstart"], paths["eval"], args.max_tokens, work / "logs" / "eval_before.log")
+    walls: dict[str, float] = {}
+    with stopwatch(walls, "eval_before"):
+        before = held_out_score(paths["init"], args, paths["eval"], work / "logs" / "eval_before.log")
     print("training with relayrl (subprocess)...")
     relay = run_relayrl(config, relayrl_command, work / "relayrl")
-    print(f"  done: median step {relay['median_step_s']:.3f}s")
+    walls["relayrl_train"] = relay["wall_s"]
+    check_length("relayrl training", relay["completion_length_mean"], args.min_tokens, args.max_tokens)
+    print(f"  done: median step {relay['median_step_s']:.3f}s, wall {relay['wall_s']:.0f}s")
     print("training with TRL GRPOTrainer (this process)...")
     trl_stats, samples = run_trl(config, work / "trl")
-    print(f"  done: median step {trl_stats['median_step_s']:.3f}s")
-    check_samples(samples)
+    walls["trl_train"] = trl_stats["wall_s"]
+    print(f"  done: median step {trl_stats['median_step_s']:.3f}s, wall {trl_stats['wall_s']:.0f}s")
+    check_samples(samples, regime)
+    check_length("TRL training", trl_stats["completion_length_mean"], args.min_tokens, args.max_tokens)
     rows = {"relayrl": relay, "TRL": trl_stats}
     for name, stats in rows.items():
-        model = work / name.lower() / "model"
-        stats["greedy_before"] = before
-        stats["greedy_after"] = greedy_accuracy(model, paths["eval"], args.max_tokens,
-                                                work / "logs" / f"eval_{name}.log")
+        with stopwatch(walls, f"eval_{name}"):
+            after = held_out_score(work / name.lower() / "model", args, paths["eval"],
+                                   work / "logs" / f"eval_{name}.log")
+        stats.update(greedy_before=before["score"], greedy_after=after["score"], eval_length_mean=after["length_mean"],
+                     sampled_before=before["sampled"], sampled_after=after["sampled"])
     ratio = relay["median_step_s"] / trl_stats["median_step_s"]
-    print("\n" + table(rows, ratio))
+    print("\n" + table(rows, ratio, regime.held_out))
+    if before["sampled"] is not None:
+        print(f"held-out sampled (temperature 1, one per prompt): initial {before['sampled']:.3f}, "
+              + ", ".join(f"{name} {stats['sampled_after']:.3f}" for name, stats in rows.items()))
+    print("wall times (s): " + "  ".join(f"{name} {seconds:.0f}" for name, seconds in walls.items()))
     others = others_share(cpu_start, cpu_sample())
     if others > 0.05:
         print(f"WARNING: other processes used {others:.0%} of the CPUs during the run: step times are inflated")
-    report = {"settings": settings_of(config), "rows": rows, "step_time_ratio_relayrl_over_trl": ratio,
-              "trl_differences": differences, "wall_s": time.perf_counter() - start,
+    report = {"regime": regime.name, "held_out": regime.held_out, "settings": settings_of(config), "rows": rows,
+              "step_time_ratio_relayrl_over_trl": ratio, "trl_differences": differences,
+              "init_model": str(paths["init"]),
+              "wall_s": time.perf_counter() - start, "phase_wall_s": walls,
               "cpu_busy_before_start": busy_start, "cpu_share_of_other_processes_during_run": others}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}   script wall time {report['wall_s']:.0f}s")
     return report
+
+
+@contextlib.contextmanager
+def stopwatch(walls: dict[str, float], name: str):
+    """Add the wall time of the `with` block to walls[name]."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        walls[name] = walls.get(name, 0.0) + time.perf_counter() - start
 
 
 def cpu_sample() -> tuple[float, float, float]:
@@ -435,7 +634,8 @@ def cpu_busy(seconds: float = 2.0) -> float:
 def settings_of(config) -> dict:
     r, t = config.rollout, config.train
     return {"steps": t.steps, "prompts_per_step": r.prompts_per_step, "n": r.n, "max_tokens": r.max_tokens,
-            "lr": t.lr, "warmup_steps": t.warmup_steps, "temperature": r.temperature, "model": config.model.path,
+            "min_tokens": getattr(r, "min_tokens", 0), "reward": config.reward.fn, "lr": t.lr,
+            "warmup_steps": t.warmup_steps, "temperature": r.temperature, "model": config.model.path,
             "torch_threads": _threads()}
 
 

@@ -66,7 +66,9 @@ def main(argv=None) -> dict:
     print(f"{args.prompts} prompts x n={args.n}, <= {args.max_tokens} tokens, {args.repeats} alternating calls")
     print(f"relayrl rollout {medians['relayrl'] * 1e3:.1f} ms   bare LLM.generate {medians['bare'] * 1e3:.1f} ms   "
           f"overhead ratio {ratio:.3f}")
-    return {"medians_s": medians, "ratio": ratio}
+    return {"medians_s": medians, "ratio": ratio, "times_s": times,
+            "settings": {"model": args.model, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
+                         "repeats": args.repeats}}
 
 
 if __name__ == "__main__":

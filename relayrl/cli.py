@@ -88,9 +88,26 @@ def _bench_sync(args) -> None:
         Path(args.json).write_text(json.dumps({**result, "rows": rows}, indent=1) + "\n")
 
 
+def _bench_all(args) -> None:
+    """The repository's benchmarks/suite.py (a source checkout only: it is not part of the installed package)."""
+    import subprocess
+
+    from relayrl.errors import ConfigError
+
+    suite = Path(__file__).resolve().parents[1] / "benchmarks" / "suite.py"
+    if not suite.is_file():
+        raise ConfigError(f"relayrl bench all: {suite} not found; it runs from a source checkout of relayrl")
+    sys.exit(subprocess.call([sys.executable, str(suite), *(["--quick"] if args.quick else [])]))
+
+
 def _add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="benchmarks: `bench sync` times each weight transport")
+    bench = commands.add_parser("bench", help="benchmarks: `bench sync` times each weight transport; `bench all` "
+                                "runs benchmarks/suite.py")
     targets = bench.add_subparsers(dest="target", required=True)
+    every = targets.add_parser("all", help="benchmarks/suite.py: relayrl vs TRL, rollout overhead, MFU, controller "
+                               "overhead vs their targets (source checkout only)")
+    every.add_argument("--quick", action="store_true", help="every benchmark small: a smoke run")
+    every.set_defaults(fn=_bench_all)
     sync = targets.add_parser("sync", help="seconds and GB/s per transport, bucketed vs per-tensor, vs memcpy")
     sync.add_argument("--params", type=float, default=1e8, help="model size in parameters (default 1e8)")
     sync.add_argument("--transports", default="shm,broadcast,object_store,disk")
