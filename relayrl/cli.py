@@ -25,7 +25,8 @@ def _eval(args) -> None:
     from relayrl.evaluate import evaluate_model
 
     print(json.dumps(evaluate_model(args.model, args.data, args.reward, n=args.n, temperature=args.temperature,
-                                    max_tokens=args.max_tokens, engine=args.engine)))
+                                    max_tokens=args.max_tokens, min_tokens=args.min_tokens, engine=args.engine,
+                                    max_prompts=args.max_prompts)))
 
 
 def _sft(args) -> None:
@@ -139,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--n", type=int, default=1, help="samples per prompt")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--max-tokens", type=int, default=64)
+    ev.add_argument("--min-tokens", type=int, default=0, help="end-of-sequence ignored before this many tokens")
+    ev.add_argument("--max-prompts", type=int, default=0, help="score only the first N prompts (0 = all)")
     ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     ev.set_defaults(fn=_eval)
 

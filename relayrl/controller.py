@@ -151,10 +151,13 @@ class Trainer:
             return {}
         r = self.config.rollout
         score = functools.partial(lambda rewards, rollouts: rewards.score(rollouts)[0], self.rewards)
-        greedy = evaluate(self.engine, self.eval_prompts, score, Sampling.greedy(r.max_tokens, r.stop))
+        # the policy's length rules (max/min tokens, stop strings) hold at evaluation as in training
+        greedy = evaluate(self.engine, self.eval_prompts, score,
+                          Sampling(n=1, temperature=0.0, max_tokens=r.max_tokens, min_tokens=r.min_tokens,
+                                   stop=tuple(r.stop)))
         sampled = evaluate(self.engine, self.eval_prompts, score,
                            Sampling(n=1, temperature=self.config.eval.temperature, max_tokens=r.max_tokens,
-                                    stop=tuple(r.stop), seed=self.config.train.seed))
+                                    min_tokens=r.min_tokens, stop=tuple(r.stop), seed=self.config.train.seed))
         return {"eval/greedy": greedy, "eval/sampled": sampled}
 
     def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:

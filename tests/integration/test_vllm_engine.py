@@ -204,3 +204,11 @@ def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engi
         spanning += 0 < old < len(s.token_ids)
     assert spanning, "at least one response should span both versions"
     engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=0)
+
+
+def test_evaluate_model_takes_min_tokens_and_a_prompt_limit(random_model_dir, toy_task):
+    from relayrl.evaluate import evaluate_model
+
+    result = evaluate_model(str(random_model_dir), str(toy_task["eval"]), "exact_match", max_tokens=5, min_tokens=5,
+                            max_prompts=7)
+    assert result["n"] == 7 and result["reward_mean"] == 0.0  # five forced tokens never equal a short sum

@@ -104,3 +104,9 @@ def test_eval_of_a_missing_model_exits_2(tmp_path, capsys, toy_task):
     code, _, err = _run(capsys, "eval", "--model", str(tmp_path / "none"), "--data", str(toy_task["eval"]),
                         "--reward", "exact_match")
     assert code == 2 and "--model=" in err
+
+
+def test_eval_rejects_a_min_tokens_above_max_tokens(tmp_path, capsys, random_model_dir, toy_task):
+    code, _, err = _run(capsys, "eval", "--model", str(random_model_dir), "--data", str(toy_task["eval"]),
+                        "--reward", "exact_match", "--max-tokens", "4", "--min-tokens", "5")
+    assert code == 2 and "0 <= --min-tokens <= --max-tokens" in err
