@@ -3,14 +3,20 @@
 Runs, one after the other, each benchmark's `main(argv)` in a fresh process (spawn, so one benchmark's
 engine threads, torch thread settings and memory do not linger into the next one's timings):
 
-  peer_a   peer_trl.py --regime a    relayrl vs TRL GRPOTrainer, tiny arithmetic (~0.8M params, <= 6 tokens)
-  peer_b   peer_trl.py --regime b    relayrl vs TRL GRPOTrainer, decode-heavy (~27M params, 128 tokens)
-  rollout  rollout_overhead.py       relayrl's rollout call vs a bare vllm.LLM.generate, same requests
-  phases   phases.py                 demo step phases, update MFU vs the matmul peak measured in the same run,
-                                     controller overhead
+  peer_a     peer_trl.py --regime a --seeds 3     relayrl (vLLM engine) vs TRL GRPOTrainer, tiny arithmetic
+                                                  (~0.8M params, <= 6 tokens), seeds 0..2 on both sides
+  peer_a_hf  peer_trl.py --regime a --engine hf   the same with relayrl's HF-generate engine, seeds 0..2
+             --seeds 3                            (TRL is run again, not reused)
+  peer_b     peer_trl.py --regime b --seeds 1     relayrl (vLLM engine) vs TRL, decode-heavy (~27M, 128 tokens)
+  rollout    rollout_overhead.py                  relayrl's rollout call vs a bare vllm.LLM.generate, same requests
+  phases     phases.py                            demo step phases, update MFU vs the matmul peak measured in the
+                                                  same run, controller overhead
 
-then derives regime b's update MFU and controller overhead from its relayrl run (metrics.jsonl, first step
-dropped as warm-up) against the same measured peak, and prints `metric | measured | target | met?`.
+(--quick: every benchmark small, one seed each), then derives regime b's update MFU and controller overhead
+from its relayrl run (metrics.jsonl, first step dropped as warm-up) against the same measured peak, and
+prints `metric | measured | target | met?`. Step-time rows name relayrl's rollout engine; held-out rows
+compare the means over seeds and show each side's [min-max]: the held-out score moves a lot with the seed
+(regime a after 20 steps, seeds 0-3: relayrl 0.74-0.87, TRL 0.84-0.90).
 A benchmark that fails is reported (its rows read n/a) and the suite exits with status 1 after the table;
 a target not met is a measurement, not a failure. JSON: <dir>/suite.json (suite_quick.json with --quick).
 
@@ -31,7 +37,8 @@ from multiprocessing import get_context
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ("peer_a", "peer_b", "rollout", "phases")
+BENCHMARKS = ("peer_a", "peer_a_hf", "peer_b", "rollout", "phases")
+SEEDS = {"peer_a": 3, "peer_a_hf": 3, "peer_b": 1}  # peer_trl --seeds of each peer benchmark (1 with --quick)
 QUICK_ROLLOUT_REPEATS, ROLLOUT_REPEATS = 3, 30
 QUICK_PHASE_STEPS, PHASE_STEPS = 4, 20
 
@@ -81,20 +88,41 @@ def dig(tree: dict, *keys):
     return tree
 
 
-def step_ratio_check(report: dict | None, regime: str, bound: float) -> Check:
+def seeds_note(report: dict | None) -> str:
+    seeds = dig(report, "seeds") or 1
+    return f"{seeds} seed" + ("s" if seeds > 1 else "")
+
+
+def step_ratio_check(report: dict | None, regime: str, bound: float, engine: str = "vllm") -> Check:
+    """relayrl/TRL median step time over every step of every seed; the metric names relayrl's engine (the
+    report's own when it has one)."""
+    engine = dig(report, "engine") or engine
     ratio = dig(report, "step_time_ratio_relayrl_over_trl")
     ours, theirs = dig(report, "rows", "relayrl", "median_step_s"), dig(report, "rows", "TRL", "median_step_s")
-    shown = "n/a" if ratio is None else f"{ratio:.2f}x ({ours:.3f}s vs {theirs:.3f}s)"
-    return Check(f"regime ({regime}) median step, relayrl/TRL", ratio, "<=", bound, shown, f"<= {bound:.2f}x")
+    shown = "n/a" if ratio is None else f"{ratio:.2f}x ({ours:.3f}s vs {theirs:.3f}s, {seeds_note(report)})"
+    return Check(f"regime ({regime}) median step, relayrl ({engine} engine)/TRL", ratio, "<=", bound, shown,
+                 f"<= {bound:.2f}x")
 
 
-def held_out_check(report: dict | None, regime: str) -> Check:
-    ours, theirs = dig(report, "rows", "relayrl", "greedy_after"), dig(report, "rows", "TRL", "greedy_after")
-    before = dig(report, "rows", "relayrl", "greedy_before")
-    measured = None if ours is None or theirs is None else ours - theirs
-    shown = "n/a" if measured is None else f"{ours:.3f} vs {theirs:.3f} (initial {before:.3f})"
+def with_spread(row: dict | None) -> str:
+    """A framework's mean held-out score, with [min-max] over seeds when it ran more than one."""
+    mean, low, high = (dig(row, key) for key in ("greedy_after", "greedy_after_min", "greedy_after_max"))
+    return f"{mean:.3f}" + (f" [{low:.3f}-{high:.3f}]" if (dig(row, "seeds") or 1) > 1 else "")
+
+
+def held_out_check(report: dict | None, regime: str, engine: str = "vllm") -> Check:
+    """Mean held-out score over seeds, relayrl minus TRL (>= 0 meets the target); shows both spreads."""
+    ours, theirs = dig(report, "rows", "relayrl"), dig(report, "rows", "TRL")
+    before = dig(ours, "greedy_before")
+    measured = None
+    if dig(ours, "greedy_after") is not None and dig(theirs, "greedy_after") is not None:
+        measured = ours["greedy_after"] - theirs["greedy_after"]
+    initial = "" if before is None else f" (initial {before:.3f})"
+    shown = "n/a" if measured is None else \
+        f"{with_spread(ours)} vs {with_spread(theirs)}, {seeds_note(report)}{initial}"
     what = "exact match" if regime == "a" else "digit fraction"
-    return Check(f"regime ({regime}) held-out {what}, relayrl vs TRL", measured, ">=", 0.0, shown, "relayrl >= TRL")
+    return Check(f"regime ({regime}) held-out {what}, seed mean, relayrl ({engine} engine) vs TRL", measured, ">=",
+                 0.0, shown, "relayrl >= TRL")
 
 
 def fraction_check(metric: str, value: float | None, op: str, bound: float, digits: int = 0) -> Check:
@@ -110,6 +138,7 @@ def checks(results: dict) -> list[Check]:
     shown = "n/a" if ratio is None else f"{ratio:.3f}x ({ours * 1e3:.1f} vs {bare * 1e3:.1f} ms)"
     return [
         step_ratio_check(results.get("peer_a"), "a", STEP_RATIO_A),
+        step_ratio_check(results.get("peer_a_hf"), "a", STEP_RATIO_A, engine="hf"),
         step_ratio_check(results.get("peer_b"), "b", STEP_RATIO_B),
         held_out_check(results.get("peer_a"), "a"),
         held_out_check(results.get("peer_b"), "b"),
@@ -138,12 +167,14 @@ def format_table(rows: list[Check]) -> str:
 
 
 def benchmark_argv(name: str, quick: bool, work: str, init_a: str | None) -> tuple[str, list[str]]:
-    """(module, argv) of one benchmark. rollout and phases reuse regime a's initial model when known."""
+    """(module, argv) of one benchmark. peer_a_hf, rollout and phases reuse regime a's initial model when known."""
     quick_flag = ["--quick"] if quick else []
-    if name == "peer_a":
-        return "peer_trl", ["--regime", "a", "--dir", work, *quick_flag]
-    if name == "peer_b":
-        return "peer_trl", ["--regime", "b", "--dir", work, *quick_flag]
+    if name in SEEDS:
+        regime = name.split("_")[1]
+        engine = ["--engine", "hf"] if name.endswith("_hf") else []
+        warm = ["--warmstart", init_a] if init_a and regime == "a" else []  # peer_a_hf: peer_a's very model
+        return "peer_trl", ["--regime", regime, *engine, "--seeds", str(1 if quick else SEEDS[name]), "--dir", work,
+                            *warm, *quick_flag]
     model = ["--model", init_a] if init_a else []
     if name == "rollout":
         return "rollout_overhead", [*model, "--repeats", str(QUICK_ROLLOUT_REPEATS if quick else ROLLOUT_REPEATS)]
@@ -169,15 +200,18 @@ def run_isolated(module: str, argv: list[str]) -> dict:
 
 
 def regime_b_phases(report: dict, peak: float | None) -> dict:
-    """Regime b's relayrl run through phases.step_analysis: MFU against `peak` (phases.py's measurement in this
-    suite run; measured here when phases did not run), controller overhead."""
+    """Regime b's relayrl run(s) through phases.step_analysis: MFU against `peak` (phases.py's measurement in
+    this suite run; measured here when phases did not run), controller overhead. Each seed's first step is
+    dropped (warm-up) and the other steps are pooled."""
     sys.path.insert(0, str(BENCH))
     from phases import measure_peak, read_metrics, step_analysis
 
     peak = peak or measure_peak()
-
-    rows = read_metrics(Path(report["rows"]["relayrl"]["run_dir"]))
-    rows = rows[1:] if len(rows) > 1 else rows  # the first step warms up
+    relayrl = report["rows"]["relayrl"]
+    rows = []
+    for run_dir in relayrl.get("run_dirs") or [relayrl["run_dir"]]:
+        steps = read_metrics(Path(run_dir))
+        rows += steps[1:] if len(steps) > 1 else steps  # the first step warms up
     settings = report["settings"]
     return {**step_analysis(rows, report["init_model"], settings["prompts_per_step"] * settings["n"], peak),
             "peak_flops": peak}
