@@ -63,11 +63,20 @@ def step_analysis(rows: list[dict], model_dir: str | Path, sequences: int, peak:
             "overhead_s": overhead, "overhead_frac": overhead / median["time/step"], "steps": len(rows)}
 
 
-def measure_peak() -> float:
-    """This machine's fp32 matmul FLOP/s, measured now (the planner's `measure_cpu`)."""
-    from relayrl.planner.hardware import PROFILES, measure_cpu
+def measure_peak(sizes: tuple[int, ...] = (1024, 2048), repeats: int = 5) -> float:
+    """This machine's fp32 matmul FLOP/s, measured now: the best n x n matmul over `sizes`, best of `repeats`
+    each, after the planner's warm-up. (The planner's own `measure_cpu`, one 1024^3 size best of 3, read
+    103-158 GFLOP/s on an idle machine where 2048^3 runs at ~180: too low a peak inflates the MFU.)"""
+    import torch
 
-    return measure_cpu(PROFILES["cpu"]).peak_tflops * 1e12
+    from relayrl.planner.hardware import best_time, warm_up
+
+    warm_up()
+    best = 0.0
+    for n in sizes:
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        best = max(best, 2 * n**3 / best_time(lambda: a @ b, repeats))
+    return best
 
 
 def main(argv=None) -> dict:
