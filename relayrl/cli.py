@@ -123,16 +123,7 @@ def _add_bench(commands) -> None:
     sync.set_defaults(fn=_bench_sync)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    train = commands.add_parser("train", help="run RL training from a YAML config plus key=value overrides")
-    train.add_argument("config")
-    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue from the newest valid checkpoint in RUN_DIR")
-    train.set_defaults(fn=_train)
-
+def _add_eval(commands) -> None:
     ev = commands.add_parser("eval", help="mean reward of a model on a prompt file; prints one JSON line")
     ev.add_argument("--model", required=True)
     ev.add_argument("--data", required=True)
@@ -144,6 +135,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--max-prompts", type=int, default=0, help="score only the first N prompts (0 = all)")
     ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     ev.set_defaults(fn=_eval)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    train = commands.add_parser("train", help="run RL training from a YAML config plus key=value overrides")
+    train.add_argument("config")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue from the newest valid checkpoint in RUN_DIR")
+    train.set_defaults(fn=_train)
+
+    _add_eval(commands)
 
     sft = commands.add_parser("sft", help="supervised warm start on prompt/completion pairs")
     sft.add_argument("--data", required=True)
