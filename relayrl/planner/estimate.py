@@ -63,6 +63,7 @@ class Workload:
     longest_prompt_tokens: float | None = None
     longest_response_tokens: float | None = None
     group_size: int = 1    # rollout.n
+    engine: str = "vllm"   # rollout.engine
     packing: str = "none"  # train.packing
 
     @property
@@ -118,7 +119,7 @@ def workload_from_config(config: Config, longest_prompt_tokens: float | None = N
         optimizer_steps=config.rollout_batch // config.mini_batch * config.train.epochs, epochs=config.train.epochs,
         reference=config.algorithm.kl.coef > 0, critic=config.algorithm.advantage == "gae",
         kv_cache_gib=config.rollout.kv_cache_gib, gpu_memory_utilization=config.rollout.gpu_memory_utilization,
-        group_size=config.rollout.n, packing=config.train.packing)
+        group_size=config.rollout.n, packing=config.train.packing, engine=config.rollout.engine)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,22 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
             table.add_row(*row)
         console.print(table)
     console.print(f"[bold]recommendation:[/] {plan.placement.recommendation}")
+    if advice := engine_advice(plan):
+        console.print(f"[bold]engine:[/] {advice}")
+
+
+# Below this size on CPU, vLLM's per-step Python work outweighs the model: with a 0.6M-param model writing
+# <= 6 tokens, HF generate in the learner's process ran the rollout in 64 vs ~100 ms and a step at 0.58x
+# TRL's vs 0.81x with vLLM (benchmarks/README.md, `make bench`)
+HF_ENGINE_BELOW_PARAMS = 5e6
+
+
+def engine_advice(plan: Plan) -> str | None:
+    """A faster rollout engine for this plan, when the benchmarks show one."""
+    if plan.hardware.kind == "cpu" and plan.workload.engine == "vllm" and plan.shape.params < HF_ENGINE_BELOW_PARAMS:
+        return (f"a {_count(plan.shape.params)}-param model on CPU: rollout.engine=hf is faster here (vLLM's per-step "
+                "Python work outweighs the model below ~5M params)")
+    return None
 
 
 Rows = list[tuple[str, str, str]]  # (name, formula with its inputs, value)

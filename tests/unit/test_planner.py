@@ -219,3 +219,16 @@ def test_packed_groups_set_the_tokens_per_pass_when_they_save_positions():
     assert not workload_from_config(load_config(None, long)).packed  # 4 x 808 is no saving over 32 x 108
     assert workload_from_config(load_config(None, long + ["train.packing=groups"])).tokens == 4 * 808
     assert not workload_from_config(load_config(None, short[:-1] + ["train.micro_batch=8"])).packed  # split groups
+
+
+def test_plan_advises_the_hf_engine_for_a_tiny_model_on_cpu_only():
+    from relayrl.planner.report import engine_advice
+
+    tiny = ModelShape(params=600_000, layers=3, hidden=128, kv_heads=4, head_dim=32, vocab=16)
+    config = load_config(None, ["rollout.n=8", "rollout.prompts_per_step=32", "rollout.max_tokens=6"])
+    assert "rollout.engine=hf is faster here" in engine_advice(make_plan(config, tiny, PROFILES["cpu"]))
+    assert engine_advice(make_plan(config, tiny, PROFILES["H100-80GB"])) is None
+    hf = load_config(None, ["rollout.engine=hf"])
+    assert engine_advice(make_plan(hf, tiny, PROFILES["cpu"])) is None
+    big = ModelShape(params=27e6, layers=8, hidden=512, kv_heads=8, head_dim=64, vocab=16)
+    assert engine_advice(make_plan(config, big, PROFILES["cpu"])) is None
