@@ -18,12 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.errors import ConfigError
-from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
+from relayrl.learner.packing import pack_groups, packed_positions, packing_pays, padded_positions
 from relayrl.learner.token_stats import head_stats, logits_stats, output_head
 from relayrl.types import Experience
 
 PACKABLE_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D mask as it is
-MIN_SAVING = 0.10  # `auto` packs when that computes at least this share fewer positions
 # max |log-prob difference| vs the plain forward. Half precision: bf16 logits of magnitude ~10 round to ~0.06, so
 # only gross differences (a mask or position ids ignored: order 1 and more) are caught there
 PARITY_TOLERANCE = {torch.float32: 1e-3}
@@ -64,17 +63,17 @@ class ForwardLayout:
     def chooses_packing(self, exp: Experience) -> bool:
         if self.packing == "none" or exp.prompt_lengths is None or self.attention not in PACKABLE_ATTENTION:
             return False
-        return self.packing == "groups" or packed_positions(exp) <= (1 - MIN_SAVING) * padded_positions(exp)
+        return self.packing == "groups" or packing_pays(packed_positions(exp), padded_positions(exp))
 
     def token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs, entropies) of the response tokens of `exp`, [B, T-1] each (fp32, 0 elsewhere)."""
         packed = self.chooses_packing(exp)
         predictions = self._packed(model, exp) if packed else self._padded(model, exp)
         targets = exp.input_ids[predictions.sample, predictions.column + 1].to(self.device)
+        index = (predictions.sample.to(self.device), predictions.column.to(self.device))
         logp, entropy = self._stats(model, predictions.output, targets, entropy_grad)
         if not self.checked:
-            self._check(model, exp, predictions, logp, packed)
-        index = (predictions.sample.to(self.device), predictions.column.to(self.device))
+            self._check(model, exp, index, targets, logp, packed)
         shape = (len(exp), exp.input_ids.shape[1] - 1)
         return logp.new_zeros(shape).index_put(index, logp), entropy.new_zeros(shape).index_put(index, entropy)
 
@@ -121,26 +120,26 @@ class ForwardLayout:
 
     # ------------------------------------------------------------------ first-use check
     @torch.no_grad()
-    def _check(self, model, exp: Experience, predictions: Predictions, logp: torch.Tensor, packed: bool) -> None:
+    def _check(self, model, exp: Experience, index, targets: torch.Tensor, logp: torch.Tensor, packed: bool) -> None:
+        """Compare this run's log-probs with the plain forward's (padded rows, the model's logits), once."""
+        self.checked = True
         if not packed and self.logits_chunk <= 0:
-            self.checked = True  # the plain forward itself
-            return
-        logits = model(input_ids=exp.input_ids.to(self.device), attention_mask=exp.attention_mask.to(self.device)).logits
-        index = (predictions.sample.to(self.device), predictions.column.to(self.device))
-        targets = exp.input_ids[predictions.sample, predictions.column + 1].to(self.device)
+            return  # this is the plain forward
+        inputs = {"input_ids": exp.input_ids.to(self.device), "attention_mask": exp.attention_mask.to(self.device)}
+        logits = model(**inputs).logits
         s = self.sampled
         plain, _ = logits_stats(logits[index], targets, s.temperature, s.top_k, s.top_p, False)
         gap = float((logp.detach() - plain).abs().max()) if len(plain) else 0.0
         tolerance = PARITY_TOLERANCE.get(logits.dtype, HALF_PRECISION_TOLERANCE)
         if gap > tolerance:
-            used = [text for on, text in ((packed, "train.packing=none"), (self.logits_chunk > 0, "train.logits_chunk=0"))
-                    if on]
-            raise ConfigError(f"the learner's forward of {self.architecture} ({self.attention} attention, "
-                              f"{'group-packed' if packed else 'padded'} rows, "
-                              f"{'head over hidden states' if self.logits_chunk > 0 else 'model logits'}) gives log-probs "
-                              f"up to {gap:.2g} away from the plain forward (tolerance {tolerance:g}): this model does "
-                              f"not support it. Set {' or '.join(used)}.")
-        self.checked = True
+            self.checked = False
+            settings = [name for on, name in ((packed, "train.packing=none"),
+                                              (self.logits_chunk > 0, "train.logits_chunk=0")) if on]
+            rows = "group-packed" if packed else "padded"
+            head = "head over hidden states" if self.logits_chunk > 0 else "model logits"
+            raise ConfigError(f"the learner's forward of {self.architecture} ({self.attention} attention, {rows} "
+                              f"rows, {head}) gives log-probs up to {gap:.2g} away from the plain forward (tolerance "
+                              f"{tolerance:g}): this model does not support it. Set {' or '.join(settings)}.")
 
 
 def response_targets(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:

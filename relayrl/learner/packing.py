@@ -104,6 +104,14 @@ def _block_mask(segments: torch.Tensor) -> torch.Tensor:
     return allowed[:, None]
 
 
+MIN_SAVING = 0.10  # `train.packing=auto` packs when that computes at least this share fewer positions
+
+
+def packing_pays(packed: float, padded: float) -> bool:
+    """The `auto` rule, shared by the learner and the planner."""
+    return packed <= (1 - MIN_SAVING) * padded
+
+
 def padded_positions(exp: Experience) -> int:
     """Positions a right-padded forward over `exp` computes: rows x the longest sequence."""
     return len(exp) * int(exp.attention_mask.sum(dim=1).max())

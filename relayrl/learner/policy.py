@@ -40,7 +40,6 @@ class PolicyLearner:
         if config.algorithm.kl.coef > 0:
             self.reference = load_causal_lm(config.model.path, self.device).eval().requires_grad_(False)
         rollout = config.rollout
-        self.temperature, self.top_k, self.top_p = rollout.temperature, rollout.top_k, rollout.top_p
         self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.reference is not None)
         train = config.train
         self.updates_per_step = (config.rollout_batch // config.mini_batch) * train.epochs

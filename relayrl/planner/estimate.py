@@ -74,7 +74,9 @@ class Workload:
             return False
         if self.packing == "groups":
             return True
-        return self.groups * self.packed_width <= 0.9 * self.rollout_batch * self.width
+        from relayrl.learner.packing import packing_pays  # the learner's own rule (imports torch)
+
+        return packing_pays(self.groups * self.packed_width, self.rollout_batch * self.width)
 
     @property
     def groups(self) -> int:
