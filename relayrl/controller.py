@@ -152,9 +152,7 @@ class Trainer:
         r = self.config.rollout
         score = functools.partial(lambda rewards, rollouts: rewards.score(rollouts)[0], self.rewards)
         # the policy's length rules (max/min tokens, stop strings) hold at evaluation as in training
-        greedy = evaluate(self.engine, self.eval_prompts, score,
-                          Sampling(n=1, temperature=0.0, max_tokens=r.max_tokens, min_tokens=r.min_tokens,
-                                   stop=tuple(r.stop)))
+        greedy = evaluate(self.engine, self.eval_prompts, score, Sampling.greedy(r.max_tokens, r.stop, r.min_tokens))
         sampled = evaluate(self.engine, self.eval_prompts, score,
                            Sampling(n=1, temperature=self.config.eval.temperature, max_tokens=r.max_tokens,
                                     min_tokens=r.min_tokens, stop=tuple(r.stop), seed=self.config.train.seed))

@@ -25,8 +25,8 @@ class Sampling:
     request_offset: int = 0  # index of the first prompt within the step's batch (a replica's share of it)
 
     @classmethod
-    def greedy(cls, max_tokens: int, stop: Iterable[str] = ()) -> "Sampling":
-        return cls(n=1, temperature=0.0, max_tokens=max_tokens, stop=tuple(stop))
+    def greedy(cls, max_tokens: int, stop: Iterable[str] = (), min_tokens: int = 0) -> "Sampling":
+        return cls(n=1, temperature=0.0, max_tokens=max_tokens, min_tokens=min_tokens, stop=tuple(stop))
 
 
 @dataclass
