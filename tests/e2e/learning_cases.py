@@ -1,0 +1,45 @@
+"""The end-to-end runs that must *learn*, in one table: each one's overrides and the held-out gain its test
+asserts, so the tests and `benchmarks/learning_spread.py` (which measures the gain over several seeds) run
+exactly the same thing.
+
+Each threshold is at most half the smallest gain measured over five seeds (`train.seed=0..4`; Ray and async
+runs are not bit-reproducible either), so a correct change does not turn CI red on an unlucky run. The
+measured spread is in each case's `spread` string; re-measure with
+`python benchmarks/learning_spread.py --seeds 5` after changing a case, the model or the toy task.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RAY = ("placement.mode=ray", "log.progress=false")
+
+
+@dataclass(frozen=True)
+class LearningCase:
+    engine: str  # rollout.engine
+    overrides: tuple[str, ...]
+    min_gain: float  # held-out greedy accuracy after minus before, asserted by the test
+    spread: str = ""  # measured gains over seeds 0..4: "min / mean / max"
+
+
+CASES: dict[str, LearningCase] = {
+    "grpo_vllm": LearningCase("vllm", ("train.steps=20",), 0.05),
+    "grpo_hf": LearningCase("hf", ("train.steps=10",), 0.025),
+    "dr_grpo": LearningCase("vllm", ("algorithm.advantage=dr_grpo", "algorithm.loss_agg=seq_mean_token_sum_norm"), 0.05),
+    "rloo": LearningCase("vllm", ("algorithm.advantage=rloo",), 0.05),
+    "reinforce_pp_baseline": LearningCase("vllm", ("algorithm.advantage=reinforce_pp_baseline",), 0.05),
+    "gae": LearningCase("vllm", ("algorithm.advantage=gae", "algorithm.lam=0.95", "critic.lr=1e-4"), 0.05),
+    "dapo": LearningCase("vllm", ("algorithm.clip_eps_high=0.28", "algorithm.dapo.dynamic_sampling=true",
+                                  "algorithm.dapo.max_rounds=3", "algorithm.dapo.overlong_filter=true",
+                                  "algorithm.dapo.overlong_buffer=2", "train.steps=15"), 0.05),
+    "ray_shm": LearningCase("vllm", (*RAY, "train.steps=12", "eval.max_prompts=200", "sync.parity_probe=true"), 0.05),
+    "async_wait": LearningCase("vllm", (*RAY, "algorithm.correction.mode=tis_token", "train.schedule=async",
+                                        "train.max_staleness=1", "train.on_stale=wait", "train.steps=14",
+                                        "eval.max_prompts=200", "log.save_model=false"), 0.04),
+}
+
+
+def gain(scores: dict) -> float:
+    """Held-out greedy accuracy after minus before, rounded so that 0.715 - 0.615 reads 0.1, not 0.0999..."""
+    return round(scores["after"]["greedy"] - scores["before"]["greedy"], 6)
