@@ -1,0 +1,61 @@
+"""Habits the code keeps, checked on every `make test`: a size budget per file and per function, and a README
+that cannot drift from the code (its example files are the ones in examples/, its commands table is the CLI's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+MAX_FILE_LINES = 450
+MAX_FUNCTION_LINES = 70
+# Exceptions, each with its reason (at most three). Empty today.
+BUDGET_EXCEPTIONS: dict[str, str] = {}
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in (ROOT / "relayrl").rglob("*.py"))
+
+
+def test_every_file_and_function_fits_the_budget():
+    offenders = []
+    for path in _sources():
+        name = str(path.relative_to(ROOT))
+        text = path.read_text()
+        lines = text.count("\n")
+        if lines > MAX_FILE_LINES and name not in BUDGET_EXCEPTIONS:
+            offenders.append(f"{name}: {lines} lines (budget {MAX_FILE_LINES})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                where = f"{name}:{node.lineno} {node.name}()"
+                if length > MAX_FUNCTION_LINES and where not in BUDGET_EXCEPTIONS:
+                    offenders.append(f"{where}: {length} lines (budget {MAX_FUNCTION_LINES})")
+    assert len(BUDGET_EXCEPTIONS) <= 3
+    assert not offenders, "over the size budget:\n  " + "\n  ".join(offenders)
+
+
+def test_the_readme_example_files_are_the_ones_in_examples():
+    for name in ("examples/own_task/reward.py", "examples/own_task/config.yaml"):
+        text = (ROOT / name).read_text()
+        assert text in README, f"README.md does not show {name} as it is; paste the file into its code block"
+
+
+def _subcommands() -> set[str]:
+    from relayrl.cli import build_parser
+
+    parser = build_parser()
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(actions[0].choices)
+
+
+def test_the_readme_commands_table_is_the_cli():
+    table = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    documented = set(re.findall(r"^\| `relayrl (\w+)", table, flags=re.M))
+    assert documented == _subcommands(), (
+        f"README commands table vs the CLI: missing {sorted(_subcommands() - documented)}, "
+        f"not commands {sorted(documented - _subcommands())}")
