@@ -31,6 +31,7 @@ class RaySync:
         self.probe_ids = probe_ids if options.parity_probe else None
         self.last: dict[str, float] = {}
         self.learner = self.engines = None
+        self.sending: int | None = None  # the version of the push in flight, if any
 
     def setup(self, learner, engines) -> None:
         o, replicas = self.options, engines.replicas
@@ -50,12 +51,20 @@ class RaySync:
         engines.on_restart = self.reattach
 
     def reattach(self) -> None:
-        """After an engine restart: a fresh group/receivers, and the current weights at the current version."""
+        """After an engine restart: a fresh group/receivers, and the learner's current weights under their own
+        version (during a push, the version being pushed: the learner already holds those weights)."""
         self.setup(self.learner, self.engines)
-        self.push(self.learner, self.engines, version=self.version)
+        self.push(self.learner, self.engines, version=self.version if self.sending is None else self.sending)
 
     def push(self, learner, engines, version: int | None = None) -> int:
         version = self.version + 1 if version is None else version
+        previous, self.sending = self.sending, version  # a re-push after a restart nests inside a push
+        try:
+            return self._push(learner, engines, version)
+        finally:
+            self.sending = previous
+
+    def _push(self, learner, engines, version: int) -> int:
         timeout, replicas = self.options.timeout_s, engines.replicas
         start = time.perf_counter()
         if self.transport == "broadcast":  # every rank must be in the collective at once
