@@ -73,14 +73,25 @@ def reserve(config: Config):
     from ray.util.placement_group import placement_group, remove_placement_group
 
     placement = config.placement
-    start_ray(placement)
     bundles, slots = plan_slots(placement, os.cpu_count() or 1)
+    if not placement.address:  # the cluster we are about to start: its size is known now
+        cpus = float(placement.num_cpus or os.cpu_count() or 1)
+        check_fits(placement, bundles, {"CPU": cpus}, {"CPU": cpus})
+    start_ray(placement)
+    check_fits(placement, bundles, ray.cluster_resources(), ray.available_resources())
     group = placement_group(bundles, strategy="PACK")
     if not group.wait(timeout_seconds=placement.placement_timeout_s):
         remove_placement_group(group)
         raise PlacementError(unplaceable_message(placement, bundles, ray.cluster_resources(),
                                                  ray.available_resources()))
     return group, slots
+
+
+def check_fits(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> None:
+    """Raise at once when the bundles ask for more CPUs than the cluster has in all: waiting for the placement
+    group could only end at its deadline with the same message."""
+    if sum(b["CPU"] for b in bundles) > total.get("CPU", 0) + 1e-9:
+        raise PlacementError(unplaceable_message(placement, bundles, total, free))
 
 
 def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> str:

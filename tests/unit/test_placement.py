@@ -1,7 +1,9 @@
 """Placement logic without a cluster: shares across replicas, bundles and cores per role, messages."""
 
+import pytest
+
 from relayrl.config import PlacementConfig
-from relayrl.placement.cluster import plan_slots, unplaceable_message
+from relayrl.placement.cluster import check_fits, plan_slots, unplaceable_message
 from relayrl.placement.engines import split
 from relayrl.placement.roles import root_cause
 
@@ -39,3 +41,30 @@ def test_root_cause_keeps_the_informative_part_on_one_line():
     err = RuntimeError("ActorDiedError: boilerplate\n  more\nThe actor died because its worker process\n  exited "
                        "with SIGKILL.")
     assert root_cause(err) == "The actor died because its worker process exited with SIGKILL."
+
+
+def test_a_placement_larger_than_the_cluster_fails_before_ray_is_asked(monkeypatch):
+    import relayrl.placement.cluster as cluster
+    from relayrl.config import Config
+    from relayrl.errors import PlacementError
+
+    def no_ray(placement):
+        raise AssertionError("Ray was started for a placement that cannot fit")
+
+    monkeypatch.setattr(cluster, "start_ray", no_ray)
+    config = Config(placement=PlacementConfig(mode="ray", engines=2, num_cpus=2, placement_timeout_s=74))
+    with pytest.raises(PlacementError) as raised:
+        cluster.reserve(config)
+    text = str(raised.value)
+    assert "2 engine(s)" in text and "= 3 CPUs" in text and "cluster has 2 CPUs" in text
+    assert "Lower placement.engines" in text
+
+
+def test_check_fits_accepts_what_the_cluster_holds():
+    from relayrl.errors import PlacementError
+
+    placement = PlacementConfig(mode="ray", engines=1)
+    bundles, _ = plan_slots(placement, 2)
+    check_fits(placement, bundles, {"CPU": 2.0}, {"CPU": 0.0})  # busy now, but it fits once the cluster frees up
+    with pytest.raises(PlacementError, match="cluster has 1 CPUs"):
+        check_fits(placement, bundles, {"CPU": 1.0}, {"CPU": 1.0})
