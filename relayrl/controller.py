@@ -19,7 +19,7 @@ from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, degenerat
 from relayrl.algorithms.dapo import GroupCollector, overlong_mask, soft_overlong_penalty
 from relayrl.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.config import Config, dump_config
-from relayrl.data.source import PromptSampler, load_prompts
+from relayrl.data.source import PromptSampler, load_prompts, show_first_prompt
 from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
@@ -240,6 +240,7 @@ def build_trainer(config: Config) -> Trainer:
     data = config.data
     prompts, long_stats = load_prompts(data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
                                        data.chat_template)
+    show_first_prompt(prompts, long_stats, tokenizer)  # what the model is shown, before any time is spent
     data_metrics = {"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated}
     eval_prompts = []
     if data.eval:
