@@ -1,7 +1,14 @@
-"""Loading HF model directories with errors that name the config key, and the padding id decided once."""
+"""Loading HF model directories with errors that name the config key, and the padding id decided once.
+
+A directory holding two different chat templates (a `chat_template.jinja`, as `save_pretrained` and
+`relayrl sft` write it, and a `chat_template` key in tokenizer_config.json) loads with a warning naming both
+and the one transformers used: otherwise an edit to the other one silently changes nothing.
+"""
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,9 +27,31 @@ def load_tokenizer(path: str | Path, key: str = "model.path"):
 
     check_model_dir(path, key)
     try:
-        return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
         raise ModelError(f"{key}={str(path)!r}: cannot load its tokenizer: {err}") from None
+    warn_two_chat_templates(path, tokenizer)
+    return tokenizer
+
+
+def warn_two_chat_templates(path: str | Path, tokenizer) -> None:
+    """Warn when chat_template.jinja and tokenizer_config.json's `chat_template` differ, naming the one used."""
+    jinja, config_file = Path(path) / "chat_template.jinja", Path(path) / "tokenizer_config.json"
+    if not (jinja.is_file() and config_file.is_file()):
+        return
+    try:
+        in_config = json.loads(config_file.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return  # the tokenizer loaded from this file, so it is readable JSON; nothing to compare otherwise
+    in_file = jinja.read_text(encoding="utf-8")
+    if not in_config or in_config == in_file:
+        return
+    # ask the loaded tokenizer rather than assume: the precedence is transformers' choice, not ours
+    used = ("tokenizer_config.json's 'chat_template'" if tokenizer.chat_template == in_config
+            else "chat_template.jinja")
+    warnings.warn(f"{path}: two chat templates, {jinja} and the 'chat_template' key of {config_file}; {used} is "
+                  "used (by relayrl and by vLLM alike). Delete the other one, or edit this one, so that what you "
+                  "edit is what the model is shown", stacklevel=2)
 
 
 def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path"):
