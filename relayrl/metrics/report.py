@@ -3,11 +3,16 @@
 Reads from RUN_DIR:
   - `metrics.jsonl` (required): one JSON object per step with at least `step`; every other key is optional and
     a plot whose metric is absent is replaced by a note. `null` values (non-finite at log time) are skipped.
+    An empty file (no step finished yet) gives a page that says so; a last line cut short by a kill is left
+    out with a note (relayrl/metrics/jsonl.py), as in the other JSONL files.
   - `eval.json` (optional): `{"before": {"greedy": .., "sampled": ..}, "after": {...}}`.
   - `config.yaml` (optional): shown verbatim, collapsed.
   - `timeline.jsonl` (optional): one JSON object per phase run, `{"step": int, "role": str, "phase": str,
     "start": float, "end": float}` with `start`/`end` in seconds on one clock shared by all roles (only
-    differences are drawn). The timeline plot is drawn only when this file exists.
+    differences are drawn). The timeline plot is drawn only when this file exists, over the last
+    TIMELINE_STEPS steps.
+  - `samples.jsonl` (optional, `log.samples`): a table of the best and worst samples of the first, middle and
+    last logged steps (relayrl/metrics/samples.py), all text HTML-escaped.
 
 Writes RUN_DIR/report/index.html (PNGs embedded as base64 data URIs, inline CSS, no external resources) and
 the PNGs next to it. Leaves out: live refresh, comparison of several runs, interactive plots.
@@ -27,39 +32,21 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from relayrl.errors import DataError
+from relayrl.metrics.jsonl import read_jsonl
+from relayrl.metrics.samples import samples_section
 
-PHASES = ("generate", "reward", "logprobs", "advantage", "update", "sync")
-PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860")))
+PHASES = ("generate", "reward", "logprobs", "advantage", "update", "sync", "wait")  # wait: async learner idle
+PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#bbbbbb")))
+EXTRA_COLORS = ("#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
+TIMELINE_STEPS = 8
 TIMELINE_KEYS = {"step": int, "role": str, "phase": str, "start": (int, float), "end": (int, float)}
 
 
-def read_jsonl(path: Path, required: dict[str, type | tuple]) -> list[dict]:
-    """Rows of a JSONL file; a malformed line raises DataError naming `file:line`. Blank lines are skipped."""
-    rows = []
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{line_no}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        for key, kind in required.items():
-            if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
-                raise DataError(f"{where}: key {key!r} missing or not {getattr(kind, '__name__', 'a number')}")
-        rows.append(row)
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    return rows
-
-
-def load_metrics(run_dir: Path) -> list[dict]:
+def load_metrics(run_dir: Path, notes: list[str]) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: not found (is {run_dir} a run directory?)")
-    return sorted(read_jsonl(path, {"step": int}), key=lambda row: row["step"])
+    return sorted(read_jsonl(path, {"step": int}, notes), key=lambda row: row["step"])
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -120,21 +107,32 @@ def plot_phase_times(rows: list[dict]) -> Figure | str:
     return fig
 
 
-def plot_timeline(timeline: list[dict]) -> Figure:
-    roles = sorted({row["role"] for row in timeline})
-    origin = min(row["start"] for row in timeline)
-    fig, ax = _figure("Phase timeline by role", "seconds since first phase", "")
+def plot_timeline(timeline: list[dict]) -> Figure | str:
+    """The last TIMELINE_STEPS steps, one bar row per role: a whole run's phases are too thin to read, and the
+    steady state is where a role waiting on another (a bubble) matters."""
+    if not timeline:
+        return "timeline.jsonl has no rows yet"
+    steps = sorted({row["step"] for row in timeline})[-TIMELINE_STEPS:]
+    shown = [row for row in timeline if row["step"] >= steps[0]]
+    roles = sorted({row["role"] for row in shown})
+    origin = min(row["start"] for row in shown)
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    fig, ax = _figure(f"Phase timeline by role, {span}", "seconds since the first phase shown", "")
     ax.set_yticks(range(len(roles)), roles)
     ax.invert_yaxis()
-    extra = iter(["#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd"] * 8)
+    bars: dict[tuple[str, str], list[tuple[float, float]]] = {}  # one broken_barh per (role, phase)
+    for row in shown:
+        bars.setdefault((row["role"], row["phase"]), []).append((row["start"] - origin, row["end"] - row["start"]))
     colors = dict(PHASE_COLORS)
-    for row in timeline:
-        color = colors.setdefault(row["phase"], next(extra))
-        ax.barh(roles.index(row["role"]), row["end"] - row["start"], left=row["start"] - origin, height=0.6,
-                color=color, edgecolor="white", linewidth=0.5)
-    used = dict.fromkeys(row["phase"] for row in timeline)
+    for phase in dict.fromkeys(row["phase"] for row in shown):
+        if phase not in colors:  # phases we do not know (a user's) cycle through the extra colours
+            colors[phase] = EXTRA_COLORS[(len(colors) - len(PHASE_COLORS)) % len(EXTRA_COLORS)]
+    for (role, phase), spans in bars.items():
+        ax.broken_barh(spans, (roles.index(role) - 0.3, 0.6), facecolors=colors[phase], edgecolor="white",
+                       linewidth=0.5)
+    used = dict.fromkeys(row["phase"] for row in shown)
     ax.legend(handles=[Patch(color=colors[phase], label=phase) for phase in used], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize="small")
+              bbox_to_anchor=(1.0, 1.0), fontsize="x-small", ncols=1 + (len(used) - 1) // 14)
     return fig
 
 
@@ -153,8 +151,10 @@ def plot_staleness(rows: list[dict]) -> Figure | str:
 
 
 def plot_mismatch(rows: list[dict]) -> Figure | str:
-    return _lines(rows, ("mismatch/logprob_abs_mean", "mismatch/logprob_abs_max"),
-                  "Engine vs learner log-prob mismatch", "|Δ log-prob|", log=True)
+    """Numerical mismatch (samples with no version lag) beside policy drift (lagged samples, off-policy runs)."""
+    return _lines(rows, ("mismatch/logprob_abs_mean", "mismatch/logprob_abs_max", "drift/logprob_abs_mean",
+                         "drift/logprob_abs_max"),
+                  "Engine vs learner log-probs: mismatch (no lag) and drift (lagged)", "|Δ log-prob|", log=True)
 
 
 def plot_length(rows: list[dict]) -> Figure | str:
@@ -218,41 +218,51 @@ def _save(fig: Figure, path: Path) -> str:
 CSS = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;color:#222}
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
 img{max-width:100%;display:block;margin:1em 0}.note{color:#a55;font-style:italic}
-pre{background:#f6f6f6;padding:1em;overflow-x:auto}"""
+pre{background:#f6f6f6;padding:1em;overflow-x:auto}
+table.samples{font-size:small;margin-bottom:1em}td.text{white-space:pre-wrap;font-family:monospace;max-width:22em}"""
 
 
 def write_report(run_dir: str | Path) -> Path:
     """Write RUN_DIR/report/index.html and its PNGs; return the path of index.html."""
     run_dir = Path(run_dir)
-    rows = load_metrics(run_dir)
-    eval_path, config_path, timeline_path = (run_dir / name for name in ("eval.json", "config.yaml",
-                                                                          "timeline.jsonl"))
+    notes: list[str] = []  # lines left out of the run's files, shown at the top of the page
+    rows = load_metrics(run_dir, notes)
+    eval_path, config_path = run_dir / "eval.json", run_dir / "config.yaml"
     evals = _read_eval(eval_path) if eval_path.is_file() else {}
-    plots = {"reward": plot_reward(rows, evals), "phase_times": plot_phase_times(rows)}
-    if timeline_path.is_file():
-        plots["timeline"] = plot_timeline(read_jsonl(timeline_path, TIMELINE_KEYS))
-    plots |= {"staleness": plot_staleness(rows), "mismatch": plot_mismatch(rows),
-              "response_length": plot_length(rows)}
-
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
-    body = [f"<h1>relayrl run report: {html.escape(str(run_dir))}</h1>", "<table>"]
-    body += [f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary(rows, evals)]
-    body.append("</table>")
+    body = [f"<h1>relayrl run report: {html.escape(str(run_dir))}</h1>"]
+    if rows:
+        body += ["<table>", *(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                              for k, v in summary(rows, evals)), "</table>"]
+    else:
+        body.append('<p class="note">no steps logged yet: metrics.jsonl is empty</p>')
     if not eval_path.is_file():
         body.append('<p class="note">no eval.json: before/after accuracy unknown</p>')
     config = config_path.read_text() if config_path.is_file() else "(no config.yaml)"
     body.append(f"<details><summary>resolved config</summary><pre>{html.escape(config)}</pre></details>")
-    for name, plot in plots.items():
+    for name, plot in (_plots(run_dir, rows, evals, notes) if rows else {}).items():
         if isinstance(plot, str):
             body.append(f'<p class="note">{html.escape(name)} plot skipped: {html.escape(plot)}</p>')
         else:
             png = _save(plot, out / f"{name}.png")
             body.append(f'<img alt="{name}" src="data:image/png;base64,{png}">')
+    body.append(samples_section(run_dir, notes))
+    body[1:1] = [f'<p class="note">{html.escape(note)}</p>' for note in notes]
     page = out / "index.html"
     page.write_text(f'<!doctype html>\n<html><head><meta charset="utf-8"><title>relayrl report</title>'
                     f'<style>{CSS}</style></head><body>\n' + "\n".join(body) + "\n</body></html>\n")
     return page
+
+
+def _plots(run_dir: Path, rows: list[dict], evals: dict, notes: list[str]) -> dict[str, Figure | str]:
+    """Each plot in page order, or the reason it is skipped; the timeline only when timeline.jsonl exists."""
+    plots = {"reward": plot_reward(rows, evals), "phase_times": plot_phase_times(rows)}
+    timeline_path = run_dir / "timeline.jsonl"
+    if timeline_path.is_file():
+        plots["timeline"] = plot_timeline(read_jsonl(timeline_path, TIMELINE_KEYS, notes))
+    return plots | {"staleness": plot_staleness(rows), "mismatch": plot_mismatch(rows),
+                    "response_length": plot_length(rows)}
 
 
 def _read_eval(path: Path) -> dict:
