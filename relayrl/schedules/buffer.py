@@ -103,18 +103,31 @@ class RolloutBuffer:
             taken = [self._groups.pop(t) for t in tickets]
             assert all(version - x.oldest <= self.max_staleness for x in taken), "admission control failed"
             return taken
-        for key in [k for k, x in self._groups.items() if version - x.oldest > self.max_staleness]:
-            del self._groups[key]
-            self.dropped += 1
+        self._drop_staler_than(version)
         if len(self._groups) < g:
             return None
         keys = sorted(self._groups)[:g]  # arrival order
         return [self._groups.pop(k) for k in keys]
 
+    def _drop_staler_than(self, version: int) -> None:
+        """Drop mode: discard the groups too stale to train `version` (or anything after it), and wake the
+        producers, which may be waiting for the room this frees (else a full buffer of stale groups would
+        leave the learner short of a batch and every producer asleep)."""
+        if self.on_stale != "drop":
+            return
+        stale = [k for k, x in self._groups.items() if version - x.oldest > self.max_staleness]
+        for key in stale:
+            del self._groups[key]
+        self.dropped += len(stale)
+        if stale:
+            self._cond.notify_all()
+
     def advance(self, version: int) -> None:
-        """Every engine now holds `version`: more groups may be admitted."""
+        """Every engine now holds `version`: more groups may be admitted, and (drop mode) groups that can no
+        longer be trained are dropped now, freeing their room for fresh ones."""
         with self._cond:
             self.version = version
+            self._drop_staler_than(version)
             self._cond.notify_all()
 
     def close(self) -> None:

@@ -109,3 +109,35 @@ def test_close_releases_waiting_producers_and_fails_the_learner():
     assert results == [None]
     with pytest.raises(PlacementError, match="stopped"):
         buffer.take(version=0, timeout_s=1)
+
+
+def full_of_stale_groups() -> RolloutBuffer:
+    """A drop-mode buffer at capacity (4 groups, from version 0) with a producer's next admit blocked."""
+    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="drop")
+    for _ in range(4):
+        buffer.admit(0)
+        buffer.put(Group([], [], oldest=0))
+    with pytest.raises(PlacementError, match="room in the buffer"):
+        buffer.admit(timeout_s=0)
+    return buffer
+
+
+def test_publishing_drops_groups_that_can_no_longer_be_trained():
+    buffer = full_of_stale_groups()
+    buffer.advance(2)  # version 2 may use tokens of version 1 or newer: all four are useless now
+    assert buffer.metrics() == {"buffer/groups": 0.0, "buffer/dropped": 4.0}
+    assert buffer.admit(timeout_s=0) == 4
+
+
+def test_a_take_that_drops_stale_groups_wakes_waiting_producers():
+    """The stall of async partial rollouts: the learner dropped stale groups from a full buffer, found too few
+    left for a batch and waited, while the producers slept on a buffer they believed full."""
+    buffer = full_of_stale_groups()
+    admitted = []
+    producer = threading.Thread(target=lambda: admitted.append(buffer.admit(timeout_s=20)), daemon=True)
+    producer.start()
+    buffer.version = 2  # published without `advance` dropping anything: only the take can drop
+    with pytest.raises(PlacementError, match="0 of 2 groups ready"):
+        buffer.take(version=2, timeout_s=0)
+    producer.join(20)
+    assert admitted == [4]
