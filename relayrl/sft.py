@@ -3,7 +3,9 @@
 Loss on the completion tokens (and the end-of-sequence token) only. `init="tiny"` trains a character
 tokenizer on the data and builds a tiny Llama-style model for it, so the whole thing runs offline; or
 start from an existing model directory. The result is a `save_pretrained` directory that vLLM and
-transformers both load.
+transformers both load. Characters an existing model's tokenizer lacks would be trained on as its unknown
+token; they are named in one warning (with how many rows and the first), not refused: a few stray symbols
+should not stop a warm start, but the user must know what was learned.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -31,26 +35,56 @@ class SFTSettings:
     layers: int = 3
 
 
-def load_pairs(path: str | Path) -> list[tuple[str, str]]:
+class Pair(NamedTuple):
+    where: str  # `file:line` or `file:row N`, for messages about this row
+    prompt: str
+    completion: str
+
+
+def load_pairs(path: str | Path) -> list[Pair]:
     pairs = []
     for where, row in read_rows(path):
         completion = row.get("completion")
         if not isinstance(completion, str) or not completion:
             raise DataError(f"{where}: an SFT row needs a non-empty string 'completion', got {completion!r}")
-        if "prompt" not in row:
+        if row.get("prompt") is None:
             raise DataError(f"{where}: an SFT row needs a 'prompt' string")
-        pairs.append((row["prompt"], completion))
+        pairs.append(Pair(where, row["prompt"], completion))
     return pairs
 
 
-def encode(pairs: list[tuple[str, str]], tokenizer) -> list[tuple[list[int], int]]:
+def encode(pairs: list[Pair], tokenizer) -> list[tuple[list[int], int]]:
     """(token ids of prompt + completion + eos, prompt length) per pair."""
     out = []
-    for prompt, completion in pairs:
-        p = tokenizer(prompt)["input_ids"]  # with the tokenizer's special tokens, as prompts are at RL time
-        c = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    for pair in pairs:
+        p = tokenizer(pair.prompt)["input_ids"]  # with the tokenizer's special tokens, as prompts are at RL time
+        c = tokenizer(pair.completion, add_special_tokens=False)["input_ids"]
         out.append((p + c + [tokenizer.eos_token_id], len(p)))
     return out
+
+
+def warn_unknown_characters(pairs: list[Pair], encoded: list[tuple[list[int], int]], tokenizer, model: str) -> None:
+    """One warning naming the characters that became the unknown token, how many rows have them, the first."""
+    unk = tokenizer.unk_token_id
+    if unk is None:  # byte-level vocabularies have no unknown token: every character is encodable
+        return
+    rows = [pair for pair, (ids, _) in zip(pairs, encoded) if unk in ids]
+    if not rows:
+        return
+    known: dict[str, bool] = {}
+    lacking: list[str] = []
+    for pair in rows:
+        for char in pair.prompt + pair.completion:
+            if char not in known:
+                known[char] = unk not in tokenizer(char, add_special_tokens=False)["input_ids"]
+                if not known[char]:
+                    lacking.append(char)
+    shown = ", ".join(map(repr, lacking[:20])) + (f" and {len(lacking) - 20} more" if len(lacking) > 20 else "")
+    shown = shown or "no single character, but whole pieces"  # a word-level vocabulary
+    warnings.warn(f"{len(rows)} of {len(pairs)} rows have text the tokenizer of {model} lacks ({shown}), "
+                  f"trained on as {tokenizer.unk_token} (first at {rows[0].where}); "
+                  "clean them from the data, use a model whose tokenizer has them, or --init tiny (a vocabulary "
+                  "built from the data)", stacklevel=3)
 
 
 def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,21 +101,21 @@ def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tens
 
 def run_sft(data: str | Path, out: str | Path, init: str = "tiny", model_path: str | None = None,
             settings: SFTSettings = SFTSettings(), log=print) -> Path:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from relayrl.models.loading import load_causal_lm, load_tokenizer
     from relayrl.models.tiny import build_tiny
 
     pairs = load_pairs(data)
     torch.manual_seed(settings.seed)
     if model_path:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = load_causal_lm(model_path, key="--model")
+        tokenizer = load_tokenizer(model_path, key="--model")
     elif init == "tiny":
-        texts = [p + c for p, c in pairs]
+        texts = [pair.prompt + pair.completion for pair in pairs]
         model, tokenizer = build_tiny(texts, seed=settings.seed, hidden=settings.hidden, layers=settings.layers)
     else:
         raise ValueError(f"unknown init {init!r}: use 'tiny' or give a model path")
     encoded = encode(pairs, tokenizer)
+    warn_unknown_characters(pairs, encoded, tokenizer, model_path or "--init tiny")
     steps = max(1, math.ceil(len(encoded) * settings.epochs / settings.batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / settings.warmup_steps)
