@@ -123,7 +123,8 @@ def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_pr
         # a chat template writes its own special tokens; a plain prompt gets the tokenizer's (e.g. BOS)
         token_ids = tokenizer(text, add_special_tokens=is_plain_prompt(row))["input_ids"]
         if not token_ids:
-            raise DataError(f"{where}: the prompt tokenizes to no tokens")
+            column = "'prompt'" if is_plain_prompt(row) else "'messages' (after the chat template)"
+            raise DataError(f"{where}: {column} tokenizes to no tokens")
         prompt_id = str(index if row.get("id") is None else row["id"])  # a table's missing id is null
         if prompt_id in seen_ids:
             raise DataError(f"{where}: id {prompt_id!r} is already used at {seen_ids[prompt_id]}; ids must be unique")
@@ -161,10 +162,14 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
     if tokenizer.chat_template is None:
         raise DataError(f"{where}: a 'messages' row needs a tokenizer with a chat template "
                         "(or set data.chat_template=false to concatenate the contents)")
+    from jinja2 import TemplateError
+
     continues = messages[-1]["role"] == "assistant"
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not continues,
                                              continue_final_message=continues)
+    except TemplateError as err:  # the template's own `raise_exception`, e.g. roles that do not alternate
+        raise DataError(f"{where}: the chat template refuses 'messages': {err}") from None
     except ValueError as err:
         if not continues:
             raise DataError(f"{where}: the chat template cannot render 'messages': {err}") from None

@@ -140,3 +140,25 @@ def test_null_ids_fall_back_to_the_row_index(tmp_path, tokenizer):
     rows = [{"id": "q1", "prompt": "a"}, {"prompt": "b"}, {"prompt": "c"}]
     prompts, _ = load_prompts(write_parquet(tmp_path / "d.parquet", rows), tokenizer, 100)
     assert [p.id for p in prompts] == ["q1", "1", "2"]
+
+
+def test_a_template_that_refuses_a_row_names_the_row(tmp_path, tokenizer):
+    # as Llama-2/Mistral templates do: `raise_exception` when the roles do not alternate
+    tokenizer.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                               "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+                               "{{ m['content'] }}{% endfor %}")
+    rows = [{"messages": [{"role": "user", "content": "a"}]},
+            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}]
+    path = write_parquet(tmp_path / "d.parquet", rows)
+    with pytest.raises(DataError) as info:
+        load_prompts(path, tokenizer, 100)
+    assert f"{path}:row 1:" in str(info.value) and "'messages'" in str(info.value)
+    assert "roles must alternate" in str(info.value)
+
+
+def test_a_prompt_with_no_tokens_names_the_column(tmp_path, tokenizer):
+    tokenizer.chat_template = "{% for m in messages %}{% endfor %}"  # renders nothing
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ok"}, {"messages": [{"role": "user", "content": "x"}]}])
+    with pytest.raises(DataError) as info:
+        load_prompts(path, tokenizer, 100)
+    assert f"{path}:2:" in str(info.value) and "'messages'" in str(info.value) and "no tokens" in str(info.value)
