@@ -1,7 +1,9 @@
 """HF transformers `generate` rollout engine: the fallback for models vLLM cannot serve (~5x slower here).
 
 Behaviour log-probs come from `generate`'s processed scores (after temperature/top-p/top-k warpers), the
-same distribution vLLM reports with `processed_logprobs`.
+same distribution vLLM reports with `processed_logprobs`. `generate` samples from torch's global RNG, which
+a local learner in this process shares: every call runs inside `torch.random.fork_rng`, seeded from the
+request's seed (or this engine's own generator), so the learner's random stream is never moved.
 """
 
 from __future__ import annotations
@@ -24,11 +26,18 @@ class HFEngine:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self.version = 0
+        self.rng = torch.Generator()  # seeds for unseeded requests; never the global generator
+        self.rng.seed()
 
     @torch.no_grad()
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
-        if sampling.seed is not None:
-            torch.manual_seed(sampling.seed)
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(2**62, (), generator=self.rng))
+        devices = [torch.cuda.current_device()] if self.device == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # the global state is restored on exit
+            torch.manual_seed(seed)
+            return self._generate(prompts, sampling, version)
+
+    def _generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         width = max(len(p.token_ids) for p in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
@@ -68,6 +77,13 @@ class HFEngine:
         return Rollout(prompt=prompt, group_index=index, response_ids=ids, response_text=text,
                        behaviour_logprobs=logprobs[: len(ids)].tolist(), finish_reason=finish,
                        versions=[version] * len(ids))
+
+    @torch.no_grad()
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the parity probe's engine side)."""
+        ids = torch.tensor([token_ids], device=self.device)
+        logits = self.model(input_ids=ids).logits[0, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         params = dict(self.model.named_parameters())

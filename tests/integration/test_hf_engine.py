@@ -34,3 +34,36 @@ def test_hf_engine_load_weights_changes_outputs(random_model_dir):
     engine.load_weights(list(scaled), version=1)
     after = engine.generate([prompt], Sampling.greedy(4), 1)[0].behaviour_logprobs
     assert engine.version == 1 and before != after
+
+
+def test_generate_leaves_the_global_rng_alone(random_model_dir):
+    """A local learner shares torch's global generator with this engine: a generate must not reseed it."""
+    engine = HFEngine(str(random_model_dir))
+    ids = engine.tokenizer("12+7=", add_special_tokens=False)["input_ids"]
+    prompt = Prompt(id="0", text="12+7=", token_ids=ids)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = engine.generate([prompt], Sampling(n=4, temperature=1.0, max_tokens=5, seed=7), 0)
+    assert torch.equal(torch.get_rng_state(), state)
+    unseeded = engine.generate([prompt], Sampling(n=4, temperature=1.0, max_tokens=5), 0)
+    assert torch.equal(torch.get_rng_state(), state) and len(unseeded) == 4
+    again = engine.generate([prompt], Sampling(n=4, temperature=1.0, max_tokens=5, seed=7), 0)
+    assert [r.response_ids for r in again] == [r.response_ids for r in first]  # the request's seed still rules
+
+
+def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
+    from relayrl.config import Config
+    from relayrl.learner.role import LearnerRole
+    from relayrl.sync.inprocess import InProcessSync
+
+    config = Config.model_validate({"model": {"path": str(random_model_dir)}, "rollout": {"engine": "hf"},
+                                    "sync": {"parity_probe": True}})
+    engine, learner = HFEngine(str(random_model_dir)), LearnerRole(config)
+    probe = engine.tokenizer("12+7=19 3+45=48", add_special_tokens=False)["input_ids"]
+    theirs = engine.prompt_logprobs(probe)
+    assert len(theirs) == len(probe) - 1
+    torch.testing.assert_close(torch.tensor(theirs), torch.tensor(learner.sequence_logprobs(probe)), atol=1e-5,
+                               rtol=0)
+    sync = InProcessSync(probe_ids=probe)
+    sync.push(learner, engine)
+    assert sync.last["sync/parity_abs_max"] < 1e-5
