@@ -23,6 +23,7 @@ from relayrl.data.source import PromptSampler, load_prompts, show_first_prompt
 from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
+from relayrl.learner.policy import MISMATCH_BY_VERSION, mismatch_metrics
 from relayrl.learner.role import LearnerRole
 from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
@@ -68,6 +69,7 @@ class Trainer:
                 exp.loss_mask = exp.loss_mask * overlong_mask(rollouts)[:, None]
         with timer("update"):
             stats = self.learner.update(step, exp)
+        stats.update(mismatch_metrics(stats.pop(MISMATCH_BY_VERSION, {}), self.sync.version))  # the trained version
         with timer("sync"):
             self.sync.push(self.learner, self.engine)
         self.schedule.published(self.sync.version)

@@ -106,7 +106,8 @@ class PolicyLearner:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
-        stats.update(mismatch_metrics(pre_update, exp.behaviour_logprobs, exp.loss_mask))
+        stats[MISMATCH_BY_VERSION] = mismatch_by_version(pre_update, exp.behaviour_logprobs, exp.loss_mask,
+                                                         exp.versions)
         stats.update(correction or totals.correction_metrics())
         if self.reference is not None:
             stats.update(self._kl_step(exp, stats))
@@ -206,10 +207,37 @@ class _Totals:
         return stats
 
 
-def mismatch_metrics(learner_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor,
-                     mask: torch.Tensor) -> dict[str, float]:
-    """How far the engine's behaviour log-probs are from the learner's on the same tokens (pre-update)."""
-    diff = (learner_logprobs - behaviour_logprobs).abs()[mask.bool()]
-    if diff.numel() == 0:
-        return {"mismatch/logprob_abs_mean": 0.0, "mismatch/logprob_abs_max": 0.0}
-    return {"mismatch/logprob_abs_mean": float(diff.mean()), "mismatch/logprob_abs_max": float(diff.max())}
+MISMATCH_BY_VERSION = "mismatch/by_version"  # a stats entry the controller turns into mismatch/* and drift/*
+
+
+def mismatch_by_version(learner_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
+                        versions: torch.Tensor) -> dict[int, tuple[float, float, int]]:
+    """|learner - behaviour| log-prob of the trained tokens (pre-update learner), per policy version that sampled
+    them: {version: (sum, max, tokens)}; all [B, T-1]. The learner does not know which version it holds, so the
+    controller splits these by lag (`mismatch_metrics`)."""
+    trained = mask.bool()
+    gap, version = (learner_logprobs - behaviour_logprobs).abs()[trained], versions[trained]
+    out = {}
+    for v in version.unique().tolist():
+        part = gap[version == v]
+        out[int(v)] = (float(part.sum()), float(part.max()), part.numel())
+    return out
+
+
+def mismatch_metrics(by_version: dict[int, tuple[float, float, int]], trained_version: int) -> dict[str, float]:
+    """`mismatch/logprob_abs_{mean,max}`: over tokens sampled by the policy being trained (no version lag), the
+    engine's and learner's numerics alone. `drift/logprob_abs_{mean,max}`: over lagged tokens, where the policy
+    has also moved since sampling (off-policy schedules). `drift/token_frac`: the lagged share of trained
+    tokens. A side with no tokens is left out rather than reported as 0."""
+    fresh = [part for v, part in by_version.items() if v >= trained_version]
+    lagged = [part for v, part in by_version.items() if v < trained_version]
+    out = {}
+    for prefix, parts in (("mismatch", fresh), ("drift", lagged)):
+        tokens = sum(n for _, _, n in parts)
+        if tokens:
+            out[f"{prefix}/logprob_abs_mean"] = sum(s for s, _, _ in parts) / tokens
+            out[f"{prefix}/logprob_abs_max"] = max(m for _, m, _ in parts)
+    total = sum(n for _, _, n in by_version.values())
+    if total:
+        out["drift/token_frac"] = sum(n for _, _, n in lagged) / total
+    return out
