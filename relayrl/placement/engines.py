@@ -28,7 +28,8 @@ class EngineGroup:
         self.replicas = [spawn(i) for i in range(placement.engines)]
         self.on_restart: Callable[[], None] = lambda: None  # set by the sync: re-attach and push weights
         self.restarts = 0
-        self.lock = threading.RLock()
+        self.lock = threading.RLock()  # one restart at a time
+        self.spans_lock = threading.Lock()  # producer threads record spans while the loop takes them
         self.spans: list[tuple[int, float, float]] = []
 
     def ready(self) -> list[int]:
@@ -57,7 +58,7 @@ class EngineGroup:
             try:
                 share, start, end = self.replicas[index].wait(ref, "generate")
                 rollouts += share
-                self.spans.append((index, start, end))
+                self._record_span(index, start, end)
             except RoleFailure as failure:
                 self.recover(index, failure)
                 rollouts += self.replicas[index].generate(*args)
@@ -71,13 +72,16 @@ class EngineGroup:
         except RoleFailure as failure:
             self.recover(replica, failure)
             result = self.replicas[replica].generate_until(samples, sampling, groups_needed)
-        with self.lock:
-            self.spans.append((replica, start, time.time()))
+        self._record_span(replica, start, time.time())
         return result
+
+    def _record_span(self, replica: int, start: float, end: float) -> None:
+        with self.spans_lock:
+            self.spans.append((replica, start, end))
 
     def take_spans(self) -> list[tuple[int, float, float]]:
         """(replica, start, end) of every generate call since the last take (for the timeline)."""
-        with self.lock:
+        with self.spans_lock:
             spans, self.spans = self.spans, []
         return spans
 
