@@ -231,10 +231,18 @@ class EvalConfig(Section):
     temperature: float = Field(1.0, gt=0, description="Temperature of the sampled evaluation (greedy is also run).")
 
 
+class SamplesConfig(Section):
+    every: int = Field(10, ge=0, description="Write some samples of every N-th step (and of the last) to "
+                                             "<dir>/samples.jsonl: text, reward, advantage, versions (0 = never).")
+    max_per_step: int = Field(16, ge=1, description="Samples written per logged step: the step's first ones, "
+                                                    "whole groups first.")
+
+
 class LogConfig(Section):
     dir: str = Field("runs/default", description="Run directory: config.yaml, metrics.jsonl, model/.")
     progress: bool = Field(True, description="Show a rich progress bar on the console.")
     save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
+    samples: SamplesConfig = Field(default_factory=SamplesConfig, description="Per-sample logs (samples.jsonl).")
     backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list,
         description="Extra trackers besides metrics.jsonl and the progress bar: tensorboard (<dir>/tensorboard), "

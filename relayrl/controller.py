@@ -25,6 +25,7 @@ from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
 from relayrl.learner.policy import MISMATCH_BY_VERSION, mismatch_metrics
 from relayrl.learner.role import LearnerRole
+from relayrl.metrics.samples import log_samples
 from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
@@ -91,6 +92,8 @@ class Trainer:
             positions = float(exp.attention_mask.numel())
             metrics["learner/positions"] = positions
             metrics["learner/padding_frac"] = 1.0 - float(exp.attention_mask.sum()) / positions
+        log_samples(self.run_dir, cfg.log.samples.every, cfg.log.samples.max_per_step, step, cfg.train.steps - 1,
+                    rollouts, scores, exp)
         return metrics
 
     @property
