@@ -25,9 +25,12 @@ from relayrl.sync.endpoints import WeightSink, WeightSource
 def synthetic_shapes(params: int) -> list[tuple[str, tuple[int, ...]]]:
     """SmolLM-135M's tensor shapes (hidden 576, grouped-query k/v of 192, MLP 1536, vocab 49152, untied
     head), with as many layers as bring the total to about `params`: a real model's mix of large matrices
-    and many small norms, which is what bucketing is for."""
+    and many small norms, which is what bucketing is for. Below ~60M parameters SmolLM's vocabulary alone
+    would exceed the budget, so it shrinks to take half of it (the smallest model is one layer, ~3.5M)."""
     hidden, kv, mlp, vocab = 576, 192, 1536, 49_152
     per_layer = 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * mlp + 2 * hidden
+    if params - 2 * vocab * hidden < per_layer:
+        vocab = max(1, int(params) // (4 * hidden))
     layers = max(1, round((params - 2 * vocab * hidden) / per_layer))
     shapes = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
@@ -129,7 +132,7 @@ def run(params: int, transports: list[str], receivers: int = 1, repeats: int = 3
                 start = time.perf_counter()
                 push(source, group)
                 times.append(time.perf_counter() - start)
-                gbps.append(sync.last["sync/gbps"])
+                gbps.append(sync.last["sync/GBps"])
             if wire_dtype == "fp32":  # every receiver holds exactly the sender's weights
                 for sink in sinks:
                     assert abs(sink.fingerprint() - expected) <= 1e-6 * abs(expected) + 1e-3, transport

@@ -83,7 +83,7 @@ class RaySync:
                 receive_seconds.append(0.0)
         seconds = time.perf_counter() - start
         self.version = version
-        self.last = {"sync/bytes": float(manifest.nbytes), "sync/gbps": manifest.nbytes / max(seconds, 1e-9) / 1e9,
+        self.last = {"sync/bytes": float(manifest.nbytes), "sync/GBps": manifest.nbytes / max(seconds, 1e-9) / 1e9,
                      "sync/version": float(version), "sync/send_s": manifest.send_seconds,
                      "sync/receive_s": max(receive_seconds)}
         if self.probe_ids:
@@ -108,7 +108,7 @@ class RaySync:
                 replica.wait(ref, "receiving weights", timeout)
         seconds = time.perf_counter() - start
         self.version = version
-        self.last = {"sync/bytes": float(self.layout.nbytes), "sync/gbps": self.layout.nbytes / seconds / 1e9,
+        self.last = {"sync/bytes": float(self.layout.nbytes), "sync/GBps": self.layout.nbytes / seconds / 1e9,
                      "sync/version": float(version)}
         return version
 

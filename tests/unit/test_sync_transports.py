@@ -143,3 +143,29 @@ def test_one_bucket_per_call_delivers_just_that_bucket(kind, tmp_path):
                 receiver.receive(manifest)
     finally:
         sender.close()
+
+
+def test_bench_model_size_follows_params_below_the_vocabulary():
+    from relayrl.sync.bench import synthetic_shapes
+
+    def total(shapes):
+        return sum(torch.Size(shape).numel() for _, shape in shapes)
+
+    small = synthetic_shapes(int(2e7))  # SmolLM's vocabulary alone is 57M: it must shrink, not win
+    assert 0.8 * 2e7 <= total(small) <= 1.2 * 2e7
+    assert sum(name.endswith("q_proj.weight") for name, _ in small) >= 2  # still layers, not only embeddings
+    assert dict(synthetic_shapes(int(1e8)))["model.embed_tokens.weight"] == (49_152, 576)  # unchanged above
+
+
+def test_sync_metrics_name_their_unit_gigabytes_per_second():
+    from types import SimpleNamespace
+
+    from relayrl.sync.inprocess import InProcessSync
+
+    learner = SimpleNamespace(named_weights=lambda: iter(weights()))
+    engine = SimpleNamespace(load_weights=lambda named, version: list(named))
+    sync = InProcessSync()
+    sync.push(learner, engine)
+    nbytes = sum(t.numel() * 4 for _, t in weights())
+    assert sync.last["sync/bytes"] == nbytes and "sync/gbps" not in sync.last
+    assert sync.last["sync/GBps"] > 0  # bytes / seconds / 1e9
