@@ -2,9 +2,10 @@
 
 A reward function is batched: `fn(prompts, completions, **columns) -> list[float | dict[str, float]]`,
 where `columns` holds every non-prompt dataset column as a list aligned with the batch. A dict result is
-a set of named components; the reward is their sum. A function that raises, or returns NaN, None or a
-non-number, fails naming the sample (`on_error=error`), or is counted and scored 0 (`on_error=zero`) or
-dropped, as None (`on_error=skip`).
+a set of named components; the reward is their sum. A 1-D numpy array or torch tensor of one value per
+sample stands for the list, numpy scalars and 0-d arrays or tensors for numbers (all become floats). A
+function that raises, or returns NaN, None or a non-number, fails naming the sample (`on_error=error`), or
+is counted and scored 0 (`on_error=zero`) or dropped, as None (`on_error=skip`).
 """
 
 from __future__ import annotations
@@ -80,8 +81,10 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
         raw = _call(fn, rollouts)
     except Exception:
         raw = [_call_one(fn, rollout, on_error) for rollout in rollouts]
+    raw = _as_list(raw)
     if not isinstance(raw, (list, tuple)) or len(raw) != len(rollouts):
-        got = f"{len(raw)} values" if isinstance(raw, (list, tuple)) else type(raw).__name__
+        got = (f"{len(raw)} values" if isinstance(raw, (list, tuple)) else
+               f"an array of shape {tuple(raw.shape)}" if _is_array(raw) else type(raw).__name__)
         raise RewardError(f"reward function must return a list of {len(rollouts)} values, got {got} "
                           "(reward functions are batched: fn(prompts, completions, **columns) -> one value each)")
     scores, errors = [], 0
@@ -115,7 +118,22 @@ def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
                           f"{type(err).__name__}: {err}") from err
 
 
+def _is_array(value: Any) -> bool:
+    """A numpy array or a torch tensor (not imported here: a reward returning a tensor has loaded torch)."""
+    torch = sys.modules.get("torch")
+    return isinstance(value, np.ndarray) or (torch is not None and isinstance(value, torch.Tensor))
+
+
+def _as_list(raw: Any) -> Any:
+    """A 1-D array or tensor as a list of Python numbers; anything else unchanged (checked by the caller)."""
+    if _is_array(raw) and raw.ndim == 1:
+        return raw.tolist() if isinstance(raw, np.ndarray) else raw.detach().float().cpu().tolist()
+    return raw
+
+
 def _finite(value: Any) -> float | None:
+    if _is_array(value) and value.ndim == 0:
+        value = value.item()
     if not isinstance(value, (numbers.Real, np.bool_)):  # numpy numbers are registered as Real, np.bool_ is not
         return None  # (bools, Python's and numpy's alike, score 1.0 / 0.0)
     value = float(value)

@@ -281,3 +281,51 @@ def test_empty_batch():
 def test_scores_are_finite_floats():
     scores, _ = score_rollouts(constant([-1.5, 0, 1e6]), [rollout(str(i), index=i) for i in range(3)])
     assert all(math.isfinite(s.reward) for s in scores) and rewards(scores) == [-1.5, 0.0, 1e6]
+
+
+# ---------------------------------------------------------------------------- arrays and tensors
+
+
+def returning(values):
+    """A batched reward that returns `values` itself (an array, a tensor) whatever the batch."""
+    return lambda prompts, completions, **columns: values
+
+
+def test_a_numpy_array_of_one_value_per_sample_is_accepted():
+    for values, expected in [(np.array([0.25, 1.0, 0.0]), [0.25, 1.0, 0.0]),
+                             (np.array([2, 0, 1], dtype=np.int32), [2.0, 0.0, 1.0]),
+                             (np.array([True, False, True]), [1.0, 0.0, 1.0])]:
+        scores, errors = score_rollouts(returning(values), [rollout(str(i), index=i) for i in range(3)])
+        assert rewards(scores) == expected and errors == 0
+        assert all(type(r) is float for r in rewards(scores))
+
+
+def test_a_torch_tensor_of_one_value_per_sample_is_accepted():
+    import torch
+
+    for values in [torch.tensor([0.5, 2.0]), torch.tensor([0.5, 2.0], requires_grad=True),
+                   torch.tensor([0.5, 2.0], dtype=torch.bfloat16)]:
+        scores, errors = score_rollouts(returning(values), [rollout("a"), rollout("b", index=1)])
+        assert rewards(scores) == [0.5, 2.0] and errors == 0
+        assert all(type(r) is float for r in rewards(scores))
+
+
+def test_zero_dimensional_arrays_and_tensors_are_numbers():
+    import torch
+
+    values = [torch.tensor(0.5), np.array(1.5), {"correct": torch.tensor(1.0), "format": np.array(0.25)}]
+    scores, errors = score_rollouts(returning(values), [rollout(str(i), index=i) for i in range(3)])
+    assert rewards(scores) == [0.5, 1.5, 1.25] and errors == 0
+    assert scores[2].components == {"correct": 1.0, "format": 0.25}
+
+
+@pytest.mark.parametrize("values, got", [(np.ones(3), "got 3 values"), (np.ones((2, 1)), "got an array of shape (2, 1)"),
+                                         (np.float64(1.0), "got float64")])
+def test_an_array_of_the_wrong_shape_is_named(values, got):
+    message = reward_error(score_rollouts, returning(values), [rollout("a"), rollout("b", index=1)], "zero")
+    assert "must return a list of 2 values" in message and got in message
+
+
+def test_a_nan_in_an_array_names_the_sample():
+    message = reward_error(score_rollouts, returning(np.array([1.0, np.nan])), [rollout("a"), rollout("b", index=1)])
+    assert "sample p#1" in message and "nan" in message
