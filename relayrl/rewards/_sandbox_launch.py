@@ -6,12 +6,24 @@ with `start_new_session=True`, so the parent can kill it and everything below it
 With namespaces (the default where the kernel allows them) the chain is:
   launcher (caller's uid)  --unshare(mount, pid, net [, user])-->  fork
   init     (pid 1 of the new pid namespace; trusted, stays in the parent's process group)
-           private /proc, tmpfs on /tmp /var/tmp /dev/shm, every other mount read-only, the interpreter
-           bound back where an untraversable directory (e.g. /root) is hidden  -->  fork
+           builds the program's root in a tmpfs and pivots into it (`build_view`), then  -->  fork
   program  rlimits, an unprivileged uid of its own when we are root, `exec` of the harness (drops caps)
 When init dies (the program returned, or the parent's killpg reached it) the kernel kills every process
 left in the pid namespace, so a double-forked daemon or a `setsid` child cannot outlive the run, and the
 mount namespace's tmpfs files vanish with it.
+
+The program's root (a 1 MB tmpfs, read-only once built) holds only:
+  /python          the interpreter's prefix (sys.base_prefix), read-only; its site-packages covered by an
+                   empty read-only tmpfs (the program gets the standard library, no installed package)
+  library dirs     the directories of the shared libraries the interpreter and its extension modules link
+                   (found with ldd by sandbox.py), read-only, at their host paths, with the symlinks on the
+                   way recreated (/lib -> usr/lib, /lib64 -> usr/lib64)
+  /dev             null, zero, random, urandom (binds of the host's nodes), fd/stdin/stdout/stderr links
+  /proc            a proc of the new pid namespace (only the sandbox's processes)
+  /tmp /var/tmp /dev/shm   fresh tmpfs of `disk_mb` each; /tmp/work is the cwd and HOME
+The host's tree is detached after pivot_root, so nothing else (/work, /root, /home, /etc, the source tree,
+datasets, checkpoints, the venv) exists in the namespace. /proc/self/mountinfo still names the host paths
+the binds came from: names, not contents.
 
 Without namespaces (`namespaces: false`) the program is exec'd directly with the same rlimits and a
 Python audit hook that refuses socket creation; see sandbox.py for what that mode does not contain.
@@ -24,10 +36,16 @@ import resource
 import sys
 
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_NOATIME, MS_NODIRATIME = 1, 2, 4, 8, 1024, 2048
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 32, 4096, 16384, 1 << 18, 1 << 21
+ST_RELATIME = 4096  # statvfs's bit for relatime (the mount flag is MS_RELATIME)
 MNT_DETACH = 2
 PR_SET_PDEATHSIG = 1
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}  # no glibc wrapper
+STAGE = "/tmp"  # where the program's root is assembled: the host's /tmp, hidden by the tmpfs mounted on it
+PYTHON_DIR = "/python"  # where the interpreter's prefix appears (its host path may be under /root or /home)
+OLD_ROOT = "/.host"  # the host's root after pivot_root, until it is detached
+DEVICES = ("null", "zero", "random", "urandom")
 SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 WORK_DIR = "/tmp/work"
 EXIT_SETUP_FAILED = 125  # the sandbox itself could not be set up (not the program's fault)
@@ -68,7 +86,7 @@ def _check(result: int, what: str) -> None:
 
 def mount(source, target, fstype, flags, data=None) -> None:
     enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+    _check(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {source or fstype} on {target}")
 
 
 def main() -> None:
@@ -115,23 +133,10 @@ def launch(job: dict, marker: str) -> None:
 def run_init(job: dict, marker: str) -> None:
     """pid 1 of the new pid namespace: build the filesystem view, run the program, exit with its status."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # shows only this namespace's processes
-    for path in SCRATCH_DIRS:
-        if os.path.isdir(path):
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={job['disk_mb']}m,mode=1777")
-    interpreter = os.path.dirname(os.path.dirname(job["python"]))  # <prefix>/bin/python -> <prefix>
-    hidden = _untraversable_ancestor(interpreter) if job["uid"] is not None else None
-    if hidden:  # bind the interpreter aside, hide its ancestor behind an empty tmpfs, bind it back
-        os.makedirs("/tmp/.interp")
-        mount(interpreter, "/tmp/.interp", None, MS_BIND | MS_REC)
-        mount("tmpfs", hidden, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=755")
-        os.makedirs(interpreter, exist_ok=True)
-        mount("/tmp/.interp", interpreter, None, MS_BIND | MS_REC)
-        _check(libc.umount2(b"/tmp/.interp", MNT_DETACH), "umount /tmp/.interp")
-        os.rmdir("/tmp/.interp")
-    for path, flags in _mounts():  # read-only everywhere but the scratch tmpfs (best effort: some refuse)
-        if path not in SCRATCH_DIRS and path != "/proc" and not path.startswith("/proc/"):
-            libc.mount(None, path.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None)
+    try:
+        build_view(job["view"], job["disk_mb"])
+    except OSError as err:
+        raise OSError(err.errno, f"could not build the program's filesystem view: {err.strerror}") from None
     os.makedirs(WORK_DIR)
     with open(f"{WORK_DIR}/main.py", "w", encoding="utf-8") as f:
         f.write(job["program"])
@@ -141,6 +146,76 @@ def run_init(job: dict, marker: str) -> None:
     if program == 0:
         run_program(job, marker, weak=False)
     os._exit(_exit_code(os.waitpid(program, 0)[1]))
+
+
+def build_view(view: dict, disk_mb: int) -> None:
+    """Assemble the program's root in a tmpfs, pivot into it and detach the host's tree (see the docstring)."""
+    root = STAGE
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    os.makedirs(root + PYTHON_DIR)
+    bind_read_only(view["prefix"], root + PYTHON_DIR)
+    for relative in view["hidden"]:  # installed packages: the program gets the standard library only
+        mount("tmpfs", f"{root}{PYTHON_DIR}/{relative}", "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=555")
+    bound: set[str] = set()
+    for directory in view["library_dirs"]:
+        real = _mirror_links(root, directory)
+        if real not in bound:
+            os.makedirs(root + real, exist_ok=True)
+            bind_read_only(real, root + real)
+            bound.add(real)
+    _add_devices(root)
+    for path in SCRATCH_DIRS:
+        os.makedirs(root + path)
+        mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={disk_mb}m,mode=1777")
+    os.makedirs(root + "/proc")
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # only this namespace's processes
+    os.makedirs(root + OLD_ROOT)
+    pivot_root(root, root + OLD_ROOT)
+    os.chdir("/")
+    _check(libc.umount2(OLD_ROOT.encode(), MNT_DETACH), f"umount {OLD_ROOT}")  # the host's tree leaves the namespace
+    os.rmdir(OLD_ROOT)
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _add_devices(root: str) -> None:
+    os.makedirs(root + "/dev")
+    for name in DEVICES:  # binds of the host's nodes: they work whatever the tmpfs's nodev says
+        open(f"{root}/dev/{name}", "w").close()
+        mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"{root}/dev/{name}")
+
+
+def bind_read_only(source: str, target: str) -> None:
+    mount(source, target, None, MS_BIND | MS_REC)
+    # A remount must repeat the flags the source mount has (in a user namespace they are locked), else EPERM.
+    kept = os.statvfs(source).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    relatime = MS_RELATIME if os.statvfs(source).f_flag & ST_RELATIME else 0
+    mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept | relatime)
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    number = SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(0, f"pivot_root: no syscall number known for machine {os.uname().machine!r}")
+    _check(libc.syscall(number, new_root.encode(), put_old.encode()), "pivot_root")
+
+
+def _mirror_links(root: str, path: str) -> str:
+    """Recreate under `root` the symlinks met on the way to host `path` (/lib -> usr/lib); return its real path."""
+    real = "/"
+    for part in path.strip("/").split("/"):
+        step = os.path.join(real, part)
+        if not os.path.islink(step):
+            real = step
+            continue
+        target = os.readlink(step)
+        os.makedirs(root + real, exist_ok=True)  # `real` has no symlink in it, so this stays inside `root`
+        if not os.path.lexists(root + step):
+            os.symlink(target, root + step)
+        real = _mirror_links(root, os.path.normpath(os.path.join(real, target)))
+    return real
 
 
 def run_program(job: dict, marker: str, weak: bool) -> None:
@@ -154,28 +229,13 @@ def run_program(job: dict, marker: str, weak: bool) -> None:
         os.setgroups([])
         os.setgid(job["uid"])
         os.setuid(job["uid"])
-    python = job["python"]
-    os.execve(python, [python, "-I", "-S", "-B", "-c", HARNESS, marker, job["call"] or "", "1" if weak else "0"],
-              job["env"])
-
-
-def _untraversable_ancestor(path: str) -> str | None:
-    """The top-most directory on `path` that others cannot enter (e.g. /root with mode 700)."""
-    parts = path.strip("/").split("/")
-    for i in range(1, len(parts) + 1):
-        directory = "/" + "/".join(parts[:i])
-        if not os.stat(directory).st_mode & 0o001:
-            return directory
-    return None
-
-
-def _mounts() -> list[tuple[str, int]]:
-    """(mount point, its per-mount flags): a remount must keep nosuid/nodev/noexec/atime flags it inherits."""
-    known = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
-             "relatime": 1 << 21}
-    with open("/proc/self/mountinfo") as f:
-        fields = [line.split() for line in f]
-    return [(row[4].replace("\\040", " "), sum(known.get(opt, 0) for opt in row[5].split(","))) for row in fields]
+    python, env = job["python"], job["env"]
+    if not weak:  # the view's interpreter; its RUNPATH (libpython) and the loader's cache name host paths
+        python = f"{PYTHON_DIR}/{job['view']['python']}"
+        env = {**env, "PATH": f"{PYTHON_DIR}/bin",
+               "LD_LIBRARY_PATH": ":".join([*(f"{PYTHON_DIR}/{d}" for d in job["view"]["prefix_library_dirs"]),
+                                            *job["view"]["library_dirs"]])}
+    os.execve(python, [python, "-I", "-S", "-B", "-c", HARNESS, marker, job["call"] or "", "1" if weak else "0"], env)
 
 
 def _exit_code(status: int) -> int:

@@ -1,7 +1,9 @@
 """The `code` reward: the pass fraction of a completion's program on the row's test cases, in the sandbox.
 
 The program is the last fenced code block of the completion (```python ... ``` or ``` ... ```), else the
-whole completion. Test cases come from the dataset column `tests`; their format is in sandbox.py. Each
+whole completion. Test cases come from the dataset column `tests`; their format is in sandbox.py. The
+program runs on the standard library only: the sandbox shows it the interpreter, not site-packages (nor
+the dataset, checkpoints or source tree, which would let a policy read the expected outputs). Each
 test runs in a fresh sandbox, one after another: a completion costs up to `len(tests) * timeout_s`
 seconds, so give a reward worker (`reward.timeout_s`) at least that; parallelism comes from
 `reward.workers`.

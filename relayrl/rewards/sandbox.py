@@ -21,13 +21,15 @@ Isolation (`isolation=`):
 - `namespaces` (the default where the kernel allows it, probed once): new mount, pid and network
   namespaces (plus a user namespace when not root). No network: the namespace has only a down loopback.
   A private /proc shows only the sandbox's processes; the killpg reaches its pid 1, whose death kills
-  everything left (double-fork daemons, `setsid` children). /tmp, /var/tmp and /dev/shm are fresh tmpfs
-  (capped at `disk_mb`) that vanish with the namespace; every other mount is read-only. As root, the
-  program also runs under an unused uid of its own (so RLIMIT_NPROC counts only its processes, and it
-  cannot read files others cannot, e.g. under /root, nor signal anything outside); the interpreter is
-  bound back in if it lives in such a directory. Not contained: world-readable files (e.g. /etc/passwd,
-  the source tree) can be read; when not root, the program runs as the calling user and can read that
-  user's files.
+  everything left (double-fork daemons, `setsid` children). The program's filesystem is a minimal root
+  (`_sandbox_launch.py` lists it): the interpreter's prefix and the shared libraries it links, read-only,
+  with site-packages hidden (the code reward runs plain Python: standard library only); null/zero/random/
+  urandom; fresh /tmp, /var/tmp and /dev/shm tmpfs (capped at `disk_mb`) that vanish with the namespace.
+  The host's tree is detached: no /work, /root, /home, /etc, source tree, dataset, checkpoint or venv to
+  read a test's expected output from. As root, the program also runs under an unused uid of its own (so
+  RLIMIT_NPROC counts only its processes, and it cannot signal anything outside). If the view cannot be
+  built, `namespaces` fails with one RewardError naming the step; `auto` then falls back to `rlimits`
+  with one warning saying why.
 - `rlimits` (when namespaces are unavailable): rlimits, the killpg, a scratch work dir, and a Python
   audit hook that refuses socket creation. RLIMIT_NPROC counts every process of the user, so it is set
   to the user's current count plus `processes`. Not contained: a program that calls `setsid` in a child
@@ -38,16 +40,21 @@ Isolation (`isolation=`):
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
+import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -70,6 +77,16 @@ class SandboxLimits:
     open_files: int = 64
     processes: int = 16
     output_bytes: int = 64 * 1024  # how much of stdout/stderr is read back
+
+
+@dataclass(frozen=True)
+class InterpreterView:
+    """The host paths a sandboxed program sees (namespaces mode), all read-only; see _sandbox_launch.py."""
+    prefix: str  # the interpreter's installation (sys.base_prefix, resolved); the program sees it at /python
+    python: str  # the interpreter binary, relative to `prefix`
+    hidden: tuple[str, ...]  # directories under `prefix` covered by an empty tmpfs (site-packages)
+    library_dirs: tuple[str, ...]  # shared libraries it and its extension modules link, bound at their host paths
+    prefix_library_dirs: tuple[str, ...]  # those inside `prefix` (e.g. libpython's lib/), relative to it
 
 
 @dataclass
@@ -141,6 +158,7 @@ def run_program(program: str, stdin: str = "", call: str | None = None, limits: 
         if work_dir:
             (work_dir / "main.py").write_text(program, encoding="utf-8")
         job = {"program": program, "call": call, "namespaces": mode == "namespaces", "uid": None,
+               "view": dataclasses.asdict(interpreter_view()) if mode == "namespaces" else None,
                "python": os.path.realpath(sys.executable), "work_dir": str(work_dir), "parent_pid": os.getpid(),
                "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
                "disk_mb": limits.disk_mb, "open_files": limits.open_files,
@@ -177,9 +195,66 @@ def resolve_isolation(isolation: str) -> str:
         return isolation
     try:
         run = run_program("print('ok')", limits=SandboxLimits(timeout_s=10), isolation="namespaces")
-    except RewardError:
-        return "rlimits"
-    return "namespaces" if run.stdout == "ok\n" else "rlimits"
+    except RewardError as err:
+        reason = str(err)
+    else:
+        if run.stdout == "ok\n":
+            return "namespaces"
+        reason = f"a trivial program ended with exit code {run.exit_code}: {run.stderr.strip()[-300:]}"
+    warnings.warn("code sandbox: namespaces are unavailable, so programs run with isolation=rlimits (no private "
+                  f"filesystem view, pid or network namespace; see relayrl/rewards/sandbox.py): {reason}", stacklevel=2)
+    return "rlimits"
+
+
+@functools.cache
+def interpreter_view() -> InterpreterView:
+    """This interpreter's prefix, its binary, its site-packages and the library directories it needs (once)."""
+    prefix = os.path.realpath(sys.base_prefix)
+    python = os.path.realpath(sys.executable)
+    if not python.startswith(prefix + os.sep):  # a venv made with --copies: its binary is outside the prefix
+        python = os.path.join(prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+    if not os.path.isfile(python):
+        raise RewardError(f"code sandbox: no interpreter found under sys.base_prefix {prefix} (looked for {python})")
+    paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix, "installed_base": prefix})
+    site = {os.path.realpath(paths[key]) for key in ("purelib", "platlib")}
+    hidden = sorted(os.path.relpath(path, prefix) for path in site
+                    if os.path.isdir(path) and path.startswith(prefix + os.sep))
+    extensions = glob.glob(os.path.join(paths["platstdlib"], "lib-dynload", "*.so"))
+    return InterpreterView(prefix, os.path.relpath(python, prefix), tuple(hidden),
+                           *_library_dirs([python, *extensions], prefix))
+
+
+def _library_dirs(binaries: list[str], prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Where the shared libraries `binaries` link live (ldd): (directories to bind at their host paths, as ldd
+    names them and resolved; directories inside `prefix`, relative to it, which the view shows under /python).
+    The loader is always bound at its host path: the kernel execs it by the path written in the binary."""
+    try:
+        listing = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise RewardError(f"code sandbox: cannot list the interpreter's shared libraries with ldd: {err}") from None
+
+    def directories(pattern: str) -> set[str]:
+        return {os.path.dirname(path) for library in re.findall(pattern, listing, re.MULTILINE)
+                for path in _link_chain(library)}
+
+    def inside(directory: str) -> bool:
+        return (os.path.realpath(directory) + os.sep).startswith(prefix + os.sep)
+
+    linked, loaders = directories(r"=> (/\S+) \(0x"), directories(r"^\s+(/\S+) \(0x")
+    bind = {d for d in linked if not inside(d)} | loaders
+    real = {d: os.path.realpath(d) for d in bind}
+    outermost = sorted(d for d in bind if not any(real[d].startswith(real[other] + os.sep) for other in bind))
+    in_prefix = sorted({os.path.relpath(os.path.realpath(d), prefix) for d in linked if inside(d)})
+    return tuple(outermost), tuple(in_prefix)
+
+
+def _link_chain(path: str) -> list[str]:
+    """`path`, each path its symlinks lead to (/lib64/ld-linux.so -> /lib/x86_64-linux-gnu/ld-linux.so), its
+    real path: the view needs every directory on the way for the link to resolve inside it."""
+    chain = [path]
+    while os.path.islink(chain[-1]) and len(chain) < 40:
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), os.readlink(chain[-1]))))
+    return chain + [os.path.realpath(path)]
 
 
 def _wait_or_kill(process: subprocess.Popen, timeout_s: float) -> tuple[int, bool]:
