@@ -78,9 +78,10 @@ def _needs_cut(path: Path, step: int) -> bool:
         return False
     with path.open("rb") as f:
         f.seek(max(0, path.stat().st_size - (1 << 20)))
-        lines = [line for line in f.read().splitlines() if line.strip()]
-    try:
-        return not lines or json.loads(lines[-1])["step"] >= step
+        tail = f.read()
+    lines = [line for line in tail.splitlines() if line.strip()]
+    try:  # a last row without its newline was cut short too: the next append would join it
+        return not tail.endswith(b"\n") or not lines or json.loads(lines[-1])["step"] >= step
     except (json.JSONDecodeError, KeyError, TypeError):
         return True
 

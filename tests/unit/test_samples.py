@@ -70,6 +70,15 @@ def test_a_resumed_run_drops_rows_after_its_checkpoint_and_a_cut_row(tmp_path):
     assert _logged_steps(tmp_path) == [0, 2, 4, 6, 8, 9]
 
 
+def test_a_last_row_that_lost_its_newline_is_not_joined_to_the_next(tmp_path):
+    rollouts, scores, exp = _step()
+    log_samples(tmp_path, 1, 1, 0, 9, rollouts, scores, exp)
+    path = tmp_path / "samples.jsonl"
+    path.write_text(path.read_text().rstrip("\n"))  # killed between the row and its newline
+    log_samples(tmp_path, 1, 1, 1, 9, rollouts, scores, exp)
+    assert _logged_steps(tmp_path) == [0, 1]
+
+
 def test_a_fresh_run_in_a_used_directory_starts_a_new_file(tmp_path):
     (tmp_path / "samples.jsonl").write_text(json.dumps({"step": 0, "reward": 9.0}) + "\n")
     rollouts, scores, exp = _step()
