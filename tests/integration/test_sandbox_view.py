@@ -159,6 +159,20 @@ def test_ordinary_programs_still_work(isolation):
     assert out == "18 4 {0: 2, 1: 1, 2: 1} ['abc', 'de'] [3, 4, 5, 6] tmp ok 7 4 /tmp/work 3904355907 0.25 4.5\n"
 
 
+def test_devices_scratch_and_a_child_interpreter_work(isolation):
+    program = textwrap.dedent("""\
+        import multiprocessing, os, subprocess, sys
+        child = subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True)
+        with multiprocessing.Pool(2) as pool:
+            squares = pool.map(abs, [-1, -2])
+        print(open('/dev/null', 'w').write('x'), len(open('/dev/urandom', 'rb').read(3)), open('/dev/zero', 'rb').read(2),
+              child.stdout.strip(), squares, sorted(os.listdir('/dev')), os.access('/tmp', os.W_OK),
+              os.access('/dev/shm', os.W_OK), os.environ['HOME'])
+        """)
+    assert run_ok(program, isolation) == ("1 3 b'\\x00\\x00' 42 [1, 2] ['fd', 'null', 'random', 'shm', 'stderr', "
+                                          "'stdin', 'stdout', 'urandom', 'zero'] True True /tmp/work\n")
+
+
 def test_stdin_and_call_tests_pass_in_the_view(isolation):
     program = "import sys\ndef add(a, b):\n    return a + b\nif __name__ == '__main__':\n" \
               "    print(add(*map(int, sys.stdin.read().split())))\n"
