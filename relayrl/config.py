@@ -1,7 +1,9 @@
 """The typed config tree: YAML file + dotted `key=value` overrides, strict keys, a resolved dump.
 
-Every section forbids unknown keys. A misspelt key fails with its full path and the nearest real key
-(also when the key exists in another section); a wrong type fails naming the key. What cannot be
+Every section forbids unknown keys. Every unknown key of the file and the overrides is reported at once,
+each with its full path and the nearest real key (also in another section, or the key another framework's
+name means: `relayrl/config_aliases.py`); a wrong type fails naming the key. Relative input paths become
+absolute as `relayrl/config_paths.py` rules, so a dumped config re-runs anywhere. What cannot be
 derived has a default here, documented by its field description; nothing downstream calls `.get()`.
 The sections are in `relayrl/config_sections.py`; this module holds the root, the rules across sections,
 loading, overrides and the messages.
@@ -12,12 +14,13 @@ from __future__ import annotations
 import copy
 import difflib
 import re
-import warnings
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic_core import to_jsonable_python
 
 from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported from here
     Section,
@@ -38,6 +41,8 @@ from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported 
     PlacementConfig,
     SyncConfig,
 )
+from relayrl.config_aliases import foreign_name
+from relayrl.config_paths import Bases, origins, resolve_tree, warn
 from relayrl.errors import ConfigError
 
 
@@ -118,18 +123,28 @@ class Config(Section):
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None) -> Config:
-    """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly."""
-    tree: dict[str, Any] = copy.deepcopy(base or {})  # overrides must not write into the caller's dict
-    source = "defaults"
-    if path is not None:
-        source = str(path)
-        tree = _deep_merge(tree, read_yaml(path))
-    if overrides:
-        source += " + overrides"
-    for override in overrides:
-        key, value = parse_override(override)
+    """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly.
+
+    Every unknown key of `base`, the file and the overrides is reported at once. Relative input paths are
+    made absolute: a file's against its directory (else the working directory), the rest against the
+    working directory (`relayrl/config_paths.py` states the rule).
+    """
+    file_tree = read_yaml(path) if path is not None else {}
+    if _is_resolved_dump(file_tree):  # a saved config.yaml: only what differs from a default was a choice
+        file_tree = _without_defaults(file_tree)
+    parsed = [parse_override(override) for override in overrides]
+    unknown = _unknown_keys(base or {}, "base") + _unknown_keys(file_tree, str(path))
+    for key, value in parsed:
+        unknown += _unknown_keys(_one_key_tree(key, value), "the overrides")
+    if unknown:
+        raise ConfigError(_unknown_message(unknown))
+    tree = _deep_merge(copy.deepcopy(base or {}), file_tree)  # overrides must not write into `base`
+    origin = {**origins(base or {}, Bases()), **origins(file_tree, Bases(path))}
+    for key, value in parsed:
         _set_dotted(tree, key, value)
-    _check_keys(tree, Config, prefix="")
+        origin.update(origins(_one_key_tree(key, value), Bases()))
+    tree = resolve_tree(tree, origin)
+    source = " + ".join(filter(None, ["defaults" if path is None else str(path), "overrides" if parsed else ""]))
     try:
         config = Config.model_validate(tree)
     except ValidationError as err:
@@ -164,51 +179,68 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def dump_config(config: Config) -> str:
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML: every key, so that loading it gives back an equal config.
+
+    `reward.fn`/`kwargs` are left out beside `reward.components`, which replaces them (setting both fails).
+    """
+    tree = config.model_dump(mode="json")
+    if config.reward.components:
+        for key in ("fn", "kwargs"):
+            del tree["reward"][key]
+    return yaml.safe_dump(tree, sort_keys=False)
 
 
 def warn_ineffective(config: Config) -> None:
-    """Name settings that cannot take effect in the chosen mode."""
-    if config.algorithm.kl.coef == 0 and "estimator" in config.algorithm.kl.model_fields_set:
-        warnings.warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0", stacklevel=3)
-    if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
-        warnings.warn("rollout.kv_cache_gib has no effect with rollout.engine=hf", stacklevel=3)
-    algo = config.algorithm
-    if algo.kl.coef == 0 and algo.kl.model_fields_set - {"coef", "estimator"}:
-        names = ", ".join(f"algorithm.kl.{k}" for k in sorted(algo.kl.model_fields_set - {"coef", "estimator"}))
-        warnings.warn(f"{names} has no effect while algorithm.kl.coef is 0", stacklevel=3)
-    if algo.correction.mode == "none" and algo.correction.model_fields_set - {"mode"}:
-        warnings.warn("algorithm.correction settings have no effect while algorithm.correction.mode is none",
-                      stacklevel=3)
-    if not algo.dapo.dynamic_sampling and "max_rounds" in algo.dapo.model_fields_set:
-        warnings.warn("algorithm.dapo.max_rounds has no effect without algorithm.dapo.dynamic_sampling",
-                      stacklevel=3)
-    if algo.advantage != "gae" and config.critic.model_fields_set:
-        warnings.warn(f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "
-                      "is built only for algorithm.advantage=gae", stacklevel=3)
-    if algo.policy_loss == "ppo_clip" and algo.clip_eps < 0.01:
-        warnings.warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2",
-                      stacklevel=3)
-    if config.data.eval is None and config.eval.model_fields_set:
-        warnings.warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval",
-                      stacklevel=3)
+    """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
+    _warn_algorithm(config)
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
-        warnings.warn(f"{names} has no effect under train.schedule={train.schedule}", stacklevel=3)
+        warn(f"{names} has no effect under train.schedule={train.schedule}")
     if train.schedule != "sync" and config.checkpoint.every:
-        warnings.warn(f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the "
-                      "rollouts in flight: a resumed run is not a replay of an uninterrupted one", stacklevel=3)
-    if train.schedule != "sync" and algo.correction.mode == "none":
-        warnings.warn(f"train.schedule={train.schedule} trains on samples from older policies without correction; "
-                      "consider algorithm.correction.mode=tis_token", stacklevel=3)
+        warn(f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the "
+             "rollouts in flight: a resumed run is not a replay of an uninterrupted one")
+    off_policy = train.schedule == "one_step_off" or (train.schedule == "async" and train.max_staleness > 0)
+    if off_policy and config.algorithm.correction.mode == "none":
+        warn(f"train.schedule={train.schedule} trains on samples from older policies without correction; "
+             "consider algorithm.correction.mode=tis_token")
     placement = config.placement
     if placement.mode == "local" and placement.model_fields_set - {"mode"}:
         names = ", ".join(f"placement.{k}" for k in sorted(placement.model_fields_set - {"mode"}))
-        warnings.warn(f"{names} has no effect under placement.mode=local", stacklevel=3)
-    if effective_transport(config) == "inprocess" and config.sync.model_fields_set - {"transport"}:
-        names = ", ".join(f"sync.{k}" for k in sorted(config.sync.model_fields_set - {"transport"}))
-        warnings.warn(f"{names} has no effect with the inprocess transport", stacklevel=3)
+        warn(f"{names} has no effect under placement.mode=local")
+    transport = effective_transport(config)
+    if idle := sorted(config.sync.model_fields_set - SYNC_KEYS[transport]):
+        names = ", ".join(f"sync.{k}" for k in idle)
+        warn(f"{names} has no effect with the {transport} transport")
+
+
+def _warn_algorithm(config: Config) -> None:
+    algo = config.algorithm
+    if algo.kl.coef == 0 and "estimator" in algo.kl.model_fields_set:
+        warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0")
+    if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
+        warn("rollout.kv_cache_gib has no effect with rollout.engine=hf")
+    if algo.kl.coef == 0 and algo.kl.model_fields_set - {"coef", "estimator"}:
+        names = ", ".join(f"algorithm.kl.{k}" for k in sorted(algo.kl.model_fields_set - {"coef", "estimator"}))
+        warn(f"{names} has no effect while algorithm.kl.coef is 0")
+    if algo.correction.mode == "none" and algo.correction.model_fields_set - {"mode"}:
+        warn("algorithm.correction settings have no effect while algorithm.correction.mode is none")
+    if not algo.dapo.dynamic_sampling and "max_rounds" in algo.dapo.model_fields_set:
+        warn("algorithm.dapo.max_rounds has no effect without algorithm.dapo.dynamic_sampling")
+    if algo.advantage != "gae" and config.critic.model_fields_set:
+        warn(f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "
+             "is built only for algorithm.advantage=gae")
+    if algo.policy_loss == "ppo_clip" and algo.clip_eps < 0.01:
+        warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2")
+    if config.data.eval is None and config.eval.model_fields_set:
+        warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval")
+
+
+# The sync settings each transport reads: the in-process transport hands tensors over (no wire, no deadline) but
+# still runs the parity probe; only the disk transport writes into a directory.
+_WIRE = {"transport", "bucket_mb", "wire_dtype", "checksum", "parity_probe", "timeout_s"}
+SYNC_KEYS = {"inprocess": {"transport", "parity_probe"}, "shm": _WIRE, "broadcast": _WIRE, "object_store": _WIRE,
+             "disk": _WIRE | {"directory"}}
 
 
 def effective_transport(config: Config) -> str:
@@ -250,21 +282,84 @@ def _all_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     return paths
 
 
-def _check_keys(tree: dict, model: type[BaseModel], prefix: str) -> None:
-    """Unknown keys fail with their full path and the closest known key."""
+def _leaf_paths(tree: dict, model: type[BaseModel] = Config, prefix: str = "") -> set[str]:
+    paths = set()
+    for key, value in tree.items():
+        sub = model.model_fields[key].annotation if key in model.model_fields else None
+        if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(value, dict):
+            paths |= _leaf_paths(value, sub, f"{prefix}{key}.")
+        else:
+            paths.add(f"{prefix}{key}")
+    return paths
+
+
+def _is_resolved_dump(tree: dict) -> bool:
+    """Whether `tree` sets every key, as `dump_config` writes it (reward.fn/kwargs may give way to components)."""
+    every = _leaf_paths(Config().model_dump()) - {"reward.fn", "reward.kwargs"}
+    return every <= _leaf_paths(tree)
+
+
+def _without_defaults(tree: dict, model: type[BaseModel] = Config) -> dict:
+    """`tree` less the keys whose value is their default, so that settings-without-effect warnings name only
+    what a resolved dump changed (its every key is set, which would otherwise warn about all of them)."""
+    kept = {}
+    for key, value in tree.items():
+        field = model.model_fields.get(key)
+        sub = field.annotation if field is not None else None
+        if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(value, dict):
+            kept[key] = _without_defaults(value, sub)
+        elif field is None or field.is_required() or value != to_jsonable_python(field.get_default(
+                call_default_factory=True)):
+            kept[key] = value
+    return kept
+
+
+def _one_key_tree(key: str, value: Any) -> dict:
+    tree: dict[str, Any] = {}
+    _set_dotted(tree, key, value)
+    return tree
+
+
+def _unknown_keys(tree: dict, source: str, model: type[BaseModel] = Config, prefix: str = "") -> list[str]:
+    """Every unknown key in `tree` (and every section given a value), each with its nearest known key."""
+    found = []
     for key, value in tree.items():
         path = f"{prefix}{key}"
         field = model.model_fields.get(key)
         if field is None:
-            raise ConfigError(f"unknown config key '{path}'{_suggest(path, key, model)}")
-        sub = field.annotation
+            found.append(f"unknown config key '{path}' (in {source}){_suggest(path, key, model)}")
+            continue
+        sub, items = field.annotation, _section_items(field.annotation)
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             if not isinstance(value, dict):
-                raise ConfigError(f"'{path}' is a section; give it keys, e.g. {path}.{next(iter(sub.model_fields))}=...")
-            _check_keys(value, sub, path + ".")
+                found.append(f"'{path}' is a section (in {source}); give it keys, e.g. "
+                             f"{path}.{next(iter(sub.model_fields))}=...")
+                continue
+            found += _unknown_keys(value, source, sub, path + ".")
+        elif items is not None and isinstance(value, list):  # e.g. reward.components: a list of sections
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    found += _unknown_keys(item, source, items, f"{path}.{i}.")
+    return found
+
+
+def _section_items(annotation: Any) -> type[BaseModel] | None:
+    """The item section of a `list[SomeSection]` field, else None."""
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation)
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item
+    return None
+
+
+def _unknown_message(found: list[str]) -> str:
+    return found[0] if len(found) == 1 else f"{len(found)} config keys are wrong:\n  " + "\n  ".join(found)
 
 
 def _suggest(path: str, key: str, model: type[BaseModel]) -> str:
+    if (foreign := foreign_name(path)) is not None:
+        note = f"; {foreign.note}" if foreign.note else ""
+        return f"; did you mean '{foreign.key}'? ({foreign.name} is its name in {foreign.frameworks}{note})"
     local = difflib.get_close_matches(key, list(model.model_fields), n=1, cutoff=0.6)
     prefix = path[: -len(key)]
     if local:

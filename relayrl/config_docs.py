@@ -23,6 +23,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import to_jsonable_python
 
 from relayrl.config import Config, _suggest
+from relayrl.config_aliases import FOREIGN_NAMES
 from relayrl.errors import ConfigError
 
 DOCS_PATH = "docs/config.md"
@@ -68,7 +69,7 @@ def render_reference() -> str:
             cells = [f"`{_join(path, name)}`", type_name(field.annotation), f"`{default_text(field)}`",
                      constraints_text(field), _description(field)]
             lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _foreign_names()) + "\n"
 
 
 def explain(key: str) -> str:
@@ -212,6 +213,18 @@ def _explain_section(path: str, model: type[BaseModel]) -> str:
     return "\n".join(lines)
 
 
+def _foreign_names() -> list[str]:
+    """The table behind the unknown-key message: other frameworks' names and the relayrl key each one means."""
+    lines = ["", "## Names from other frameworks", "",
+             "An unknown key whose name is TRL's, verl's or OpenRLHF's is answered with the relayrl key below "
+             "(`relayrl/config_aliases.py`; docs/algorithms.md explains each pairing).", "",
+             "| name | relayrl key | framework | note |", "|---|---|---|---|"]
+    for entry in FOREIGN_NAMES:
+        cells = [f"`{entry.name}`", f"`{entry.key}`", entry.frameworks, entry.note]
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return lines
+
+
 def _header(paths) -> list[str]:
     overrides = " ".join(map(shlex.quote, EXAMPLE_OVERRIDES))  # `[END]` unquoted is a shell glob
     return [
@@ -238,8 +251,14 @@ def _header(paths) -> list[str]:
         "Its value is read as YAML: `null`, `true`, `1e-5` and lists such as `[a, b]` all work.",
         "- Keys are strict: an unknown or misspelt key fails, naming its full path and the nearest real key; "
         "a value of the wrong type or out of range fails naming the key.",
-        "- The resolved config (defaults filled in) is printed when a run starts and saved as "
-        "`<log.dir>/config.yaml`.",
+        "- Every unknown key of the file and the overrides is reported at once; another framework's name "
+        "(TRL's `num_generations`) is answered with the relayrl key it means (table at the end).",
+        "- A relative input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py` or "
+        "`module`) in a config file is taken against the file's directory, else the working directory; in an "
+        "override, against the working directory. Output paths (`log.dir`, `sync.directory`) are relative to the "
+        "working directory.",
+        "- The resolved config (defaults filled in, input paths absolute) is printed when a run starts and saved as "
+        "`<log.dir>/config.yaml`; it re-runs from any directory.",
         "",
         "Sections: " + ", ".join(f"[{path or 'top level'}](#{path.replace('.', '') or 'top-level'})"
                                  for path in paths) + ".",

@@ -6,10 +6,14 @@ messages live in `relayrl/config.py`, which also re-exports these classes.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from relayrl.config_paths import warn
+
+INPUT_PATH_RULE = ("A relative path is taken against the config file's directory, else the working directory (an "
+                   "override's: the working directory); the saved config.yaml holds it absolute.")
 
 
 class Section(BaseModel):
@@ -17,15 +21,17 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = Field("", description="HF model directory (config.json + weights + tokenizer).")
+    path: str = Field("", description="HF model directory (config.json + weights + tokenizer). " + INPUT_PATH_RULE)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Learner dtype: auto = float32 on CPU, bf16 autocast with fp32 master weights on GPU."
     )
 
 
 class DataConfig(Section):
-    train: str = Field("", description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`.")
-    eval: str | None = Field(None, description="Held-out prompts, same format; evaluated before and after training.")
+    train: str = Field("", description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`. "
+                                       + INPUT_PATH_RULE)
+    eval: str | None = Field(None, description="Held-out prompts, same format; evaluated before and after training. "
+                                               "Relative: as data.train.")
     max_prompt_tokens: int = Field(256, ge=1, description="Longest prompt, in tokens, after the chat template.")
     on_long_prompt: Literal["error", "drop", "truncate"] = Field(
         "error", description="What to do with a longer prompt: fail naming it, drop it, or keep its last tokens."
@@ -39,7 +45,8 @@ class DataConfig(Section):
 class RewardComponentConfig(Section):
     """One reward function of a weighted combination (`reward.components`)."""
 
-    fn: str = Field(description="Built-in name, `module:function` or `path/file.py:function` (as `reward.fn`).")
+    fn: str = Field(description="Built-in name, `module:function` or `path/file.py:function` (resolved as "
+                                "`reward.fn`).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
     weight: float = Field(1.0, description="Its weight in the reward: reward = sum of weight * component.")
     name: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$",
@@ -54,7 +61,8 @@ class RewardConfig(Section):
     fn: str = Field(
         "exact_match",
         description="Built-in name (exact_match, math, regex, code, reward_model, judge) or `module:function` or "
-                    "`path/file.py:function`.",
+                    "`path/file.py:function`. The file, or a module's `module.py`, is looked for as data.train is "
+                    "(a module beside the config file imports); else the module must be importable.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the reward function.")
     components: list[RewardComponentConfig] = Field(
@@ -86,7 +94,7 @@ class RewardConfig(Section):
             raise ValueError(f"reward.components: the name {duplicated[0]!r} is used twice; give each component "
                              "a distinct `name` (it is logged as reward/<name>)")
         if self.workers == 0 and self.model_fields_set & {"timeout_s", "batch_size"}:
-            warnings.warn("reward.timeout_s and reward.batch_size have no effect with reward.workers=0", stacklevel=2)
+            warn("reward.timeout_s and reward.batch_size have no effect with reward.workers=0")
         return self
 
     def resolved_components(self) -> list[RewardComponentConfig]:
@@ -140,7 +148,8 @@ class CorrectionConfig(Section):
 
 
 class CriticConfig(Section):
-    path: str = Field("", description="Value-model initialisation (an HF causal-LM directory); default model.path.")
+    path: str = Field("", description="Value-model initialisation (an HF causal-LM directory); default model.path. "
+                                      "Relative: as model.path.")
     lr: float = Field(1e-5, gt=0, description="Critic AdamW learning rate.")
     value_clip: float = Field(0.2, gt=0, description="Clip range of the new values around the old (PPO value loss).")
     warmup_steps: int = Field(0, ge=0, description="Steps that train only the critic before the actor moves.")
@@ -211,7 +220,8 @@ class TrainConfig(Section):
     )
     schedule: Literal["sync", "one_step_off", "async"] = Field(
         "sync", description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
-                            "async: engines generate continuously into a bounded buffer (needs placement.mode=ray)."
+                            "async: engines generate continuously into a bounded buffer. one_step_off and async "
+                            "need placement.mode=ray."
     )
     max_staleness: int = Field(
         1, ge=0, description="async: the most policy versions a sample may lag the policy it trains."
@@ -239,7 +249,8 @@ class SamplesConfig(Section):
 
 
 class LogConfig(Section):
-    dir: str = Field("runs/default", description="Run directory: config.yaml, metrics.jsonl, model/.")
+    dir: str = Field("runs/default", description="Run directory: config.yaml (resolved: input paths absolute), "
+                                                 "metrics.jsonl, model/. Relative to the working directory.")
     progress: bool = Field(True, description="Show a rich progress bar on the console.")
     save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
     samples: SamplesConfig = Field(default_factory=SamplesConfig, description="Per-sample logs (samples.jsonl).")
@@ -302,4 +313,5 @@ class SyncConfig(Section):
     parity_probe: bool = Field(False, description="After each push, compare engine and learner log-probs on a fixed "
                                                   "sequence (sync/parity_abs_max).")
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one push (every collective and wait within it).")
-    directory: str = Field("", description="disk transport: where the weights file goes ('' = a temporary directory).")
+    directory: str = Field("", description="disk transport: where the weights file goes ('' = a temporary "
+                                           "directory); relative to the working directory.")

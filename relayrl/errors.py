@@ -30,3 +30,36 @@ class SyncError(RelayError):
 
 class PlacementError(RelayError):
     """The roles cannot be placed on the cluster, or a role's actor died or missed its deadline."""
+
+
+class RelayWarning(UserWarning):
+    """A setting or input that works but probably not as meant (printed as `relayrl: warning: ...`)."""
+
+
+class ConfigWarning(RelayWarning):
+    """A config setting that has no effect in the chosen mode, or a path that exists nowhere it was looked for."""
+
+
+def install_warning_format() -> None:
+    """Print relayrl's warnings as one line, `relayrl: warning: MESSAGE`, on stderr (other warnings unchanged).
+
+    The CLI calls this once; a library user keeps Python's own format unless they call it too. Filters
+    (`-W error`, `warnings.catch_warnings`) still apply first: this only changes how a shown warning looks.
+    """
+    import sys
+    import warnings
+
+    shown = warnings.showwarning
+    if getattr(shown, "_relayrl", False):
+        return
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, RelayWarning):
+            return shown(message, category, filename, lineno, file, line)
+        try:
+            print(f"relayrl: warning: {message}", file=file or sys.stderr)
+        except OSError:  # as warnings._showwarnmsg_impl: a closed stderr must not turn a warning into a crash
+            pass
+
+    show._relayrl = True
+    warnings.showwarning = show
