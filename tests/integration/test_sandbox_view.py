@@ -166,8 +166,8 @@ def test_devices_scratch_and_a_child_interpreter_work(isolation):
         with multiprocessing.Pool(2) as pool:
             squares = pool.map(abs, [-1, -2])
         print(open('/dev/null', 'w').write('x'), len(open('/dev/urandom', 'rb').read(3)),
-              open('/dev/zero', 'rb').read(2), child.stdout.strip(), squares, sorted(os.listdir('/dev')), os.access('/tmp', os.W_OK),
-              os.access('/dev/shm', os.W_OK), os.environ['HOME'])
+              open('/dev/zero', 'rb').read(2), child.stdout.strip(), squares, sorted(os.listdir('/dev')),
+              os.access('/tmp', os.W_OK), os.access('/dev/shm', os.W_OK), os.environ['HOME'])
         """)
     assert run_ok(program, isolation) == ("1 3 b'\\x00\\x00' 42 [1, 2] ['fd', 'null', 'random', 'shm', 'stderr', "
                                           "'stdin', 'stdout', 'urandom', 'zero'] True True /tmp/work\n")
