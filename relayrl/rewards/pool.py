@@ -1,8 +1,8 @@
 """Reward worker processes: each loads the reward functions by spec and scores batches sent to it.
 
-The pool owns the processes and the deadlines, nothing about policy: `run(pending)` hands each task (a
-component index and a batch of rollouts) to an idle worker with a deadline of `timeout_s` per sample,
-and yields `(task, outcome)` as they finish. A worker past its deadline is killed (SIGKILL: a hung C
+The pool owns the processes and the deadlines, nothing about policy: `step(pending)` hands tasks (a
+component index and a batch of rollouts) to idle workers with a deadline of `timeout_s` per sample, waits
+once, and returns the `(task, outcome)` pairs that finished. A worker past its deadline is killed (SIGKILL: a hung C
 call, a sleeping sandbox, a held lock all die with it) and replaced; its task comes back as `TIMEOUT`. A
 worker that dies comes back as `DIED`. The caller decides what a timeout means (service.py).
 
@@ -10,11 +10,14 @@ Workers are started with `spawn` (no forked copy of a trainer holding threads, C
 say `ready` once every reward function has loaded; a function that cannot load fails the pool with the
 worker's message. Reward functions travel by spec string (`exact_match`, `module:function`,
 `path/file.py:function`), so nothing but data is pickled.
+
+One thread drives a pool (the service's dispatcher, dispatch.py); only `wake` may be called from others.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ class Task:
     component: int  # index into the pool's reward functions
     offset: int  # position of rollouts[0] in the caller's batch
     rollouts: list[Rollout]
+    owner: int = 0  # the scoring call the outcome goes back to (dispatch.py)
 
 
 @dataclass
@@ -87,20 +91,36 @@ class WorkerPool:
         self._args = (components, on_error)
         self.timeout_s = timeout_s
         self.workers = [_Worker(self._context, *self._args) for _ in range(workers)]
+        self._wake_receive, self._wake_send = socket.socketpair()
+        self._wake_send.setblocking(False)
 
-    def run(self, pending: deque[Task]) -> Iterator[tuple[Task, Outcome]]:
-        """Yield every task's outcome, in completion order; at most one task per worker at a time. The caller
-        may append to `pending` while iterating (e.g. to retry a timed-out batch one sample at a time)."""
-        while pending or any(w.task for w in self.workers):
-            for worker in self.workers:
-                if worker.ready and worker.task is None and pending:
-                    worker.send(pending.popleft(), self.timeout_s)
-            yield from self._collect()
+    @property
+    def busy(self) -> bool:
+        return any(w.task is not None for w in self.workers)
+
+    def step(self, pending: deque[Task]) -> list[tuple[Task, Outcome]]:
+        """Hand tasks from `pending` to idle workers (one each), wait until some finish, a deadline passes, a
+        second passes or `wake()` is called, and return the outcomes that arrived, in completion order."""
+        for worker in self.workers:
+            if worker.ready and worker.task is None and pending:
+                worker.send(pending.popleft(), self.timeout_s)
+        return list(self._collect())
+
+    def wake(self) -> None:
+        """Cut the current `step`'s wait short (thread-safe: new tasks are waiting to be handed out)."""
+        try:
+            self._wake_send.send(b"\0")
+        except OSError:  # the buffer is full of wake-ups already (BlockingIOError), or the pool is closed
+            pass
 
     def _collect(self) -> Iterator[tuple[Task, Outcome]]:
         now = time.monotonic()
         deadline = min([w.deadline for w in self.workers] + [now + 1.0])
-        for connection in wait([w.connection for w in self.workers], timeout=max(0.0, deadline - now)):
+        for connection in wait([w.connection for w in self.workers] + [self._wake_receive],
+                               timeout=max(0.0, deadline - now)):
+            if connection is self._wake_receive:
+                self._wake_receive.recv(4096)
+                continue
             index = next(i for i, w in enumerate(self.workers) if w.connection is connection)
             worker = self.workers[index]
             try:
@@ -137,13 +157,6 @@ class WorkerPool:
         if worker.task is not None:
             yield worker.task, Outcome(status, message=message)
 
-    def abandon_in_flight(self) -> None:
-        """Kill and replace every busy worker (after an error stops a `run` midway: their results are stale)."""
-        for index, worker in enumerate(self.workers):
-            if worker.task is not None:
-                worker.task = None
-                list(self._replace(index, DIED, ""))
-
     def close(self) -> None:
         for worker in self.workers:
             if worker.process.is_alive() and worker.ready and worker.task is None:
@@ -157,3 +170,5 @@ class WorkerPool:
             worker.process.join()
             worker.connection.close()
         self.workers = []
+        self._wake_receive.close()
+        self._wake_send.close()

@@ -1,10 +1,12 @@
 """Reward workers as Ray actors (`placement.mode=ray`): the same contract as `pool.WorkerPool`.
 
-`run(pending)` hands each task to an idle actor with a deadline of `timeout_s` per sample and yields
-`(task, outcome)` as they finish; an actor past its deadline is killed (`ray.kill`: a hung call dies with
+`step(pending)` hands tasks to idle actors with a deadline of `timeout_s` per sample, waits once and
+returns the `(task, outcome)` pairs that finished; an actor past its deadline is killed (`ray.kill`: a hung call dies with
 its process) and replaced, its task coming back as `TIMEOUT`; an actor that dies comes back as `DIED`.
 Actors reserve no CPU (`num_cpus=0`): scoring shares the cores with whichever role is idle, as the
-process pool does. Reward functions travel by spec string, as in the process pool.
+process pool does. Reward functions travel by spec string, as in the process pool. One thread drives the
+pool (the service's dispatcher); `ray.wait` cannot be interrupted, so a step waits at most WAKE_S and
+`wake` has nothing to do.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Iterator
 
 from relayrl.errors import RewardError
 from relayrl.rewards.pool import DIED, STARTUP_TIMEOUT_S, TIMEOUT, Outcome, Task
+
+WAKE_S = 0.05  # the longest a task submitted while the dispatcher waits can sit beside an idle actor
 
 
 class RewardActor:
@@ -44,7 +48,7 @@ class RayWorkerPool:
         self._args = (components, on_error)
         self.timeout_s = timeout_s
         self.actors = [self._start() for _ in range(workers)]
-        self.busy: dict[int, tuple[Task, object, float]] = {}  # actor index -> (task, ref, deadline)
+        self.busy_actors: dict[int, tuple[Task, object, float]] = {}  # actor index -> (task, ref, deadline)
         self._check_started()
 
     def _start(self):
@@ -62,27 +66,33 @@ class RayWorkerPool:
             cause = getattr(err, "cause", None) or err
             raise RewardError(f"reward actor could not load the reward functions: {cause}") from None
 
-    def run(self, pending: deque[Task]) -> Iterator[tuple[Task, Outcome]]:
-        """As `WorkerPool.run`: outcomes in completion order; `pending` may grow while iterating."""
-        while pending or self.busy:
-            for index in range(len(self.actors)):
-                if index not in self.busy and pending:
-                    task = pending.popleft()
-                    ref = self.actors[index].score.remote(task.component, task.rollouts)
-                    self.busy[index] = (task, ref, time.monotonic() + self.timeout_s * len(task.rollouts))
-            yield from self._collect()
+    @property
+    def busy(self) -> bool:
+        return bool(self.busy_actors)
+
+    def step(self, pending: deque[Task]) -> list[tuple[Task, Outcome]]:
+        """As `WorkerPool.step`: hand out tasks, wait (at most WAKE_S), return the outcomes that arrived."""
+        for index in range(len(self.actors)):
+            if index not in self.busy_actors and pending:
+                task = pending.popleft()
+                ref = self.actors[index].score.remote(task.component, task.rollouts)
+                self.busy_actors[index] = (task, ref, time.monotonic() + self.timeout_s * len(task.rollouts))
+        return list(self._collect()) if self.busy_actors else []
+
+    def wake(self) -> None:
+        pass  # a step waits at most WAKE_S
 
     def _collect(self) -> Iterator[tuple[Task, Outcome]]:
         import ray
         from ray.exceptions import RayActorError
 
         now = time.monotonic()
-        wait_s = max(0.0, min(deadline for _, _, deadline in self.busy.values()) - now)
-        refs = [ref for _, ref, _ in self.busy.values()]
-        done, _ = ray.wait(refs, num_returns=1, timeout=min(wait_s, 1.0))
-        for index, (task, ref, deadline) in list(self.busy.items()):
+        wait_s = max(0.0, min(deadline for _, _, deadline in self.busy_actors.values()) - now)
+        refs = [ref for _, ref, _ in self.busy_actors.values()]
+        done, _ = ray.wait(refs, num_returns=1, timeout=min(wait_s, WAKE_S))
+        for index, (task, ref, deadline) in list(self.busy_actors.items()):
             if ref in done:
-                del self.busy[index]
+                del self.busy_actors[index]
                 try:
                     kind, payload = ray.get(ref)
                 except RayActorError as err:
@@ -92,7 +102,7 @@ class RayWorkerPool:
                 scores, errors = payload if kind == "ok" else (None, 0)
                 yield task, Outcome(kind, scores, errors, payload if kind != "ok" else "")
             elif time.monotonic() > deadline:
-                del self.busy[index]
+                del self.busy_actors[index]
                 self._replace(index)
                 yield task, Outcome(TIMEOUT, message=f"timed out after {self.timeout_s:g} s per sample")
 
@@ -102,14 +112,9 @@ class RayWorkerPool:
         ray.kill(self.actors[index], no_restart=True)
         self.actors[index] = self._start()
 
-    def abandon_in_flight(self) -> None:
-        for index in list(self.busy):
-            del self.busy[index]
-            self._replace(index)
-
     def close(self) -> None:
         import ray
 
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
-        self.actors, self.busy = [], {}
+        self.actors, self.busy_actors = [], {}

@@ -2,9 +2,12 @@
 
 `build_reward_service(config.reward)` picks the backend once:
 - `workers: 0`: in the calling process (the default; no timeouts, a hanging reward hangs the caller).
+  Concurrent callers take turns: a reward function need not be thread-safe (a judge engine is not).
 - `workers: N`: N worker processes (pool.py; Ray actors under placement.mode=ray, ray_pool.py), batches
-  of `batch_size`, a deadline of `timeout_s` per sample. A batch that times out or kills its worker is retried one sample at a time, so only the
-  guilty sample pays; that sample is then handled per `on_error`.
+  of `batch_size`, a deadline of `timeout_s` per sample. A batch that times out or kills its worker is
+  retried one sample at a time, so only the guilty sample pays; that sample is then handled per `on_error`.
+  Concurrent callers (the async schedule's producer threads) share the workers through one dispatcher
+  thread (dispatch.py) that routes each outcome to its own call.
 
 `on_error` covers a reward that raises, returns a non-number, times out or kills its worker: `error`
 raises a RewardError naming the sample, `zero` scores it 0, `skip` returns None in its place (the caller
@@ -18,12 +21,13 @@ Overlapping scoring with generation is the schedule's job (the async schedule sc
 
 from __future__ import annotations
 
-from collections import deque
+import threading
 from typing import Protocol
 
 from relayrl.config import RewardComponentConfig, RewardConfig
 from relayrl.errors import RewardError
 from relayrl.rewards.base import load_reward, score_rollouts
+from relayrl.rewards.dispatch import Dispatcher
 from relayrl.rewards.pool import DIED, TIMEOUT, Task, WorkerPool
 from relayrl.types import Rollout, Score
 
@@ -50,13 +54,15 @@ class InProcessRewards:
         self.components = config.resolved_components()
         self.fns = [load_reward(c.fn, c.kwargs) for c in self.components]
         self.on_error = config.on_error
+        self.turn = threading.Lock()  # one call at a time in the functions
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
         per_component, errors = [], 0
-        for fn in self.fns:
-            scores, failed = score_rollouts(fn, rollouts, self.on_error)
-            per_component.append(scores)
-            errors += failed
+        with self.turn:
+            for fn in self.fns:
+                scores, failed = score_rollouts(fn, rollouts, self.on_error)
+                per_component.append(scores)
+                errors += failed
         return combine(self.components, per_component, errors=errors, timeouts=0)
 
     def close(self) -> None:
@@ -74,32 +80,32 @@ class WorkerRewards(InProcessRewards):
         self.components = config.resolved_components()
         self.on_error = config.on_error
         self.batch_size = config.batch_size
-        self.pool = pool_class(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
-                               config.timeout_s)
+        pool = pool_class(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
+                          config.timeout_s)
+        self.dispatcher = Dispatcher(pool)  # safe for concurrent `score` calls
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
         per_component: list[list[Score | None]] = [[None] * len(rollouts) for _ in self.components]
-        pending = deque(Task(c, start, rollouts[start:start + self.batch_size])
-                        for c in range(len(self.components)) for start in range(0, len(rollouts), self.batch_size))
         errors = timeouts = 0
-        for task, outcome in self.pool.run(pending):
-            if outcome.status == "ok":
-                per_component[task.component][task.offset:task.offset + len(task.rollouts)] = outcome.scores
-                errors += outcome.errors
-            elif outcome.status == "reward_error":
-                self.pool.abandon_in_flight()
-                raise RewardError(outcome.message)
-            elif len(task.rollouts) > 1:  # TIMEOUT or DIED: find the guilty sample, one at a time
-                pending.extend(Task(task.component, task.offset + i, [r]) for i, r in enumerate(task.rollouts))
-            else:
-                timeouts += outcome.status == TIMEOUT
-                errors += outcome.status == DIED
-                per_component[task.component][task.offset] = self._failed(task, outcome.message)
+        with self.dispatcher.call() as call:  # leaving early (an error) cancels the call's remaining tasks
+            call.submit([Task(c, start, rollouts[start:start + self.batch_size])
+                         for c in range(len(self.components)) for start in range(0, len(rollouts), self.batch_size)])
+            for task, outcome in call.outcomes():
+                if outcome.status == "ok":
+                    per_component[task.component][task.offset:task.offset + len(task.rollouts)] = outcome.scores
+                    errors += outcome.errors
+                elif outcome.status == "reward_error":
+                    raise RewardError(outcome.message)
+                elif len(task.rollouts) > 1:  # TIMEOUT or DIED: find the guilty sample, one at a time
+                    call.submit([Task(task.component, task.offset + i, [r]) for i, r in enumerate(task.rollouts)])
+                else:
+                    timeouts += outcome.status == TIMEOUT
+                    errors += outcome.status == DIED
+                    per_component[task.component][task.offset] = self._failed(task, outcome.message)
         return combine(self.components, per_component, errors=errors, timeouts=timeouts)
 
     def _failed(self, task: Task, message: str) -> Score | None:
         if self.on_error == "error":
-            self.pool.abandon_in_flight()
             raise RewardError(f"reward '{self.components[task.component].label}' on sample "
                               f"{task.rollouts[0].sample_id}: {message} (set reward.on_error=zero or skip to "
                               "score such samples 0 or drop them)")
@@ -107,7 +113,7 @@ class WorkerRewards(InProcessRewards):
 
     def close(self) -> None:
         """Stop the workers (SIGKILL for any still busy); the service cannot score afterwards."""
-        self.pool.close()
+        self.dispatcher.close()
 
 
 def combine(components: list[RewardComponentConfig], per_component: list[list[Score | None]],
