@@ -15,7 +15,7 @@ drops it). Metrics: reward/errors, reward/timeouts, reward/skipped (samples retu
 reward/<name> (mean of each component over the samples it scored).
 
 Several components combine as reward = sum of weight * component; the Score's parts are the components
-(and a component's own named parts as `<name>.<part>`). A single component keeps its Score as is.
+(and a component's own named parts as `<name>.<part>`). A single component of weight 1 keeps its Score as is.
 Overlapping scoring with generation is the schedule's job (the async schedule scores each chunk as it lands).
 """
 
@@ -123,7 +123,7 @@ def combine(components: list[RewardComponentConfig], per_component: list[list[Sc
     for parts in zip(*per_component):
         if any(part is None for part in parts):
             combined.append(None)
-        elif len(components) == 1:
+        elif len(components) == 1 and components[0].weight == 1.0:
             combined.append(parts[0])
         else:
             named = {c.label: p.reward for c, p in zip(components, parts)}

@@ -77,6 +77,18 @@ def test_weighted_components_are_combined_and_logged():
     assert metrics["reward/length"] == 3.0 and metrics["reward/judged"] == 1.5
 
 
+def test_a_single_weighted_component_keeps_its_weight():
+    config = RewardConfig(components=[{"fn": f"{FNS}:parts", "weight": 0.5, "name": "judged"}])
+    scores, metrics = build_reward_service(config).score(batch("ab"))
+    assert scores[0] == Score(0.75, {"judged": 1.5, "judged.correct": 1.0, "judged.format": 0.5})
+    assert metrics["reward/judged"] == 1.5  # the component's own mean, as with several components
+
+
+def test_a_single_component_of_weight_one_keeps_its_score():
+    scores, _ = build_reward_service(RewardConfig(components=[{"fn": f"{FNS}:parts"}])).score(batch("ab"))
+    assert scores[0] == Score(1.5, {"correct": 1.0, "format": 0.5})
+
+
 @pytest.mark.parametrize("on_error, expected, skipped", [("zero", [1.0, 0.0, 0.0], 0), ("skip", [1.0, None, None], 2)])
 def test_in_process_errors_follow_the_policy(on_error, expected, skipped):
     service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker", on_error=on_error))
