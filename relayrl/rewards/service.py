@@ -12,7 +12,9 @@
 `on_error` covers a reward that raises, returns a non-number, times out or kills its worker: `error`
 raises a RewardError naming the sample, `zero` scores it 0, `skip` returns None in its place (the caller
 drops it). Metrics: reward/errors, reward/timeouts, reward/skipped (samples returned as None) and
-reward/<name> (mean of each component over the samples it scored).
+reward/<name> (mean of each component over the samples it scored). Failures are not left to hide as
+zeros: a function failing on more than half of a scored batch is warned about (once), and on
+`max_error_frac` of it or more the call raises a RewardError naming the function and the count.
 
 Several components combine as reward = sum of weight * component; the Score's parts are the components
 (and a component's own named parts as `<name>.<part>`). A single component of weight 1 keeps its Score as is.
@@ -22,6 +24,7 @@ Overlapping scoring with generation is the schedule's job (the async schedule sc
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Protocol
 
 from relayrl.config import RewardComponentConfig, RewardConfig
@@ -30,6 +33,8 @@ from relayrl.rewards.base import load_reward, score_rollouts
 from relayrl.rewards.dispatch import Dispatcher
 from relayrl.rewards.pool import DIED, TIMEOUT, Task, WorkerPool
 from relayrl.types import Rollout, Score
+
+WARN_ERROR_FRAC = 0.5  # a function failing on more of a batch than this is warned about, once per service
 
 
 class RewardService(Protocol):
@@ -54,16 +59,43 @@ class InProcessRewards:
         self.components = config.resolved_components()
         self.fns = [load_reward(c.fn, c.kwargs) for c in self.components]
         self.on_error = config.on_error
+        self.max_error_frac = config.max_error_frac
+        self.warned = False
         self.turn = threading.Lock()  # one call at a time in the functions
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
-        per_component, errors = [], 0
+        per_component, errors = [], []
         with self.turn:
             for fn in self.fns:
                 scores, failed = score_rollouts(fn, rollouts, self.on_error)
                 per_component.append(scores)
-                errors += failed
-        return combine(self.components, per_component, errors=errors, timeouts=0)
+                errors.append(failed)
+        return self._finish(per_component, errors, [0] * len(self.fns))
+
+    def _finish(self, per_component: list[list[Score | None]], errors: list[int],
+                timeouts: list[int]) -> tuple[list[Score | None], dict[str, float]]:
+        """Check each component's failures against the limits, then combine (errors/timeouts per component)."""
+        for component, failed_errors, failed_timeouts, scores in zip(self.components, errors, timeouts,
+                                                                     per_component):
+            self._check_failures(component, failed_errors, failed_timeouts, len(scores))
+        return combine(self.components, per_component, errors=sum(errors), timeouts=sum(timeouts))
+
+    def _check_failures(self, component: RewardComponentConfig, errors: int, timeouts: int, samples: int) -> None:
+        failed = errors + timeouts
+        if not failed:
+            return
+        what = (f"reward '{component.label}' ({component.fn}) failed on {failed} of {samples} samples of a "
+                f"scored batch ({errors} errors, {timeouts} timeouts)")
+        if failed >= self.max_error_frac * samples:
+            raise RewardError(f"{what}: at least reward.max_error_frac={self.max_error_frac:g} of the batch, so "
+                              "the run stops rather than train on failures. Fix the function (call it on a few "
+                              "samples by hand), or raise reward.max_error_frac")
+        if failed > WARN_ERROR_FRAC * samples and not self.warned:
+            self.warned = True
+            handled = "scored 0" if self.on_error == "zero" else "dropped"
+            warnings.warn(f"{what}; they are {handled} (reward.on_error={self.on_error}). Warned once; the run "
+                          f"stops at reward.max_error_frac={self.max_error_frac:g} of a batch", RuntimeWarning,
+                          stacklevel=3)
 
     def close(self) -> None:
         pass
@@ -79,6 +111,8 @@ class WorkerRewards(InProcessRewards):
     def __init__(self, config: RewardConfig, pool_class=WorkerPool):
         self.components = config.resolved_components()
         self.on_error = config.on_error
+        self.max_error_frac = config.max_error_frac
+        self.warned = False
         self.batch_size = config.batch_size
         pool = pool_class(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
                           config.timeout_s)
@@ -86,23 +120,23 @@ class WorkerRewards(InProcessRewards):
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
         per_component: list[list[Score | None]] = [[None] * len(rollouts) for _ in self.components]
-        errors = timeouts = 0
+        errors, timeouts = [0] * len(self.components), [0] * len(self.components)
         with self.dispatcher.call() as call:  # leaving early (an error) cancels the call's remaining tasks
             call.submit([Task(c, start, rollouts[start:start + self.batch_size])
                          for c in range(len(self.components)) for start in range(0, len(rollouts), self.batch_size)])
             for task, outcome in call.outcomes():
                 if outcome.status == "ok":
                     per_component[task.component][task.offset:task.offset + len(task.rollouts)] = outcome.scores
-                    errors += outcome.errors
+                    errors[task.component] += outcome.errors
                 elif outcome.status == "reward_error":
                     raise RewardError(outcome.message)
                 elif len(task.rollouts) > 1:  # TIMEOUT or DIED: find the guilty sample, one at a time
                     call.submit([Task(task.component, task.offset + i, [r]) for i, r in enumerate(task.rollouts)])
                 else:
-                    timeouts += outcome.status == TIMEOUT
-                    errors += outcome.status == DIED
+                    timeouts[task.component] += outcome.status == TIMEOUT
+                    errors[task.component] += outcome.status == DIED
                     per_component[task.component][task.offset] = self._failed(task, outcome.message)
-        return combine(self.components, per_component, errors=errors, timeouts=timeouts)
+        return self._finish(per_component, errors, timeouts)
 
     def _failed(self, task: Task, message: str) -> Score | None:
         if self.on_error == "error":

@@ -7,6 +7,7 @@ more than its timeout.
 from __future__ import annotations
 
 import time
+import warnings
 
 import pytest
 
@@ -99,6 +100,32 @@ def test_in_process_errors_follow_the_policy(on_error, expected, skipped):
                                                              / sum(v is not None for v in expected))
 
 
+def test_a_reward_failing_on_every_sample_stops_instead_of_training_on_zeros():
+    service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker", on_error="zero"))
+    with pytest.raises(RewardError, match=r"reward 'hang_on_marker' \(tests.unit.reward_fns_for_service:hang_on_marker\) "
+                                          r"failed on 3 of 3 samples .*\(3 errors, 0 timeouts\).*max_error_frac=1"):
+        service.score(batch("RAISE", "NAN", "RAISE"))
+
+
+def test_failing_on_most_samples_warns_once():
+    service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker", on_error="skip"))
+    with pytest.warns(RuntimeWarning, match=r"failed on 2 of 3 samples.*dropped \(reward.on_error=skip\)"):
+        service.score(batch("RAISE", "ok", "NAN"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        service.score(batch("RAISE", "ok", "NAN"))  # once per service: no second warning
+
+
+def test_max_error_frac_sets_the_share_that_stops():
+    config = RewardConfig(fn=f"{FNS}:hang_on_marker", on_error="zero", max_error_frac=0.5)
+    service = build_reward_service(config)
+    assert [s.reward for s in service.score(batch("ok", "ok", "RAISE"))[0]] == [1.0, 1.0, 0.0]  # 1 of 3 passes
+    with pytest.raises(RewardError, match="failed on 2 of 4 samples"):
+        service.score(batch("ok", "RAISE", "ok", "NAN"))
+    with pytest.raises(ConfigError, match="reward.max_error_frac"):
+        load_config(overrides=["reward.max_error_frac=1.5"])
+
+
 def test_in_process_error_names_the_sample():
     service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker"))
     with pytest.raises(RewardError, match="sample p#1"):
@@ -165,6 +192,13 @@ def test_a_dying_worker_is_replaced_and_counted():
     with build_reward_service(config) as service:
         scores, metrics = service.score(batch("ok", "DIE", "ok"))
         assert [s.reward for s in scores] == [1.0, 0.0, 1.0] and metrics["reward/errors"] == 1
+
+
+def test_workers_dying_on_every_sample_stop_the_call():
+    config = RewardConfig(fn=f"{FNS}:die_on_marker", workers=1, batch_size=4, on_error="zero")
+    with build_reward_service(config) as service:
+        with pytest.raises(RewardError, match=r"failed on 2 of 2 samples .*\(2 errors, 0 timeouts\)"):
+            service.score(batch("DIE", "DIE"))
 
 
 def test_setup_mistakes_in_workers_raise_as_is():
