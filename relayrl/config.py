@@ -77,6 +77,11 @@ class Config(Section):
     def mini_batch(self) -> int:
         return self.train.mini_batch or self.rollout_batch
 
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per training step: mini-batches per rollout batch x epochs."""
+        return (self.rollout_batch // self.mini_batch) * self.train.epochs
+
     @model_validator(mode="after")
     def _check_batches(self) -> "Config":
         if self.rollout_batch % self.mini_batch:

@@ -98,7 +98,7 @@ class Trainer:
 
     @property
     def learner_updates_per_step(self) -> int:
-        return (self.config.rollout_batch // self.config.mini_batch) * self.config.train.epochs
+        return self.config.updates_per_step
 
     def _record_engine_spans(self, step: int) -> None:
         if self.timeline is not None:

@@ -42,7 +42,7 @@ class PolicyLearner:
         rollout = config.rollout
         self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.reference is not None)
         train = config.train
-        self.updates_per_step = (config.rollout_batch // config.mini_batch) * train.epochs
+        self.updates_per_step = config.updates_per_step
         self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas)
         self.scheduler = build_scheduler(self.optimizer, train.steps * self.updates_per_step,
                                          train.warmup_steps, train.lr_schedule, train.min_lr_ratio)

@@ -118,7 +118,7 @@ def workload_from_config(config: Config, longest_prompt_tokens: float | None = N
     return Workload(longest_prompt_tokens=longest_prompt_tokens, longest_response_tokens=longest_response_tokens,
         rollout_batch=config.rollout_batch, prompt_tokens=config.data.max_prompt_tokens,
         response_tokens=config.rollout.max_tokens, micro_batch=min(config.train.micro_batch, config.mini_batch),
-        optimizer_steps=config.rollout_batch // config.mini_batch * config.train.epochs, epochs=config.train.epochs,
+        optimizer_steps=config.updates_per_step, epochs=config.train.epochs,
         reference=config.algorithm.kl.coef > 0, critic=config.algorithm.advantage == "gae",
         kv_cache_gib=config.rollout.kv_cache_gib, gpu_memory_utilization=config.rollout.gpu_memory_utilization,
         group_size=config.rollout.n, packing=config.train.packing, engine=config.rollout.engine)
