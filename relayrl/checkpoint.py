@@ -5,6 +5,8 @@ everything else the loop needs to continue exactly (`trainer_state.pt`: optimize
 position, RNG states, policy version, critic) and `manifest.json` with a sha256 per file. It is written
 under a temporary name and renamed into place, so a crash leaves either the whole checkpoint or none; a
 checkpoint whose files do not match its manifest is reported and skipped in favour of the previous one.
+A write that fails (disk full, a file-size limit) removes its temporary directory, leaves the previous
+checkpoints as they were and raises `CheckpointError` naming the path and the cause.
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+
+from relayrl.errors import RelayError
 
 STATE_FILE = "trainer_state.pt"
 MANIFEST_FILE = "manifest.json"
+
+
+class CheckpointError(RelayError):
+    """A checkpoint could not be written (the previous ones are left intact)."""
 
 
 def checkpoint_root(run_dir: str | Path) -> Path:
@@ -29,6 +38,23 @@ def save_checkpoint(run_dir: str | Path, step: int, model, state: dict, keep: in
     """Write `model` (save_pretrained) and `state` (torch.save) atomically; keep the newest `keep`."""
     root = checkpoint_root(run_dir)
     final, tmp = root / f"step_{step:06d}", root / f".tmp_step_{step:06d}"
+    try:
+        _write(tmp, step, model, state)
+    except (OSError, RuntimeError, SafetensorError) as err:  # torch.save reports a failed write as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = sorted(root.glob("step_*"))
+        kept = (f"the previous checkpoint {previous[-1]} is intact: free space under {root} and --resume "
+                f"{run_dir}" if previous else "there is no earlier checkpoint")
+        cause = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise CheckpointError(f"could not write checkpoint {final} ({cause}); {kept}") from err
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(tmp: Path, step: int, model, state: dict) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "model")
@@ -36,11 +62,6 @@ def save_checkpoint(run_dir: str | Path, step: int, model, state: dict, keep: in
     files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / MANIFEST_FILE).write_text(json.dumps({"step": step, "files": files}, indent=1))
     _fsync_tree(tmp)
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in sorted(root.glob("step_*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def latest_checkpoint(run_dir: str | Path, log=print) -> tuple[Path, dict] | None:
