@@ -22,11 +22,13 @@ def _train(args) -> None:
 
 
 def _eval(args) -> None:
-    from relayrl.evaluate import evaluate_model
+    from relayrl.evaluate import evaluate_model, parse_reward_kwargs
 
+    kwargs = parse_reward_kwargs(args.reward_kwargs)
     print(json.dumps(evaluate_model(args.model, args.data, args.reward, n=args.n, temperature=args.temperature,
                                     max_tokens=args.max_tokens, min_tokens=args.min_tokens, engine=args.engine,
-                                    max_prompts=args.max_prompts)))
+                                    max_prompts=args.max_prompts, reward_kwargs=kwargs, on_error=args.on_error,
+                                    reward_workers=args.reward_workers, reward_timeout_s=args.reward_timeout_s)))
 
 
 def _sft(args) -> None:
@@ -124,10 +126,18 @@ def _add_bench(commands) -> None:
 
 
 def _add_eval(commands) -> None:
-    ev = commands.add_parser("eval", help="mean reward of a model on a prompt file; prints one JSON line")
+    ev = commands.add_parser("eval", help="mean reward of a model on a prompt file; prints one JSON line: "
+                             "reward_mean, n, and the samples the reward failed on (errors, timeouts, skipped)")
     ev.add_argument("--model", required=True)
     ev.add_argument("--data", required=True)
     ev.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    ev.add_argument("--reward-kwargs", default="{}", metavar="JSON", help="keyword arguments bound to the reward, "
+                    """as reward.kwargs, e.g. '{"pattern": ".*done"}' for regex""")
+    ev.add_argument("--on-error", choices=["error", "zero", "skip"], default="zero", help="a sample the reward "
+                    "fails on: stop naming it, score it 0 (default), or leave it out of reward_mean; all are counted")
+    ev.add_argument("--reward-workers", type=int, default=0, help="score in N worker processes, each sample with "
+                    "a deadline (0 = in this process, no deadline)")
+    ev.add_argument("--reward-timeout-s", type=float, help="with --reward-workers: seconds per sample (default 60)")
     ev.add_argument("--n", type=int, default=1, help="samples per prompt")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ev.add_argument("--max-tokens", type=int, default=64)

@@ -1,11 +1,10 @@
-"""Held-out evaluation: mean reward of an engine's responses to a prompt set."""
+"""Held-out evaluation: mean reward of an engine's responses to a prompt set (in training, and `relayrl eval`)."""
 
 from __future__ import annotations
 
-import functools
-from typing import Callable
+import json
+from typing import Any, Callable
 
-from relayrl.rewards import score_rollouts
 from relayrl.rollout.base import Sampling
 from relayrl.types import Prompt, Rollout, Score
 
@@ -19,27 +18,53 @@ def evaluate(engine, prompts: list[Prompt], score: Callable[[list[Rollout]], lis
     return sum(s.reward for s in scores if s is not None) / len(scores)
 
 
+def parse_reward_kwargs(text: str) -> dict[str, Any]:
+    """`relayrl eval --reward-kwargs JSON`: the keyword arguments bound to the reward function."""
+    from relayrl.errors import ConfigError
+
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"relayrl eval: --reward-kwargs {text!r} is not valid JSON ({err}); write a JSON object, "
+                          """e.g. --reward-kwargs '{"pattern": ".*done"}'""") from None
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"relayrl eval: --reward-kwargs {text!r} is not a JSON object of keyword arguments, e.g. "
+                          """'{"pattern": ".*done"}'""")
+    return kwargs
+
+
 def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: float = 0.0,
                    max_tokens: int = 64, engine: str = "vllm", seed: int = 0, min_tokens: int = 0,
-                   max_prompts: int = 0) -> dict[str, float]:
-    """`relayrl eval`: load a model into an engine and score it on a prompt file."""
+                   max_prompts: int = 0, reward_kwargs: dict[str, Any] | None = None, on_error: str = "zero",
+                   reward_workers: int = 0, reward_timeout_s: float | None = None) -> dict[str, float]:
+    """`relayrl eval`: load a model into an engine and score it on a prompt file through the reward service.
+    `reward_mean` is over the samples scored (a skipped one is left out); failures are counted, not hidden."""
+    from relayrl.config import RewardConfig
     from relayrl.data.source import load_prompts
     from relayrl.errors import ConfigError
     from relayrl.models.loading import context_length, load_tokenizer
-    from relayrl.rewards import load_reward
+    from relayrl.rewards.service import build_reward_service
     from relayrl.rollout import build_engine
 
     if n < 1 or max_tokens < 1 or temperature < 0 or not 0 <= min_tokens <= max_tokens or max_prompts < 0:
         raise ConfigError(f"relayrl eval: need --n >= 1, --max-tokens >= 1, --temperature >= 0, 0 <= --min-tokens "
                           f"<= --max-tokens, --max-prompts >= 0 (got {n}, {max_tokens}, {temperature}, {min_tokens}, "
                           f"{max_prompts})")
+    if reward_workers < 0 or (reward_timeout_s is not None and (reward_timeout_s <= 0 or not reward_workers)):
+        raise ConfigError(f"relayrl eval: need --reward-workers >= 0, and --reward-timeout-s > 0 only with "
+                          f"--reward-workers (got {reward_workers}, {reward_timeout_s})")
     tokenizer = load_tokenizer(model, key="--model")
     limit = context_length(model) or 10**9
     prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=max(1, limit - max_tokens))
     prompts = prompts[:max_prompts] if max_prompts else prompts
-    fn = load_reward(reward)
+    deadline = {} if reward_timeout_s is None else {"timeout_s": reward_timeout_s}
+    reward_config = RewardConfig(fn=reward, kwargs=reward_kwargs or {}, on_error=on_error, workers=reward_workers,
+                                 **deadline)
     max_len = max(len(p.token_ids) for p in prompts) + max_tokens
-    rollout_engine = build_engine(engine, model, max_len, seed)
     sampling = Sampling(n=n, temperature=temperature, max_tokens=max_tokens, min_tokens=min_tokens, seed=seed)
-    score = functools.partial(lambda fn, rollouts: score_rollouts(fn, rollouts, on_error="zero")[0], fn)
-    return {"reward_mean": evaluate(rollout_engine, prompts, score, sampling), "n": len(prompts) * n}
+    with build_reward_service(reward_config) as rewards:  # before the engine: a spec that cannot load fails first
+        rollouts = build_engine(engine, model, max_len, seed).generate(prompts, sampling, 0)
+        scores, metrics = rewards.score(rollouts)
+    scored = [s.reward for s in scores if s is not None]
+    return {"reward_mean": sum(scored) / max(1, len(scored)), "n": len(rollouts),
+            **{key: int(metrics[f"reward/{key}"]) for key in ("errors", "timeouts", "skipped")}}
