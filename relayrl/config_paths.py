@@ -4,6 +4,8 @@ The rule (the field descriptions and `docs/config.md` state it too):
 - An input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py:function`)
   written in a config file is taken against the config file's directory; when nothing of that name exists
   there, against the working directory (configs written for the directory they are run from keep working).
+  So is the model directory of the `reward_model` and `judge` rewards (`kwargs.path`, `kwargs.model`), when
+  it exists in one of them (else it is left as written: its reward reports it).
   One given as an override (or in a `base` tree) is taken against the working directory.
 - A reward `module:function` whose module is a file in one of those directories (`rewards.py`, or
   `pkg/mod.py` for `pkg.mod`) becomes that file's absolute `file.py:function` (imported as a file, so a
@@ -28,7 +30,8 @@ from typing import Any
 from relayrl.errors import ConfigError, ConfigWarning
 
 INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
-PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.components")
+PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components")
+MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords
 
 
 class Bases:
@@ -75,14 +78,28 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
         if key in origin and isinstance(node, dict) and isinstance(node.get(name), str) and node[name]:
             node[name] = resolve_path(key, node[name], origin[key])
     reward = tree.get("reward")
-    if isinstance(reward, dict) and isinstance(reward.get("fn"), str) and "reward.fn" in origin:
+    if not isinstance(reward, dict):
+        return tree
+    if isinstance(reward.get("fn"), str) and "reward.fn" in origin:
         reward["fn"] = resolve_reward_spec("reward.fn", reward["fn"], origin["reward.fn"])
-    if isinstance(reward, dict) and isinstance(reward.get("components"), list) and "reward.components" in origin:
+    if "reward.kwargs" in origin:
+        _resolve_model_kwarg("reward", reward, origin["reward.kwargs"])
+    if isinstance(reward.get("components"), list) and "reward.components" in origin:
         for i, component in enumerate(reward["components"]):
             if isinstance(component, dict) and isinstance(component.get("fn"), str):
-                component["fn"] = resolve_reward_spec(f"reward.components.{i}.fn", component["fn"],
-                                                      origin["reward.components"])
+                bases = origin["reward.components"]
+                component["fn"] = resolve_reward_spec(f"reward.components.{i}.fn", component["fn"], bases)
+                _resolve_model_kwarg(f"reward.components.{i}", component, bases)
     return tree
+
+
+def _resolve_model_kwarg(prefix: str, spec: dict[str, Any], bases: Bases) -> None:
+    """The model directory a built-in reward takes as a keyword (`reward_model`'s path, `judge`'s model), where
+    it exists; otherwise it stays as written (the reward names it, and a judge's model may be a hub name)."""
+    name = MODEL_KWARGS.get(spec.get("fn", "exact_match"))
+    kwargs = spec.get("kwargs")
+    if name and isinstance(kwargs, dict) and isinstance(kwargs.get(name), str) and kwargs[name]:
+        kwargs[name] = str(bases.find(str(Path(kwargs[name]).expanduser())) or kwargs[name])
 
 
 def resolve_path(key: str, value: str, bases: Bases) -> str:

@@ -64,7 +64,9 @@ class RewardConfig(Section):
                     "`path/file.py:function`. The file, or a module's `module.py`, is looked for as data.train is "
                     "(a module beside the config file imports); else the module must be importable.",
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the reward function.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the reward function "
+                                                                     "(reward_model's `path`, judge's `model`: a "
+                                                                     "relative directory is looked for as data.train).")
     components: list[RewardComponentConfig] = Field(
         default_factory=list,
         description="Several reward functions, each `{fn, kwargs, weight, name}`: reward = sum of weight * component, "
@@ -83,10 +85,6 @@ class RewardConfig(Section):
                                 "worker (replaced) and handled per on_error. A batch gets timeout_s per sample.",
     )
     batch_size: int = Field(8, ge=1, description="With workers: samples per call of a reward function in a worker.")
-    max_error_frac: float = Field(
-        1.0, ge=0, le=1, description="Stop when a reward function fails (raises, times out, not a number) on this "
-                                     "share or more of a scored batch (warned once past half); 1 = when all fail.",
-    )
 
     @model_validator(mode="after")
     def _check_components(self) -> "RewardConfig":

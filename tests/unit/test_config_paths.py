@@ -149,3 +149,24 @@ def test_a_base_tree_resolves_against_the_working_directory(task):
     base = {"data": {"train": "t.jsonl"}}
     assert load_config(None, base=base).data.train == str(elsewhere / "t.jsonl")
     assert base == {"data": {"train": "t.jsonl"}}
+
+
+def test_the_model_directories_of_built_in_rewards_resolve_beside_the_config(task):
+    here, elsewhere = task
+    (here / "rm").mkdir()
+    config = load_config(write_config(here, {"reward": {"components": [
+        {"fn": "reward_model", "kwargs": {"path": "rm"}}, {"fn": "judge", "kwargs": {"model": "rm"}},
+        {"fn": "regex", "kwargs": {"pattern": "rm"}}]}}))
+    kwargs = [c.kwargs for c in config.reward.components]
+    assert kwargs == [{"path": str(here / "rm")}, {"model": str(here / "rm")}, {"pattern": "rm"}]
+    (elsewhere / "rm2").mkdir()
+    config = load_config(write_config(here, {"reward": {"fn": "reward_model"}}), ["reward.kwargs={path: rm2}"])
+    assert config.reward.kwargs == {"path": str(elsewhere / "rm2")}
+
+
+def test_a_built_in_rewards_model_found_nowhere_stays_as_written(task):
+    here, _ = task
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config = load_config(write_config(here, {"reward": {"fn": "judge", "kwargs": {"model": "org/judge-7b"}}}))
+    assert config.reward.kwargs == {"model": "org/judge-7b"}
