@@ -85,6 +85,10 @@ class RewardConfig(Section):
                                 "worker (replaced) and handled per on_error. A batch gets timeout_s per sample.",
     )
     batch_size: int = Field(8, ge=1, description="With workers: samples per call of a reward function in a worker.")
+    max_error_frac: float = Field(
+        1.0, ge=0, le=1, description="Stop when a reward function fails (raises, times out, not a number) on this "
+                                     "share or more of a scored batch (warned once past half); 1 = when all fail.",
+    )
 
     @model_validator(mode="after")
     def _check_components(self) -> "RewardConfig":
