@@ -189,7 +189,9 @@ def build_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path
     config = load_config(None, overrides, base=tree)  # validates here, before anything runs
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    return config, [sys.executable, "-m", "relayrl.cli", "train", str(run_dir / "bench_config.yaml"), *overrides]
+    # --overwrite: a benchmark's run directory is rebuilt on every invocation (first: callers append overrides)
+    return config, [sys.executable, "-m", "relayrl.cli", "train", "--overwrite", str(run_dir / "bench_config.yaml"),
+                    *overrides]
 
 
 def regime_notes(config, regime: Regime) -> list[str]:

@@ -125,7 +125,7 @@ def train_case(config_path: Path, overrides: list[str]) -> dict:
     waited = wait_for_quiet()
     load_before, others_before = background_load()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(config_path), *overrides], check=True,
+    subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(config_path), *overrides, "--overwrite"], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     train_s = time.perf_counter() - start
     load_after, others_after = background_load()

@@ -17,7 +17,7 @@ def _train(args) -> None:
 
     config = load_config(args.config, args.overrides)
     print(dump_config(config))
-    result = train(config, resume=args.resume)
+    result = train(config, resume=args.resume, overwrite=args.overwrite)
     print(json.dumps(result))
 
 
@@ -154,7 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="run RL training from a YAML config plus key=value overrides")
     train.add_argument("config")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue from the newest valid checkpoint in RUN_DIR")
+    run_dir = train.add_mutually_exclusive_group()
+    run_dir.add_argument("--resume", metavar="RUN_DIR", help="continue from the newest valid checkpoint in RUN_DIR")
+    run_dir.add_argument("--overwrite", action="store_true", help="replace the run already in log.dir (without it, "
+                         "a log.dir holding a run is an error)")
     train.set_defaults(fn=_train)
 
     _add_eval(commands)

@@ -30,8 +30,10 @@ from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
+from relayrl.rewards import load_reward
 from relayrl.rewards.service import RewardService, add_counts, build_reward_service
 from relayrl.rollout import RolloutEngine, Sampling, build_engine
+from relayrl.run_dir import claim
 from relayrl.schedules.overlap import SCHEDULES
 from relayrl.sync.inprocess import InProcessSync
 from relayrl.types import Prompt, Rollout, Score
@@ -232,15 +234,14 @@ def _eval_json(result: dict) -> dict:
     return {when: {k.split("/")[-1]: v for k, v in values.items()} for when, values in result.items()}
 
 
-def build_trainer(config: Config) -> Trainer:
-    """Construct every role once: in this process (`placement.mode=local`) or as Ray actors (`ray`)."""
+def build_trainer(config: Config, resume_step: int | None = None, overwrite: bool = False) -> Trainer:
+    """Construct every role once: in this process (`placement.mode=local`) or as Ray actors (`ray`).
+
+    Model, data and reward are validated before anything is written: only then is `log.dir` claimed
+    (relayrl/run_dir.py), so a mistaken command never touches a previous run."""
     check_model_dir(config.model.path)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
-    run_dir = Path(config.log.dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config))
-    (run_dir / "metrics.jsonl").unlink(missing_ok=True)
     tokenizer = load_tokenizer(config.model.path)
     data = config.data
     prompts, long_stats = load_prompts(data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
@@ -256,6 +257,9 @@ def build_trainer(config: Config) -> Trainer:
                              "data/eval_prompts_truncated": eval_stats.truncated})
     max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
     check_context(config, max_len)
+    for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
+        load_reward(component.fn, component.kwargs)
+    run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     engine, learner, sync, close = build_roles(config, max_len, probe_ids)
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
@@ -298,39 +302,24 @@ def check_context(config: Config, max_len: int) -> None:
                           f"{config.data.max_prompt_tokens} or rollout.max_tokens")
 
 
-def train(config: Config, resume: str | None = None) -> dict[str, dict[str, float]]:
-    """Run training; with `resume`, continue the run in that directory from its newest intact checkpoint."""
+def train(config: Config, resume: str | None = None, overwrite: bool = False) -> dict[str, dict[str, float]]:
+    """Run training into `log.dir`; with `resume`, continue the run in that directory from its newest intact
+    checkpoint; with `overwrite`, replace a run already in `log.dir`."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if resume is None:
-        trainer = build_trainer(config)
-        try:
-            return trainer.run()
-        finally:
-            trainer.close()
-    found = latest_checkpoint(resume)
-    if found is None:
-        raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
-    path, state = found
-    config.log.dir = str(resume)
-    rows = _metrics_until(Path(resume) / "metrics.jsonl", state["step"])
-    trainer = build_trainer(config)
-    (trainer.run_dir / "metrics.jsonl").write_text("".join(rows))  # drop rows logged after the checkpoint
+    if resume is not None and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
+    found = None
+    if resume is not None:
+        found = latest_checkpoint(resume)
+        if found is None:
+            raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
+        config.log.dir = str(resume)
+    trainer = build_trainer(config, None if found is None else found[1]["step"], overwrite)
     try:
-        start = trainer.load_state(path, state)
-        print(f"resuming from {path} at step {start}")
-        return trainer.run(start_step=start, before=state["before"])
+        if found is None:
+            return trainer.run()
+        start = trainer.load_state(*found)
+        print(f"resuming from {found[0]} at step {start}")
+        return trainer.run(start_step=start, before=found[1]["before"])
     finally:
         trainer.close()
-
-
-def _metrics_until(path: Path, step: int) -> list[str]:
-    """The metrics rows up to `step`; a row cut short by a kill is dropped."""
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row["step"] <= step:
-            rows.append(line + "\n")
-    return rows

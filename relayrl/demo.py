@@ -1,7 +1,8 @@
 """`relayrl demo`: the whole loop on a toy task, on a laptop-class CPU, in a few minutes.
 
 toy data (seeded split) -> supervised warm start (cached in <dir>/warmstart) -> held-out eval -> GRPO
-through vLLM -> held-out eval -> <dir>/model (save_pretrained) and <dir>/eval.json.
+through vLLM -> held-out eval -> <dir>/model (save_pretrained) and <dir>/eval.json. Running it again replaces
+the previous demo run in <dir> (as `relayrl train --overwrite` does) and reuses the cached warm start.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def run_demo(run_dir: str | Path = "runs/demo", overrides: list[str] = ()) -> di
                                                   "eval": str(paths["eval"])}, log={"dir": str(run_dir)})
     config = load_config(None, list(overrides), base=base)
     print(dump_config(config))
-    result = train(config)
+    result = train(config, overwrite=True)  # each demo is a fresh RL run; data/ and warmstart/ are kept
     before, after = result["before"], result["after"]
     print(json.dumps({"before": before, "after": after}))
     print(f"\nheld-out accuracy ({len(Path(paths['eval']).read_text().splitlines())} problems)")

@@ -3,6 +3,8 @@
 One row per phase run: `{"step", "role", "phase", "start", "end"}` (seconds since the epoch). The training
 loop records its own phases through `StepTimer`; producer threads of the async schedules record each
 engine's generation. `relayrl report` draws it, so the bubbles (a role waiting on another) are visible.
+Rows are appended: a resumed run keeps the rows up to its checkpoint's step (relayrl/run_dir.py cuts
+the rest, as it does for metrics.jsonl), and a new run starts in a directory without one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ ROLE_OF_PHASE = {"generate": "engines", "reward": "reward", "logprobs": "learner
 class Timeline:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.unlink(missing_ok=True)
         self._rows: list[dict] = []
         self._lock = threading.Lock()
 

@@ -42,7 +42,7 @@ def test_malformed_data_row_exits_2_naming_file_and_line(tmp_path, capsys, rando
                      log={"dir": str(tmp_path / "run")})
     code, _, err = _run(capsys, "train", config)
     assert code == 2 and f"{data}:2" in err
-    assert (tmp_path / "run" / "config.yaml").is_file()  # the resolved config is saved before data loads
+    assert not (tmp_path / "run").exists()  # inputs are validated before the run directory is touched
 
 
 def test_bad_reward_spec_exits_2(tmp_path, capsys, random_model_dir, toy_task):
