@@ -213,10 +213,13 @@ class PartialState:
         self.running = [s for s in self.running if s.group not in set(done)]
 
     def discard_older_than(self, version: int) -> None:
-        """Drop running groups holding tokens older than `version`: they could not be trained in time."""
+        """Drop groups, running or finished and carried, holding tokens older than `version`: they could not be
+        trained in time (the buffer would only drop them after they were scored)."""
         old = {s.group for s in self.running if s.versions and min(s.versions) < version}
-        self.discarded += len(old)
+        fresh = [g for g in self.ready if all(not s.versions or min(s.versions) >= version for s in g)]
+        self.discarded += len(old) + len(self.ready) - len(fresh)
         self.running = [s for s in self.running if s.group not in old]
+        self.ready = fresh
 
 
 SCHEDULES = {"sync": SyncSchedule, "one_step_off": OneStepOff, "async": AsyncSchedule}

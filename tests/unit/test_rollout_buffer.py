@@ -141,3 +141,20 @@ def test_a_take_that_drops_stale_groups_wakes_waiting_producers():
         buffer.take(version=2, timeout_s=0)
     producer.join(20)
     assert admitted == [4]
+
+
+def test_partial_state_discards_carried_finished_groups_too_old_to_train():
+    from relayrl.rollout.base import PartialSample
+    from relayrl.schedules.overlap import PartialState
+
+    def sample(group, versions, finished):
+        return PartialSample(prompt=None, group=group, group_index=0, seed=None, token_ids=[1] * len(versions),
+                             versions=versions, finish_reason="stop" if finished else None)
+
+    state = PartialState()
+    state.ready = [[sample(0, [0, 1], True)], [sample(1, [1, 1], True)]]
+    state.running = [sample(2, [0], False), sample(3, [1], False), sample(4, [], False)]
+    state.discard_older_than(1)
+    assert [g[0].group for g in state.ready] == [1]
+    assert [s.group for s in state.running] == [3, 4]
+    assert state.discarded == 2
