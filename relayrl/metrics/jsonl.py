@@ -17,7 +17,7 @@ def read_jsonl(path: Path, required: dict[str, type | tuple], notes: list[str] |
     """Rows of a JSONL file, each an object whose `required` keys have the given types. A malformed line raises
     DataError naming `file:line`, except the last line when it is not valid JSON: a write cut short by a kill,
     left out, with a note appended to `notes`. Blank lines are skipped; an empty file gives no rows."""
-    lines = path.read_text().splitlines()
+    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()  # a cut can split a character
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows = []
     for index, line in enumerate(lines):
@@ -49,7 +49,7 @@ def truncate_after(path: str | Path, step: int) -> None:
     if not path.is_file():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

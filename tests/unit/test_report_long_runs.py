@@ -107,3 +107,10 @@ def test_a_malformed_line_in_the_middle_is_still_an_error_naming_the_line(tmp_pa
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"metrics\.jsonl:2"):
         write_report(run)
+
+
+def test_a_last_line_cut_inside_a_multibyte_character_is_left_out(tmp_path):
+    run = _write_run(tmp_path / "run", steps=3, schedule=None)
+    with (run / "metrics.jsonl").open("ab") as f:
+        f.write('{"step": 3, "note": "é'.encode()[:-1])  # half of a two-byte UTF-8 character
+    assert ">3 (last step 2)<" in write_report(run).read_text()
