@@ -25,8 +25,7 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     def spawn(index: int) -> RemoteRole:
         slot = engine_slots[index]
         actor = ray.remote(EngineWorker).options(**actor_options(group, slot)).remote(
-            config.model.path, max_model_len, config.train.seed, config.rollout.kv_cache_gib, slot.threads,
-            slot.cores, config.rollout.prefix_caching)
+            config, max_model_len, slot.threads, slot.cores)
         return RemoteRole(actor, slot.role, timeout)
 
     engines = EngineGroup(spawn, placement)

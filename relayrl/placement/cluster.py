@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from relayrl.config import Config, PlacementConfig
 from relayrl.errors import PlacementError
 
-WORKER_ENV = {  # every actor: vLLM in-process, quiet, offline
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_LOGGING_LEVEL": "ERROR", "TOKENIZERS_PARALLELISM": "false",
-    "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
-}
+# Every actor: offline, quiet tokenizers, every line of its log. (An engine's own environment, vLLM's
+# included, is set by the engine itself before it imports anything: relayrl/rollout/vllm_engine.py.)
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0"}
 
 
 @dataclass(frozen=True)

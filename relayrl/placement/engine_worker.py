@@ -1,9 +1,8 @@
-"""A rollout engine as a Ray actor: vLLM in the actor's process, plus the receiving half of a transport
-(`WeightSink`).
+"""A rollout engine as a Ray actor: the run's engine (built from `config.rollout` by the same function as a
+local run's) in the actor's process, plus the receiving half of a transport (`WeightSink`).
 
-The actor's OpenMP threads are pinned to the cores its bundle was given (`VLLM_CPU_OMP_THREADS_BIND`),
-set before vLLM is imported; torch's intra-op threads are set explicitly, because Ray leaves actors at
-one thread unless told otherwise.
+The engine is told the cores its bundle was given (it pins its threads to them); torch's intra-op threads
+are set explicitly, because Ray leaves actors at one thread unless told otherwise.
 """
 
 from __future__ import annotations
@@ -11,20 +10,16 @@ from __future__ import annotations
 import os
 import time
 
+from relayrl.rollout.base import engine_from_config
 from relayrl.sync.endpoints import WeightSink
 
 
 class EngineWorker(WeightSink):
-    def __init__(self, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float, threads: int,
-                 cores: str, prefix_caching: str = "auto"):
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    def __init__(self, config, max_model_len: int, threads: int, cores: str):
         import torch
 
         torch.set_num_threads(threads)
-        from relayrl.rollout.vllm_engine import VLLMEngine
-
-        self.engine = VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, prefix_caching=prefix_caching)
+        self.engine = engine_from_config(config, max_model_len, cores=cores)
         torch.set_num_threads(threads)
 
     def ping(self) -> int:

@@ -65,7 +65,7 @@ class EngineGroup:
         return rollouts
 
     def generate_until(self, replica: int, samples, sampling: Sampling, groups_needed: int):
-        """Partial rollouts on one replica (see `VLLMEngine.generate_until`); retried once on a restarted one."""
+        """Partial rollouts on one replica (see the engine's `generate_until`); retried once on a restarted one."""
         start = time.time()
         try:
             result = self.replicas[replica].generate_until(samples, sampling, groups_needed)

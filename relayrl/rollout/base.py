@@ -62,12 +62,24 @@ class RolloutEngine(Protocol):
         """Replace the policy weights (checkpoint names) and drop any cache computed with the old ones."""
 
 
+def engine_from_config(config, max_model_len: int, cores: str | None = None) -> RolloutEngine:
+    """The run's rollout engine, from `config.rollout` (plus `model.path` and `train.seed`): the one construction
+    path, used in the driver (`placement.mode=local`) and in every Ray engine actor, so no `rollout.*` setting
+    can reach one and not the other. `cores`: the CPU cores a Ray actor was given (vLLM pins its threads)."""
+    r = config.rollout
+    return build_engine(r.engine, config.model.path, max_model_len, config.train.seed, kv_cache_gib=r.kv_cache_gib,
+                        gpu_memory_utilization=r.gpu_memory_utilization, prefix_caching=r.prefix_caching,
+                        cores=cores)
+
+
 def build_engine(kind: str, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto") -> RolloutEngine:
+                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto",
+                 cores: str | None = None) -> RolloutEngine:
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching)
+        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching,
+                          cores)
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine
 

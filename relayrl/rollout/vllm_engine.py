@@ -19,10 +19,13 @@ from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.types import Prompt, Rollout
 
 
-def _configure_environment(kv_cache_gib: float) -> None:
-    # Must be set before vLLM is imported; setdefault keeps what a user exported.
+def _configure_environment(kv_cache_gib: float, cores: str | None = None) -> None:
+    # Must be set before vLLM is imported; setdefault keeps what a user exported. `cores` (a Ray actor's
+    # share of the machine) is not a default: the actor must stay on the cores its bundle was given.
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+    if cores:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max(0, (os.cpu_count() or 1) - 1)}")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its CPU warnings are advice, not problems of the run
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -32,8 +35,8 @@ def _configure_environment(kv_cache_gib: float) -> None:
 
 class VLLMEngine:
     def __init__(self, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto"):
-        _configure_environment(kv_cache_gib)
+                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto", cores: str | None = None):
+        _configure_environment(kv_cache_gib, cores)
         threads = torch.get_num_threads()
         from vllm import LLM
 

@@ -1,0 +1,47 @@
+"""One construction path for rollout engines: a local run (`controller.build_roles`) and a Ray engine actor
+(`EngineWorker`) hand the builder the same `rollout.*` settings, so none can be dropped by placement."""
+
+import os
+
+import torch
+
+import relayrl.controller as controller
+import relayrl.rollout.base as rollout_base
+from relayrl.config import Config
+from relayrl.placement.engine_worker import EngineWorker
+
+ROLLOUT = {"engine": "vllm", "kv_cache_gib": 3.0, "gpu_memory_utilization": 0.35, "prefix_caching": "off"}
+
+
+def capture(monkeypatch) -> list[dict]:
+    calls = []
+
+    def fake_build_engine(kind, model_path, max_model_len, seed, **settings):
+        calls.append({"kind": kind, "model_path": model_path, "max_model_len": max_model_len, "seed": seed,
+                      **settings})
+        return object()
+
+    monkeypatch.setattr(rollout_base, "build_engine", fake_build_engine)
+    return calls
+
+
+def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
+    calls = capture(monkeypatch)
+    monkeypatch.setattr(controller, "LearnerRole", lambda config: object())
+    config = Config.model_validate({"model": {"path": "/models/tiny"}, "rollout": ROLLOUT, "train": {"seed": 11}})
+    controller.build_roles(config, 77, None)
+    threads = torch.get_num_threads()
+    EngineWorker(config, 77, threads, "1")  # what build_ray_roles starts in each engine actor
+    local, ray = calls
+    assert ray.pop("cores") == "1" and local.pop("cores") is None  # only where the actor may run differs
+    assert local == ray
+    assert local == {"kind": "vllm", "model_path": "/models/tiny", "max_model_len": 77, "seed": 11,
+                     "kv_cache_gib": 3.0, "gpu_memory_utilization": 0.35, "prefix_caching": "off"}
+
+
+def test_the_engine_pins_its_threads_to_the_cores_it_was_given(monkeypatch):
+    from relayrl.rollout.vllm_engine import _configure_environment
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # inherited from the driver's environment
+    _configure_environment(1.0, cores="1")
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
