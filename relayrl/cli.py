@@ -1,12 +1,14 @@
 """`relayrl train|eval|sft|demo|config|report|plan|bench`: thin entry points. Heavy modules are imported only by the command run.
 
-A user mistake (`RelayError`) prints one line naming the file/row/key/sample and exits with status 2.
+A user mistake (`RelayError`) prints one line naming the file/row/key/sample and exits with status 2. A run
+stopped by SIGTERM/SIGINT prints one line with the command that resumes it and exits with 128 + the signal.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -214,11 +216,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resume_command(args, run_dir: str) -> str:
+    """The command that continues an interrupted run: the user's own `train` line, or the saved config."""
+    if args.command == "train":
+        return shlex.join(["relayrl", "train", args.config, *args.overrides, "--resume", str(run_dir)])
+    return shlex.join(["relayrl", "train", str(Path(run_dir) / "config.yaml"), "--resume", str(run_dir)])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     from relayrl.errors import RelayError
+    from relayrl.preemption import Interrupted, exit_on_next_signal
 
     hf_logging.disable_progress_bar()  # per-shard load/save bars; the run has its own progress bar
     try:
@@ -226,6 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     except RelayError as err:
         print(f"relayrl: error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as stop:
+        exit_on_next_signal()
+        then = (f"resume with: {resume_command(args, stop.run_dir)}" if stop.checkpoint is not None
+                else "nothing was saved; run the same command to start again")
+        print(f"relayrl: {stop.describe()}; {then}", file=sys.stderr, flush=True)
+        return stop.exit_status
+    except KeyboardInterrupt:  # Ctrl-C outside a training run (sft, eval, the demo's warm start)
+        print("relayrl: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

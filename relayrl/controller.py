@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +30,7 @@ from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
+from relayrl.preemption import Interrupted, StopSignals
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import RewardService, add_counts, build_reward_service
 from relayrl.rollout import RolloutEngine, Sampling, build_engine
@@ -56,6 +57,7 @@ class Trainer:
     close: Callable[[], None] = lambda: None  # release actors and shared memory
     timeline: Timeline | None = None
     schedule: object = None  # where rollouts come from: relayrl/schedules/overlap.py
+    signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
 
     def step(self, step: int) -> dict[str, float]:
         cfg, timer = self.config, StepTimer(self.timeline, step)
@@ -167,30 +169,38 @@ class Trainer:
 
     def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
         cfg = self.config
-        trackers = build_trackers(cfg, self.run_dir)
         before = self.evaluate() if before is None else before
-        self.schedule = SCHEDULES[cfg.train.schedule](self)  # async producers start generating here
-        try:
-            for step in range(start_step, cfg.train.steps):
-                metrics = self.step(step)
-                if step == 0:
-                    metrics.update(self.data_metrics)
-                last = step == cfg.train.steps - 1
-                if not last and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                    metrics.update(self.evaluate())
-                trackers.log(step, metrics)
-                if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                    self.learner.checkpoint(str(self.run_dir), step, self.loop_state(step, before),
-                                            cfg.checkpoint.keep)
-        finally:
-            self.schedule.close()
-            trackers.close()
-        after = self.evaluate()
-        if cfg.log.save_model:
-            self.learner.save(str(self.run_dir), self.tokenizer)
+        with self.signals.during_steps():  # a signal from here on ends the current step first
+            trackers = build_trackers(cfg, self.run_dir)
+            self.schedule = SCHEDULES[cfg.train.schedule](self)  # async producers start generating here
+            try:
+                for step in range(start_step, cfg.train.steps):
+                    metrics = self.step(step)
+                    if step == 0:
+                        metrics.update(self.data_metrics)
+                    last = step == cfg.train.steps - 1
+                    if not last and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                        metrics.update(self.evaluate())
+                    trackers.log(step, metrics)
+                    saved = None
+                    if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+                        saved = self.checkpoint(step, before)
+                    if self.signals.requested:  # preempted: this step is done and logged; save it and stop
+                        raise Interrupted(self.signals.requested, self.run_dir, step,
+                                          saved or self.checkpoint(step, before))
+            finally:
+                self.schedule.close()
+                trackers.close()
+            after = self.evaluate()
+            if cfg.log.save_model:
+                self.learner.save(str(self.run_dir), self.tokenizer)
         result = {"before": before, "after": after}
         (self.run_dir / "eval.json").write_text(json.dumps(_eval_json(result), indent=2) + "\n")
         return result
+
+    def checkpoint(self, step: int, before: dict[str, float]) -> str:
+        return self.learner.checkpoint(str(self.run_dir), step, self.loop_state(step, before),
+                                       self.config.checkpoint.keep)
 
     def loop_state(self, step: int, before: dict[str, float]) -> dict:
         """What the loop itself needs to continue exactly after `step` (the learner adds its own state)."""
@@ -281,9 +291,9 @@ def build_roles(config: Config, max_len: int, probe_ids: list[int] | None):
 
         learner, engines, sync, group = build_ray_roles(config, max_len, probe_ids)
         return engines, learner, sync, functools.partial(shutdown, learner, engines, group)
-    from relayrl.rollout import engine_from_config  # the same construction as a Ray engine actor's
-
-    engine = engine_from_config(config, max_len)
+    engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
+                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization,
+                          config.rollout.prefix_caching)
     return engine, LearnerRole(config), InProcessSync(probe_ids=probe_ids), lambda: None
 
 
@@ -304,22 +314,31 @@ def check_context(config: Config, max_len: int) -> None:
 
 def train(config: Config, resume: str | None = None, overwrite: bool = False) -> dict[str, dict[str, float]]:
     """Run training into `log.dir`; with `resume`, continue the run in that directory from its newest intact
-    checkpoint; with `overwrite`, replace a run already in `log.dir`."""
+    checkpoint; with `overwrite`, replace a run already in `log.dir`. SIGTERM/SIGINT raise `Interrupted`
+    once the current step is saved (relayrl/preemption.py), after every role is closed."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if resume is not None and overwrite:
         raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
     found = None
-    if resume is not None:
-        found = latest_checkpoint(resume)
-        if found is None:
-            raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
-        config.log.dir = str(resume)
-    trainer = build_trainer(config, None if found is None else found[1]["step"], overwrite)
-    try:
-        if found is None:
-            return trainer.run()
-        start = trainer.load_state(*found)
-        print(f"resuming from {found[0]} at step {start}")
-        return trainer.run(start_step=start, before=found[1]["before"])
-    finally:
-        trainer.close()
+    with StopSignals() as signals:
+        try:
+            if resume is not None:
+                found = latest_checkpoint(resume)
+                if found is None:
+                    raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
+                config.log.dir = str(resume)
+            trainer = build_trainer(config, None if found is None else found[1]["step"], overwrite)
+            trainer.signals = signals
+            try:
+                if found is None:
+                    return trainer.run()
+                start = trainer.load_state(*found)
+                print(f"resuming from {found[0]} at step {start}")
+                return trainer.run(start_step=start, before=found[1]["before"])
+            finally:
+                trainer.close()
+        except Interrupted as stop:
+            stop.run_dir = config.log.dir
+            if stop.checkpoint is None and found is not None:  # stopped before the resumed run's first step
+                stop.checkpoint = found[0]
+            raise

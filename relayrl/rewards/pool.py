@@ -48,8 +48,12 @@ class Outcome:
 
 
 def _worker_main(connection: Connection, components: list[tuple[str, dict]], on_error: str) -> None:
+    import signal
+
     from relayrl.rewards.base import load_reward, score_rollouts
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the terminal's whole process group: the driver
+    # finishes its step and then closes the workers (relayrl/preemption.py)
     try:
         fns = [load_reward(spec, kwargs) for spec, kwargs in components]
     except Exception as err:
