@@ -64,6 +64,18 @@ def start_ray(placement: PlacementConfig) -> None:
     else:
         ray.init(num_cpus=placement.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
                  runtime_env={"env_vars": WORKER_ENV})
+        watch_session()
+
+
+def watch_session() -> None:
+    """The cluster this driver just started ends with it, even under SIGKILL (see `reaper.py`)."""
+    import psutil
+
+    from relayrl.placement.reaper import watch
+
+    for child in psutil.Process().children():
+        if child.name() == "raylet":
+            watch(child.pid)
 
 
 def reserve(config: Config):

@@ -33,15 +33,22 @@ class WeightSource:
         """Named parameters the shm transport may move into shared memory (None: copy on every push)."""
         return None
 
-    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str) -> int:
-        """Returns how many parameters now live in shared memory (shm transport; 0 otherwise)."""
+    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str,
+                    owner: int | None = None) -> int:
+        """Returns how many parameters now live in shared memory (shm transport; 0 otherwise). `owner`: the
+        driver's pid, which names the shared-memory segments (swept once it is gone)."""
         self.close_sender()
-        self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None)
+        self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None, owner)
         params = self.adoptable_parameters()
         return self.sender.adopt(params) if params is not None and hasattr(self.sender, "adopt") else 0
 
     def send_weights(self, version: int, only: list[int] | None = None) -> Manifest:
         return self.sender.send(self.named_weights(), version, only)
+
+    def unlink_segments(self) -> None:
+        """Every receiver has mapped the shared-memory segments: drop their names (nothing to leak later)."""
+        if hasattr(self.sender, "unlink"):
+            self.sender.unlink()
 
     def close_sender(self) -> None:
         if self.sender is not None:

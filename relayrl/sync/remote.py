@@ -10,6 +10,7 @@ sequence after the push.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -44,8 +45,8 @@ class RaySync:
                      for i, r in enumerate(replicas)]
             for role, ref in zip([learner, *replicas], refs):
                 role.wait(ref, "joining the weight-sync group", o.timeout_s)
-        self.adopted = learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory)
-        self.layout = layout
+        self.adopted = learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory, os.getpid())
+        self.layout, self.mapped = layout, False
         for replica in replicas:
             replica.open_receiver(self.transport, layout, o.checksum, o.timeout_s)
         engines.on_restart = self.reattach
@@ -82,6 +83,9 @@ class RaySync:
                 engines.recover(index, failure)  # restarts it and re-pushes this version to every replica
                 receive_seconds.append(0.0)
         seconds = time.perf_counter() - start
+        if not self.mapped:  # every receiver holds a mapping now: the names can go (shm), nothing to leak
+            learner.unlink_segments()
+            self.mapped = True
         self.version = version
         self.last = {"sync/bytes": float(manifest.nbytes), "sync/GBps": manifest.nbytes / max(seconds, 1e-9) / 1e9,
                      "sync/version": float(version), "sync/send_s": manifest.send_seconds,

@@ -6,7 +6,10 @@ refs). Receivers verify every bucket before they yield a single tensor, so a cor
 reaches the engine half-applied.
 
 - `shm`: one POSIX shared-memory segment per bucket under /dev/shm, created once and reused every step
-  (first touch of fresh pages costs 5-10x, so buffers live as long as the run).
+  (first touch of fresh pages costs 5-10x, so buffers live as long as the run). Segments are named
+  `relayrl_<owner pid>_<creator pid>_<id>-<bucket>` (owner: the run's driver); the sync unlinks them once
+  every receiver has mapped them, and each new sender sweeps away segments whose owner or creator is dead,
+  so a killed run leaves nothing behind in /dev/shm beyond the next run's start.
 - `disk`: one safetensors file, written under a temporary name and renamed into place.
 - `object_store`: Ray's object store, one numpy array per bucket; refs are owned by the sender.
 - `broadcast`: a torch.distributed group of its own (gloo on CPU, nccl on GPU) spanning the sender
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -96,6 +100,32 @@ class Receiver:
 # ---------------------------------------------------------------------------- shared memory
 
 
+SHM_DIR = Path("/dev/shm")
+_SEGMENT = re.compile(r"relayrl_(\d+)_(\d+)_[0-9a-f]+-\d+|relayrl-(\d+)-[0-9a-f]+-\d+")  # (and the older naming)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def sweep_segments(directory: Path = SHM_DIR) -> list[str]:
+    """Unlink the relayrl segments whose owner or creator process is gone (a run killed before it could clean
+    up); the names removed."""
+    removed = []
+    for path in directory.glob("relayrl[-_]*") if directory.is_dir() else ():
+        match = _SEGMENT.fullmatch(path.name)
+        if match and not all(pid_alive(int(pid)) for pid in match.groups() if pid):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 def _shm_buckets(prefix: str, layout: Layout) -> list[torch.Tensor]:
     return [torch.from_file(f"{prefix}-{i}", shared=True, size=size, dtype=layout.dtype)
             for i, size in enumerate(layout.bucket_sizes)]
@@ -107,9 +137,20 @@ class ShmSender(Sender):
     copies nothing on this side: it only checksums. The engines then copy once, from shared memory into
     their own parameters. Without it (or with a bf16 wire), each push packs a copy first."""
 
+    def __init__(self, layout: Layout, verify_checksums: bool = True, owner: int | None = None):
+        self.owner = owner or os.getpid()
+        super().__init__(layout, verify_checksums)
+
     def _allocate(self) -> list[torch.Tensor]:
-        self.prefix = f"/dev/shm/relayrl-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        sweep_segments()
+        self.prefix = f"{SHM_DIR}/relayrl_{self.owner}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         return _shm_buckets(self.prefix, self.layout)
+
+    def unlink(self) -> None:
+        """Remove the segments' names; every mapping (ours, and the receivers' made so far) stays valid, and
+        the memory is freed when the last one goes, however the processes end."""
+        for i in range(len(self.layout.bucket_sizes)):
+            Path(f"{self.prefix}-{i}").unlink(missing_ok=True)
 
     def adopt(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]]) -> int:
         """Re-home every parameter whose dtype is the wire dtype into its slot; returns how many moved."""
@@ -128,8 +169,7 @@ class ShmSender(Sender):
         return self.prefix
 
     def close(self) -> None:
-        for i in range(len(self.layout.bucket_sizes)):
-            Path(f"{self.prefix}-{i}").unlink(missing_ok=True)
+        self.unlink()
 
 
 class ShmReceiver(Receiver):
@@ -142,7 +182,8 @@ class ShmReceiver(Receiver):
             missing = [i for i in range(len(self.layout.bucket_sizes)) if not Path(f"{manifest.handle}-{i}").exists()]
             if missing:
                 raise SyncError(f"shared-memory segment {manifest.handle}-{missing[0]} does not exist "
-                                "(the sender closed it, or it runs on another machine: use sync.transport=broadcast)")
+                                "(the sender closed or unlinked it, or it runs on another machine: use "
+                                "sync.transport=broadcast)")
             self.prefix, self.buckets = manifest.handle, _shm_buckets(manifest.handle, self.layout)
         return [self.buckets[i] for i in chosen]
 
@@ -263,9 +304,9 @@ class BroadcastReceiver(Receiver):
 
 
 def make_sender(kind: str, layout: Layout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0,
-                directory: str | None = None) -> Sender:
+                directory: str | None = None, owner: int | None = None) -> Sender:
     if kind == "shm":
-        return ShmSender(layout, verify_checksums)
+        return ShmSender(layout, verify_checksums, owner)
     if kind == "disk":
         return DiskSender(layout, verify_checksums, directory)
     if kind == "object_store":

@@ -88,6 +88,20 @@ def test_a_restart_during_a_push_re_pushes_the_new_version():
     assert fresh.loaded == [1, 2] and survivor.loaded[-1] == 2
 
 
+def test_segment_names_go_once_every_receiver_has_mapped_them():
+    engines = Engines([Engine(), Engine()])
+    learner = Learner()
+    sync = RaySync(SyncConfig(), "shm")
+    sync.setup(FakeRole(learner), engines)
+    assert learner.unlinked == 0
+    sync.push(FakeRole(learner), engines)
+    assert learner.unlinked == 1  # after the first push every replica holds a mapping
+    sync.push(FakeRole(learner), engines)
+    assert learner.unlinked == 1
+    engines.recover(0, RoleFailure("engine 0 died", "engine 0", died=True))  # a new sender, new segments
+    assert learner.unlinked == 2
+
+
 def test_a_restart_between_pushes_re_pushes_the_current_version():
     engines = Engines([Engine()])
     learner = FakeRole(Learner())

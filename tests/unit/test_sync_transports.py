@@ -169,3 +169,42 @@ def test_sync_metrics_name_their_unit_gigabytes_per_second():
     nbytes = sum(t.numel() * 4 for _, t in weights())
     assert sync.last["sync/bytes"] == nbytes and "sync/gbps" not in sync.last
     assert sync.last["sync/GBps"] > 0  # bytes / seconds / 1e9
+
+
+def test_shm_segments_are_named_by_owner_and_creator_and_can_lose_their_names_early():
+    import os
+    from pathlib import Path
+
+    layout = layout_of(weights(), bucket_mb=0.001, wire_dtype="fp32")
+    sender = make_sender("shm", layout, owner=os.getppid())
+    receiver = make_receiver("shm", layout)
+    try:
+        assert Path(sender.prefix).name.startswith(f"relayrl_{os.getppid()}_{os.getpid()}_")
+        receiver.receive(sender.send(weights(seed=1), 1))  # the receiver maps every segment
+        sender.unlink()
+        assert not list(Path("/dev/shm").glob(Path(sender.prefix).name + "-*"))
+        got = dict(receiver.receive(sender.send(weights(seed=2), 2)))  # mappings outlive the names
+        for name, tensor in weights(seed=2):
+            assert torch.equal(got[name], tensor)
+    finally:
+        sender.close()
+
+
+def test_sweep_removes_segments_whose_owner_or_creator_is_dead(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from relayrl.sync.transports import sweep_segments
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    live = str(os.getpid())
+    names = {f"relayrl_{dead}_{live}_ab12cd34-0": False, f"relayrl_{live}_{dead}_ab12cd34-0": False,
+             f"relayrl-{dead}-ab12cd34-3": False, f"relayrl_{live}_{live}_ab12cd34-0": True,
+             "relayrl-notes.txt": True}
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    removed = sweep_segments(tmp_path)
+    assert sorted(removed) == sorted(n for n, keep in names.items() if not keep)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, keep in names.items() if keep)
