@@ -291,9 +291,9 @@ def build_roles(config: Config, max_len: int, probe_ids: list[int] | None):
 
         learner, engines, sync, group = build_ray_roles(config, max_len, probe_ids)
         return engines, learner, sync, functools.partial(shutdown, learner, engines, group)
-    engine = build_engine(config.rollout.engine, config.model.path, max_len, config.train.seed,
-                          config.rollout.kv_cache_gib, config.rollout.gpu_memory_utilization,
-                          config.rollout.prefix_caching)
+    from relayrl.rollout import engine_from_config  # the same construction as a Ray engine actor's
+
+    engine = engine_from_config(config, max_len)
     return engine, LearnerRole(config), InProcessSync(probe_ids=probe_ids), lambda: None
 
 
