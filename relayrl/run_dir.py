@@ -1,7 +1,8 @@
 """The run directory (`log.dir`): whether it holds a run, and the one place that claims it for a new run.
 
 A directory holds a run once a run has logged or saved anything there (a non-empty `metrics.jsonl`,
-`timeline.jsonl`, `eval.json`, `checkpoints/` or `model/`); a `config.yaml` alone is a run that never took a step. `claim` is
+`timeline.jsonl`, `samples.jsonl`, `eval.json`, `checkpoints/` or `model/`); a `config.yaml` alone is a run
+that never took a step. `claim` is
 called after every input (model, data, reward) has been validated, and is the first write: a new run
 takes an empty directory, `--resume` continues the run there (its logs cut back to the checkpoint's
 step) and `--overwrite` replaces it. Anything else stops with a message naming both flags, so a
@@ -11,13 +12,13 @@ left alone. Left out: locking against two live runs in one directory.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 from relayrl.errors import ConfigError
+from relayrl.metrics.jsonl import truncate_after
 
-RUN_MARKERS = ("metrics.jsonl", "timeline.jsonl", "eval.json", "checkpoints", "model")
+RUN_MARKERS = ("metrics.jsonl", "timeline.jsonl", "samples.jsonl", "eval.json", "checkpoints", "model")
 # what a run writes; --overwrite removes exactly these
 RUN_OUTPUTS = RUN_MARKERS + ("config.yaml", "critic", "report", "tensorboard", "mlflow", "wandb")
 
@@ -45,27 +46,8 @@ def claim(run_dir: str | Path, config_text: str, resume_step: int | None = None,
             shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume_step is not None:  # rows logged after the checkpoint are redone by the resumed run
-        for name in ("metrics.jsonl", "timeline.jsonl"):
-            keep_rows_until(run_dir / name, resume_step)
+        for name in ("metrics.jsonl", "timeline.jsonl", "samples.jsonl"):
+            truncate_after(run_dir / name, resume_step)
     (run_dir / "config.yaml").write_text(config_text)
     return run_dir
 
-
-def rows_until(path: Path, step: int) -> list[str]:
-    """The JSON lines of `path` whose `step` is at most `step`; a row cut short by a kill is dropped."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
-            rows.append(line + "\n")
-    return rows
-
-
-def keep_rows_until(path: Path, step: int) -> None:
-    if path.is_file():
-        path.write_text("".join(rows_until(path, step)))

@@ -98,6 +98,22 @@ def test_resume_keeps_the_logs_up_to_the_checkpoint_step(tmp_path):
     assert [json.loads(r)["step"] for r in (run_dir / "timeline.jsonl").read_text().splitlines()] == [0, 1]
 
 
+def test_the_demo_replaces_its_previous_rl_run(tmp_path, monkeypatch, capsys):
+    """`relayrl demo` twice into one directory: the second run passes overwrite (the warm start is cached)."""
+    import relayrl.controller
+    from relayrl.demo import run_demo
+
+    calls = []
+    monkeypatch.setattr(relayrl.controller, "train", lambda config, **kwargs: calls.append(kwargs) or {
+        "before": {"eval/greedy": 0.5, "eval/sampled": 0.5}, "after": {"eval/greedy": 0.6, "eval/sampled": 0.6}})
+    warm = tmp_path / "warmstart"
+    warm.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (warm / name).write_text("{}")
+    run_demo(tmp_path)
+    assert calls == [{"overwrite": True}] and "warm start: cached" in capsys.readouterr().out
+
+
 def test_a_timeline_appends_to_the_rows_a_resumed_run_kept(tmp_path):
     from relayrl.metrics.timeline import Timeline
 
