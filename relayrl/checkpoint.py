@@ -22,6 +22,7 @@ from safetensors import SafetensorError
 
 from relayrl.errors import RelayError
 
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # how a failed write surfaces (torch.save: RuntimeError)
 STATE_FILE = "trainer_state.pt"
 MANIFEST_FILE = "manifest.json"
 
@@ -40,18 +41,27 @@ def save_checkpoint(run_dir: str | Path, step: int, model, state: dict, keep: in
     final, tmp = root / f"step_{step:06d}", root / f".tmp_step_{step:06d}"
     try:
         _write(tmp, step, model, state)
-    except (OSError, RuntimeError, SafetensorError) as err:  # torch.save reports a failed write as RuntimeError
+    except WRITE_ERRORS as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        previous = sorted(root.glob("step_*"))
-        kept = (f"the previous checkpoint {previous[-1]} is intact: free space under {root} and --resume "
-                f"{run_dir}" if previous else "there is no earlier checkpoint")
-        cause = " ".join(f"{type(err).__name__}: {err}".split())[:300]
-        raise CheckpointError(f"could not write checkpoint {final} ({cause}); {kept}") from err
+        raise CheckpointError(f"could not write checkpoint {final} ({write_cause(err)}); "
+                              f"{newest_kept(run_dir)}") from err
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(root.glob("step_*"))[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def write_cause(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:300]
+
+
+def newest_kept(run_dir: str | Path) -> str:
+    """What a failed write leaves to resume from, for its message."""
+    previous = sorted(checkpoint_root(run_dir).glob("step_*"))
+    if not previous:
+        return "there is no earlier checkpoint"
+    return f"the previous checkpoint {previous[-1]} is intact: free space under {run_dir} and --resume {run_dir}"
 
 
 def _write(tmp: Path, step: int, model, state: dict) -> None:

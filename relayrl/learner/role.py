@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-from relayrl.checkpoint import save_checkpoint
+from relayrl.checkpoint import WRITE_ERRORS, CheckpointError, newest_kept, save_checkpoint, write_cause
 from relayrl.config import Config
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
@@ -84,9 +84,16 @@ class LearnerRole(WeightSource):
         return str(save_checkpoint(run_dir, step, self.policy.model, {**loop_state, **self.state()}, keep))
 
     def save(self, run_dir: str | Path, tokenizer=None) -> None:
-        self.policy.save(Path(run_dir) / "model", tokenizer)
-        if self.critic is not None:
-            self.critic.save(Path(run_dir) / "critic")
+        """The final policy (and critic); a failed write (disk full) names the path, the cause and what is kept."""
+        target = Path(run_dir) / "model"
+        try:
+            self.policy.save(target, tokenizer)
+            if self.critic is not None:
+                target = Path(run_dir) / "critic"
+                self.critic.save(target)
+        except WRITE_ERRORS as err:
+            raise CheckpointError(f"could not save the final model to {target} ({write_cause(err)}); "
+                                  f"{newest_kept(run_dir)}") from err
 
     # ------------------------------------------------------------------ weights
     def adoptable_parameters(self):

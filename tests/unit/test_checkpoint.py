@@ -90,3 +90,18 @@ def test_a_failed_checkpoint_stops_the_run_with_one_line(tmp_path, capsys, rando
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step_000000"]
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     assert not (run_dir / "eval.json").exists()
+
+
+def test_a_full_disk_at_the_final_save_names_the_path_and_the_checkpoint_kept(tmp_path, random_model_dir,
+                                                                              monkeypatch):
+    from relayrl.config import load_config
+    from relayrl.learner.role import LearnerRole
+
+    role = LearnerRole(load_config(None, [f"model.path={random_model_dir}"]))
+    kept = save_checkpoint(tmp_path, 4, role.policy.model, {"step": 4}, keep=2)
+    monkeypatch.setattr(role.policy.model, "save_pretrained", _disk_full)
+    with pytest.raises(RelayError) as err:
+        role.save(tmp_path)
+    assert str(err.value) == (f"could not save the final model to {tmp_path / 'model'} (OSError: [Errno 28] No space "
+                              f"left on device); the previous checkpoint {kept} is intact: free space under "
+                              f"{tmp_path} and --resume {tmp_path}")
