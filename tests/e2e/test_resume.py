@@ -14,11 +14,24 @@ from tests.e2e.test_grpo_learns import run_cli, write_config
 pytestmark = pytest.mark.slow
 
 VOLATILE = ("time/", "time_frac/", "throughput/", "sync/GBps")  # wall-clock figures differ run to run
+# mismatch/* compares the engine's behaviour log-probs with the learner's: ~1e-6 float noise that depends on
+# the engine's history (a resumed run's engine is a fresh one); measured 1.7e-6 apart on mismatch/logprob_abs_max
+NOISE_TOLERANCE = {"mismatch/": 1e-5}
 
 
 def metric_rows(run_dir):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in row.items() if not k.startswith(VOLATILE)} for row in rows]
+
+
+def assert_same_metrics(expected, got):
+    """Every numeric key of every step equal to 1e-6 (mismatch/* to its noise), no key missing or extra."""
+    assert [r["step"] for r in got] == [r["step"] for r in expected]
+    for want, have in zip(expected, got):
+        assert want.keys() == have.keys()
+        for key, value in want.items():
+            tolerance = next((t for prefix, t in NOISE_TOLERANCE.items() if key.startswith(prefix)), 1e-6)
+            assert have[key] == pytest.approx(value, abs=tolerance), (want["step"], key)
 
 
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task):
@@ -43,12 +56,8 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_ta
     resumed = run_cli("train", str(config), *settings, "--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
-    expected, got = metric_rows(straight), metric_rows(killed)
-    assert [r["step"] for r in got] == list(range(6))
-    for want, have in zip(expected, got):
-        assert want.keys() == have.keys()
-        for key, value in want.items():
-            assert have[key] == pytest.approx(value, abs=1e-6), (want["step"], key)
+    assert [r["step"] for r in metric_rows(killed)] == list(range(6))
+    assert_same_metrics(metric_rows(straight), metric_rows(killed))
     assert json.loads((killed / "eval.json").read_text()) == json.loads((straight / "eval.json").read_text())
     assert sorted(p.name for p in (killed / "checkpoints").glob("step_*")) == ["step_000003", "step_000005"]
 
