@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -79,8 +80,6 @@ def _start_run(tmp_path, model_dir, toy_task, *extra):
 
 
 def _signal_after_rows(process, run_dir, rows, signum, to_group=False):
-    import time
-
     metrics = run_dir / "metrics.jsonl"
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= rows):
         assert process.poll() is None, process.communicate()[1][-3000:]
@@ -121,4 +120,8 @@ def test_ctrl_c_with_reward_workers_stops_every_worker_without_a_traceback(tmp_p
     assert process.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith("relayrl: interrupted by SIGINT at step ")
+    for _ in range(100):  # a worker (or multiprocessing's resource tracker) may take a moment to exit
+        if not _alive_in_session(process.pid):
+            break
+        time.sleep(0.1)
     assert _alive_in_session(process.pid) == []
