@@ -227,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
-    from relayrl.errors import RelayError
+    from relayrl.errors import RelayError, install_warning_format
     from relayrl.preemption import Interrupted, exit_on_next_signal
 
     hf_logging.disable_progress_bar()  # per-shard load/save bars; the run has its own progress bar
+    install_warning_format()  # relayrl's warnings as one `relayrl: warning: ...` line
     try:
         args.fn(args)
     except RelayError as err:

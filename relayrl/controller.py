@@ -33,7 +33,7 @@ from relayrl.models.loading import check_model_dir, context_length, load_tokeniz
 from relayrl.preemption import Interrupted, StopSignals
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import RewardService, add_counts, build_reward_service
-from relayrl.rollout import RolloutEngine, Sampling, build_engine
+from relayrl.rollout import RolloutEngine, Sampling
 from relayrl.run_dir import claim
 from relayrl.schedules.overlap import SCHEDULES
 from relayrl.sync.inprocess import InProcessSync

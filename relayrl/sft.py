@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from relayrl.data.source import read_rows
-from relayrl.errors import DataError
+from relayrl.errors import DataError, RelayWarning
 
 
 @dataclass
@@ -84,7 +84,7 @@ def warn_unknown_characters(pairs: list[Pair], encoded: list[tuple[list[int], in
     warnings.warn(f"{len(rows)} of {len(pairs)} rows have text the tokenizer of {model} lacks ({shown}), "
                   f"trained on as {tokenizer.unk_token} (first at {rows[0].where}); "
                   "clean them from the data, use a model whose tokenizer has them, or --init tiny (a vocabulary "
-                  "built from the data)", stacklevel=3)
+                  "built from the data)", RelayWarning, stacklevel=3)
 
 
 def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

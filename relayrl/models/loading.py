@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from relayrl.errors import ModelError
+from relayrl.errors import ModelError, RelayWarning
 
 
 def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
@@ -51,7 +51,7 @@ def warn_two_chat_templates(path: str | Path, tokenizer) -> None:
             else "chat_template.jinja")
     warnings.warn(f"{path}: two chat templates, {jinja} and the 'chat_template' key of {config_file}; {used} is "
                   "used (by relayrl and by vLLM alike). Delete the other one, or edit this one, so that what you "
-                  "edit is what the model is shown", stacklevel=2)
+                  "edit is what the model is shown", RelayWarning, stacklevel=2)
 
 
 def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path"):

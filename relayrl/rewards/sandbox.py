@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from relayrl.errors import RewardError
+from relayrl.errors import RelayWarning, RewardError
 
 LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
 EXIT_SETUP_FAILED = 125  # the launcher's own code for "the sandbox could not be set up"
@@ -202,7 +202,7 @@ def resolve_isolation(isolation: str) -> str:
             return "namespaces"
         reason = f"a trivial program ended with exit code {run.exit_code}: {run.stderr.strip()[-300:]}"
     warnings.warn("code sandbox: namespaces are unavailable, so programs run with isolation=rlimits (no private "
-                  f"filesystem view, pid or network namespace; see relayrl/rewards/sandbox.py): {reason}", stacklevel=2)
+                  f"filesystem view, pid or network namespace; see relayrl/rewards/sandbox.py): {reason}", RelayWarning, stacklevel=2)
     return "rlimits"
 
 
