@@ -12,6 +12,8 @@ import sys
 import pytest
 import yaml
 
+from tests.e2e.learning_cases import CASES, gain
+
 pytestmark = pytest.mark.slow
 
 
@@ -38,14 +40,13 @@ def write_config(path, model_dir, toy_task, run_dir, engine):
 def test_short_grpo_run_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_task, engine):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, engine)
-    steps = "train.steps=10" if engine == "hf" else "train.steps=20"
-    result = run_cli("train", str(config), steps)
+    case = CASES[f"grpo_{engine}"]
+    result = run_cli("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
 
     scores = json.loads((run_dir / "eval.json").read_text())
     print(engine, scores)
-    gain = scores["after"]["greedy"] - scores["before"]["greedy"]
-    assert gain >= (0.10 if engine == "vllm" else 0.05), scores
+    assert gain(scores) >= case.min_gain, (scores, case.spread)
 
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(len(rows)))
@@ -71,29 +72,27 @@ def test_eval_command_scores_a_saved_model(warm_model_dir, toy_task):
     assert line["n"] == 500 and 0.2 < line["reward_mean"] < 0.95
 
 
-@pytest.mark.parametrize("recipe", [
-    ["algorithm.advantage=dr_grpo", "algorithm.loss_agg=seq_mean_token_sum_norm"],
-    ["algorithm.advantage=rloo"],
-    ["algorithm.advantage=reinforce_pp_baseline"],
-], ids=lambda r: r[0].split("=")[1])
-def test_other_estimators_raise_held_out_accuracy(tmp_path, warm_model_dir, toy_task, recipe):
+@pytest.mark.parametrize("name", ["dr_grpo", "rloo", "reinforce_pp_baseline"])
+def test_other_estimators_raise_held_out_accuracy(tmp_path, warm_model_dir, toy_task, name):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), *recipe)
+    case = CASES[name]
+    result = run_cli("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
-    print(recipe, scores)
-    assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+    print(name, scores)
+    assert gain(scores) >= case.min_gain, (scores, case.spread)
 
 
 def test_ppo_with_a_critic_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_task):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), "algorithm.advantage=gae", "algorithm.lam=0.95", "critic.lr=1e-4")
+    case = CASES["gae"]
+    result = run_cli("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     print("gae", scores)
-    assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+    assert gain(scores) >= case.min_gain, (scores, case.spread)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["critic/values_mean"] != 0.0  # the value head moved off its zero initialisation
     assert (run_dir / "critic" / "value_head.pt").is_file()
@@ -102,13 +101,12 @@ def test_ppo_with_a_critic_raises_held_out_accuracy(tmp_path, warm_model_dir, to
 def test_dapo_recipe_filters_flat_groups_and_learns(tmp_path, warm_model_dir, toy_task):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    recipe = ["algorithm.clip_eps_high=0.28", "algorithm.dapo.dynamic_sampling=true", "algorithm.dapo.max_rounds=3",
-              "algorithm.dapo.overlong_filter=true", "algorithm.dapo.overlong_buffer=2", "train.steps=15"]
-    result = run_cli("train", str(config), *recipe)
+    case = CASES["dapo"]
+    result = run_cli("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     print("dapo", scores)
-    assert scores["after"]["greedy"] - scores["before"]["greedy"] >= 0.10, scores
+    assert gain(scores) >= case.min_gain, (scores, case.spread)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for row in rows:
         assert 1 <= row["dynamic/rounds"] <= 3
