@@ -142,7 +142,8 @@ def _add_eval(commands) -> None:
     ev.add_argument("--reward-timeout-s", type=float, help="with --reward-workers: seconds per sample (default 60)")
     ev.add_argument("--n", type=int, default=1, help="samples per prompt")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ev.add_argument("--max-tokens", type=int, default=64)
+    ev.add_argument("--max-tokens", type=int, help="response tokens per sample (default: the model's generation "
+                    "config max_new_tokens, else 64, capped so the longest prompt plus the response fits its context)")
     ev.add_argument("--min-tokens", type=int, default=0, help="end-of-sequence ignored before this many tokens")
     ev.add_argument("--max-prompts", type=int, default=0, help="score only the first N prompts (0 = all)")
     ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm")

@@ -34,19 +34,21 @@ def parse_reward_kwargs(text: str) -> dict[str, Any]:
 
 
 def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: float = 0.0,
-                   max_tokens: int = 64, engine: str = "vllm", seed: int = 0, min_tokens: int = 0,
+                   max_tokens: int | None = None, engine: str = "vllm", seed: int = 0, min_tokens: int = 0,
                    max_prompts: int = 0, reward_kwargs: dict[str, Any] | None = None, on_error: str = "zero",
                    reward_workers: int = 0, reward_timeout_s: float | None = None) -> dict[str, float]:
     """`relayrl eval`: load a model into an engine and score it on a prompt file through the reward service.
-    `reward_mean` is over the samples scored (a skipped one is left out); failures are counted, not hidden."""
+    `reward_mean` is over the samples scored (a skipped one is left out); failures are counted, not hidden.
+    `max_tokens=None` fits the model (`fit_max_tokens`)."""
     from relayrl.config import RewardConfig
     from relayrl.data.source import load_prompts
     from relayrl.errors import ConfigError
-    from relayrl.models.loading import context_length, load_tokenizer
+    from relayrl.models.loading import load_tokenizer
     from relayrl.rewards.service import build_reward_service
     from relayrl.rollout import build_engine
 
-    if n < 1 or max_tokens < 1 or temperature < 0 or not 0 <= min_tokens <= max_tokens or max_prompts < 0:
+    if n < 1 or (max_tokens or 1) < 1 or temperature < 0 or not 0 <= min_tokens <= (max_tokens or min_tokens) \
+            or max_prompts < 0:
         raise ConfigError(f"relayrl eval: need --n >= 1, --max-tokens >= 1, --temperature >= 0, 0 <= --min-tokens "
                           f"<= --max-tokens, --max-prompts >= 0 (got {n}, {max_tokens}, {temperature}, {min_tokens}, "
                           f"{max_prompts})")
@@ -54,9 +56,13 @@ def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: 
         raise ConfigError(f"relayrl eval: need --reward-workers >= 0, and --reward-timeout-s > 0 only with "
                           f"--reward-workers (got {reward_workers}, {reward_timeout_s})")
     tokenizer = load_tokenizer(model, key="--model")
-    limit = context_length(model) or 10**9
-    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=max(1, limit - max_tokens))
+    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)  # the context is checked below, in flags
     prompts = prompts[:max_prompts] if max_prompts else prompts
+    longest = max(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))
+    max_tokens = fit_max_tokens(model, max_tokens, len(prompts[longest].token_ids), data, longest)
+    if min_tokens > max_tokens:
+        raise ConfigError(f"relayrl eval: --min-tokens {min_tokens} is over --max-tokens, which defaults to "
+                          f"{max_tokens} for this model and data; lower --min-tokens")
     deadline = {} if reward_timeout_s is None else {"timeout_s": reward_timeout_s}
     reward_config = RewardConfig(fn=reward, kwargs=reward_kwargs or {}, on_error=on_error, workers=reward_workers,
                                  **deadline)
@@ -68,3 +74,47 @@ def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: 
     scored = [s.reward for s in scores if s is not None]
     return {"reward_mean": sum(scored) / max(1, len(scored)), "n": len(rollouts),
             **{key: int(metrics[f"reward/{key}"]) for key in ("errors", "timeouts", "skipped")}}
+
+
+DEFAULT_MAX_TOKENS = 64  # `relayrl eval`'s response budget when the model's generation config sets none
+
+
+def fit_max_tokens(model: str, max_tokens: int | None, longest: int, data: str = "", row: int = 0) -> int:
+    """`--max-tokens`, or its default for this model: the generation config's `max_new_tokens` if set, else 64,
+    capped so that the longest prompt (`longest` tokens, row index `row` of `data`) plus the response fits the
+    model's context. Flags that cannot fit fail in `relayrl eval`'s terms."""
+    from relayrl.errors import ConfigError
+    from relayrl.models.loading import context_length
+
+    context = context_length(model)
+    where = f"{data}:{_row_location(data, row)}" if data else f"row {row + 1}"
+    if context is not None and longest >= context:
+        raise ConfigError(f"relayrl eval: the longest prompt ({where}, {longest} tokens) fills the model's context "
+                          f"of {context} tokens, leaving no room for a response; shorten it or use --max-prompts")
+    if max_tokens is None:
+        fitted = _generation_max_new_tokens(model) or DEFAULT_MAX_TOKENS
+        return fitted if context is None else min(fitted, context - longest)
+    if context is not None and longest + max_tokens > context:
+        raise ConfigError(f"relayrl eval: --max-tokens {max_tokens} + the longest prompt ({where}, {longest} tokens) "
+                          f"exceed the model's context of {context} tokens: pass --max-tokens "
+                          f"{context - longest} or less (or leave it out to fit the model)")
+    return max_tokens
+
+
+def _generation_max_new_tokens(model: str) -> int | None:
+    """`max_new_tokens` from the model directory's generation_config.json, if the file sets it."""
+    from pathlib import Path
+
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("max_new_tokens")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _row_location(data: str, row: int) -> str:
+    """The `line` (or `row N`) of the `row`-th prompt of a data file, as relayrl's data messages name it."""
+    from relayrl.data.source import read_rows
+
+    where = read_rows(data)[row][0]
+    return where.rpartition(":")[2]
