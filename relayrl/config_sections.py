@@ -51,6 +51,9 @@ class RewardComponentConfig(Section):
     weight: float = Field(1.0, description="Its weight in the reward: reward = sum of weight * component.")
     name: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$",
                       description="Logged as reward/<name>; empty = the function's name (`math`, `score` of `m:score`).")
+    style: Literal["auto", "relayrl", "trl", "verl"] = Field(
+        "auto", description="How the function is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
+                            "keyword), verl's compute_score (per sample); auto = read from its signature.")
 
     @property
     def label(self) -> str:
@@ -72,6 +75,9 @@ class RewardConfig(Section):
         description="Several reward functions, each `{fn, kwargs, weight, name}`: reward = sum of weight * component, "
                     "each logged as reward/<name>. Set this or `fn`/`kwargs`, not both.",
     )
+    style: Literal["auto", "relayrl", "trl", "verl"] = Field(
+        "auto", description="How reward.fn is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
+                            "keyword), verl's compute_score (per sample); auto = read from its signature.")
     on_error: Literal["error", "zero", "skip"] = Field(
         "error", description="A reward that raises, times out or is not a finite number: fail naming the sample, "
                              "score it 0, or drop the sample from the batch. Counted as reward/errors, reward/timeouts.",
@@ -92,7 +98,7 @@ class RewardConfig(Section):
 
     @model_validator(mode="after")
     def _check_components(self) -> "RewardConfig":
-        if self.components and self.model_fields_set & {"fn", "kwargs"}:
+        if self.components and self.model_fields_set & {"fn", "kwargs", "style"}:
             raise ValueError("reward.components replaces reward.fn and reward.kwargs: set one or the other "
                              "(a single function is `components: [{fn: ..., kwargs: ...}]`)")
         labels = [c.label for c in self.components]
@@ -105,7 +111,7 @@ class RewardConfig(Section):
 
     def resolved_components(self) -> list[RewardComponentConfig]:
         """`components`, or the single `fn`/`kwargs` as one component of weight 1."""
-        return list(self.components) or [RewardComponentConfig(fn=self.fn, kwargs=self.kwargs)]
+        return list(self.components) or [RewardComponentConfig(fn=self.fn, kwargs=self.kwargs, style=self.style)]
 
 
 class RolloutConfig(Section):

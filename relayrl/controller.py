@@ -268,7 +268,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
     check_context(config, max_len)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
-        load_reward(component.fn, component.kwargs)
+        load_reward(component.fn, component.kwargs, component.style)
     run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     engine, learner, sync, close = build_roles(config, max_len, probe_ids)

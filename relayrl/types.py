@@ -16,6 +16,7 @@ class Prompt:
     text: str
     token_ids: list[int]
     columns: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None  # the row's `messages`, if it gave them (TRL-style rewards get them)
 
 
 @dataclass

@@ -140,7 +140,8 @@ def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_pr
             token_ids = token_ids[-max_prompt_tokens:]  # keep the end, where the question usually is
             text = tokenizer.decode(token_ids)
         columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
-        prompts.append(Prompt(id=prompt_id, text=text, token_ids=token_ids, columns=columns))
+        prompts.append(Prompt(id=prompt_id, text=text, token_ids=token_ids, columns=columns,
+                              messages=None if is_plain_prompt(row) else row["messages"]))
         stats.first_location = stats.first_location or where
     if not prompts:
         raise DataError(f"{path}: every prompt was dropped as longer than {max_prompt_tokens} tokens")

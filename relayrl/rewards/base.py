@@ -6,11 +6,13 @@ a set of named components; the reward is their sum. A 1-D numpy array or torch t
 sample stands for the list, numpy scalars and 0-d arrays or tensors for numbers (all become floats). A
 function that raises, or returns NaN, None or a non-number, fails naming the sample (`on_error=error`), or
 is counted and scored 0 (`on_error=zero`) or dropped, as None (`on_error=skip`).
+
+Functions written for TRL or verl are called as those frameworks call them (conventions.py): the convention is
+read from the signature (or forced by `reward.style`) when the function is loaded, and printed once.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import math
@@ -22,6 +24,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from relayrl.errors import RewardError
+from relayrl.rewards import conventions
 from relayrl.types import Rollout, Score
 
 
@@ -29,8 +32,31 @@ class RewardFn(Protocol):
     def __call__(self, prompts: list[str], completions: list[str], **columns: Any) -> list[Any]: ...
 
 
-def load_reward(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
-    """A built-in name, `package.module:function`, or `path/to/file.py:function`."""
+class ConventionReward:
+    """A TRL- or verl-style function with how to call it and read its results (relayrl's own stay plain)."""
+
+    def __init__(self, resolved: conventions.Resolved):
+        self.fn, self.style = resolved.fn, resolved.style
+
+    def call(self, rollouts: list[Rollout]) -> Any:
+        call = conventions.call_trl if self.style == "trl" else conventions.call_verl
+        return call(self.fn, rollouts)
+
+    def to_score(self, value: Any) -> Score | None:
+        if self.style == "trl" and value is None:
+            return Score(0.0)  # TRL's "does not apply": contributes nothing to this sample, not an error
+        if self.style == "verl" and isinstance(value, dict):
+            if "score" not in value:
+                return None
+            reward = _finite(value["score"])
+            parts = {str(k): _finite(v) for k, v in value.items() if k != "score"}
+            return None if reward is None else Score(reward, {k: v for k, v in parts.items() if v is not None})
+        return _to_score(value)
+
+
+def load_reward(spec: str, kwargs: dict[str, Any] | None = None, style: str = "auto") -> RewardFn:
+    """A built-in name, `package.module:function`, or `path/to/file.py:function` (or a factory of one, given
+    kwargs); `style` forces a convention (conventions.py), `auto` reads it from the signature."""
     from relayrl.rewards.verifiers import BUILTINS
 
     if spec in BUILTINS:
@@ -44,7 +70,22 @@ def load_reward(spec: str, kwargs: dict[str, Any] | None = None) -> RewardFn:
     else:
         raise RewardError(f"reward.fn={spec!r} is not a built-in ({', '.join(BUILTINS)}) "
                           "nor of the form module:function or path/file.py:function")
-    return functools.partial(fn, **kwargs) if kwargs else fn
+    resolved = conventions.resolve(fn, kwargs, style, spec)
+    _announce(spec, resolved.style)
+    return resolved.fn if resolved.style == "relayrl" else ConventionReward(resolved)
+
+
+_ANNOUNCED: set[tuple[str, str]] = set()
+
+
+def _announce(spec: str, style: str) -> None:
+    """One line per user function and process, not from reward workers (the driver has said it already)."""
+    import multiprocessing
+
+    if ":" not in spec or (spec, style) in _ANNOUNCED or multiprocessing.parent_process() is not None:
+        return
+    _ANNOUNCED.add((spec, style))
+    print(f"relayrl: reward {spec!r} is called by {conventions.DESCRIBED[style]}", file=sys.stderr, flush=True)
 
 
 def _import_module(name: str, spec: str):
@@ -88,8 +129,9 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
         raise RewardError(f"reward function must return a list of {len(rollouts)} values, got {got} "
                           "(reward functions are batched: fn(prompts, completions, **columns) -> one value each)")
     scores, errors = [], 0
+    to_score = fn.to_score if isinstance(fn, ConventionReward) else _to_score
     for rollout, value in zip(rollouts, raw):
-        score = _to_score(value)
+        score = to_score(value)
         if score is None:
             if on_error == "error":
                 raise RewardError(f"reward for sample {rollout.sample_id} is {value!r}, not a finite number "
@@ -101,6 +143,8 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
 
 
 def _call(fn: RewardFn, rollouts: list[Rollout]) -> Any:
+    if isinstance(fn, ConventionReward):
+        return fn.call(rollouts)
     names = {name for r in rollouts for name in r.prompt.columns}
     columns = {name: [r.prompt.columns.get(name) for r in rollouts] for name in names}
     return fn([r.prompt.text for r in rollouts], [r.response_text for r in rollouts], **columns)

@@ -47,7 +47,7 @@ class Outcome:
     message: str = ""
 
 
-def _worker_main(connection: Connection, components: list[tuple[str, dict]], on_error: str) -> None:
+def _worker_main(connection: Connection, components: list[tuple[str, dict, str]], on_error: str) -> None:
     import signal
 
     from relayrl.rewards.base import load_reward, score_rollouts
@@ -55,7 +55,7 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict]], on_
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the terminal's whole process group: the driver
     # finishes its step and then closes the workers (relayrl/preemption.py)
     try:
-        fns = [load_reward(spec, kwargs) for spec, kwargs in components]
+        fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
     except Exception as err:
         connection.send(("load_error", f"{type(err).__name__}: {err}" if not isinstance(err, RewardError) else str(err)))
         return

@@ -25,7 +25,7 @@ class RewardActor:
     def __init__(self, components: list[tuple[str, dict]], on_error: str):
         from relayrl.rewards.base import load_reward
 
-        self.fns = [load_reward(spec, kwargs) for spec, kwargs in components]
+        self.fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
         self.on_error = on_error
 
     def ready(self) -> bool:

@@ -57,7 +57,7 @@ def build_reward_service(config: RewardConfig, on_ray: bool = False) -> RewardSe
 class InProcessRewards:
     def __init__(self, config: RewardConfig):
         self.components = config.resolved_components()
-        self.fns = [load_reward(c.fn, c.kwargs) for c in self.components]
+        self.fns = [load_reward(c.fn, c.kwargs, c.style) for c in self.components]
         self.on_error = config.on_error
         self.max_error_frac = config.max_error_frac
         self.warned = False
@@ -114,7 +114,7 @@ class WorkerRewards(InProcessRewards):
         self.max_error_frac = config.max_error_frac
         self.warned = False
         self.batch_size = config.batch_size
-        pool = pool_class(config.workers, [(c.fn, c.kwargs) for c in self.components], config.on_error,
+        pool = pool_class(config.workers, [(c.fn, c.kwargs, c.style) for c in self.components], config.on_error,
                           config.timeout_s)
         self.dispatcher = Dispatcher(pool)  # safe for concurrent `score` calls
 
