@@ -14,13 +14,11 @@ from pathlib import Path
 
 
 def _train(args) -> None:
-    from relayrl.config import dump_config, load_config
-    from relayrl.controller import train
+    from relayrl.api import train
 
-    config = load_config(args.config, args.overrides)
-    print(dump_config(config))
-    result = train(config, resume=args.resume, overwrite=args.overwrite)
-    print(json.dumps(result))
+    result = train(args.config, overrides=args.overrides, resume=args.resume, overwrite=args.overwrite)
+    print(json.dumps({when: {f"eval/{key}": value for key, value in scores.items()}
+                      for when, scores in (("before", result.before), ("after", result.after))}))
 
 
 def _eval(args) -> None:
@@ -150,6 +148,30 @@ def _add_eval(commands) -> None:
     ev.set_defaults(fn=_eval)
 
 
+def _reward(args) -> None:
+    from relayrl.reward_cmd import run
+
+    run(args)
+
+
+def _add_reward(commands) -> None:
+    rw = commands.add_parser("reward", help="a reward dry-run: score the `completion` of each row of a jsonl/parquet "
+                             "file through the reward service; one JSON line per row, then reward_mean, n, skipped, "
+                             "errors, timeouts")
+    rw.add_argument("file", metavar="FILE", help="rows with `completion` plus `prompt` or `messages` and any columns")
+    rw.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    rw.add_argument("--kwargs", default="{}", metavar="JSON", help="keyword arguments bound to the reward, as "
+                    "reward.kwargs")
+    rw.add_argument("--style", choices=["auto", "relayrl", "trl", "verl"], default="auto", help="the reward's "
+                    "calling convention, as reward.style (auto: read from its signature)")
+    rw.add_argument("--on-error", choices=["error", "zero", "skip"], default="zero", help="a row the reward fails "
+                    "on: stop naming it, score it 0 (default), or leave it out (reward null); all are counted")
+    rw.add_argument("--workers", type=int, default=0, help="score in N worker processes, each sample with a "
+                    "deadline (0 = in this process, no deadline)")
+    rw.add_argument("--timeout-s", type=float, help="with --workers: seconds per sample (default 60)")
+    rw.set_defaults(fn=_reward)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relayrl", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(fn=_train)
 
     _add_eval(commands)
+    _add_reward(commands)
 
     sft = commands.add_parser("sft", help="supervised warm start on prompt/completion pairs")
     sft.add_argument("--data", required=True)
