@@ -1,0 +1,87 @@
+"""`relayrl reward FILE --reward SPEC`: a reward dry-run, scoring written completions without a model.
+
+Each row of a jsonl/parquet file holds a `completion` (string) beside `prompt` or `messages` and any other
+columns; the rows are scored through the same reward service as training (`reward.workers`, `timeout_s`,
+`on_error`, conventions.py's TRL/verl styles), and one JSON object per row is printed (`row` = file:line,
+`reward`, `components`; `reward` is null for a sample dropped under `--on-error skip`), then a summary line
+(`reward_mean` over the scored rows, `n`, `skipped`, `errors`, `timeouts`).
+
+No tokenizer is loaded: a `messages` row's prompt text (what relayrl-style functions get) is its contents
+joined, and `completion_ids` (TRL's) come from a `completion_ids` column when the file has one, else are empty.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+from relayrl.errors import ConfigError, DataError
+from relayrl.types import Prompt, Rollout
+
+NOT_COLUMNS = ("prompt", "messages", "completion", "completion_ids")  # what the row is, not what travels with it
+
+
+def read_completions(path: str) -> list[Rollout]:
+    """One rollout per row; a row without a string `completion` (or with bad `completion_ids`) names file:row."""
+    from relayrl.data.source import is_plain_prompt, read_rows, render
+
+    rollouts = []
+    for where, row in read_rows(path):  # checks prompt/messages, naming file:row
+        completion = row.get("completion")
+        if not isinstance(completion, str):
+            raise DataError(f"{where}: 'completion' must be a string (the response to score), got "
+                            f"{completion!r}" + ("" if "completion" in row else f"; found columns {sorted(row)}"))
+        ids = row.get("completion_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+            raise DataError(f"{where}: 'completion_ids' must be a list of token ids, got {ids!r}")
+        prompt = Prompt(id=where, text=render(row, None, chat_template=False, where=where), token_ids=[],
+                        columns={k: v for k, v in row.items() if k not in NOT_COLUMNS},
+                        messages=None if is_plain_prompt(row) else row["messages"])
+        rollouts.append(Rollout(prompt=prompt, group_index=0, response_ids=list(ids or []),
+                                response_text=completion, behaviour_logprobs=[], finish_reason="stop", versions=[]))
+    return rollouts
+
+
+def score_file(path: str, reward: str, kwargs: dict[str, Any] | None = None, on_error: str = "zero",
+               workers: int = 0, timeout_s: float | None = None, style: str = "auto") -> Iterator[dict[str, Any]]:
+    """The per-row results, then the summary (the last item)."""
+    from relayrl.config import RewardConfig
+    from relayrl.rewards.base import load_reward
+    from relayrl.rewards.service import build_reward_service
+
+    if workers < 0 or (timeout_s is not None and (timeout_s <= 0 or not workers)):
+        raise ConfigError(f"relayrl reward: need --workers >= 0, and --timeout-s > 0 only with --workers "
+                          f"(got {workers}, {timeout_s})")
+    rollouts = read_completions(path)
+    load_reward(reward, kwargs, style)  # here first: a bad spec fails before any worker starts, and is announced
+    deadline = {} if timeout_s is None else {"timeout_s": timeout_s}
+    config = RewardConfig(fn=reward, kwargs=kwargs or {}, on_error=on_error, workers=workers, style=style, **deadline)
+    with build_reward_service(config) as service:
+        scores, metrics = service.score(rollouts)
+    for rollout, score in zip(rollouts, scores):
+        yield {"row": rollout.prompt.id, "reward": None if score is None else score.reward,
+               "components": {} if score is None else score.components}
+    scored = [s.reward for s in scores if s is not None]
+    yield {"reward_mean": sum(scored) / max(1, len(scored)), "n": len(rollouts),
+           **{key: int(metrics[f"reward/{key}"]) for key in ("skipped", "errors", "timeouts")}}
+
+
+def parse_kwargs(text: str) -> dict[str, Any]:
+    """`--kwargs JSON`: the keyword arguments bound to the reward function (reward.kwargs)."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"relayrl reward: --kwargs {text!r} is not valid JSON ({err}); write a JSON object, "
+                          """e.g. --kwargs '{"pattern": ".*done"}'""") from None
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"relayrl reward: --kwargs {text!r} is not a JSON object of keyword arguments, e.g. "
+                          """'{"pattern": ".*done"}'""")
+    return kwargs
+
+
+def run(args) -> None:
+    """The `relayrl reward` handler: one JSON line per row, then the summary."""
+    kwargs = parse_kwargs(args.kwargs)
+    for line in score_file(args.file, args.reward, kwargs, on_error=args.on_error, workers=args.workers,
+                           timeout_s=args.timeout_s, style=args.style):
+        print(json.dumps(line), flush=True)
