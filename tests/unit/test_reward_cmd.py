@@ -112,3 +112,24 @@ def test_bad_kwargs_and_timeout_without_workers_are_one_line(files, capsys):
     assert status == 2 and "--kwargs '{nope' is not valid JSON" in err
     status, _, err = run(capsys, data, "--reward", f"{rewards}:score", "--timeout-s", "1")
     assert status == 2 and "--timeout-s > 0 only with --workers" in err
+
+
+def test_verl_parquet_layout_scores_with_compute_score_unchanged(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "verl_reward.py").write_text(textwrap.dedent("""
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+            correct = solution_str.split("####")[-1].strip() == ground_truth
+            return {"score": float(correct), "acc": correct, "split": extra_info["split"]}
+    """))
+    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "2+2?"}],
+             "reward_model": {"style": "rule", "ground_truth": "4"}, "extra_info": {"split": "test", "index": i},
+             "completion": text} for i, text in enumerate(["so #### 4", "#### 5"])]
+    rows = [{**{k: v for k, v in row.items() if k != "prompt"}, "messages": row["prompt"]} for row in rows]
+    path = tmp_path / "gsm8k.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    status, lines, err = run(capsys, str(path), "--reward", f"{tmp_path / 'verl_reward.py'}:compute_score")
+    assert status == 0 and "verl's convention" in err
+    assert lines[0] == {"row": f"{path}:row 0", "reward": 1.0, "components": {"acc": 1.0}}  # 'split' is no number
+    assert lines[1]["reward"] == 0.0 and lines[2]["reward_mean"] == 0.5
