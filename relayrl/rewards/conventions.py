@@ -12,7 +12,9 @@ Three conventions, read from the function's signature (`reward.style: auto`) or 
   leaves the prompt and prefixes the completion, as in TRL); for a `prompt` row both are strings. Auto picks it
   for a function naming `completions` or `completion_ids` otherwise. A `None` for a sample means "does not
   apply" (TRL's skip): the function contributes 0 to that sample's reward and it is not an error — the same sum
-  TRL's nansum gives. Parameters the function does not take (and no `**kwargs`) are not passed.
+  TRL's nansum gives (its reward/<name> mean counts that 0). Parameters the function does not take (and no
+  `**kwargs`) are not passed; TRL's trainer-only `trainer_state`, `log_extra`, `log_metric` never are. An
+  `async def` function is awaited, as TRL does.
 - verl: `compute_score(data_source, solution_str, ground_truth, extra_info)`, one sample per call, by keyword
   (auto: a `solution_str` parameter). `data_source` is the row's `data_source` column (None if absent),
   `ground_truth` its `ground_truth` column or else `reward_model["ground_truth"]` (verl's parquet), `extra_info`
@@ -25,6 +27,7 @@ signature that takes the kwargs but no prompts/completions: it is called with th
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from dataclasses import dataclass
@@ -50,7 +53,7 @@ EXPECTED = ("relayrl's fn(prompts, completions, **columns) (batched, positional)
 
 @dataclass
 class Resolved:
-    """A loaded reward function, the convention it is called by, and the keyword arguments bound to it."""
+    """A loaded reward function (kwargs bound, a factory already called) and the convention it is called by."""
 
     fn: Callable
     style: str
@@ -150,7 +153,8 @@ def call_trl(fn: Callable, rollouts: list[Rollout]) -> Any:
     pairs = [_trl_pair(r) for r in rollouts]
     arguments = {**_columns(rollouts), "prompts": [p for p, _ in pairs], "completions": [c for _, c in pairs],
                  "completion_ids": [list(r.response_ids) for r in rollouts]}
-    return fn(**_accepted(fn, arguments))
+    result = fn(**_accepted(fn, arguments))
+    return asyncio.run(result) if inspect.isawaitable(result) else result
 
 
 def _ground_truth(rollout: Rollout) -> Any:

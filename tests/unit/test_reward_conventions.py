@@ -172,3 +172,13 @@ def test_style_reaches_worker_processes(tmp_path, monkeypatch):
     with build_reward_service(config) as service:
         scores, _ = service.score(chat_batch()[:2])
     assert rewards(scores) == [1.0, 1.0]
+
+
+def test_trl_async_function_is_awaited(tmp_path, monkeypatch):
+    (tmp_path / "trl_async.py").write_text(textwrap.dedent("""
+        async def lengths(completions, **kwargs):
+            return [float(len(c[0]["content"])) for c in completions]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scores, _ = score_rollouts(load_reward("trl_async:lengths"), chat_batch()[:2])
+    assert rewards(scores) == [float(len(COMPLETIONS[0])), float(len(COMPLETIONS[1]))]
