@@ -134,7 +134,9 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
         score = to_score(value)
         if score is None:
             if on_error == "error":
-                raise RewardError(f"reward for sample {rollout.sample_id} is {value!r}, not a finite number "
+                what = "a finite number" if not isinstance(fn, ConventionReward) or fn.style != "verl" else \
+                    "a finite number or a dict with a finite 'score' (verl's compute_score)"
+                raise RewardError(f"reward for sample {rollout.sample_id} is {value!r}, not {what} "
                                   "(set reward.on_error=zero or skip to score such samples 0 or drop them)")
             errors += 1
             score = Score(0.0) if on_error == "zero" else None

@@ -182,3 +182,10 @@ def test_trl_async_function_is_awaited(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     scores, _ = score_rollouts(load_reward("trl_async:lengths"), chat_batch()[:2])
     assert rewards(scores) == [float(len(COMPLETIONS[0])), float(len(COMPLETIONS[1]))]
+
+
+def test_verl_dict_without_score_names_the_sample_and_the_key(tmp_path):
+    (tmp_path / "no_score.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
+                                          "    return {'acc': 1.0}\n")
+    with pytest.raises(RewardError, match=r"sample p0#0 is \{'acc': 1.0\}, not .*a finite 'score'"):
+        score_rollouts(load_reward(f"{tmp_path / 'no_score.py'}:compute_score"), [rollout("4", 0, ground_truth="4")])
