@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from relayrl.config import Config, load_config
 from relayrl.config_aliases import FOREIGN_NAMES, foreign_name
-from relayrl.rewards.base import score_rollouts
+from relayrl.rewards.base import load_reward, score_rollouts
 from relayrl.types import Prompt, Rollout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,29 +160,30 @@ def _adapter(marker: str, foreign_module: str, **foreign) -> typing.Callable:
     return namespace[marker]
 
 
-def test_the_trl_adapter_scores_and_the_bare_trl_function_does_not():
-    def accuracy_reward(completions, solution, **kwargs):  # TRL's convention: keyword arguments
-        return [float(c.strip() == s) for c, s in zip(completions, solution)]
+def _load(tmp_path, source: str, name: str):
+    """A user's reward file, loaded as `reward.fn: file.py:name` is (the convention read from its signature)."""
+    path = tmp_path / "user_reward.py"
+    path.write_text(source)
+    return load_reward(f"{path}:{name}")
 
+
+def test_a_trl_function_scores_unchanged_as_the_page_says(tmp_path):
+    fn = _load(tmp_path, "def accuracy_reward(completions, solution, **kwargs):\n"
+                         "    return [float(c.strip() == s) for c, s in zip(completions, solution)]\n",
+               "accuracy_reward")
     rollouts = _rollouts([{"solution": "4"}, {"solution": "5"}], ["4", "6"])
-    adapter = _adapter("accuracy", "my_rewards", accuracy_reward=accuracy_reward)
-    scores, errors = score_rollouts(adapter, rollouts)
+    scores, errors = score_rollouts(fn, rollouts)
     assert [s.reward for s in scores] == [1.0, 0.0] and errors == 0
-    with pytest.raises(Exception, match="TypeError"):  # called positionally: prompts land in `completions`
-        score_rollouts(accuracy_reward, rollouts)
 
 
-def test_the_verl_adapter_keeps_score_where_the_bare_dict_would_be_summed():
-    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-        return {"score": float(solution_str == ground_truth), "acc": solution_str == ground_truth}
-
+def test_a_verl_compute_score_keeps_score_instead_of_summing_the_dict(tmp_path):
+    fn = _load(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                         "    return {'score': float(solution_str == ground_truth), 'acc': solution_str == ground_truth}\n",
+               "compute_score")
     rows = [{"data_source": "gsm8k", "reward_model": {"ground_truth": "4"}, "extra_info": {"index": i}}
             for i in range(2)]
-    rollouts = _rollouts(rows, ["4", "5"])
-    scores, _ = score_rollouts(_adapter("score", "verl_reward", compute_score=compute_score), rollouts)
-    assert [s.reward for s in scores] == [1.0, 0.0]
-    summed, _ = score_rollouts(lambda p, c, **cols: [compute_score("x", t, "4") for t in c], rollouts)
-    assert summed[0].reward == 2.0  # what the page warns about: relayrl sums a dict's entries
+    scores, _ = score_rollouts(fn, _rollouts(rows, ["4", "5"]))
+    assert [s.reward for s in scores] == [1.0, 0.0]  # a summed dict would have scored the first 2.0
 
 
 def test_the_openrlhf_adapter_takes_the_rewards_tensor():
