@@ -28,7 +28,7 @@ import warnings
 from typing import Protocol
 
 from relayrl.config import RewardComponentConfig, RewardConfig
-from relayrl.errors import RewardError
+from relayrl.errors import RelayWarning, RewardError
 from relayrl.rewards.base import load_reward, score_rollouts
 from relayrl.rewards.dispatch import Dispatcher
 from relayrl.rewards.pool import DIED, TIMEOUT, Task, WorkerPool
@@ -94,7 +94,7 @@ class InProcessRewards:
             self.warned = True
             handled = "scored 0" if self.on_error == "zero" else "dropped"
             warnings.warn(f"{what}; they are {handled} (reward.on_error={self.on_error}). Warned once; the run "
-                          f"stops at reward.max_error_frac={self.max_error_frac:g} of a batch", RuntimeWarning,
+                          f"stops at reward.max_error_frac={self.max_error_frac:g} of a batch", RelayWarning,
                           stacklevel=3)
 
     def close(self) -> None:

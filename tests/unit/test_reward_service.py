@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from relayrl.config import RewardConfig, load_config
-from relayrl.errors import ConfigError, RewardError
+from relayrl.errors import ConfigError, RelayWarning, RewardError
 from relayrl.rewards.service import InProcessRewards, WorkerRewards, build_reward_service
 from relayrl.types import Prompt, Rollout, Score
 
@@ -109,7 +109,7 @@ def test_a_reward_failing_on_every_sample_stops_instead_of_training_on_zeros():
 
 def test_failing_on_most_samples_warns_once():
     service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker", on_error="skip"))
-    with pytest.warns(RuntimeWarning, match=r"failed on 2 of 3 samples.*dropped \(reward.on_error=skip\)"):
+    with pytest.warns(RelayWarning, match=r"failed on 2 of 3 samples.*dropped \(reward.on_error=skip\)"):
         service.score(batch("RAISE", "ok", "NAN"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
