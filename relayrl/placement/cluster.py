@@ -55,27 +55,28 @@ def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dic
 
 
 def start_ray(placement: PlacementConfig) -> None:
+    """Join `placement.address`, or start this run's own head in a session of its own (see `head.py`: a
+    signal to the driver's process group must not reach Ray) and join it; the head ends when the driver does."""
+    import atexit
+
     import ray
 
+    from relayrl.placement import head
+
+    global _head
     if ray.is_initialized():
         return
     if placement.address:
         ray.init(address=placement.address, include_dashboard=False, log_to_driver=True)
-    else:
-        ray.init(num_cpus=placement.num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=True,
-                 runtime_env={"env_vars": WORKER_ENV})
-        watch_session()
+        return
+    if _head is not None:  # a previous cluster of this process, disconnected since
+        _head.stop()
+    _head = head.start_head(int(placement.num_cpus or os.cpu_count() or 1))
+    atexit.register(_head.stop)  # registered before ray.init's own hook, so it runs after Ray's shutdown
+    ray.init(address=_head.address, log_to_driver=True, runtime_env={"env_vars": WORKER_ENV})
 
 
-def watch_session() -> None:
-    """The cluster this driver just started ends with it, even under SIGKILL (see `reaper.py`)."""
-    import psutil
-
-    from relayrl.placement.reaper import watch
-
-    for child in psutil.Process().children():
-        if child.name() == "raylet":
-            watch(child.pid)
+_head = None  # the head this driver started, if any
 
 
 def reserve(config: Config):
