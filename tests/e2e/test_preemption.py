@@ -86,9 +86,9 @@ def test_sigterm_saves_the_step_and_resumes_to_the_same_metrics(tmp_path, warm_m
     assert updates == list(range(5))  # the first run's rows kept up to its checkpoint, none twice
 
 
-def test_ctrl_c_under_ray_stops_with_one_line_and_no_traceback(tmp_path, warm_model_dir, toy_task):
+def test_ctrl_c_under_ray_stops_with_one_line_and_no_traceback(tmp_path, random_model_dir, toy_task):
     run_dir = tmp_path / "run"
-    config = write_config(tmp_path / "c.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    config = write_config(tmp_path / "c.yaml", random_model_dir, toy_task, run_dir, "vllm")  # no learning needed
     process = start(config, "placement.mode=ray", "reward.workers=1")
     _, err, seconds = signal_after_rows(process, run_dir, 1, signal.SIGINT, to_group=True)  # Ctrl-C
     assert process.returncode == 128 + signal.SIGINT, err[-3000:]
