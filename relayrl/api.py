@@ -181,8 +181,9 @@ def _data_path(rows: Any, split: str, run_dir: Path, replacing: bool) -> str:
         from relayrl.run_dir import run_markers
 
         if found := run_markers(run_dir):  # as claim() says, before this run writes into someone's run
-            raise ConfigError(f"log.dir={run_dir} already holds a run ({', '.join(found)}): pass resume={str(run_dir)!r} "
-                              "to continue it, or overwrite=True to replace it (or choose another log.dir)")
+            raise ConfigError(f"log.dir={run_dir} already holds a run ({', '.join(found)}): pass "
+                              f"resume={str(run_dir)!r} to continue it, or overwrite=True to replace it (or choose "
+                              "another log.dir)")
     lines = [_jsonl_line(row, f"{split}_data[{index}]") for index, row in enumerate(_rows(rows, split))]
     if not lines:
         raise DataError(f"{split}_data is empty: give at least one row such as {{'prompt': '1+1=', 'answer': '2'}}")

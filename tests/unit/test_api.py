@@ -127,12 +127,15 @@ def test_rows_are_not_written_into_a_directory_holding_a_run(tmp_path, random_mo
     assert len((tmp_path / "run" / "data" / "train.jsonl").read_text().splitlines()) == 2
 
 
-def test_the_cli_train_command_calls_the_api(tmp_path, random_model_dir, fake_loop, capsys):
+def test_the_cli_train_command_calls_the_api(tmp_path, random_model_dir, fake_loop, capsys, monkeypatch):
+    from relayrl import api
     from relayrl.cli import main
 
+    calls = []
+    monkeypatch.setattr(api, "train", lambda *a, **k: calls.append(a) or relayrl.train(*a, **k))
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump({**base(tmp_path, random_model_dir), "data": {"train": "rows.jsonl"}}))
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     assert main(["train", str(path), "train.lr=2e-5"]) == 0
-    assert fake_loop[0].train.lr == 2e-5
+    assert calls == [(str(path),)] and fake_loop[0].train.lr == 2e-5
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["after"] == {"eval/greedy": 0.5}
