@@ -15,7 +15,7 @@ export VLLM_CPU_OMP_THREADS_BIND ?= 0-1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -29,8 +29,11 @@ $(STAMP): $(LOCK) pyproject.toml
 demo: setup
 	$(BIN)/relayrl demo
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q -rs tests
+
+lint: setup  # ruff's lint rules from pyproject.toml; `$(BIN)/ruff check --fix` mends the sortable ones
+	$(BIN)/ruff check relayrl tests benchmarks
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit

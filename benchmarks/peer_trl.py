@@ -45,10 +45,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # peer_sides sets the vLLM/tokenizers environment defaults on import, before anything imports vLLM
-from peer_sides import (check_length, check_samples, held_out_score, run_logged, run_relayrl,  # noqa: E402,F401
-                        run_trl, summarize, trl_differences)
-from peer_regimes import (REGIMES, build_config, engine_of, prepare_inputs, regime_of,  # noqa: E402,F401
-                          settings_of, work_dir)
+from peer_regimes import REGIMES, build_config, engine_of, prepare_inputs, regime_of, settings_of, work_dir  # noqa: E402,F401
+from peer_sides import (  # noqa: E402,F401
+    check_length,
+    check_samples,
+    held_out_score,
+    run_logged,
+    run_relayrl,
+    run_trl,
+    summarize,
+    trl_differences,
+)
 
 FRAMEWORKS = ("relayrl", "TRL")
 

@@ -22,27 +22,27 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 from pydantic_core import to_jsonable_python
 
+from relayrl.config_aliases import foreign_name
+from relayrl.config_paths import Bases, origins, resolve_tree, warn
 from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported from here
-    Section,
-    ModelConfig,
-    DataConfig,
-    RewardComponentConfig,
-    RewardConfig,
-    RolloutConfig,
-    KLConfig,
+    AlgorithmConfig,
+    CheckpointConfig,
     CorrectionConfig,
     CriticConfig,
     DAPOConfig,
-    AlgorithmConfig,
-    TrainConfig,
+    DataConfig,
     EvalConfig,
+    KLConfig,
     LogConfig,
-    CheckpointConfig,
+    ModelConfig,
     PlacementConfig,
+    RewardComponentConfig,
+    RewardConfig,
+    RolloutConfig,
+    Section,
     SyncConfig,
+    TrainConfig,
 )
-from relayrl.config_aliases import foreign_name
-from relayrl.config_paths import Bases, origins, resolve_tree, warn
 from relayrl.errors import ConfigError
 
 

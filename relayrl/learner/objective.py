@@ -14,7 +14,10 @@ import torch
 from relayrl.algorithms.correction import sequence_ratio_mask, sequence_tis, token_ratio_mask, token_tis
 from relayrl.algorithms.kl import AdaptiveKLController, FixedKLController, kl_in_reward
 from relayrl.algorithms.losses import (
-    POLICY_LOSSES, entropy_bonus, kl_penalty, mini_batch_normaliser,
+    POLICY_LOSSES,
+    entropy_bonus,
+    kl_penalty,
+    mini_batch_normaliser,
 )
 from relayrl.config import AlgorithmConfig
 from relayrl.types import Experience

@@ -17,8 +17,8 @@ from typing import Iterator
 import torch
 
 from relayrl.config import Config
-from relayrl.learner.objective import Objective
 from relayrl.learner.layout import ForwardLayout, Sampled
+from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models.loading import load_causal_lm
 from relayrl.types import Experience

@@ -10,8 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.config import Config
-from relayrl.planner.estimate import (Memory, Placement, Precision, Workload, estimate_memory, place, precision_for,
-                                      workload_from_config)
+from relayrl.planner.estimate import (
+    Memory,
+    Placement,
+    Precision,
+    Workload,
+    estimate_memory,
+    place,
+    precision_for,
+    workload_from_config,
+)
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
 from relayrl.planner.shape import ModelShape, count_params, load_shape
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates

@@ -148,7 +148,7 @@ def _rate_rows(plan: Plan) -> Rows:
 
 
 def _time_rows(plan: Plan) -> Rows:
-    s, w, hw, m, t = plan.shape, plan.workload, plan.hardware, plan.memory, plan.time
+    s, w, hw, t = plan.shape, plan.workload, plan.hardware, plan.time
     b = plan.precision.infer_bytes
     fwd = f"(2 x {s.matmul_params:,} + 4 x {s.layers} x {s.q_width} x ctx)"  # FLOPs per token of a forward
     dev = f" x {t.train_devices} dev" if t.train_devices > 1 else ""

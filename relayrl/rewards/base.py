@@ -19,7 +19,7 @@ import math
 import numbers
 import sys
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 

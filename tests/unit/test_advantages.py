@@ -6,9 +6,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from relayrl.algorithms.advantages import (ADVANTAGES, AdvantageInputs, degenerate_group_fraction, dr_grpo, gae,
-                                           grpo, make_inputs, reinforce_pp, reinforce_pp_baseline, rloo,
-                                           sequence_rewards)
+from relayrl.algorithms.advantages import (
+    ADVANTAGES,
+    AdvantageInputs,
+    degenerate_group_fraction,
+    dr_grpo,
+    gae,
+    grpo,
+    make_inputs,
+    reinforce_pp,
+    reinforce_pp_baseline,
+    rloo,
+    sequence_rewards,
+)
 
 # Five responses to two prompts, a prompt column first and right padding after (lengths 3, 2, 1, 2, 2).
 # Group 7 (rows 0, 2, 4) has rewards 3, 0, 0: mean 1, unbiased variance (2^2 + 1 + 1) / 2 = 3.

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from relayrl.algorithms.dapo import (GroupCollector, informative, overlong_mask, soft_overlong_penalty,
-                                     split_groups)
+from relayrl.algorithms.dapo import GroupCollector, informative, overlong_mask, soft_overlong_penalty, split_groups
 from relayrl.types import Prompt, Rollout, Score
 
 

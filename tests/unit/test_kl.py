@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from relayrl.algorithms.kl import (
-    KL_ESTIMATORS, AdaptiveKLController, FixedKLController, abs_kl, k1, k2, k3, kl_in_reward,
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    abs_kl,
+    k1,
+    k2,
+    k3,
+    kl_in_reward,
 )
 
 LN2 = math.log(2)

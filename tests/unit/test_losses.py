@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from relayrl.algorithms.losses import (
-    AGGREGATIONS, POLICY_LOSSES, aggregate, entropy_bonus, entropy_from_logits, gspo_loss, kl_penalty,
-    mini_batch_normaliser, ppo_clip_loss,
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    aggregate,
+    entropy_bonus,
+    entropy_from_logits,
+    gspo_loss,
+    kl_penalty,
+    mini_batch_normaliser,
+    ppo_clip_loss,
 )
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])

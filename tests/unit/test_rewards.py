@@ -249,7 +249,9 @@ def test_non_number_scores_zero_and_is_counted_with_on_error_zero(bad):
 
 @pytest.mark.parametrize("values", [[1.0], [1.0, 1.0, 1.0], 1.0, None, "11"])
 def test_wrong_length_or_type_of_result(values):
-    fn = (lambda p, c, **k: values)
+    def fn(prompts, completions, **columns):
+        return values
+
     message = reward_error(score_rollouts, fn, [rollout("a"), rollout("b", index=1)], "zero")
     assert "must return a list of 2 values" in message and "batched" in message
 
