@@ -9,6 +9,7 @@ reward) keeps its type and gains the role's name.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from relayrl.errors import PlacementError, RelayError
@@ -45,12 +46,24 @@ def get(refs, role: str, actor_id: str, timeout_s: float, what: str = "call") ->
 
 def root_cause(err: Exception) -> str:
     """The informative part of Ray's actor-death message (exit type and detail), on one line."""
-    text = str(err)
+    text = " ".join(str(err).split())
     for marker in ("The actor died because", "The actor is dead because", "Worker exit type", "exit_detail"):
         at = text.find(marker)
         if at >= 0:
-            return " ".join(text[at:].split())[:400]
-    return " ".join(text.split())[:400]
+            text = text[at:]
+            break
+    return whole_sentences(text, 400)
+
+
+def whole_sentences(text: str, limit: int) -> str:
+    """As many whole sentences as fit in `limit` characters, and at least the first: never cut mid-sentence."""
+    sentences = re.split(r"(?<=[.!?])\s+", text)
+    kept = sentences[0]
+    for sentence in sentences[1:]:
+        if len(kept) + 1 + len(sentence) > limit:
+            break
+        kept += " " + sentence
+    return kept
 
 
 class RemoteRole:
