@@ -18,18 +18,18 @@ def evaluate(engine, prompts: list[Prompt], score: Callable[[list[Rollout]], lis
     return sum(s.reward for s in scores if s is not None) / len(scores)
 
 
-def parse_reward_kwargs(text: str) -> dict[str, Any]:
-    """`relayrl eval --reward-kwargs JSON`: the keyword arguments bound to the reward function."""
+def parse_reward_kwargs(text: str, flag: str = "relayrl eval: --reward-kwargs") -> dict[str, Any]:
+    """A command's JSON flag of keyword arguments bound to the reward function (reward.kwargs); `flag` names the
+    command and the flag in the message (`relayrl eval: --reward-kwargs`, `relayrl reward: --kwargs`)."""
     from relayrl.errors import ConfigError
 
+    example = f"""e.g. {flag.split(': ')[-1]} '{{"pattern": ".*done"}}'"""
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ConfigError(f"relayrl eval: --reward-kwargs {text!r} is not valid JSON ({err}); write a JSON object, "
-                          """e.g. --reward-kwargs '{"pattern": ".*done"}'""") from None
+        raise ConfigError(f"{flag} {text!r} is not valid JSON ({err}); write a JSON object, {example}") from None
     if not isinstance(kwargs, dict):
-        raise ConfigError(f"relayrl eval: --reward-kwargs {text!r} is not a JSON object of keyword arguments, e.g. "
-                          """'{"pattern": ".*done"}'""")
+        raise ConfigError(f"{flag} {text!r} is not a JSON object of keyword arguments, {example}")
     return kwargs
 
 

@@ -16,6 +16,7 @@ import json
 from typing import Any, Iterator
 
 from relayrl.errors import ConfigError, DataError
+from relayrl.evaluate import parse_reward_kwargs
 from relayrl.types import Prompt, Rollout
 
 NOT_COLUMNS = ("prompt", "messages", "completion", "completion_ids")  # what the row is, not what travels with it
@@ -66,22 +67,9 @@ def score_file(path: str, reward: str, kwargs: dict[str, Any] | None = None, on_
            **{key: int(metrics[f"reward/{key}"]) for key in ("skipped", "errors", "timeouts")}}
 
 
-def parse_kwargs(text: str) -> dict[str, Any]:
-    """`--kwargs JSON`: the keyword arguments bound to the reward function (reward.kwargs)."""
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"relayrl reward: --kwargs {text!r} is not valid JSON ({err}); write a JSON object, "
-                          """e.g. --kwargs '{"pattern": ".*done"}'""") from None
-    if not isinstance(kwargs, dict):
-        raise ConfigError(f"relayrl reward: --kwargs {text!r} is not a JSON object of keyword arguments, e.g. "
-                          """'{"pattern": ".*done"}'""")
-    return kwargs
-
-
 def run(args) -> None:
     """The `relayrl reward` handler: one JSON line per row, then the summary."""
-    kwargs = parse_kwargs(args.kwargs)
+    kwargs = parse_reward_kwargs(args.kwargs, flag="relayrl reward: --kwargs")
     for line in score_file(args.file, args.reward, kwargs, on_error=args.on_error, workers=args.workers,
                            timeout_s=args.timeout_s, style=args.style):
         print(json.dumps(line), flush=True)
