@@ -229,7 +229,9 @@ def _library_dirs(binaries: list[str], prefix: str) -> tuple[tuple[str, ...], tu
     names them and resolved; directories inside `prefix`, relative to it, which the view shows under /python).
     The loader is always bound at its host path: the kernel execs it by the path written in the binary."""
     try:
-        listing = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=120).stdout
+        # the program's own scrubbed environment: an LD_LIBRARY_PATH of ours (torch's lib/, set once vLLM or torch
+        # is imported) would make ldd name libraries the program never loads, some under the /tmp the view hides
+        listing = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=120, env=ENV).stdout
     except (OSError, subprocess.TimeoutExpired) as err:
         raise RewardError(f"code sandbox: cannot list the interpreter's shared libraries with ldd: {err}") from None
 

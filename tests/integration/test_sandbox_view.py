@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import sys
 import sysconfig
 import textwrap
 import warnings
@@ -27,12 +29,24 @@ LIMITS = SandboxLimits(timeout_s=10, cpu_s=5, memory_mb=512, file_mb=4, disk_mb=
 EXPECTED = "relayrl-expected-output-5d1e0b"  # a test's expected output, as the training data holds it
 
 
+def namespaces_available() -> bool:
+    """Whether this machine lets a process make user/mount/pid namespaces at all (`unshare`), asked apart from
+    the sandbox: a view the sandbox fails to build where namespaces exist is a bug to see, not a skip."""
+    import subprocess
+
+    try:
+        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "true"],
+                              capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @pytest.fixture(scope="module")
 def isolation():
-    mode = resolve_isolation("auto")
-    if mode != "namespaces":
+    if not namespaces_available():
         pytest.skip("no namespaces here: the sandbox has no private filesystem view in rlimits mode")
-    return mode
+    assert resolve_isolation("auto") == "namespaces", "namespaces exist here, yet the sandbox fell back to rlimits"
+    return "namespaces"
 
 
 @pytest.fixture
@@ -179,6 +193,29 @@ def test_stdin_and_call_tests_pass_in_the_view(isolation):
     report = run_tests(program, [{"stdin": "2 3\n", "stdout": "5"}, {"call": "add(2, 3)", "expected": 5}], LIMITS,
                        isolation)
     assert report.pass_fraction == 1.0, report
+
+
+def test_our_library_path_stays_out_of_the_view(monkeypatch, tmp_path, isolation):
+    """Once torch or vLLM is imported, LD_LIBRARY_PATH names their lib/ (here: a directory under /tmp, which
+    the view's staging hides). The view follows the program's scrubbed environment, not ours."""
+    import shutil
+    import subprocess
+
+    base = os.path.realpath(sys.base_prefix)
+    stdlib = sysconfig.get_paths(vars={"base": base, "platbase": base, "installed_base": base})["platstdlib"]
+    zlib_ext = next(Path(stdlib, "lib-dynload").glob("zlib*.so"))
+    listing = subprocess.run(["ldd", str(zlib_ext)], capture_output=True, text=True).stdout
+    libz = next(line.split("=>")[1].split("(")[0].strip() for line in listing.splitlines() if "libz.so" in line)
+    ours = tmp_path / "lib"
+    ours.mkdir()
+    shutil.copy(libz, ours)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(ours))
+    sandbox.interpreter_view.cache_clear()
+    try:
+        assert run_ok("import zlib; print(zlib.crc32(b'a'))", isolation) == "3904355907\n"
+        assert not any(d.startswith(str(tmp_path)) for d in sandbox.interpreter_view().library_dirs)
+    finally:
+        sandbox.interpreter_view.cache_clear()
 
 
 def test_a_view_that_cannot_be_built_is_one_clear_error(monkeypatch, isolation):
