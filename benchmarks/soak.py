@@ -114,9 +114,13 @@ class Soak:
         print(f"step {step}: injected {fault}", flush=True)
 
     def sample_rss(self) -> None:
+        try:
+            driver = psutil.Process(self.process.pid)
+        except psutil.Error:  # between a run's exit and its resume
+            return
         actors = ray_actors("ray::")
-        self.rss.append({"t": time.time(), "driver_mb": rss_mb([psutil.Process(self.process.pid)]),
-                         "actors_mb": rss_mb(actors), "actors": len(actors)})
+        self.rss.append({"t": time.time(), "driver_mb": rss_mb([driver]), "actors_mb": rss_mb(actors),
+                         "actors": len(actors)})
 
     def run(self, every: int) -> int:
         self.start(resume=False)
