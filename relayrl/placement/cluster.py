@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from relayrl.config import Config, PlacementConfig
 from relayrl.errors import PlacementError
 
-# Every actor: offline, quiet tokenizers, every line of its log. (An engine's own environment, vLLM's
-# included, is set by the engine itself before it imports anything: relayrl/rollout/vllm_engine.py.)
-WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0"}
+# Every actor: offline, quiet tokenizers, every line of its log, no progress bars (Ray forwards an actor's output
+# late: a save's "Writing model shards" bar could land after the driver's last line, a preempted run's resume
+# command). An engine's own environment, vLLM's included, is set by the engine itself before it imports
+# anything: relayrl/rollout/vllm_engine.py.
+WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
+              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 
 @dataclass(frozen=True)
