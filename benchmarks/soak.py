@@ -87,6 +87,7 @@ class Soak:
         self.injected: list[tuple[int, str]] = []
         self.rss: list[dict] = []
         self.hangs = 0
+        self.resumes = 0
         self.process = None
 
     def start(self, resume: bool) -> None:
@@ -110,6 +111,7 @@ class Soak:
             if code != 128 + signal.SIGTERM:  # a preempted run exits 143 with a checkpoint
                 raise RuntimeError(f"the run exited {code} after SIGTERM; see {self.work / 'driver.log'}")
             self.start(resume=True)
+            self.resumes += 1
         self.injected.append((step, fault))
         print(f"step {step}: injected {fault}", flush=True)
 
@@ -118,9 +120,11 @@ class Soak:
             driver = psutil.Process(self.process.pid)
         except psutil.Error:  # between a run's exit and its resume
             return
-        actors = ray_actors("ray::")
-        self.rss.append({"t": time.time(), "driver_mb": rss_mb([driver]), "actors_mb": rss_mb(actors),
-                         "actors": len(actors)})
+        actors, driver_mb = ray_actors("ray::"), rss_mb([driver])
+        if not driver_mb:  # it exited while being read
+            return
+        self.rss.append({"t": time.time(), "driver_mb": driver_mb, "actors_mb": rss_mb(actors),
+                         "actors": len(actors), "segment": self.resumes})
 
     def run(self, every: int) -> int:
         self.start(resume=False)
@@ -141,9 +145,24 @@ class Soak:
         return self.process.returncode
 
 
+def segments(samples: list[dict]) -> list[list[dict]]:
+    """The samples of each run (before and after every SIGTERM-and-resume): a resume restarts every actor."""
+    out = [[]]
+    for sample in samples:
+        if sample.get("segment", 0) >= len(out):
+            out.append([])
+        out[-1].append(sample)
+    return out
+
+
 def slope_mb_per_min(samples: list[dict], key: str) -> float:
-    """Least-squares slope over the second half of the run (after start-up and warm-up)."""
-    half = samples[len(samples) // 2:]
+    """Least-squares slope over the second half of each run segment (after start-up and warm-up), the mean
+    of the segments' slopes weighted by their length."""
+    slopes = [(len(seg), _slope(seg[len(seg) // 2:], key)) for seg in segments(samples) if len(seg) >= 4]
+    return sum(n * s for n, s in slopes) / sum(n for n, _ in slopes) if slopes else 0.0
+
+
+def _slope(half: list[dict], key: str) -> float:
     if len(half) < 2:
         return 0.0
     t0 = half[0]["t"]
@@ -166,7 +185,11 @@ def report(soak: Soak, code: int, steps: int, expected_per_step: int) -> dict:
         "reward_timeouts": sum(r.get("reward/timeouts", 0.0) for r in metrics),
         "reward_errors": sum(r.get("reward/errors", 0.0) for r in metrics),
         "engine_restarts": max((r.get("placement/engine_restarts", 0.0) for r in metrics), default=0),
-        "driver_rss_mb": [round(soak.rss[0]["driver_mb"]), round(soak.rss[-1]["driver_mb"])] if soak.rss else [],
+        "hangs_that_bit": len(list(soak.work.glob("hang.claimed.*"))),
+        "actors_mb_per_segment": [[round(seg[len(seg) // 2]["actors_mb"]), round(seg[-1]["actors_mb"])]
+                                  for seg in segments(soak.rss) if seg],
+        "driver_mb_per_segment": [[round(seg[len(seg) // 2]["driver_mb"]), round(seg[-1]["driver_mb"])]
+                                  for seg in segments(soak.rss) if seg],
         "driver_rss_slope_mb_per_min": round(slope_mb_per_min(soak.rss, "driver_mb"), 2),
         "actors_rss_slope_mb_per_min": round(slope_mb_per_min(soak.rss, "actors_mb"), 2),
     }

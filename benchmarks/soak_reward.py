@@ -13,8 +13,9 @@ import time
 def score(prompts, completions, answer, flag_dir: str = "", **columns):
     flag = os.path.join(flag_dir, "hang")
     try:
-        os.rename(flag, flag + f".claimed.{os.getpid()}")
-        time.sleep(3600)
+        os.rename(flag, flag + f".claimed.{os.getpid()}")  # left behind: the soak counts the hangs that bit
     except OSError:
         pass
+    else:
+        time.sleep(3600)
     return [float(c.strip() == a) for c, a in zip(completions, answer)]
