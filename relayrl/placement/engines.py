@@ -55,22 +55,23 @@ class EngineGroup:
         """The rollouts of a `submit`, in prompt order; a replica that died is replaced and its share redone."""
         rollouts = []
         for index, args, ref in pending:
+            replica = self.replicas[index]
             try:
-                share, start, end = self.replicas[index].wait(ref, "generate")
+                share, start, end = replica.wait(ref, "generate")
                 rollouts += share
                 self._record_span(index, start, end)
             except RoleFailure as failure:
-                self.recover(index, failure)
+                self.recover(index, failure, seen=replica)
                 rollouts += self.replicas[index].generate(*args)
         return rollouts
 
     def generate_until(self, replica: int, samples, sampling: Sampling, groups_needed: int):
         """Partial rollouts on one replica (see the engine's `generate_until`); retried once on a restarted one."""
-        start = time.time()
+        start, actor = time.time(), self.replicas[replica]
         try:
-            result = self.replicas[replica].generate_until(samples, sampling, groups_needed)
+            result = actor.generate_until(samples, sampling, groups_needed)
         except RoleFailure as failure:
-            self.recover(replica, failure)
+            self.recover(replica, failure, seen=actor)
             result = self.replicas[replica].generate_until(samples, sampling, groups_needed)
         self._record_span(replica, start, time.time())
         return result
@@ -88,11 +89,17 @@ class EngineGroup:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         return self.replicas[0].prompt_logprobs(token_ids)
 
-    def recover(self, index: int, failure: RoleFailure) -> None:
-        """Replace replica `index` and re-sync weights, or re-raise when restarts are off or used up."""
+    def recover(self, index: int, failure: RoleFailure, seen: RemoteRole | None = None) -> None:
+        """Replace replica `index` and re-sync weights, or re-raise when restarts are off or used up.
+
+        `seen` is the actor whose call failed. Producer threads (async schedule), the training loop and the
+        sync may all see one death: the first replaces the actor, and a caller that saw an actor already
+        replaced just retries on the new one (one death is one restart, whoever notices it)."""
         import ray
 
-        with self.lock:  # producer threads (async schedule) and the training loop may both see a failure
+        with self.lock:
+            if seen is not None and self.replicas[index] is not seen:
+                return
             self._recover(index, failure, ray)
 
     def _recover(self, index: int, failure: RoleFailure, ray) -> None:

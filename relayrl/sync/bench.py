@@ -159,7 +159,7 @@ def _regenerate(shapes):
     return [torch.randn(shape, generator=g) for _, shape in shapes]
 
 
-def _no_recovery(index, failure):
+def _no_recovery(index, failure, seen=None):
     raise failure
 
 

@@ -66,7 +66,7 @@ class RaySync:
             self.sending = previous
 
     def _push(self, learner, engines, version: int) -> int:
-        timeout, replicas = self.options.timeout_s, engines.replicas
+        timeout, replicas = self.options.timeout_s, list(engines.replicas)  # the actors this push talks to
         start = time.perf_counter()
         if self.transport == "broadcast":  # every rank must be in the collective at once
             sent = learner.submit("send_weights", version)
@@ -80,7 +80,8 @@ class RaySync:
             try:
                 receive_seconds.append(replicas[index].wait(ref, "receiving weights", timeout))
             except RoleFailure as failure:
-                engines.recover(index, failure)  # restarts it and re-pushes this version to every replica
+                # restarts it and re-pushes this version to every replica (unless another caller already did)
+                engines.recover(index, failure, seen=replicas[index])
                 receive_seconds.append(0.0)
         seconds = time.perf_counter() - start
         if not self.mapped:  # every receiver holds a mapping now: the names can go (shm), nothing to leak

@@ -3,6 +3,7 @@ lock `take_spans` holds, from the training loop (`finish`) and from producer thr
 
 from relayrl.config import PlacementConfig
 from relayrl.placement.engines import EngineGroup
+from relayrl.placement.roles import RoleFailure
 from relayrl.rollout.base import Sampling
 
 
@@ -37,3 +38,46 @@ def test_spans_are_recorded_under_the_lock_take_spans_uses():
     spans = group.take_spans()
     assert [replica for replica, _, _ in spans] == [0, 1, 1]
     assert group.take_spans() == []
+
+
+class DyingReplica(FakeReplica):
+    """A replica whose calls fail the way a killed Ray actor's do."""
+
+    def wait(self, ref, what, timeout_s=None):
+        raise RoleFailure("engine 0 died during generate: killed by ray.kill", "engine 0", died=True)
+
+
+def test_one_death_seen_by_two_callers_is_one_restart(monkeypatch):
+    """The async producers and the sync can both see the same engine die; the second caller to recover must
+    find the actor already replaced and retry on it, not spend a second restart (the soak's step-48 death)."""
+    import sys
+    import threading
+    import types
+
+    killed = []
+    monkeypatch.setitem(sys.modules, "ray", types.SimpleNamespace(kill=lambda actor, no_restart: killed.append(actor)))
+    spawned = []
+
+    def spawn(index):
+        replica = DyingReplica() if not spawned else FakeReplica()
+        replica._actor, replica.ping = len(spawned), lambda: None
+        spawned.append(replica)
+        return replica
+
+    group = EngineGroup(spawn, PlacementConfig(mode="ray", engines=1, on_engine_failure="restart",
+                                               max_engine_restarts=1))
+    dead, errors = group.replicas[0], []
+
+    def caller():
+        try:
+            group.recover(0, RoleFailure("engine 0 died", "engine 0", died=True), seen=dead)
+        except RoleFailure as error:
+            errors.append(error)
+
+    callers = [threading.Thread(target=caller) for _ in range(2)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(10)
+    assert errors == []
+    assert group.restarts == 1 and killed == [0] and len(spawned) == 2
