@@ -32,8 +32,9 @@ demo: setup
 test: setup lint
 	$(BIN)/python -m pytest -q -rs tests
 
-lint: setup  # ruff's lint rules from pyproject.toml; `$(BIN)/ruff check --fix` mends the sortable ones
+lint: setup  # ruff's lint rules and format from pyproject.toml; `$(BIN)/ruff format` and `ruff check --fix` mend them
 	$(BIN)/ruff check relayrl tests benchmarks
+	$(BIN)/ruff format --check relayrl tests benchmarks
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit

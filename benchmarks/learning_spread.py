@@ -32,8 +32,13 @@ def fixtures(work: Path) -> tuple[dict, Path]:
     from relayrl.sft import SFTSettings, run_sft
 
     task = write_toy_task(work / "toy", seed=0)
-    model = run_sft(task["sft"], work / "warm_model", init="tiny",
-                    settings=SFTSettings(epochs=4.0, batch_size=128), log=lambda *_: None)
+    model = run_sft(
+        task["sft"],
+        work / "warm_model",
+        init="tiny",
+        settings=SFTSettings(epochs=4.0, batch_size=128),
+        log=lambda *_: None,
+    )
     return task, Path(model)
 
 
@@ -45,8 +50,13 @@ def run_case(name: str, seed: int, work: Path, task: dict, model: Path) -> dict:
     if result.returncode != 0:
         return {"case": name, "seed": seed, "error": result.stderr[-800:]}
     scores = json.loads((run_dir / "eval.json").read_text())
-    return {"case": name, "seed": seed, "gain": gain(scores), "before": scores["before"]["greedy"],
-            "after": scores["after"]["greedy"]}
+    return {
+        "case": name,
+        "seed": seed,
+        "gain": gain(scores),
+        "before": scores["before"]["greedy"],
+        "after": scores["after"]["greedy"],
+    }
 
 
 def summarize(rows: list[dict]) -> None:
@@ -56,8 +66,10 @@ def summarize(rows: list[dict]) -> None:
         if not gains:
             continue
         low = min(gains)
-        print(f"{name:24s} {' '.join(f'{g:.3f}' for g in gains):40s} {low:6.3f} {statistics.mean(gains):6.3f} "
-              f"{max(gains):6.3f} {case.min_gain:6.3f}  {'yes' if case.min_gain <= low / 2 + 1e-9 else 'NO'}")
+        print(
+            f"{name:24s} {' '.join(f'{g:.3f}' for g in gains):40s} {low:6.3f} {statistics.mean(gains):6.3f} "
+            f"{max(gains):6.3f} {case.min_gain:6.3f}  {'yes' if case.min_gain <= low / 2 + 1e-9 else 'NO'}"
+        )
     for r in rows:
         if "error" in r:
             print(f"{r['case']} seed {r['seed']} failed: {r['error'][-300:]}")

@@ -59,12 +59,36 @@ class Regime:
 
 
 REGIMES = {
-    "a": Regime("a", steps=20, quick_steps=3, prompts_per_step=32, n=8, max_tokens=6, min_tokens=0, lr=1e-4,
-                reward="exact_match", eval_prompts=0, sampled_eval=False, warm_start=True,
-                held_out="greedy exact match on the 500 held-out problems"),
-    "b": Regime("b", steps=8, quick_steps=2, prompts_per_step=8, n=4, max_tokens=128, min_tokens=128, lr=1e-4,
-                reward=f"{BENCH / 'rewards.py'}:digit_fraction", eval_prompts=64, sampled_eval=True,
-                warm_start=False, held_out="greedy digit_fraction on the first 64 held-out prompts, 128 tokens"),
+    "a": Regime(
+        "a",
+        steps=20,
+        quick_steps=3,
+        prompts_per_step=32,
+        n=8,
+        max_tokens=6,
+        min_tokens=0,
+        lr=1e-4,
+        reward="exact_match",
+        eval_prompts=0,
+        sampled_eval=False,
+        warm_start=True,
+        held_out="greedy exact match on the 500 held-out problems",
+    ),
+    "b": Regime(
+        "b",
+        steps=8,
+        quick_steps=2,
+        prompts_per_step=8,
+        n=4,
+        max_tokens=128,
+        min_tokens=128,
+        lr=1e-4,
+        reward=f"{BENCH / 'rewards.py'}:digit_fraction",
+        eval_prompts=64,
+        sampled_eval=True,
+        warm_start=False,
+        held_out="greedy digit_fraction on the first 64 held-out prompts, 128 tokens",
+    ),
 }
 MODEL_B = dict(hidden=512, layers=8, heads=8, intermediate=1536)  # ~27M parameters with the task's vocabulary
 
@@ -159,9 +183,15 @@ def config_overrides(args: argparse.Namespace, seed: int = 0) -> list[str]:
     """`relayrl train` overrides of one run: the benchmark's sizes (one optimizer step per rollout batch), the
     length floor, the seed and the rollout engine."""
     batch = args.prompts_per_step * args.n
-    overrides = [f"train.steps={args.steps}", f"rollout.prompts_per_step={args.prompts_per_step}",
-                 f"rollout.n={args.n}", f"rollout.max_tokens={args.max_tokens}", f"train.lr={args.lr}",
-                 f"train.mini_batch={batch}", f"train.micro_batch={batch}"]
+    overrides = [
+        f"train.steps={args.steps}",
+        f"rollout.prompts_per_step={args.prompts_per_step}",
+        f"rollout.n={args.n}",
+        f"rollout.max_tokens={args.max_tokens}",
+        f"train.lr={args.lr}",
+        f"train.mini_batch={batch}",
+        f"train.micro_batch={batch}",
+    ]
     if getattr(args, "min_tokens", 0):
         overrides.append(f"rollout.min_tokens={args.min_tokens}")
     if seed:
@@ -171,8 +201,9 @@ def config_overrides(args: argparse.Namespace, seed: int = 0) -> list[str]:
     return overrides
 
 
-def build_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path,
-                 seed: int = 0) -> tuple[object, list[str]]:
+def build_config(
+    args: argparse.Namespace, paths: dict[str, Path], run_dir: Path, seed: int = 0
+) -> tuple[object, list[str]]:
     """The demo config with the benchmark's settings (`config_overrides`), and the `relayrl train` command
     that runs it: the tree as <run_dir>/bench_config.yaml plus the overrides."""
     import yaml
@@ -181,31 +212,43 @@ def build_config(args: argparse.Namespace, paths: dict[str, Path], run_dir: Path
 
     regime = regime_of(args)
     tree = read_yaml(resources.files("relayrl") / "configs" / "demo.yaml")
-    tree.update(model={"path": str(paths["init"])},
-                data={**tree.get("data", {}), "train": str(paths["train"]), "eval": str(paths["eval"])},
-                log={"dir": str(run_dir), "progress": False},
-                reward={**tree.get("reward", {}), "fn": regime.reward})
+    tree.update(
+        model={"path": str(paths["init"])},
+        data={**tree.get("data", {}), "train": str(paths["train"]), "eval": str(paths["eval"])},
+        log={"dir": str(run_dir), "progress": False},
+        reward={**tree.get("reward", {}), "fn": regime.reward},
+    )
     overrides = config_overrides(args, seed)
     config = load_config(None, overrides, base=tree)  # validates here, before anything runs
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "bench_config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
     # --overwrite: a benchmark's run directory is rebuilt on every invocation (first: callers append overrides)
-    return config, [sys.executable, "-m", "relayrl.cli", "train", "--overwrite", str(run_dir / "bench_config.yaml"),
-                    *overrides]
+    return config, [
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "train",
+        "--overwrite",
+        str(run_dir / "bench_config.yaml"),
+        *overrides,
+    ]
 
 
 def regime_notes(config, regime: Regime) -> list[str]:
     """The regime's own simplifications, printed with the differences."""
     if regime.warm_start:
         return []
-    notes = [f"model: randomly initialised ({config.model.path}), no warm start: supervised training of a model "
-             "this size would take longer than the benchmark on this machine",
-             f"reward: {regime.reward} on both sides (exact match is always 0 for a random model at this length)",
-             f"held-out score: {regime.held_out}, `relayrl eval` (vLLM, --min-tokens) for the initial and both "
-             "final models"]
+    notes = [
+        f"model: randomly initialised ({config.model.path}), no warm start: supervised training of a model "
+        "this size would take longer than the benchmark on this machine",
+        f"reward: {regime.reward} on both sides (exact match is always 0 for a random model at this length)",
+        f"held-out score: {regime.held_out}, `relayrl eval` (vLLM, --min-tokens) for the initial and both final models",
+    ]
     if config.rollout.min_tokens:
-        notes.append(f"length: end-of-sequence suppressed before {config.rollout.min_tokens} tokens on both sides "
-                     "(vLLM min_tokens / HF min_new_tokens); each side's mean training length is checked")
+        notes.append(
+            f"length: end-of-sequence suppressed before {config.rollout.min_tokens} tokens on both sides "
+            "(vLLM min_tokens / HF min_new_tokens); each side's mean training length is checked"
+        )
     return notes
 
 
@@ -213,7 +256,17 @@ def settings_of(config) -> dict:
     import torch
 
     r, t = config.rollout, config.train
-    return {"steps": t.steps, "prompts_per_step": r.prompts_per_step, "n": r.n, "max_tokens": r.max_tokens,
-            "min_tokens": getattr(r, "min_tokens", 0), "reward": config.reward.fn, "lr": t.lr,
-            "warmup_steps": t.warmup_steps, "temperature": r.temperature, "model": config.model.path,
-            "engine": r.engine, "torch_threads": torch.get_num_threads()}
+    return {
+        "steps": t.steps,
+        "prompts_per_step": r.prompts_per_step,
+        "n": r.n,
+        "max_tokens": r.max_tokens,
+        "min_tokens": getattr(r, "min_tokens", 0),
+        "reward": config.reward.fn,
+        "lr": t.lr,
+        "warmup_steps": t.warmup_steps,
+        "temperature": r.temperature,
+        "model": config.model.path,
+        "engine": r.engine,
+        "torch_threads": torch.get_num_threads(),
+    }

@@ -74,8 +74,22 @@ def run_logged(command: list[str], log_path: Path) -> str:
 def eval_command(model_dir: Path, args: argparse.Namespace, eval_path: Path, temperature: float) -> list[str]:
     """`relayrl eval` of one model at one temperature with the regime's lengths and held-out prompt count."""
     regime = regime_of(args)
-    command = [sys.executable, "-m", "relayrl.cli", "eval", "--model", str(model_dir), "--data", str(eval_path),
-               "--reward", regime.reward, "--max-tokens", str(args.max_tokens), "--temperature", f"{temperature:g}"]
+    command = [
+        sys.executable,
+        "-m",
+        "relayrl.cli",
+        "eval",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(eval_path),
+        "--reward",
+        regime.reward,
+        "--max-tokens",
+        str(args.max_tokens),
+        "--temperature",
+        f"{temperature:g}",
+    ]
     if args.min_tokens:
         command += ["--min-tokens", str(args.min_tokens)]
     if regime.eval_prompts:
@@ -91,25 +105,33 @@ def held_out_score(model_dir: Path, args: argparse.Namespace, eval_path: Path, l
     sampled = None
     if regime_of(args).sampled_eval:
         sampled_log = log_path.with_name(log_path.stem + "_sampled" + log_path.suffix)
-        sampled = float(json.loads(run_logged(eval_command(model_dir, args, eval_path, 1.0),
-                                              sampled_log))["reward_mean"])
+        sampled = float(
+            json.loads(run_logged(eval_command(model_dir, args, eval_path, 1.0), sampled_log))["reward_mean"]
+        )
     return {"score": score, "sampled": sampled}
 
 
 def check_length(who: str, length_mean: float, min_tokens: int, max_tokens: int) -> None:
     """Fail loudly when a fixed-length regime's completions are not that long (min_tokens == max_tokens)."""
     if min_tokens == max_tokens and abs(length_mean - min_tokens) > LENGTH_TOLERANCE:
-        raise RuntimeError(f"{who}: mean completion length {length_mean:.2f} tokens, expected {min_tokens} "
-                           f"(+-{LENGTH_TOLERANCE:g}): the length floor is not applied; the timings would not compare")
+        raise RuntimeError(
+            f"{who}: mean completion length {length_mean:.2f} tokens, expected {min_tokens} "
+            f"(+-{LENGTH_TOLERANCE:g}): the length floor is not applied; the timings would not compare"
+        )
 
 
-def summarize(step_times: list[float], tokens: list[float], rewards: list[float], generate_s: list[float],
-              batch: int) -> dict:
+def summarize(
+    step_times: list[float], tokens: list[float], rewards: list[float], generate_s: list[float], batch: int
+) -> dict:
     """Per-step numbers of one framework's run(s); `tokens` = completion tokens per step, `batch` completions
     per step, `generate_s` the rollout phase's times (one per step for relayrl, one per call for TRL)."""
     return {
-        "per_step": {"time_s": step_times, "completion_tokens": tokens, "train_reward": rewards,
-                     "generate_s": generate_s},
+        "per_step": {
+            "time_s": step_times,
+            "completion_tokens": tokens,
+            "train_reward": rewards,
+            "generate_s": generate_s,
+        },
         "steps": len(step_times),
         "median_step_s": statistics.median(step_times),
         "min_step_s": min(step_times),  # least disturbed step: a guide when the CPUs are shared
@@ -134,8 +156,13 @@ def run_relayrl(config, command: list[str], run_dir: Path) -> dict:
     tokens = [row["response/length_mean"] * config.rollout_batch for row in rows]
     rewards = [row["reward/mean"] for row in rows]
     generate = [row["time/generate"] for row in rows]
-    return {**summarize(times, tokens, rewards, generate, config.rollout_batch), "wall_s": wall,
-            "own_eval": result, "phase_median_s": phase_medians(rows), "run_dir": str(run_dir)}
+    return {
+        **summarize(times, tokens, rewards, generate, config.rollout_batch),
+        "wall_s": wall,
+        "own_eval": result,
+        "phase_median_s": phase_medians(rows),
+        "run_dir": str(run_dir),
+    }
 
 
 def phase_medians(rows: list[dict]) -> dict[str, float]:
@@ -152,15 +179,39 @@ def trl_arguments(config, out_dir: Path):
 
     r, a, t = config.rollout, config.algorithm, config.train
     args = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        max_steps=t.steps, seed=t.seed, learning_rate=t.lr, weight_decay=t.weight_decay,
-        adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.grad_clip, warmup_steps=t.warmup_steps,
-        num_generations=r.n, per_device_train_batch_size=config.rollout_batch, gradient_accumulation_steps=1,
-        steps_per_generation=1, num_iterations=t.epochs, max_completion_length=r.max_tokens,
-        temperature=r.temperature, top_p=r.top_p, top_k=max(r.top_k, 0),
-        beta=a.kl.coef, epsilon=a.clip_eps, loss_type="dapo", scale_rewards="group" if a.std_normalize else "none",
-        use_vllm=False, logging_steps=1, report_to="none", save_strategy="no", disable_tqdm=True,
-        shuffle_dataset=config.data.shuffle, dataloader_num_workers=0,
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        max_steps=t.steps,
+        seed=t.seed,
+        learning_rate=t.lr,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        max_grad_norm=t.grad_clip,
+        warmup_steps=t.warmup_steps,
+        num_generations=r.n,
+        per_device_train_batch_size=config.rollout_batch,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_iterations=t.epochs,
+        max_completion_length=r.max_tokens,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=max(r.top_k, 0),
+        beta=a.kl.coef,
+        epsilon=a.clip_eps,
+        loss_type="dapo",
+        scale_rewards="group" if a.std_normalize else "none",
+        use_vllm=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        shuffle_dataset=config.data.shuffle,
+        dataloader_num_workers=0,
         generation_kwargs={"min_new_tokens": r.min_tokens} if r.min_tokens else None,
     )
     assert args.generation_batch_size == config.rollout_batch and args.steps_per_generation == 1
@@ -238,10 +289,15 @@ def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
     scheduler = build_scheduler(optimizer, t.steps, t.warmup_steps, t.lr_schedule, t.min_lr_ratio)
     clock, samples, generate_s = make_clock(), [], []
     time_generate(model, generate_s)
-    trainer = GRPOTrainer(model=model, reward_funcs=recording_reward(config.reward.fn, samples),
-                          args=trl_arguments(config, out_dir),
-                          train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-                          callbacks=[clock], optimizers=(optimizer, scheduler))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=recording_reward(config.reward.fn, samples),
+        args=trl_arguments(config, out_dir),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[clock],
+        optimizers=(optimizer, scheduler),
+    )
     trainer.remove_callback(PrinterCallback)
     start = time.perf_counter()
     trainer.train()
@@ -249,8 +305,11 @@ def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
     trainer.save_model(str(out_dir / "model"))
     tokens = [log["completions/mean_length"] * config.rollout_batch for log in clock.logs]
     rewards = [log["reward"] for log in clock.logs]
-    stats = {**summarize(clock.times, tokens, rewards, generate_s, config.rollout_batch), "wall_s": wall,
-             "trl_step_time_median_s": statistics.median(log["step_time"] for log in clock.logs if "step_time" in log)}
+    stats = {
+        **summarize(clock.times, tokens, rewards, generate_s, config.rollout_batch),
+        "wall_s": wall,
+        "trl_step_time_median_s": statistics.median(log["step_time"] for log in clock.logs if "step_time" in log),
+    }
     return stats, samples
 
 
@@ -258,10 +317,19 @@ def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
 
 
 # relayrl settings the TRL side is configured for; any other value is reported as not mirrored
-MIRRORED_AS = {"algorithm.advantage": "grpo", "algorithm.policy_loss": "ppo_clip", "algorithm.loss_agg": "token_mean",
-               "algorithm.entropy_coef": 0.0, "algorithm.clip_eps_low": None, "algorithm.clip_eps_high": None,
-               "algorithm.dual_clip_c": None, "algorithm.correction.mode": "none",
-               "algorithm.dapo.dynamic_sampling": False, "algorithm.dapo.overlong_filter": False, "rollout.stop": []}
+MIRRORED_AS = {
+    "algorithm.advantage": "grpo",
+    "algorithm.policy_loss": "ppo_clip",
+    "algorithm.loss_agg": "token_mean",
+    "algorithm.entropy_coef": 0.0,
+    "algorithm.clip_eps_low": None,
+    "algorithm.clip_eps_high": None,
+    "algorithm.dual_clip_c": None,
+    "algorithm.correction.mode": "none",
+    "algorithm.dapo.dynamic_sampling": False,
+    "algorithm.dapo.overlong_filter": False,
+    "rollout.stop": [],
+}
 
 
 def unmirrored(config) -> list[str]:
@@ -277,8 +345,10 @@ def unmirrored(config) -> list[str]:
 
 def generation_note(engine: str) -> str:
     if engine == "hf":
-        return ("generation: both sides use transformers generate (TRL use_vllm=False, relayrl rollout.engine=hf "
-                "with an in-process weight copy per step)")
+        return (
+            "generation: both sides use transformers generate (TRL use_vllm=False, relayrl rollout.engine=hf "
+            "with an in-process weight copy per step)"
+        )
     return "generation: TRL uses transformers generate (use_vllm=False); relayrl uses vLLM + a weight sync per step"
 
 

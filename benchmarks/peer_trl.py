@@ -62,11 +62,19 @@ FRAMEWORKS = ("relayrl", "TRL")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--regime", choices=sorted(REGIMES), default="a",
-                        help="a: tiny arithmetic (default); b: decode-heavy, 27M model, 128-token completions")
+    parser.add_argument(
+        "--regime",
+        choices=sorted(REGIMES),
+        default="a",
+        help="a: tiny arithmetic (default); b: decode-heavy, 27M model, 128-token completions",
+    )
     parser.add_argument("--seeds", type=int, default=1, help="train each framework with seeds 0..N-1 (default 1)")
-    parser.add_argument("--engine", choices=("vllm", "hf"), default="vllm",
-                        help="relayrl's rollout.engine (default vllm; hf = transformers generate)")
+    parser.add_argument(
+        "--engine",
+        choices=("vllm", "hf"),
+        default="vllm",
+        help="relayrl's rollout.engine (default vllm; hf = transformers generate)",
+    )
     parser.add_argument("--steps", type=int, help="default: the regime's (a 20, b 8)")
     parser.add_argument("--prompts-per-step", type=int, help="default: the regime's (a 32, b 8)")
     parser.add_argument("--n", type=int, help="completions per prompt (group size); default: the regime's (a 8, b 4)")
@@ -87,8 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps = regime.quick_steps
     args.min_tokens = min(regime.min_tokens, args.max_tokens)
     if args.out is None:
-        suffix = ("_b" if args.regime == "b" else "") + ("_hf" if args.engine == "hf" else "") + \
-            ("_quick" if args.quick else "")
+        suffix = (
+            ("_b" if args.regime == "b" else "")
+            + ("_hf" if args.engine == "hf" else "")
+            + ("_quick" if args.quick else "")
+        )
         args.out = str(Path(args.dir) / f"peer_trl{suffix}.json")
     return args
 
@@ -106,20 +117,26 @@ def spread(values: list[float | None]) -> dict:
 def combine_seeds(runs: list[dict], batch: int) -> dict:
     """One framework's row from its per-seed runs (each `summarize`'s dict plus greedy_after/sampled_after):
     step figures pooled over every step of every seed, held-out mean/min/max over seeds, each seed kept."""
+
     def pooled(key: str) -> list[float]:
         return [value for run in runs for value in run["per_step"][key]]
 
-    row = summarize(pooled("time_s"), pooled("completion_tokens"), pooled("train_reward"), pooled("generate_s"),
-                    batch)
+    row = summarize(pooled("time_s"), pooled("completion_tokens"), pooled("train_reward"), pooled("generate_s"), batch)
     row.pop("first_step_s")  # pooled it means nothing; each seed's is in per_seed
     greedy = spread([run["greedy_after"] for run in runs])
     sampled = spread([run.get("sampled_after") for run in runs])
-    row.update(seeds=len(runs), wall_s=sum(run["wall_s"] for run in runs),
-               median_step_s_per_seed=[run["median_step_s"] for run in runs],
-               greedy_after=greedy["mean"], greedy_after_min=greedy["min"], greedy_after_max=greedy["max"],
-               greedy_after_per_seed=[run["greedy_after"] for run in runs],
-               sampled_after=sampled["mean"], sampled_after_per_seed=[run.get("sampled_after") for run in runs],
-               per_seed=runs)
+    row.update(
+        seeds=len(runs),
+        wall_s=sum(run["wall_s"] for run in runs),
+        median_step_s_per_seed=[run["median_step_s"] for run in runs],
+        greedy_after=greedy["mean"],
+        greedy_after_min=greedy["min"],
+        greedy_after_max=greedy["max"],
+        greedy_after_per_seed=[run["greedy_after"] for run in runs],
+        sampled_after=sampled["mean"],
+        sampled_after_per_seed=[run.get("sampled_after") for run in runs],
+        per_seed=runs,
+    )
     if "run_dir" in runs[0]:
         row.update(run_dir=runs[0]["run_dir"], run_dirs=[run["run_dir"] for run in runs])
     return row
@@ -141,25 +158,36 @@ def table(rows: dict[str, dict], ratio: float, held_out: str = "", engine: str =
     seeds = next(iter(rows.values()))["seeds"]
     after = "held-out after" + (f" (mean [min-max] of {seeds} seeds)" if seeds > 1 else "")
     width = max(len(label(name, engine)) for name in rows)
-    header = (f"{'framework':<{width}} {'median step (s)':>16} {'min step':>9} {'median generate':>16} "
-              f"{'tokens/s':>9} {'mean len':>9} {'held-out before':>16} {after:>{max(15, len(after))}}")
+    header = (
+        f"{'framework':<{width}} {'median step (s)':>16} {'min step':>9} {'median generate':>16} "
+        f"{'tokens/s':>9} {'mean len':>9} {'held-out before':>16} {after:>{max(15, len(after))}}"
+    )
     lines = [header, "-" * len(header)]
     for name, row in rows.items():
         held = f"{row['greedy_after']:.3f}"
         if seeds > 1:
             held += f" [{row['greedy_after_min']:.3f}-{row['greedy_after_max']:.3f}]"
-        lines.append(f"{label(name, engine):<{width}} {row['median_step_s']:>16.3f} {row['min_step_s']:>9.3f} "
-                     f"{row['generate_median_s']:>16.3f} {row['tokens_per_s']:>9.0f} "
-                     f"{row['completion_length_mean']:>9.1f} {row['greedy_before']:>16.3f} "
-                     f"{held:>{max(15, len(after))}}")
+        lines.append(
+            f"{label(name, engine):<{width}} {row['median_step_s']:>16.3f} {row['min_step_s']:>9.3f} "
+            f"{row['generate_median_s']:>16.3f} {row['tokens_per_s']:>9.0f} "
+            f"{row['completion_length_mean']:>9.1f} {row['greedy_before']:>16.3f} "
+            f"{held:>{max(15, len(after))}}"
+        )
     if seeds > 1:
         for seed in range(seeds):
-            lines.append(f"  seed {seed}: " + "; ".join(
-                f"{label(name, engine)} {row['median_step_s_per_seed'][seed]:.3f} s/step, held-out "
-                f"{row['greedy_after_per_seed'][seed]:.3f}" for name, row in rows.items()))
+            lines.append(
+                f"  seed {seed}: "
+                + "; ".join(
+                    f"{label(name, engine)} {row['median_step_s_per_seed'][seed]:.3f} s/step, held-out "
+                    f"{row['greedy_after_per_seed'][seed]:.3f}"
+                    for name, row in rows.items()
+                )
+            )
     steps = f" (median over all {rows['relayrl']['steps']} steps of {seeds} seeds)" if seeds > 1 else ""
-    lines.append(f"step time {label('relayrl', engine)}/TRL: {ratio:.2f}x{steps}"
-                 + (f"   held-out = {held_out}" if held_out else ""))
+    lines.append(
+        f"step time {label('relayrl', engine)}/TRL: {ratio:.2f}x{steps}"
+        + (f"   held-out = {held_out}" if held_out else "")
+    )
     return "\n".join(lines)
 
 
@@ -185,8 +213,12 @@ def run_seed(seed: int, args: argparse.Namespace, paths: dict[str, Path], walls:
     runs = {"relayrl": relay, "TRL": trl_stats}
     for name, stats in runs.items():
         with stopwatch(walls, f"eval_{name}"):
-            after = held_out_score(work / name.lower() / f"seed{seed}" / "model", args, paths["eval_full"],
-                                   work / "logs" / f"eval_{name}_seed{seed}.log")
+            after = held_out_score(
+                work / name.lower() / f"seed{seed}" / "model",
+                args,
+                paths["eval_full"],
+                work / "logs" / f"eval_{name}_seed{seed}.log",
+            )
         stats.update(seed=seed, greedy_after=after["score"], sampled_after=after["sampled"])
     print(f"  seed {seed} held-out: relayrl {relay['greedy_after']:.3f}, TRL {trl_stats['greedy_after']:.3f}")
     return runs
@@ -203,8 +235,10 @@ def main(argv: list[str] | None = None) -> dict:
     paths = prepare_inputs(args)
     config, _ = build_config(args, paths, work / "relayrl" / "seed0")
     differences = trl_differences(config, paths["train"], regime, args)
-    print(f"regime {regime.name}, relayrl engine {engine}, seeds 0..{args.seeds - 1}; settings: "
-          + json.dumps(settings_of(config)))
+    print(
+        f"regime {regime.name}, relayrl engine {engine}, seeds 0..{args.seeds - 1}; settings: "
+        + json.dumps(settings_of(config))
+    )
     print("TRL differs from relayrl in:\n  - " + "\n  - ".join(differences))
     walls: dict[str, float] = {}
     with stopwatch(walls, "eval_before"):
@@ -219,17 +253,30 @@ def main(argv: list[str] | None = None) -> dict:
     ratio, ratios = step_ratios(rows)
     print("\n" + table(rows, ratio, regime.held_out, engine))
     if before["sampled"] is not None:
-        print(f"held-out sampled (temperature 1, one per prompt, mean over seeds): initial {before['sampled']:.3f}, "
-              + ", ".join(f"{label(name, engine)} {row['sampled_after']:.3f}" for name, row in rows.items()))
+        print(
+            f"held-out sampled (temperature 1, one per prompt, mean over seeds): initial {before['sampled']:.3f}, "
+            + ", ".join(f"{label(name, engine)} {row['sampled_after']:.3f}" for name, row in rows.items())
+        )
     print("wall times (s): " + "  ".join(f"{name} {seconds:.0f}" for name, seconds in walls.items()))
     others = others_share(cpu_start, cpu_sample())
     if others > 0.05:
         print(f"WARNING: other processes used {others:.0%} of the CPUs during the run: step times are inflated")
-    report = {"regime": regime.name, "engine": engine, "seeds": args.seeds, "held_out": regime.held_out,
-              "settings": settings_of(config), "rows": rows, "step_time_ratio_relayrl_over_trl": ratio,
-              "step_time_ratio_per_seed": ratios, "trl_differences": differences, "init_model": str(paths["init"]),
-              "wall_s": time.perf_counter() - start, "phase_wall_s": walls,
-              "cpu_busy_before_start": busy_start, "cpu_share_of_other_processes_during_run": others}
+    report = {
+        "regime": regime.name,
+        "engine": engine,
+        "seeds": args.seeds,
+        "held_out": regime.held_out,
+        "settings": settings_of(config),
+        "rows": rows,
+        "step_time_ratio_relayrl_over_trl": ratio,
+        "step_time_ratio_per_seed": ratios,
+        "trl_differences": differences,
+        "init_model": str(paths["init"]),
+        "wall_s": time.perf_counter() - start,
+        "phase_wall_s": walls,
+        "cpu_busy_before_start": busy_start,
+        "cpu_share_of_other_processes_during_run": others,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nwrote {args.out}   script wall time {report['wall_s']:.0f}s")
@@ -253,8 +300,11 @@ def cpu_sample() -> tuple[float, float, float]:
     """(machine CPU-seconds, of which busy, CPU-seconds used by this process and its finished children)."""
     fields = [int(x) / os.sysconf("SC_CLK_TCK") for x in Path("/proc/stat").read_text().split()[1:11]]
     own = os.times()
-    return sum(fields), sum(fields) - fields[3] - fields[4], own.user + own.system + own.children_user + \
-        own.children_system
+    return (
+        sum(fields),
+        sum(fields) - fields[3] - fields[4],
+        own.user + own.system + own.children_user + own.children_system,
+    )
 
 
 def others_share(before: tuple[float, float, float], after: tuple[float, float, float]) -> float:

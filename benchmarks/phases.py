@@ -59,8 +59,15 @@ def step_analysis(rows: list[dict], model_dir: str | Path, sequences: int, peak:
     flops = update_flops(model_dir, median["learner/positions"], sequences)
     achieved = flops / median["time/update"]
     overhead = controller_overhead(rows)
-    return {"median": median, "update_flops": flops, "achieved_flops": achieved, "mfu": achieved / peak,
-            "overhead_s": overhead, "overhead_frac": overhead / median["time/step"], "steps": len(rows)}
+    return {
+        "median": median,
+        "update_flops": flops,
+        "achieved_flops": achieved,
+        "mfu": achieved / peak,
+        "overhead_s": overhead,
+        "overhead_frac": overhead / median["time/step"],
+        "steps": len(rows),
+    }
 
 
 def measure_peak(sizes: tuple[int, ...] = (1024, 2048), repeats: int = 5) -> float:
@@ -102,10 +109,15 @@ def main(argv=None) -> dict:
     result = step_analysis(rows, paths["init"], args.prompts_per_step * args.n, peak)
     median = result["median"]
     print(f"demo, local, {len(rows)} steps after {WARMUP_STEPS} warm-up steps; CPUs busy before start: {busy:.0%}")
-    print("phase medians (s): " + "  ".join(f"{p} {median[f'time/{p}']:.3f}" for p in PHASES)
-          + f"  step {median['time/step']:.3f}")
-    print(f"update: {result['update_flops'] / 1e9:.2f} GFLOP per step, {result['achieved_flops'] / 1e9:.1f} GFLOP/s = "
-          f"{result['mfu']:.0%} of the fp32 matmul peak measured now ({peak / 1e9:.1f} GFLOP/s)")
+    print(
+        "phase medians (s): "
+        + "  ".join(f"{p} {median[f'time/{p}']:.3f}" for p in PHASES)
+        + f"  step {median['time/step']:.3f}"
+    )
+    print(
+        f"update: {result['update_flops'] / 1e9:.2f} GFLOP per step, {result['achieved_flops'] / 1e9:.1f} GFLOP/s = "
+        f"{result['mfu']:.0%} of the fp32 matmul peak measured now ({peak / 1e9:.1f} GFLOP/s)"
+    )
     print(f"padded positions: {median['learner/padding_frac']:.0%} of {median['learner/positions']:.0f}")
     print(f"controller overhead: {result['overhead_s'] * 1e3:.1f} ms = {result['overhead_frac']:.1%} of the step")
     return {**result, "peak_flops": peak, "cpu_busy_before_start": busy}

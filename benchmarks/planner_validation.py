@@ -32,9 +32,15 @@ from pathlib import Path
 
 CASES = {
     "demo": dict(model=dict(hidden=128, layers=3, heads=4, intermediate=512), overrides=[]),
-    "large": dict(model=dict(hidden=512, layers=8, heads=8, intermediate=1536),
-                  overrides=["rollout.prompts_per_step=8", "rollout.max_tokens=16", "train.mini_batch=64",
-                             "train.micro_batch=64"]),
+    "large": dict(
+        model=dict(hidden=512, layers=8, heads=8, intermediate=1536),
+        overrides=[
+            "rollout.prompts_per_step=8",
+            "rollout.max_tokens=16",
+            "train.mini_batch=64",
+            "train.micro_batch=64",
+        ],
+    ),
 }
 
 
@@ -89,8 +95,15 @@ def build_case(name: str, root: Path) -> tuple[Path, dict]:
 
 
 def overrides_for(name: str, model_dir: Path, paths: dict, run_dir: Path, steps: int) -> list[str]:
-    return [f"model.path={model_dir}", f"data.train={paths['train']}", f"log.dir={run_dir}", f"train.steps={steps}",
-            "log.progress=false", "log.save_model=false", *CASES[name]["overrides"]]
+    return [
+        f"model.path={model_dir}",
+        f"data.train={paths['train']}",
+        f"log.dir={run_dir}",
+        f"train.steps={steps}",
+        "log.progress=false",
+        "log.save_model=false",
+        *CASES[name]["overrides"],
+    ]
 
 
 def longest_prompt(model_dir: Path, train_path: Path) -> int:
@@ -107,8 +120,10 @@ def read_rows(run_dir: Path) -> list[dict]:
 
 def measured_medians(run_dir: Path) -> dict[str, float]:
     rows = read_rows(run_dir)[1:]  # step 0 warms up
-    return {key: statistics.median(row[key] for row in rows)
-            for key in ("time/generate", "time/update", "response/length_max", "response/length_mean")}
+    return {
+        key: statistics.median(row[key] for row in rows)
+        for key in ("time/generate", "time/update", "response/length_max", "response/length_mean")
+    }
 
 
 def predict(config_path: Path, overrides: list[str], model_dir: Path, prompt: float, response: float):
@@ -116,8 +131,14 @@ def predict(config_path: Path, overrides: list[str], model_dir: Path, prompt: fl
     from relayrl.planner import get_profile, load_shape, make_plan
 
     config = load_config(config_path, overrides)
-    return make_plan(config, load_shape(str(model_dir)), get_profile("cpu", measure=True),
-                     longest_prompt_tokens=prompt, longest_response_tokens=response, measure=True)
+    return make_plan(
+        config,
+        load_shape(str(model_dir)),
+        get_profile("cpu", measure=True),
+        longest_prompt_tokens=prompt,
+        longest_response_tokens=response,
+        measure=True,
+    )
 
 
 def train_case(config_path: Path, overrides: list[str]) -> dict:
@@ -125,12 +146,21 @@ def train_case(config_path: Path, overrides: list[str]) -> dict:
     waited = wait_for_quiet()
     load_before, others_before = background_load()
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "relayrl.cli", "train", str(config_path), *overrides, "--overwrite"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config_path), *overrides, "--overwrite"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     train_s = time.perf_counter() - start
     load_after, others_after = background_load()
-    return dict(train_s=train_s, load_before_training=load_before, load_after_training=load_after,
-                waited_for_quiet_s=waited, others_cpu_pct=max(others_before, others_after))
+    return dict(
+        train_s=train_s,
+        load_before_training=load_before,
+        load_after_training=load_after,
+        waited_for_quiet_s=waited,
+        others_cpu_pct=max(others_before, others_after),
+    )
 
 
 def run_case(name: str, root: Path, steps: int, previous: dict | None) -> dict:
@@ -139,53 +169,99 @@ def run_case(name: str, root: Path, steps: int, previous: dict | None) -> dict:
     model_dir, paths = build_case(name, root)
     run_dir = root / name / "run"
     overrides = overrides_for(name, model_dir, paths, run_dir, steps)
-    training = train_case(config_path, overrides) if previous is None else {
-        key: previous[key] for key in ("train_s", "load_before_training", "load_after_training",
-                                       "waited_for_quiet_s", "others_cpu_pct")}
+    training = (
+        train_case(config_path, overrides)
+        if previous is None
+        else {
+            key: previous[key]
+            for key in (
+                "train_s",
+                "load_before_training",
+                "load_after_training",
+                "waited_for_quiet_s",
+                "others_cpu_pct",
+            )
+        }
+    )
     wait_for_quiet()
     measured = measured_medians(run_dir)
     prompt = longest_prompt(model_dir, paths["train"])
     plan = predict(config_path, overrides, model_dir, prompt, measured["response/length_max"])
     load_measuring, others_measuring = background_load()
     t = plan.time
-    return dict(case=name, params=plan.shape.params, longest_prompt=prompt, **measured, **training,
-                load_after_measuring=load_measuring, others_cpu_pct_measuring=others_measuring,
-                steps=[{k: row[k] for k in ("time/generate", "time/update")} for row in read_rows(run_dir)],
-                predicted={"generate": t.generate, "prefill": t.prefill, "decode": t.decode,
-                           "engine_fixed": t.engine_overhead, "update": t.update_phase, "update_flops": t.update,
-                           "optimizer": t.optimizer},
-                rates={"update_gflops": plan.rates.update / 1e9, "decode_gflops": plan.rates.decode / 1e9,
-                       "engine": vars(plan.rates.engine), "peak_gflops": plan.hardware.peak_tflops * 1e3,
-                       "mem_bw_gbs": plan.hardware.mem_bw_gbs})
+    return dict(
+        case=name,
+        params=plan.shape.params,
+        longest_prompt=prompt,
+        **measured,
+        **training,
+        load_after_measuring=load_measuring,
+        others_cpu_pct_measuring=others_measuring,
+        steps=[{k: row[k] for k in ("time/generate", "time/update")} for row in read_rows(run_dir)],
+        predicted={
+            "generate": t.generate,
+            "prefill": t.prefill,
+            "decode": t.decode,
+            "engine_fixed": t.engine_overhead,
+            "update": t.update_phase,
+            "update_flops": t.update,
+            "optimizer": t.optimizer,
+        },
+        rates={
+            "update_gflops": plan.rates.update / 1e9,
+            "decode_gflops": plan.rates.decode / 1e9,
+            "engine": vars(plan.rates.engine),
+            "peak_gflops": plan.hardware.peak_tflops * 1e3,
+            "mem_bw_gbs": plan.hardware.mem_bw_gbs,
+        },
+    )
 
 
 def print_table(results: list[dict]) -> None:
     for r in results:
-        print(f"\n{r['case']}: waited {r['waited_for_quiet_s']:.0f}s for a quiet machine; load before training: "
-              f"{r['load_before_training']}\n{r['case']}: load after training: {r['load_after_training']}\n"
-              f"{r['case']}: load after measuring: {r['load_after_measuring']}")
-        print(f"{r['case']}: per step generate " + " ".join(f"{s['time/generate']:.3f}" for s in r["steps"])
-              + "; update " + " ".join(f"{s['time/update']:.3f}" for s in r["steps"]))
-    print(f"\n{'case':6} {'params':>8} {'phase':9} {'predicted':>10} {'measured':>10} {'pred/meas':>9}  predicted parts")
+        print(
+            f"\n{r['case']}: waited {r['waited_for_quiet_s']:.0f}s for a quiet machine; load before training: "
+            f"{r['load_before_training']}\n{r['case']}: load after training: {r['load_after_training']}\n"
+            f"{r['case']}: load after measuring: {r['load_after_measuring']}"
+        )
+        print(
+            f"{r['case']}: per step generate "
+            + " ".join(f"{s['time/generate']:.3f}" for s in r["steps"])
+            + "; update "
+            + " ".join(f"{s['time/update']:.3f}" for s in r["steps"])
+        )
+    print(
+        f"\n{'case':6} {'params':>8} {'phase':9} {'predicted':>10} {'measured':>10} {'pred/meas':>9}  predicted parts"
+    )
     for r in results:
         p = r["predicted"]
-        parts = {"generate": f"prefill {p['prefill']:.3f} + decode {p['decode']:.3f} + engine fixed {p['engine_fixed']:.3f}",
-                 "update": f"FLOPs {p['update_flops']:.3f} + optimizer {p['optimizer']:.3f}"}
+        parts = {
+            "generate": f"prefill {p['prefill']:.3f} + decode {p['decode']:.3f} + engine fixed {p['engine_fixed']:.3f}",
+            "update": f"FLOPs {p['update_flops']:.3f} + optimizer {p['optimizer']:.3f}",
+        }
         for phase in ("generate", "update"):
             measured = r[f"time/{phase}"]
-            loaded = "  LOADED: others used {:.0f}% of a core".format(r["others_cpu_pct"]) if r["others_cpu_pct"] > 20 else ""
+            loaded = (
+                "  LOADED: others used {:.0f}% of a core".format(r["others_cpu_pct"])
+                if r["others_cpu_pct"] > 20
+                else ""
+            )
             if r["others_cpu_pct_measuring"] > 20:
                 loaded += "  LOADED while measuring: {:.0f}%".format(r["others_cpu_pct_measuring"])
-            print(f"{r['case']:6} {r['params'] / 1e6:7.2f}M {phase:9} {p[phase]:9.3f}s {measured:9.3f}s "
-                  f"{p[phase] / measured:8.2f}x  {parts[phase]}{loaded}")
+            print(
+                f"{r['case']:6} {r['params'] / 1e6:7.2f}M {phase:9} {p[phase]:9.3f}s {measured:9.3f}s "
+                f"{p[phase] / measured:8.2f}x  {parts[phase]}{loaded}"
+            )
     for r in results:
         e = r["rates"]["engine"]
-        print(f"{r['case']}: update rate {r['rates']['update_gflops']:.1f} GFLOP/s, decode rate "
-              f"{r['rates']['decode_gflops']:.1f} GFLOP/s (peak {r['rates']['peak_gflops']:.1f}, BW "
-              f"{r['rates']['mem_bw_gbs']:.1f} GB/s); engine per call {e['per_call'] * 1e3:.1f} ms, per step "
-              f"{e['per_step'] * 1e3:.2f} ms, per token {e['per_token'] * 1e6:.1f} us, per sequence "
-              f"{e['per_sequence'] * 1e6:.1f} us; longest prompt {r['longest_prompt']}, longest response "
-              f"{r['response/length_max']:g} (mean {r['response/length_mean']:.1f}); train {r['train_s']:.0f}s")
+        print(
+            f"{r['case']}: update rate {r['rates']['update_gflops']:.1f} GFLOP/s, decode rate "
+            f"{r['rates']['decode_gflops']:.1f} GFLOP/s (peak {r['rates']['peak_gflops']:.1f}, BW "
+            f"{r['rates']['mem_bw_gbs']:.1f} GB/s); engine per call {e['per_call'] * 1e3:.1f} ms, per step "
+            f"{e['per_step'] * 1e3:.2f} ms, per token {e['per_token'] * 1e6:.1f} us, per sequence "
+            f"{e['per_sequence'] * 1e6:.1f} us; longest prompt {r['longest_prompt']}, longest response "
+            f"{r['response/length_max']:g} (mean {r['response/length_mean']:.1f}); train {r['train_s']:.0f}s"
+        )
 
 
 def main() -> None:
@@ -193,14 +269,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--out", default="runs/planner_validation")
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    parser.add_argument("--predict-only", action="store_true", help="reuse the runs of the last results.json "
-                        "(e.g. when the machine was busy while measuring, not while training)")
+    parser.add_argument(
+        "--predict-only",
+        action="store_true",
+        help="reuse the runs of the last results.json "
+        "(e.g. when the machine was busy while measuring, not while training)",
+    )
     args = parser.parse_args()
     root = Path(args.out)
     previous = {r["case"]: r for r in json.loads((root / "results.json").read_text())} if args.predict_only else {}
     print("background load before:\n" + background_load()[0])
-    results = [run_case(name, root, args.steps, previous.get(name) if args.predict_only else None)
-               for name in args.cases]
+    results = [
+        run_case(name, root, args.steps, previous.get(name) if args.predict_only else None) for name in args.cases
+    ]
     after = background_load()[0]
     print_table(results)
     print("background load after:\n" + after)

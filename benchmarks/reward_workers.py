@@ -27,9 +27,11 @@ TESTS = [{"call": "burn(2_000_000)", "expected": sum(i * i for i in range(2_000_
 
 def busy_cores(seconds: float = 2.0) -> float:
     """Cores in use across the machine right now (from /proc/stat over `seconds`; ps %CPU is a lifetime mean)."""
+
     def sample() -> tuple[int, int]:
         fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
         return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
     total0, idle0 = sample()
     time.sleep(seconds)
     total1, idle1 = sample()
@@ -37,16 +39,19 @@ def busy_cores(seconds: float = 2.0) -> float:
 
 
 def top_processes() -> list[str]:
-    rows = subprocess.run(["ps", "-eo", "pid=,pcpu=,args=", "--sort=-pcpu"], capture_output=True,
-                          text=True).stdout.splitlines()
+    rows = subprocess.run(
+        ["ps", "-eo", "pid=,pcpu=,args=", "--sort=-pcpu"], capture_output=True, text=True
+    ).stdout.splitlines()
     return [row.strip()[:100] for row in rows[:3]]
 
 
 def time_workers(workers: int, samples: int, repeats: int) -> float:
-    rollouts = [Rollout(Prompt("burn", "", [1], {"tests": TESTS}), i, [1], PROGRAM, [0.0], "stop", [0])
-                for i in range(samples)]
-    config = RewardConfig(fn="code", kwargs={"timeout_s": 10.0, "cpu_s": 10}, workers=workers, timeout_s=30.0,
-                          batch_size=1)
+    rollouts = [
+        Rollout(Prompt("burn", "", [1], {"tests": TESTS}), i, [1], PROGRAM, [0.0], "stop", [0]) for i in range(samples)
+    ]
+    config = RewardConfig(
+        fn="code", kwargs={"timeout_s": 10.0, "cpu_s": 10}, workers=workers, timeout_s=30.0, batch_size=1
+    )
     with build_reward_service(config) as service:
         service.score(rollouts[:workers])  # start-up and first sandbox
         times = []
@@ -71,8 +76,10 @@ def main() -> None:
     print(f"cores: {os.cpu_count()}  busy before: {busy:.2f} cores  load average: {os.getloadavg()}")
     one = time_workers(1, args.samples, args.repeats)
     two = time_workers(2, args.samples, args.repeats)
-    print(f"{args.samples} samples, median of {args.repeats}: 1 worker {one:.2f} s, 2 workers {two:.2f} s, "
-          f"speed-up {one / two:.2f}x  (busy after: {busy_cores():.2f} cores)")
+    print(
+        f"{args.samples} samples, median of {args.repeats}: 1 worker {one:.2f} s, 2 workers {two:.2f} s, "
+        f"speed-up {one / two:.2f}x  (busy after: {busy_cores():.2f} cores)"
+    )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,12 @@ def main(argv=None) -> dict:
         engine.generate(batch, sampling, 0)
 
     def bare():
-        params = [SamplingParams(n=args.n, temperature=1.0, max_tokens=args.max_tokens, logprobs=0,
-                                 seed=request_seed(1, i, args.n)) for i in range(len(batch))]
+        params = [
+            SamplingParams(
+                n=args.n, temperature=1.0, max_tokens=args.max_tokens, logprobs=0, seed=request_seed(1, i, args.n)
+            )
+            for i in range(len(batch))
+        ]
         engine.llm.generate([{"prompt_token_ids": p.token_ids} for p in batch], params, use_tqdm=False)
 
     for fn in (ours, bare, ours, bare):  # warm-up
@@ -64,11 +68,22 @@ def main(argv=None) -> dict:
     medians = {name: statistics.median(values) for name, values in times.items()}
     ratio = medians["relayrl"] / medians["bare"]
     print(f"{args.prompts} prompts x n={args.n}, <= {args.max_tokens} tokens, {args.repeats} alternating calls")
-    print(f"relayrl rollout {medians['relayrl'] * 1e3:.1f} ms   bare LLM.generate {medians['bare'] * 1e3:.1f} ms   "
-          f"overhead ratio {ratio:.3f}")
-    return {"medians_s": medians, "ratio": ratio, "times_s": times,
-            "settings": {"model": args.model, "prompts": args.prompts, "n": args.n, "max_tokens": args.max_tokens,
-                         "repeats": args.repeats}}
+    print(
+        f"relayrl rollout {medians['relayrl'] * 1e3:.1f} ms   bare LLM.generate {medians['bare'] * 1e3:.1f} ms   "
+        f"overhead ratio {ratio:.3f}"
+    )
+    return {
+        "medians_s": medians,
+        "ratio": ratio,
+        "times_s": times,
+        "settings": {
+            "model": args.model,
+            "prompts": args.prompts,
+            "n": args.n,
+            "max_tokens": args.max_tokens,
+            "repeats": args.repeats,
+        },
+    }
 
 
 if __name__ == "__main__":

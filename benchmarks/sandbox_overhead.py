@@ -34,9 +34,18 @@ def main() -> None:
         cpu_seconds.append(_children_cpu_s() - cpu_start)
         if run.stdout != "45\n":
             raise SystemExit(f"the trivial program failed: {run}")
-    print(json.dumps({"isolation": mode, "runs": args.runs, "median_s": round(statistics.median(seconds), 4),
-                      "min_s": round(min(seconds), 4), "max_s": round(max(seconds), 4),
-                      "median_cpu_s": round(statistics.median(cpu_seconds), 4)}))
+    print(
+        json.dumps(
+            {
+                "isolation": mode,
+                "runs": args.runs,
+                "median_s": round(statistics.median(seconds), 4),
+                "min_s": round(min(seconds), 4),
+                "max_s": round(max(seconds), 4),
+                "median_cpu_s": round(statistics.median(cpu_seconds), 4),
+            }
+        )
+    )
 
 
 def _children_cpu_s() -> float:

@@ -27,8 +27,14 @@ SCHEDULES = {
     "one_step_off": ["train.schedule=one_step_off"],
     "async": ["train.schedule=async", "train.max_staleness=1", "train.on_stale=wait"],
 }
-COMMON = ["placement.mode=ray", "placement.layout=disaggregated", "placement.learner_cpus=1",
-          "placement.engine_cpus=1", "algorithm.correction.mode=tis_token", "log.save_model=false"]
+COMMON = [
+    "placement.mode=ray",
+    "placement.layout=disaggregated",
+    "placement.learner_cpus=1",
+    "placement.engine_cpus=1",
+    "algorithm.correction.mode=tis_token",
+    "log.save_model=false",
+]
 
 
 def parse_args(argv=None):
@@ -60,23 +66,31 @@ def run_schedule(args, paths, name: str) -> dict:
     batch = args.prompts_per_step * args.n
     phases = sorted({k for r in steady for k in r if k.startswith("time/") and k != "time/step"})
     scores = json.loads((run_dir / "eval.json").read_text())
-    return {"median_step_s": step_s, "samples_per_s": batch / step_s, "wall_s": time.perf_counter() - start,
-            "phases": {k[5:]: statistics.median(r.get(k, 0.0) for r in steady) for k in phases},
-            "version_lag_mean": statistics.mean(r.get("stale/version_mean", 0.0) for r in rows),
-            "greedy_before": scores["before"]["greedy"], "greedy_after": scores["after"]["greedy"],
-            "samples": batch * len(rows)}
+    return {
+        "median_step_s": step_s,
+        "samples_per_s": batch / step_s,
+        "wall_s": time.perf_counter() - start,
+        "phases": {k[5:]: statistics.median(r.get(k, 0.0) for r in steady) for k in phases},
+        "version_lag_mean": statistics.mean(r.get("stale/version_mean", 0.0) for r in rows),
+        "greedy_before": scores["before"]["greedy"],
+        "greedy_after": scores["after"]["greedy"],
+        "samples": batch * len(rows),
+    }
 
 
 def table(results: dict) -> str:
     base = results["sync"]["samples_per_s"]
     phases = sorted({p for r in results.values() for p in r["phases"]})
-    head = f"{'schedule':<13} {'samples/s':>9} {'vs sync':>7} {'lag':>4} {'greedy':>13} " + \
-        " ".join(f"{p:>9}" for p in phases)
+    head = f"{'schedule':<13} {'samples/s':>9} {'vs sync':>7} {'lag':>4} {'greedy':>13} " + " ".join(
+        f"{p:>9}" for p in phases
+    )
     lines = [head]
     for name, r in results.items():
-        lines.append(f"{name:<13} {r['samples_per_s']:>9.0f} {r['samples_per_s'] / base:>6.2f}x "
-                     f"{r['version_lag_mean']:>4.2f} {r['greedy_before']:>5.3f}->{r['greedy_after']:.3f} "
-                     + " ".join(f"{r['phases'].get(p, 0.0):>9.3f}" for p in phases))
+        lines.append(
+            f"{name:<13} {r['samples_per_s']:>9.0f} {r['samples_per_s'] / base:>6.2f}x "
+            f"{r['version_lag_mean']:>4.2f} {r['greedy_before']:>5.3f}->{r['greedy_after']:.3f} "
+            + " ".join(f"{r['phases'].get(p, 0.0):>9.3f}" for p in phases)
+        )
     return "\n".join(lines) + "\n(phase columns: median seconds per step; `wait` = learner idle for rollouts)"
 
 
@@ -95,8 +109,12 @@ def main(argv=None) -> dict:
     print(table(results))
     print(f"same budget: {results['sync']['samples']} samples each; other processes used {others:.0%} of the CPUs")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"results": results, "cpu_busy_before": busy,
-                                          "cpu_share_of_other_processes": others, "steps": args.steps}, indent=2))
+    Path(args.out).write_text(
+        json.dumps(
+            {"results": results, "cpu_busy_before": busy, "cpu_share_of_other_processes": others, "steps": args.steps},
+            indent=2,
+        )
+    )
     return results
 
 

@@ -42,8 +42,13 @@ def write_config(work: Path, task: dict, model: Path, run_dir: Path, steps: int)
         "model": {"path": str(model)},
         "data": {"train": str(task["train"]), "eval": str(task["eval"]), "max_prompt_tokens": 16},
         "rollout": {"engine": "vllm", "n": 8, "prompts_per_step": 16, "max_tokens": 6},
-        "reward": {"fn": f"{ROOT}/benchmarks/soak_reward.py:score", "kwargs": {"flag_dir": str(work)},
-                   "workers": 2, "timeout_s": 5, "on_error": "zero"},
+        "reward": {
+            "fn": f"{ROOT}/benchmarks/soak_reward.py:score",
+            "kwargs": {"flag_dir": str(work)},
+            "workers": 2,
+            "timeout_s": 5,
+            "on_error": "zero",
+        },
         "train": {"steps": steps, "lr": 5e-5, "schedule": "async", "max_staleness": 2, "on_stale": "wait"},
         "algorithm": {"correction": {"mode": "tis_token"}},
         "placement": {"mode": "ray", "engines": 2, "learner_cpus": 0.5, "engine_cpus": 0.75},
@@ -95,8 +100,9 @@ class Soak:
         if resume:
             args += ["--resume", str(self.run_dir)]
         log = open(self.work / "driver.log", "a")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
 
     def inject(self, fault: str, step: int) -> None:
         if fault == "kill_engine":
@@ -123,8 +129,15 @@ class Soak:
         actors, driver_mb = ray_actors("ray::"), rss_mb([driver])
         if not driver_mb:  # it exited while being read
             return
-        self.rss.append({"t": time.time(), "driver_mb": driver_mb, "actors_mb": rss_mb(actors),
-                         "actors": len(actors), "segment": self.resumes})
+        self.rss.append(
+            {
+                "t": time.time(),
+                "driver_mb": driver_mb,
+                "actors_mb": rss_mb(actors),
+                "actors": len(actors),
+                "segment": self.resumes,
+            }
+        )
 
     def run(self, every: int) -> int:
         self.start(resume=False)
@@ -158,7 +171,7 @@ def segments(samples: list[dict]) -> list[list[dict]]:
 def slope_mb_per_min(samples: list[dict], key: str) -> float:
     """Least-squares slope over the second half of each run segment (after start-up and warm-up), the mean
     of the segments' slopes weighted by their length."""
-    slopes = [(len(seg), _slope(seg[len(seg) // 2:], key)) for seg in segments(samples) if len(seg) >= 4]
+    slopes = [(len(seg), _slope(seg[len(seg) // 2 :], key)) for seg in segments(samples) if len(seg) >= 4]
     return sum(n * s for n, s in slopes) / sum(n for n, _ in slopes) if slopes else 0.0
 
 
@@ -178,18 +191,25 @@ def report(soak: Soak, code: int, steps: int, expected_per_step: int) -> dict:
     drops = sum(r.get(k, 0.0) for r in metrics for k in DOCUMENTED_DROPS)
     lost = sum(max(0, expected_per_step - n) for n in trained)
     result = {
-        "exit_code": code, "steps_completed": len({r["step"] for r in metrics}), "steps": steps,
-        "faults_injected": len(soak.injected), "faults_survived": len(soak.injected) if code == 0 else 0,
-        "faults": [f"{s}:{f}" for s, f in soak.injected], "hangs": soak.hangs,
-        "samples_lost": lost, "documented_drops": drops,
+        "exit_code": code,
+        "steps_completed": len({r["step"] for r in metrics}),
+        "steps": steps,
+        "faults_injected": len(soak.injected),
+        "faults_survived": len(soak.injected) if code == 0 else 0,
+        "faults": [f"{s}:{f}" for s, f in soak.injected],
+        "hangs": soak.hangs,
+        "samples_lost": lost,
+        "documented_drops": drops,
         "reward_timeouts": sum(r.get("reward/timeouts", 0.0) for r in metrics),
         "reward_errors": sum(r.get("reward/errors", 0.0) for r in metrics),
         "engine_restarts": max((r.get("placement/engine_restarts", 0.0) for r in metrics), default=0),
         "hangs_that_bit": len(list(soak.work.glob("hang.claimed.*"))),
-        "actors_mb_per_segment": [[round(seg[len(seg) // 2]["actors_mb"]), round(seg[-1]["actors_mb"])]
-                                  for seg in segments(soak.rss) if seg],
-        "driver_mb_per_segment": [[round(seg[len(seg) // 2]["driver_mb"]), round(seg[-1]["driver_mb"])]
-                                  for seg in segments(soak.rss) if seg],
+        "actors_mb_per_segment": [
+            [round(seg[len(seg) // 2]["actors_mb"]), round(seg[-1]["actors_mb"])] for seg in segments(soak.rss) if seg
+        ],
+        "driver_mb_per_segment": [
+            [round(seg[len(seg) // 2]["driver_mb"]), round(seg[-1]["driver_mb"])] for seg in segments(soak.rss) if seg
+        ],
         "driver_rss_slope_mb_per_min": round(slope_mb_per_min(soak.rss, "driver_mb"), 2),
         "actors_rss_slope_mb_per_min": round(slope_mb_per_min(soak.rss, "actors_mb"), 2),
     }

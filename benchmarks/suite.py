@@ -100,8 +100,9 @@ def step_ratio_check(report: dict | None, regime: str, bound: float, engine: str
     ratio = dig(report, "step_time_ratio_relayrl_over_trl")
     ours, theirs = dig(report, "rows", "relayrl", "median_step_s"), dig(report, "rows", "TRL", "median_step_s")
     shown = "n/a" if ratio is None else f"{ratio:.2f}x ({ours:.3f}s vs {theirs:.3f}s, {seeds_note(report)})"
-    return Check(f"regime ({regime}) median step, relayrl ({engine} engine)/TRL", ratio, "<=", bound, shown,
-                 f"<= {bound:.2f}x")
+    return Check(
+        f"regime ({regime}) median step, relayrl ({engine} engine)/TRL", ratio, "<=", bound, shown, f"<= {bound:.2f}x"
+    )
 
 
 def with_spread(row: dict | None) -> str:
@@ -118,11 +119,18 @@ def held_out_check(report: dict | None, regime: str, engine: str = "vllm") -> Ch
     if dig(ours, "greedy_after") is not None and dig(theirs, "greedy_after") is not None:
         measured = ours["greedy_after"] - theirs["greedy_after"]
     initial = "" if before is None else f" (initial {before:.3f})"
-    shown = "n/a" if measured is None else \
-        f"{with_spread(ours)} vs {with_spread(theirs)}, {seeds_note(report)}{initial}"
+    shown = (
+        "n/a" if measured is None else f"{with_spread(ours)} vs {with_spread(theirs)}, {seeds_note(report)}{initial}"
+    )
     what = "exact match" if regime == "a" else "digit fraction"
-    return Check(f"regime ({regime}) held-out {what}, seed mean, relayrl ({engine} engine) vs TRL", measured, ">=",
-                 0.0, shown, "relayrl >= TRL")
+    return Check(
+        f"regime ({regime}) held-out {what}, seed mean, relayrl ({engine} engine) vs TRL",
+        measured,
+        ">=",
+        0.0,
+        shown,
+        "relayrl >= TRL",
+    )
 
 
 def fraction_check(metric: str, value: float | None, op: str, bound: float, digits: int = 0) -> Check:
@@ -145,16 +153,30 @@ def checks(results: dict) -> list[Check]:
         Check("rollout, relayrl/bare vLLM generate (demo)", ratio, "<=", ROLLOUT_RATIO, shown, f"<= {ROLLOUT_RATIO}x"),
         fraction_check("update MFU (demo, phases.py)", dig(results, "phases", "mfu"), ">=", MFU),
         fraction_check("update MFU (regime b, relayrl)", dig(results, "peer_b_phases", "mfu"), ">=", MFU),
-        fraction_check("controller overhead, share of step (demo)", dig(results, "phases", "overhead_frac"),
-                       "<=", OVERHEAD_FRAC, digits=1),
-        fraction_check("controller overhead, share of step (regime b)", dig(results, "peer_b_phases", "overhead_frac"),
-                       "<=", OVERHEAD_FRAC, digits=1),
+        fraction_check(
+            "controller overhead, share of step (demo)",
+            dig(results, "phases", "overhead_frac"),
+            "<=",
+            OVERHEAD_FRAC,
+            digits=1,
+        ),
+        fraction_check(
+            "controller overhead, share of step (regime b)",
+            dig(results, "peer_b_phases", "overhead_frac"),
+            "<=",
+            OVERHEAD_FRAC,
+            digits=1,
+        ),
     ]
 
 
 def format_table(rows: list[Check]) -> str:
-    columns = [("metric", [r.metric for r in rows]), ("measured", [r.measured for r in rows]),
-               ("target", [r.target for r in rows]), ("met?", [r.met for r in rows])]
+    columns = [
+        ("metric", [r.metric for r in rows]),
+        ("measured", [r.measured for r in rows]),
+        ("target", [r.target for r in rows]),
+        ("met?", [r.met for r in rows]),
+    ]
     widths = [max(len(name), *(len(cell) for cell in cells)) for name, cells in columns]
     lines = [" | ".join(name.ljust(width) for (name, _), width in zip(columns, widths))]
     lines.append("-+-".join("-" * width for width in widths))
@@ -173,15 +195,29 @@ def benchmark_argv(name: str, quick: bool, work: str, init_a: str | None) -> tup
         regime = name.split("_")[1]
         engine = ["--engine", "hf"] if name.endswith("_hf") else []
         warm = ["--warmstart", init_a] if init_a and regime == "a" else []  # peer_a_hf: peer_a's very model
-        return "peer_trl", ["--regime", regime, *engine, "--seeds", str(1 if quick else SEEDS[name]), "--dir", work,
-                            *warm, *quick_flag]
+        return "peer_trl", [
+            "--regime",
+            regime,
+            *engine,
+            "--seeds",
+            str(1 if quick else SEEDS[name]),
+            "--dir",
+            work,
+            *warm,
+            *quick_flag,
+        ]
     model = ["--model", init_a] if init_a else []
     if name == "rollout":
         return "rollout_overhead", [*model, "--repeats", str(QUICK_ROLLOUT_REPEATS if quick else ROLLOUT_REPEATS)]
     if name == "phases":
         warm = ["--warmstart", init_a] if init_a else []
-        return "phases", [*warm, "--dir", str(Path(work) / "phases"),
-                          "--steps", str(QUICK_PHASE_STEPS if quick else PHASE_STEPS)]
+        return "phases", [
+            *warm,
+            "--dir",
+            str(Path(work) / "phases"),
+            "--steps",
+            str(QUICK_PHASE_STEPS if quick else PHASE_STEPS),
+        ]
     raise ValueError(f"unknown benchmark {name!r}")
 
 
@@ -213,8 +249,10 @@ def regime_b_phases(report: dict, peak: float | None) -> dict:
         steps = read_metrics(Path(run_dir))
         rows += steps[1:] if len(steps) > 1 else steps  # the first step warms up
     settings = report["settings"]
-    return {**step_analysis(rows, report["init_model"], settings["prompts_per_step"] * settings["n"], peak),
-            "peak_flops": peak}
+    return {
+        **step_analysis(rows, report["init_model"], settings["prompts_per_step"] * settings["n"], peak),
+        "peak_flops": peak,
+    }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -260,11 +298,21 @@ def main(argv: list[str] | None = None) -> dict:
             errors["peer_b_phases"] = "".join(traceback.format_exception_only(type(err), err)).strip()
     rows = checks(results)
     print("\n" + format_table(rows))
-    print("benchmark wall times (s): " + "  ".join(f"{k} {v:.0f}" for k, v in walls.items())
-          + f"; CPUs busy before the start: {busy:.0%}" + ("; QUICK run: smoke-test sizes" if args.quick else ""))
-    report = {"quick": args.quick, "checks": [{**asdict(r), "met": r.met} for r in rows], "errors": errors,
-              "results": results, "wall_s": time.perf_counter() - start, "benchmark_wall_s": walls,
-              "cpu_busy_before_start": busy}
+    print(
+        "benchmark wall times (s): "
+        + "  ".join(f"{k} {v:.0f}" for k, v in walls.items())
+        + f"; CPUs busy before the start: {busy:.0%}"
+        + ("; QUICK run: smoke-test sizes" if args.quick else "")
+    )
+    report = {
+        "quick": args.quick,
+        "checks": [{**asdict(r), "met": r.met} for r in rows],
+        "errors": errors,
+        "results": results,
+        "wall_s": time.perf_counter() - start,
+        "benchmark_wall_s": walls,
+        "cpu_busy_before_start": busy,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.out}")

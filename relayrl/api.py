@@ -55,17 +55,28 @@ def load_config(config: Any = None, overrides: list[str] | tuple[str, ...] = ())
     if config is None or isinstance(config, (str, Path)):
         return config_module.load_config(config, list(overrides))
     if isinstance(config, config_module.Config):
-        return config_module.load_config(None, list(overrides), base=_tree(config)) if overrides else \
-            config.model_copy(deep=True)
+        return (
+            config_module.load_config(None, list(overrides), base=_tree(config))
+            if overrides
+            else config.model_copy(deep=True)
+        )
     if isinstance(config, dict):
         return config_module.load_config(None, list(overrides), base=config)
-    raise ConfigError(f"config must be a YAML path, a dict of sections or a relayrl Config, got "
-                      f"{type(config).__name__}")
+    raise ConfigError(
+        f"config must be a YAML path, a dict of sections or a relayrl Config, got {type(config).__name__}"
+    )
 
 
-def train(config: Any, reward: Any = None, train_data: Any = None, eval_data: Any = None,
-          overrides: list[str] | tuple[str, ...] = (), resume: str | None = None, overwrite: bool = False,
-          show_config: bool = True) -> TrainResult:
+def train(
+    config: Any,
+    reward: Any = None,
+    train_data: Any = None,
+    eval_data: Any = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    resume: str | None = None,
+    overwrite: bool = False,
+    show_config: bool = True,
+) -> TrainResult:
     """Run RL training and return its `TrainResult`. `reward`: a function `fn(prompts, completions, **columns)`,
     a spec string, or a list of them (each also `{"fn": ..., "weight": w, "name": ..., "kwargs": {...}}`);
     `train_data`/`eval_data`: a list of row dicts, a `datasets.Dataset` or a file path. None keeps the config's."""
@@ -87,8 +98,11 @@ def train(config: Any, reward: Any = None, train_data: Any = None, eval_data: An
     if show_config:
         print(dump_config(final))
     result = run_training(final, resume=resume, overwrite=overwrite)
-    return TrainResult(Path(final.log.dir), *(_short(result.get(when, {})) for when in ("before", "after")),
-                       _last_metrics(Path(final.log.dir) / "metrics.jsonl"))
+    return TrainResult(
+        Path(final.log.dir),
+        *(_short(result.get(when, {})) for when in ("before", "after")),
+        _last_metrics(Path(final.log.dir) / "metrics.jsonl"),
+    )
 
 
 def _tree(config) -> dict:
@@ -140,23 +154,31 @@ def reward_spec(reward: Any, workers: int, where: str = "reward") -> tuple[str, 
         return reward, {}
     fn, kwargs = _unwrap(reward)
     if not callable(fn):
-        raise ConfigError(f"{where} must be a function fn(prompts, completions, **columns) or a spec string, got "
-                          f"{type(reward).__name__}")
+        raise ConfigError(
+            f"{where} must be a function fn(prompts, completions, **columns) or a spec string, got "
+            f"{type(reward).__name__}"
+        )
     module_name, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     module = sys.modules.get(module_name or "")
-    by_name = module is not None and "." not in qualname and "<" not in qualname and \
-        getattr(module, qualname, None) is fn
+    by_name = (
+        module is not None and "." not in qualname and "<" not in qualname and getattr(module, qualname, None) is fn
+    )
     if by_name and module_name != "__main__":
         return f"{module_name}:{qualname}", kwargs
     main_file = getattr(module, "__file__", None) if by_name else None
     if workers > 0:
         if main_file:  # workers import the script as a file (it needs an `if __name__ == "__main__":` guard)
             return f"{Path(main_file).resolve()}:{qualname}", kwargs
-        what = (f"{qualname!r} is defined in a notebook or interactive session" if by_name else
-                f"{qualname or type(fn).__name__!r} is a lambda, a function defined inside another function, or an "
-                "object")
-        raise ConfigError(f"{where}: {what}; reward workers (reward.workers={workers}) are separate processes that "
-                          "import the reward by name: define it at module level or use reward.workers=0")
+        what = (
+            f"{qualname!r} is defined in a notebook or interactive session"
+            if by_name
+            else f"{qualname or type(fn).__name__!r} is a lambda, a function defined inside another function, or an "
+            "object"
+        )
+        raise ConfigError(
+            f"{where}: {what}; reward workers (reward.workers={workers}) are separate processes that "
+            "import the reward by name: define it at module level or use reward.workers=0"
+        )
     return _register(fn, qualname or type(fn).__name__), kwargs
 
 
@@ -164,9 +186,13 @@ def _register(fn: Callable, label: str) -> str:
     """Register `fn` for this process; its spec names this module, where `load_reward` finds it."""
     name = f"in_process_reward_{len(_IN_PROCESS) + 1}_{re.sub(r'[^A-Za-z0-9_]', '_', label)}"
     _IN_PROCESS[name] = fn
-    warnings.warn(f"reward {label!r} is used in this process only: the run's config.yaml names it "
-                  f"relayrl.api:{name}, which a new process cannot load; define it at module level in a .py file "
-                  "to make the saved config re-run", RelayWarning, stacklevel=4)
+    warnings.warn(
+        f"reward {label!r} is used in this process only: the run's config.yaml names it "
+        f"relayrl.api:{name}, which a new process cannot load; define it at module level in a .py file "
+        "to make the saved config re-run",
+        RelayWarning,
+        stacklevel=4,
+    )
     return f"relayrl.api:{name}"
 
 
@@ -181,9 +207,11 @@ def _data_path(rows: Any, split: str, run_dir: Path, replacing: bool) -> str:
         from relayrl.run_dir import run_markers
 
         if found := run_markers(run_dir):  # as claim() says, before this run writes into someone's run
-            raise ConfigError(f"log.dir={run_dir} already holds a run ({', '.join(found)}): pass "
-                              f"resume={str(run_dir)!r} to continue it, or overwrite=True to replace it (or choose "
-                              "another log.dir)")
+            raise ConfigError(
+                f"log.dir={run_dir} already holds a run ({', '.join(found)}): pass "
+                f"resume={str(run_dir)!r} to continue it, or overwrite=True to replace it (or choose "
+                "another log.dir)"
+            )
     lines = [_jsonl_line(row, f"{split}_data[{index}]") for index, row in enumerate(_rows(rows, split))]
     if not lines:
         raise DataError(f"{split}_data is empty: give at least one row such as {{'prompt': '1+1=', 'answer': '2'}}")
@@ -200,8 +228,9 @@ def _rows(rows: Any, split: str):
         return rows
     if type(rows).__module__.startswith("datasets") and hasattr(rows, "column_names"):  # a datasets.Dataset
         return iter(rows)
-    raise DataError(f"{split}_data must be a list of dicts, a datasets.Dataset or a file path, got "
-                    f"{type(rows).__name__}")
+    raise DataError(
+        f"{split}_data must be a list of dicts, a datasets.Dataset or a file path, got {type(rows).__name__}"
+    )
 
 
 def _jsonl_line(row: Any, where: str) -> str:

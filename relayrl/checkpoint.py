@@ -43,8 +43,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model, state: dict, keep: in
         _write(tmp, step, model, state)
     except WRITE_ERRORS as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {final} ({write_cause(err)}); "
-                              f"{newest_kept(run_dir)}") from err
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({write_cause(err)}); {newest_kept(run_dir)}"
+        ) from err
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     for old in sorted(root.glob("step_*"))[:-keep]:

@@ -17,18 +17,39 @@ def _train(args) -> None:
     from relayrl.api import train
 
     result = train(args.config, overrides=args.overrides, resume=args.resume, overwrite=args.overwrite)
-    print(json.dumps({when: {f"eval/{key}": value for key, value in scores.items()}
-                      for when, scores in (("before", result.before), ("after", result.after))}))
+    print(
+        json.dumps(
+            {
+                when: {f"eval/{key}": value for key, value in scores.items()}
+                for when, scores in (("before", result.before), ("after", result.after))
+            }
+        )
+    )
 
 
 def _eval(args) -> None:
     from relayrl.evaluate import evaluate_model, parse_reward_kwargs
 
     kwargs = parse_reward_kwargs(args.reward_kwargs)
-    print(json.dumps(evaluate_model(args.model, args.data, args.reward, n=args.n, temperature=args.temperature,
-                                    max_tokens=args.max_tokens, min_tokens=args.min_tokens, engine=args.engine,
-                                    max_prompts=args.max_prompts, reward_kwargs=kwargs, on_error=args.on_error,
-                                    reward_workers=args.reward_workers, reward_timeout_s=args.reward_timeout_s)))
+    print(
+        json.dumps(
+            evaluate_model(
+                args.model,
+                args.data,
+                args.reward,
+                n=args.n,
+                temperature=args.temperature,
+                max_tokens=args.max_tokens,
+                min_tokens=args.min_tokens,
+                engine=args.engine,
+                max_prompts=args.max_prompts,
+                reward_kwargs=kwargs,
+                on_error=args.on_error,
+                reward_workers=args.reward_workers,
+                reward_timeout_s=args.reward_timeout_s,
+            )
+        )
+    )
 
 
 def _sft(args) -> None:
@@ -71,20 +92,44 @@ def _plan(args) -> None:
     from relayrl.planner.report import print_plan
 
     config = load_config(args.config, args.overrides)
-    shape = load_shape(config.model.path, params=args.params, layers=args.layers, hidden=args.hidden,
-                       kv_heads=args.kv_heads, head_dim=args.head_dim, vocab=args.vocab)
+    shape = load_shape(
+        config.model.path,
+        params=args.params,
+        layers=args.layers,
+        hidden=args.hidden,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        vocab=args.vocab,
+    )
     hardware = get_profile(args.hardware, measure=args.measure)
-    print_plan(make_plan(config, shape, hardware, fp32_master=not args.no_master, infer_dtype=args.infer_dtype,
-                         offload=args.offload, longest_prompt_tokens=args.prompt_tokens,
-                         longest_response_tokens=args.response_tokens, measure=args.measure))
+    print_plan(
+        make_plan(
+            config,
+            shape,
+            hardware,
+            fp32_master=not args.no_master,
+            infer_dtype=args.infer_dtype,
+            offload=args.offload,
+            longest_prompt_tokens=args.prompt_tokens,
+            longest_response_tokens=args.response_tokens,
+            measure=args.measure,
+        )
+    )
 
 
 def _bench_sync(args) -> None:
     from relayrl.sync.bench import run, table
 
-    result = run(int(args.params), args.transports.split(","), receivers=args.receivers, repeats=args.repeats,
-                 checksum=not args.no_checksum, bucket_mb=args.bucket_mb, wire_dtype=args.wire_dtype,
-                 adopt=not args.no_adopt)
+    result = run(
+        int(args.params),
+        args.transports.split(","),
+        receivers=args.receivers,
+        repeats=args.repeats,
+        checksum=not args.no_checksum,
+        bucket_mb=args.bucket_mb,
+        wire_dtype=args.wire_dtype,
+        adopt=not args.no_adopt,
+    )
     print(table(result))
     if args.json:
         rows = [vars(r) for r in result.pop("rows")]
@@ -104,11 +149,15 @@ def _bench_all(args) -> None:
 
 
 def _add_bench(commands) -> None:
-    bench = commands.add_parser("bench", help="benchmarks: `bench sync` times each weight transport; `bench all` "
-                                "runs benchmarks/suite.py")
+    bench = commands.add_parser(
+        "bench", help="benchmarks: `bench sync` times each weight transport; `bench all` runs benchmarks/suite.py"
+    )
     targets = bench.add_subparsers(dest="target", required=True)
-    every = targets.add_parser("all", help="benchmarks/suite.py: relayrl vs TRL, rollout overhead, MFU, controller "
-                               "overhead vs their targets (source checkout only)")
+    every = targets.add_parser(
+        "all",
+        help="benchmarks/suite.py: relayrl vs TRL, rollout overhead, MFU, controller "
+        "overhead vs their targets (source checkout only)",
+    )
     every.add_argument("--quick", action="store_true", help="every benchmark small: a smoke run")
     every.set_defaults(fn=_bench_all)
     sync = targets.add_parser("sync", help="seconds and GB/s per transport, bucketed vs per-tensor, vs memcpy")
@@ -119,29 +168,53 @@ def _add_bench(commands) -> None:
     sync.add_argument("--bucket-mb", type=float, default=64.0)
     sync.add_argument("--wire-dtype", choices=["fp32", "bf16"], default="fp32")
     sync.add_argument("--no-checksum", action="store_true", help="skip the xxh3-64 checksum per bucket")
-    sync.add_argument("--no-adopt", action="store_true", help="shm: pack a copy per push instead of keeping the "
-                      "sender's weights in shared memory")
+    sync.add_argument(
+        "--no-adopt",
+        action="store_true",
+        help="shm: pack a copy per push instead of keeping the sender's weights in shared memory",
+    )
     sync.add_argument("--json", help="also write the figures to this file")
     sync.set_defaults(fn=_bench_sync)
 
 
 def _add_eval(commands) -> None:
-    ev = commands.add_parser("eval", help="mean reward of a model on a prompt file; prints one JSON line: "
-                             "reward_mean, n, and the samples the reward failed on (errors, timeouts, skipped)")
+    ev = commands.add_parser(
+        "eval",
+        help="mean reward of a model on a prompt file; prints one JSON line: "
+        "reward_mean, n, and the samples the reward failed on (errors, timeouts, skipped)",
+    )
     ev.add_argument("--model", required=True)
     ev.add_argument("--data", required=True)
     ev.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
-    ev.add_argument("--reward-kwargs", default="{}", metavar="JSON", help="keyword arguments bound to the reward, "
-                    """as reward.kwargs, e.g. '{"pattern": ".*done"}' for regex""")
-    ev.add_argument("--on-error", choices=["error", "zero", "skip"], default="zero", help="a sample the reward "
-                    "fails on: stop naming it, score it 0 (default), or leave it out of reward_mean; all are counted")
-    ev.add_argument("--reward-workers", type=int, default=0, help="score in N worker processes, each sample with "
-                    "a deadline (0 = in this process, no deadline)")
+    ev.add_argument(
+        "--reward-kwargs",
+        default="{}",
+        metavar="JSON",
+        help="keyword arguments bound to the reward, "
+        """as reward.kwargs, e.g. '{"pattern": ".*done"}' for regex""",
+    )
+    ev.add_argument(
+        "--on-error",
+        choices=["error", "zero", "skip"],
+        default="zero",
+        help="a sample the reward "
+        "fails on: stop naming it, score it 0 (default), or leave it out of reward_mean; all are counted",
+    )
+    ev.add_argument(
+        "--reward-workers",
+        type=int,
+        default=0,
+        help="score in N worker processes, each sample with a deadline (0 = in this process, no deadline)",
+    )
     ev.add_argument("--reward-timeout-s", type=float, help="with --reward-workers: seconds per sample (default 60)")
     ev.add_argument("--n", type=int, default=1, help="samples per prompt")
     ev.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    ev.add_argument("--max-tokens", type=int, help="response tokens per sample (default: the model's generation "
-                    "config max_new_tokens, else 64, capped so the longest prompt plus the response fits its context)")
+    ev.add_argument(
+        "--max-tokens",
+        type=int,
+        help="response tokens per sample (default: the model's generation "
+        "config max_new_tokens, else 64, capped so the longest prompt plus the response fits its context)",
+    )
     ev.add_argument("--min-tokens", type=int, default=0, help="end-of-sequence ignored before this many tokens")
     ev.add_argument("--max-prompts", type=int, default=0, help="score only the first N prompts (0 = all)")
     ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
@@ -155,21 +228,94 @@ def _reward(args) -> None:
 
 
 def _add_reward(commands) -> None:
-    rw = commands.add_parser("reward", help="a reward dry-run: score the `completion` of each row of a jsonl/parquet "
-                             "file through the reward service; one JSON line per row, then reward_mean, n, skipped, "
-                             "errors, timeouts")
+    rw = commands.add_parser(
+        "reward",
+        help="a reward dry-run: score the `completion` of each row of a jsonl/parquet "
+        "file through the reward service; one JSON line per row, then reward_mean, n, skipped, "
+        "errors, timeouts",
+    )
     rw.add_argument("file", metavar="FILE", help="rows with `completion` plus `prompt` or `messages` and any columns")
     rw.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
-    rw.add_argument("--kwargs", default="{}", metavar="JSON", help="keyword arguments bound to the reward, as "
-                    "reward.kwargs")
-    rw.add_argument("--style", choices=["auto", "relayrl", "trl", "verl"], default="auto", help="the reward's "
-                    "calling convention, as reward.style (auto: read from its signature)")
-    rw.add_argument("--on-error", choices=["error", "zero", "skip"], default="zero", help="a row the reward fails "
-                    "on: stop naming it, score it 0 (default), or leave it out (reward null); all are counted")
-    rw.add_argument("--workers", type=int, default=0, help="score in N worker processes, each sample with a "
-                    "deadline (0 = in this process, no deadline)")
+    rw.add_argument(
+        "--kwargs", default="{}", metavar="JSON", help="keyword arguments bound to the reward, as reward.kwargs"
+    )
+    rw.add_argument(
+        "--style",
+        choices=["auto", "relayrl", "trl", "verl"],
+        default="auto",
+        help="the reward's calling convention, as reward.style (auto: read from its signature)",
+    )
+    rw.add_argument(
+        "--on-error",
+        choices=["error", "zero", "skip"],
+        default="zero",
+        help="a row the reward fails "
+        "on: stop naming it, score it 0 (default), or leave it out (reward null); all are counted",
+    )
+    rw.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="score in N worker processes, each sample with a deadline (0 = in this process, no deadline)",
+    )
     rw.add_argument("--timeout-s", type=float, help="with --workers: seconds per sample (default 60)")
     rw.set_defaults(fn=_reward)
+
+
+def _add_plan(commands) -> None:
+    plan = commands.add_parser("plan", help="memory per role, placement and step time of a config on a device")
+    plan.add_argument("config")
+    plan.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=16")
+    plan.add_argument("--hardware", default="H100-80GB", help="H100-80GB, H200, A100-80GB, A10G, L4 or cpu")
+    plan.add_argument(
+        "--measure",
+        action="store_true",
+        help="measure this CPU (--hardware cpu): bandwidth, peak "
+        "FLOP/s, the model's matmuls at the plan's shapes, the engine's fixed costs (~30 s)",
+    )
+    for flag in ("params", "layers", "hidden", "kv-heads", "head-dim", "vocab"):  # override model.path's config.json
+        plan.add_argument(f"--{flag}", type=float, help=f"model {flag.replace('-', ' ')} (e.g. --params 7e9)")
+    plan.add_argument("--no-master", action="store_true", help="no fp32 master copy: 12 instead of 16 B/param (GPU)")
+    plan.add_argument(
+        "--infer-dtype",
+        choices=["bf16", "fp8", "fp32"],
+        help="engine/reference weights (default: bf16 on GPU, fp32 on CPU)",
+    )
+    plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
+    plan.add_argument(
+        "--prompt-tokens",
+        type=float,
+        help="expected longest prompt of a batch (default "
+        "data.max_prompt_tokens): the learner pads every row to the batch's longest sequence",
+    )
+    plan.add_argument(
+        "--response-tokens",
+        type=float,
+        help="expected longest response of a batch (default "
+        "rollout.max_tokens); e.g. a previous run's response/length_max",
+    )
+    plan.set_defaults(fn=_plan)
+
+
+def _add_config(commands) -> None:
+    cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")
+    action = cfg.add_mutually_exclusive_group(required=True)
+    action.add_argument("--explain", metavar="KEY", help="a dotted key or section, e.g. rollout.n or algorithm.kl")
+    action.add_argument(
+        "--write-docs",
+        nargs="?",
+        const="docs/config.md",
+        metavar="PATH",
+        help="write the generated reference (default docs/config.md)",
+    )
+    action.add_argument(
+        "--check-docs",
+        nargs="?",
+        const="docs/config.md",
+        metavar="PATH",
+        help="exit 1 if PATH differs from the generated reference (default docs/config.md)",
+    )
+    cfg.set_defaults(fn=_config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -181,8 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=1e-5")
     run_dir = train.add_mutually_exclusive_group()
     run_dir.add_argument("--resume", metavar="RUN_DIR", help="continue from the newest valid checkpoint in RUN_DIR")
-    run_dir.add_argument("--overwrite", action="store_true", help="replace the run already in log.dir (without it, "
-                         "a log.dir holding a run is an error)")
+    run_dir.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in log.dir (without it, a log.dir holding a run is an error)",
+    )
     train.set_defaults(fn=_train)
 
     _add_eval(commands)
@@ -205,34 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("overrides", nargs="*", help="dotted overrides of the demo config")
     demo.set_defaults(fn=_demo)
 
-    plan = commands.add_parser("plan", help="memory per role, placement and step time of a config on a device")
-    plan.add_argument("config")
-    plan.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=16")
-    plan.add_argument("--hardware", default="H100-80GB", help="H100-80GB, H200, A100-80GB, A10G, L4 or cpu")
-    plan.add_argument("--measure", action="store_true", help="measure this CPU (--hardware cpu): bandwidth, peak "
-                      "FLOP/s, the model's matmuls at the plan's shapes, the engine's fixed costs (~30 s)")
-    for flag in ("params", "layers", "hidden", "kv-heads", "head-dim", "vocab"):  # override model.path's config.json
-        plan.add_argument(f"--{flag}", type=float, help=f"model {flag.replace('-', ' ')} (e.g. --params 7e9)")
-    plan.add_argument("--no-master", action="store_true", help="no fp32 master copy: 12 instead of 16 B/param (GPU)")
-    plan.add_argument("--infer-dtype", choices=["bf16", "fp8", "fp32"], help="engine/reference weights (default: "
-                      "bf16 on GPU, fp32 on CPU)")
-    plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
-    plan.add_argument("--prompt-tokens", type=float, help="expected longest prompt of a batch (default "
-                      "data.max_prompt_tokens): the learner pads every row to the batch's longest sequence")
-    plan.add_argument("--response-tokens", type=float, help="expected longest response of a batch (default "
-                      "rollout.max_tokens); e.g. a previous run's response/length_max")
-    plan.set_defaults(fn=_plan)
+    _add_plan(commands)
 
     _add_bench(commands)
 
-    cfg = commands.add_parser("config", help="explain a config key; write or check the reference docs/config.md")
-    action = cfg.add_mutually_exclusive_group(required=True)
-    action.add_argument("--explain", metavar="KEY", help="a dotted key or section, e.g. rollout.n or algorithm.kl")
-    action.add_argument("--write-docs", nargs="?", const="docs/config.md", metavar="PATH",
-                        help="write the generated reference (default docs/config.md)")
-    action.add_argument("--check-docs", nargs="?", const="docs/config.md", metavar="PATH",
-                        help="exit 1 if PATH differs from the generated reference (default docs/config.md)")
-    cfg.set_defaults(fn=_config)
+    _add_config(commands)
 
     report = commands.add_parser("report", help="write RUN_DIR/report/index.html: reward, phase times, staleness")
     report.add_argument("run_dir", metavar="RUN_DIR")
@@ -263,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Interrupted as stop:
         exit_on_next_signal()
-        then = (f"resume with: {resume_command(args, stop.run_dir)}" if stop.checkpoint is not None
-                else "nothing was saved; run the same command to start again")
+        then = (
+            f"resume with: {resume_command(args, stop.run_dir)}"
+            if stop.checkpoint is not None
+            else "nothing was saved; run the same command to start again"
+        )
         print(f"relayrl: {stop.describe()}; {then}", file=sys.stderr, flush=True)
         return stop.exit_status
     except KeyboardInterrupt:  # Ctrl-C outside a training run (sft, eval, the demo's warm start)

@@ -91,36 +91,50 @@ class Config(Section):
             )
         group_relative = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
         if self.rollout.min_tokens > self.rollout.max_tokens:
-            raise ValueError(f"rollout.min_tokens={self.rollout.min_tokens} exceeds rollout.max_tokens="
-                             f"{self.rollout.max_tokens}")
+            raise ValueError(
+                f"rollout.min_tokens={self.rollout.min_tokens} exceeds rollout.max_tokens={self.rollout.max_tokens}"
+            )
         if self.algorithm.dapo.overlong_buffer > self.rollout.max_tokens:
-            raise ValueError(f"algorithm.dapo.overlong_buffer={self.algorithm.dapo.overlong_buffer} must not exceed "
-                             f"rollout.max_tokens={self.rollout.max_tokens}")
+            raise ValueError(
+                f"algorithm.dapo.overlong_buffer={self.algorithm.dapo.overlong_buffer} must not exceed "
+                f"rollout.max_tokens={self.rollout.max_tokens}"
+            )
         transport = self.sync.transport
         if self.placement.mode == "local" and transport not in ("auto", "inprocess"):
-            raise ValueError(f"sync.transport={transport} needs placement.mode=ray (under local, every role shares "
-                             "one process and weights move in-process)")
+            raise ValueError(
+                f"sync.transport={transport} needs placement.mode=ray (under local, every role shares "
+                "one process and weights move in-process)"
+            )
         if self.placement.mode == "ray" and transport == "inprocess":
-            raise ValueError("sync.transport=inprocess needs placement.mode=local; under ray use shm, broadcast, "
-                             "disk or object_store")
+            raise ValueError(
+                "sync.transport=inprocess needs placement.mode=local; under ray use shm, broadcast, "
+                "disk or object_store"
+            )
         if self.train.schedule != "sync" and self.placement.mode != "ray":
-            raise ValueError(f"train.schedule={self.train.schedule} overlaps generation with training, which needs "
-                             "separate processes: set placement.mode=ray")
-        if self.train.partial_rollouts and (self.train.schedule != "async" or self.train.on_stale != "drop"
-                                            or self.train.partial_rollouts < 1):
-            raise ValueError("train.partial_rollouts needs train.schedule=async with train.on_stale=drop and a factor "
-                             ">= 1 (a carried response holds tokens of older versions, which wait's admission "
-                             "control cannot account for)")
+            raise ValueError(
+                f"train.schedule={self.train.schedule} overlaps generation with training, which needs "
+                "separate processes: set placement.mode=ray"
+            )
+        if self.train.partial_rollouts and (
+            self.train.schedule != "async" or self.train.on_stale != "drop" or self.train.partial_rollouts < 1
+        ):
+            raise ValueError(
+                "train.partial_rollouts needs train.schedule=async with train.on_stale=drop and a factor "
+                ">= 1 (a carried response holds tokens of older versions, which wait's admission "
+                "control cannot account for)"
+            )
         if self.train.schedule != "sync" and self.algorithm.dapo.dynamic_sampling:
-            raise ValueError(f"algorithm.dapo.dynamic_sampling works with train.schedule=sync only, "
-                             f"not {self.train.schedule}")
+            raise ValueError(
+                f"algorithm.dapo.dynamic_sampling works with train.schedule=sync only, not {self.train.schedule}"
+            )
         if self.placement.mode == "ray" and self.rollout.engine != "vllm":
             raise ValueError("placement.mode=ray runs vLLM engines; set rollout.engine=vllm")
         if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
             raise ValueError("algorithm.kl.controller=adaptive needs an initial algorithm.kl.coef > 0")
         if self.algorithm.advantage in group_relative and self.rollout.n < 2:
-            raise ValueError(f"rollout.n must be at least 2 for {self.algorithm.advantage} "
-                             "(advantages are relative within a group)")
+            raise ValueError(
+                f"rollout.n must be at least 2 for {self.algorithm.advantage} (advantages are relative within a group)"
+            )
         return self
 
 
@@ -203,12 +217,16 @@ def warn_ineffective(config: Config) -> None:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
         warn(f"{names} has no effect under train.schedule={train.schedule}")
     if train.schedule != "sync" and config.checkpoint.every:
-        warn(f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the "
-             "rollouts in flight: a resumed run is not a replay of an uninterrupted one")
+        warn(
+            f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the "
+            "rollouts in flight: a resumed run is not a replay of an uninterrupted one"
+        )
     off_policy = train.schedule == "one_step_off" or (train.schedule == "async" and train.max_staleness > 0)
     if off_policy and config.algorithm.correction.mode == "none":
-        warn(f"train.schedule={train.schedule} trains on samples from older policies without correction; "
-             "consider algorithm.correction.mode=tis_token")
+        warn(
+            f"train.schedule={train.schedule} trains on samples from older policies without correction; "
+            "consider algorithm.correction.mode=tis_token"
+        )
     placement = config.placement
     if placement.mode == "local" and placement.model_fields_set - {"mode"}:
         names = ", ".join(f"placement.{k}" for k in sorted(placement.model_fields_set - {"mode"}))
@@ -233,8 +251,10 @@ def _warn_algorithm(config: Config) -> None:
     if not algo.dapo.dynamic_sampling and "max_rounds" in algo.dapo.model_fields_set:
         warn("algorithm.dapo.max_rounds has no effect without algorithm.dapo.dynamic_sampling")
     if algo.advantage != "gae" and config.critic.model_fields_set:
-        warn(f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "
-             "is built only for algorithm.advantage=gae")
+        warn(
+            f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "
+            "is built only for algorithm.advantage=gae"
+        )
     if algo.policy_loss == "ppo_clip" and algo.clip_eps < 0.01:
         warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2")
     if config.data.eval is None and config.eval.model_fields_set:
@@ -244,8 +264,13 @@ def _warn_algorithm(config: Config) -> None:
 # The sync settings each transport reads: the in-process transport hands tensors over (no wire, no deadline) but
 # still runs the parity probe; only the disk transport writes into a directory.
 _WIRE = {"transport", "bucket_mb", "wire_dtype", "checksum", "parity_probe", "timeout_s"}
-SYNC_KEYS = {"inprocess": {"transport", "parity_probe"}, "shm": _WIRE, "broadcast": _WIRE, "object_store": _WIRE,
-             "disk": _WIRE | {"directory"}}
+SYNC_KEYS = {
+    "inprocess": {"transport", "parity_probe"},
+    "shm": _WIRE,
+    "broadcast": _WIRE,
+    "object_store": _WIRE,
+    "disk": _WIRE | {"directory"},
+}
 
 
 def effective_transport(config: Config) -> str:
@@ -313,8 +338,11 @@ def _without_defaults(tree: dict, model: type[BaseModel] = Config) -> dict:
         sub = field.annotation if field is not None else None
         if isinstance(sub, type) and issubclass(sub, BaseModel) and isinstance(value, dict):
             kept[key] = _without_defaults(value, sub)
-        elif field is None or field.is_required() or value != to_jsonable_python(field.get_default(
-                call_default_factory=True)):
+        elif (
+            field is None
+            or field.is_required()
+            or value != to_jsonable_python(field.get_default(call_default_factory=True))
+        ):
             kept[key] = value
     return kept
 
@@ -337,8 +365,9 @@ def _unknown_keys(tree: dict, source: str, model: type[BaseModel] = Config, pref
         sub, items = field.annotation, _section_items(field.annotation)
         if isinstance(sub, type) and issubclass(sub, BaseModel):
             if not isinstance(value, dict):
-                found.append(f"'{path}' is a section (in {source}); give it keys, e.g. "
-                             f"{path}.{next(iter(sub.model_fields))}=...")
+                found.append(
+                    f"'{path}' is a section (in {source}); give it keys, e.g. {path}.{next(iter(sub.model_fields))}=..."
+                )
                 continue
             found += _unknown_keys(value, source, sub, path + ".")
         elif items is not None and isinstance(value, list):  # e.g. reward.components: a list of sections

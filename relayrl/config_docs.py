@@ -40,8 +40,15 @@ algorithm:
     coef: 0.01
 """
 EXAMPLE_OVERRIDES = ("rollout.n=16", "train.lr=3e-6", "algorithm.kl.coef=0.05", "rollout.stop=[END]")
-_CONSTRAINTS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<=", "multiple_of": "multiple of",
-                "min_length": "length >=", "max_length": "length <="}
+_CONSTRAINTS = {
+    "gt": ">",
+    "ge": ">=",
+    "lt": "<",
+    "le": "<=",
+    "multiple_of": "multiple of",
+    "min_length": "length >=",
+    "max_length": "length <=",
+}
 
 
 def sections(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[str, type[BaseModel]]]:
@@ -66,8 +73,13 @@ def render_reference() -> str:
             lines += [f"Nested sections: {', '.join(subsections)}.", ""]
         lines += ["| key | type | default | constraints | description |", "|---|---|---|---|---|"]
         for name, field in _leaves(model):
-            cells = [f"`{_join(path, name)}`", type_name(field.annotation), f"`{default_text(field)}`",
-                     constraints_text(field), _description(field)]
+            cells = [
+                f"`{_join(path, name)}`",
+                type_name(field.annotation),
+                f"`{default_text(field)}`",
+                constraints_text(field),
+                _description(field),
+            ]
             lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines + _foreign_names()) + "\n"
 
@@ -86,8 +98,11 @@ def explain(key: str) -> str:
             model = field.annotation
     if _is_section(field):
         return _explain_section(path, model)
-    rows = [("type", type_name(field.annotation)), ("default", default_text(field)),
-            ("constraints", constraints_text(field))]
+    rows = [
+        ("type", type_name(field.annotation)),
+        ("default", default_text(field)),
+        ("constraints", constraints_text(field)),
+    ]
     lines = [path, f"  {_description(field)}"]
     lines += [f"  {label + ':':<13}{value}" for label, value in rows if value]
     lines.append(f"  {'override:':<13}{path}=VALUE (the value is read as YAML)")
@@ -215,10 +230,16 @@ def _explain_section(path: str, model: type[BaseModel]) -> str:
 
 def _foreign_names() -> list[str]:
     """The table behind the unknown-key message: other frameworks' names and the relayrl key each one means."""
-    lines = ["", "## Names from other frameworks", "",
-             "An unknown key whose name is TRL's, verl's or OpenRLHF's is answered with the relayrl key below "
-             "(`relayrl/config_aliases.py`; docs/algorithms.md explains each pairing).", "",
-             "| name | relayrl key | framework | note |", "|---|---|---|---|"]
+    lines = [
+        "",
+        "## Names from other frameworks",
+        "",
+        "An unknown key whose name is TRL's, verl's or OpenRLHF's is answered with the relayrl key below "
+        "(`relayrl/config_aliases.py`; docs/algorithms.md explains each pairing).",
+        "",
+        "| name | relayrl key | framework | note |",
+        "|---|---|---|---|",
+    ]
     for entry in FOREIGN_NAMES:
         cells = [f"`{entry.name}`", f"`{entry.key}`", entry.frameworks, entry.note]
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
@@ -260,8 +281,9 @@ def _header(paths) -> list[str]:
         "- The resolved config (defaults filled in, input paths absolute) is printed when a run starts and saved as "
         "`<log.dir>/config.yaml`; it re-runs from any directory.",
         "",
-        "Sections: " + ", ".join(f"[{path or 'top level'}](#{path.replace('.', '') or 'top-level'})"
-                                 for path in paths) + ".",
+        "Sections: "
+        + ", ".join(f"[{path or 'top level'}](#{path.replace('.', '') or 'top-level'})" for path in paths)
+        + ".",
     ]
 
 

@@ -131,8 +131,10 @@ def resolve_reward_spec(key: str, spec: str, bases: Bases) -> str:
             return f"{found}:{function}"
     if _importable(target):
         return spec
-    raise ConfigError(f"{key}={spec!r}: no module '{target}': neither {relative}.py relative to "
-                      f"{bases.describe()} nor an importable module of that name")
+    raise ConfigError(
+        f"{key}={spec!r}: no module '{target}': neither {relative}.py relative to "
+        f"{bases.describe()} nor an importable module of that name"
+    )
 
 
 def _importable(module: str) -> bool:
@@ -145,8 +147,11 @@ def _importable(module: str) -> bool:
 def warn(message: str) -> None:
     """A `ConfigWarning`, attributed to the first caller outside relayrl's config modules (whose line it names)."""
     frame, level = sys._getframe(1), 2
-    while frame is not None and Path(frame.f_code.co_filename).parent == _HERE and \
-            Path(frame.f_code.co_filename).stem.startswith("config"):
+    while (
+        frame is not None
+        and Path(frame.f_code.co_filename).parent == _HERE
+        and Path(frame.f_code.co_filename).stem.startswith("config")
+    ):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, ConfigWarning, stacklevel=level)
 

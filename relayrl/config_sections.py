@@ -12,8 +12,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from relayrl.config_paths import warn
 
-INPUT_PATH_RULE = ("A relative path is taken against the config file's directory, else the working directory (an "
-                   "override's: the working directory); the saved config.yaml holds it absolute.")
+INPUT_PATH_RULE = (
+    "A relative path is taken against the config file's directory, else the working directory (an "
+    "override's: the working directory); the saved config.yaml holds it absolute."
+)
 
 
 class Section(BaseModel):
@@ -28,10 +30,12 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train: str = Field("", description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`. "
-                                       + INPUT_PATH_RULE)
-    eval: str | None = Field(None, description="Held-out prompts, same format; evaluated before and after training. "
-                                               "Relative: as data.train.")
+    train: str = Field(
+        "", description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`. " + INPUT_PATH_RULE
+    )
+    eval: str | None = Field(
+        None, description="Held-out prompts, same format; evaluated before and after training. Relative: as data.train."
+    )
     max_prompt_tokens: int = Field(256, ge=1, description="Longest prompt, in tokens, after the chat template.")
     on_long_prompt: Literal["error", "drop", "truncate"] = Field(
         "error", description="What to do with a longer prompt: fail naming it, drop it, or keep its last tokens."
@@ -45,15 +49,21 @@ class DataConfig(Section):
 class RewardComponentConfig(Section):
     """One reward function of a weighted combination (`reward.components`)."""
 
-    fn: str = Field(description="Built-in name, `module:function` or `path/file.py:function` (resolved as "
-                                "`reward.fn`).")
+    fn: str = Field(
+        description="Built-in name, `module:function` or `path/file.py:function` (resolved as `reward.fn`)."
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
     weight: float = Field(1.0, description="Its weight in the reward: reward = sum of weight * component.")
-    name: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$",
-                      description="Logged as reward/<name>; empty = the function's name (`math`, `score` of `m:score`).")
+    name: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_.-]*$",
+        description="Logged as reward/<name>; empty = the function's name (`math`, `score` of `m:score`).",
+    )
     style: Literal["auto", "relayrl", "trl", "verl"] = Field(
-        "auto", description="How the function is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
-                            "keyword), verl's compute_score (per sample); auto = read from its signature.")
+        "auto",
+        description="How the function is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
+        "keyword), verl's compute_score (per sample); auto = read from its signature.",
+    )
 
     @property
     def label(self) -> str:
@@ -64,47 +74,64 @@ class RewardConfig(Section):
     fn: str = Field(
         "exact_match",
         description="Built-in name (exact_match, math, regex, code, reward_model, judge) or `module:function` or "
-                    "`path/file.py:function`. The file, or a module's `module.py`, is looked for as data.train is "
-                    "(a module beside the config file imports); else the module must be importable.",
+        "`path/file.py:function`. The file, or a module's `module.py`, is looked for as data.train is "
+        "(a module beside the config file imports); else the module must be importable.",
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the reward function "
-                                                                     "(reward_model's `path`, judge's `model`: a "
-                                                                     "relative directory is looked for as data.train).")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments bound to the reward function "
+        "(reward_model's `path`, judge's `model`: a "
+        "relative directory is looked for as data.train).",
+    )
     components: list[RewardComponentConfig] = Field(
         default_factory=list,
         description="Several reward functions, each `{fn, kwargs, weight, name}`: reward = sum of weight * component, "
-                    "each logged as reward/<name>. Set this or `fn`/`kwargs`, not both.",
+        "each logged as reward/<name>. Set this or `fn`/`kwargs`, not both.",
     )
     style: Literal["auto", "relayrl", "trl", "verl"] = Field(
-        "auto", description="How reward.fn is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
-                            "keyword), verl's compute_score (per sample); auto = read from its signature.")
+        "auto",
+        description="How reward.fn is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
+        "keyword), verl's compute_score (per sample); auto = read from its signature.",
+    )
     on_error: Literal["error", "zero", "skip"] = Field(
-        "error", description="A reward that raises, times out or is not a finite number: fail naming the sample, "
-                             "score it 0, or drop the sample from the batch. Counted as reward/errors, reward/timeouts.",
+        "error",
+        description="A reward that raises, times out or is not a finite number: fail naming the sample, "
+        "score it 0, or drop the sample from the batch. Counted as reward/errors, reward/timeouts.",
     )
     workers: int = Field(
-        0, ge=0, description="Reward worker processes scoring in parallel; 0 = score in the training process "
-                             "(no timeouts: a hanging reward hangs the run).",
+        0,
+        ge=0,
+        description="Reward worker processes scoring in parallel; 0 = score in the training process "
+        "(no timeouts: a hanging reward hangs the run).",
     )
     timeout_s: float = Field(
-        60.0, gt=0, description="With workers: seconds one sample may take; a sample over it is killed with its "
-                                "worker (replaced) and handled per on_error. A batch gets timeout_s per sample.",
+        60.0,
+        gt=0,
+        description="With workers: seconds one sample may take; a sample over it is killed with its "
+        "worker (replaced) and handled per on_error. A batch gets timeout_s per sample.",
     )
     batch_size: int = Field(8, ge=1, description="With workers: samples per call of a reward function in a worker.")
     max_error_frac: float = Field(
-        1.0, ge=0, le=1, description="Stop when a reward function fails (raises, times out, not a number) on this "
-                                     "share or more of a scored batch (warned once past half); 1 = when all fail.",
+        1.0,
+        ge=0,
+        le=1,
+        description="Stop when a reward function fails (raises, times out, not a number) on this "
+        "share or more of a scored batch (warned once past half); 1 = when all fail.",
     )
 
     @model_validator(mode="after")
     def _check_components(self) -> "RewardConfig":
         if self.components and self.model_fields_set & {"fn", "kwargs", "style"}:
-            raise ValueError("reward.components replaces reward.fn and reward.kwargs: set one or the other "
-                             "(a single function is `components: [{fn: ..., kwargs: ...}]`)")
+            raise ValueError(
+                "reward.components replaces reward.fn and reward.kwargs: set one or the other "
+                "(a single function is `components: [{fn: ..., kwargs: ...}]`)"
+            )
         labels = [c.label for c in self.components]
         if duplicated := sorted({label for label in labels if labels.count(label) > 1}):
-            raise ValueError(f"reward.components: the name {duplicated[0]!r} is used twice; give each component "
-                             "a distinct `name` (it is logged as reward/<name>)")
+            raise ValueError(
+                f"reward.components: the name {duplicated[0]!r} is used twice; give each component "
+                "a distinct `name` (it is logged as reward/<name>)"
+            )
         if self.workers == 0 and self.model_fields_set & {"timeout_s", "batch_size"}:
             warn("reward.timeout_s and reward.batch_size have no effect with reward.workers=0")
         return self
@@ -117,18 +144,25 @@ class RewardConfig(Section):
 class RolloutConfig(Section):
     engine: Literal["vllm", "hf"] = Field("vllm", description="Inference engine: vLLM, or HF generate as a fallback.")
     n: int = Field(8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
-    prompts_per_step: int = Field(16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n.")
+    prompts_per_step: int = Field(
+        16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n."
+    )
     temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
     top_k: int = Field(-1, ge=-1, description="Sample among the k most likely tokens (-1 = off).")
     max_tokens: int = Field(64, ge=1, description="Longest response, in tokens.")
-    min_tokens: int = Field(0, ge=0, description="Shortest response, in tokens: end-of-sequence and stop strings are "
-                                                "ignored before it (decode-heavy benchmarks, length floors).")
+    min_tokens: int = Field(
+        0,
+        ge=0,
+        description="Shortest response, in tokens: end-of-sequence and stop strings are "
+        "ignored before it (decode-heavy benchmarks, length floors).",
+    )
     stop: list[str] = Field(default_factory=list, description="Strings that end a response.")
     kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), GiB.")
     prefix_caching: Literal["auto", "on", "off"] = Field(
-        "auto", description="vLLM prefix caching. `auto`: on unless no sequence can fill one KV block (then it only "
-                            "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens)."
+        "auto",
+        description="vLLM prefix caching. `auto`: on unless no sequence can fill one KV block (then it only "
+        "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
     )
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
 
@@ -136,11 +170,13 @@ class RolloutConfig(Section):
 class KLConfig(Section):
     coef: float = Field(0.0, ge=0, description="Weight of the KL penalty to the reference; 0 = no reference loaded.")
     estimator: Literal["k1", "k2", "k3", "abs"] = Field(
-        "k3", description="Per-token KL estimator: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = exp(r) - r - 1 "
-                          "with r = ref - logp, abs = |logp - ref|."
+        "k3",
+        description="Per-token KL estimator: k1 = logp - ref, k2 = (logp - ref)^2 / 2, k3 = exp(r) - r - 1 "
+        "with r = ref - logp, abs = |logp - ref|.",
     )
     placement: Literal["loss", "reward"] = Field(
-        "loss", description="Add the KL penalty to the loss (GRPO style) or subtract it from per-token rewards (PPO style)."
+        "loss",
+        description="Add the KL penalty to the loss (GRPO style) or subtract it from per-token rewards (PPO style).",
     )
     controller: Literal["fixed", "adaptive"] = Field(
         "fixed", description="Fixed coefficient, or adapted towards kl.target (Ziegler et al. 2019)."
@@ -151,8 +187,9 @@ class KLConfig(Section):
 
 class CorrectionConfig(Section):
     mode: Literal["none", "tis_token", "tis_seq", "mask_token", "mask_seq"] = Field(
-        "none", description="Rollout correction with the engine's behaviour log-probs: truncated importance "
-                            "sampling per token or sequence, or masking tokens/sequences whose ratio is off."
+        "none",
+        description="Rollout correction with the engine's behaviour log-probs: truncated importance "
+        "sampling per token or sequence, or masking tokens/sequences whose ratio is off.",
     )
     threshold: float = Field(2.0, gt=0, description="TIS: cap on the importance weight old/behaviour.")
     lower: float = Field(0.5, gt=0, description="Masking: smallest ratio kept.")
@@ -160,8 +197,11 @@ class CorrectionConfig(Section):
 
 
 class CriticConfig(Section):
-    path: str = Field("", description="Value-model initialisation (an HF causal-LM directory); default model.path. "
-                                      "Relative: as model.path.")
+    path: str = Field(
+        "",
+        description="Value-model initialisation (an HF causal-LM directory); default model.path. "
+        "Relative: as model.path.",
+    )
     lr: float = Field(1e-5, gt=0, description="Critic AdamW learning rate.")
     value_clip: float = Field(0.2, gt=0, description="Clip range of the new values around the old (PPO value loss).")
     warmup_steps: int = Field(0, ge=0, description="Steps that train only the critic before the actor moves.")
@@ -186,7 +226,8 @@ class AlgorithmConfig(Section):
     gamma: float = Field(1.0, ge=0, le=1, description="Discount of per-token returns (reinforce_pp and gae).")
     lam: float = Field(0.95, ge=0, le=1, description="gae: the GAE lambda (bias/variance trade-off).")
     policy_loss: Literal["ppo_clip", "gspo"] = Field(
-        "ppo_clip", description="ppo_clip: token-level clipped surrogate; gspo: sequence-level ratio (use a small clip_eps)."
+        "ppo_clip",
+        description="ppo_clip: token-level clipped surrogate; gspo: sequence-level ratio (use a small clip_eps).",
     )
     clip_eps: float = Field(0.2, gt=0, description="Clip range of the importance ratio (both sides unless set below).")
     clip_eps_low: float | None = Field(None, gt=0, description="Lower clip range (1 - eps_low); default clip_eps.")
@@ -195,8 +236,9 @@ class AlgorithmConfig(Section):
     )
     dual_clip_c: float | None = Field(None, gt=1, description="Dual-clip bound c for negative advantages (None = off).")
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="How per-token losses become one number (seq_mean_token_sum_norm divides by "
-                                  "rollout.max_tokens, as Dr. GRPO)."
+        "token_mean",
+        description="How per-token losses become one number (seq_mean_token_sum_norm divides by "
+        "rollout.max_tokens, as Dr. GRPO).",
     )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     kl: KLConfig = Field(default_factory=KLConfig)
@@ -209,7 +251,9 @@ class TrainConfig(Section):
     lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
-    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="After warmup: constant or cosine decay.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After warmup: constant or cosine decay."
+    )
     warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
     min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
     grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
@@ -221,19 +265,23 @@ class TrainConfig(Section):
     seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
     threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
     packing: Literal["auto", "groups", "none"] = Field(
-        "auto", description="Learner forward layout: `groups` packs each group into one row (the prompt once, then "
-                            "every response, block attention mask), `none` right-pads one row per sample, `auto` "
-                            "packs when that computes at least 10% fewer positions."
+        "auto",
+        description="Learner forward layout: `groups` packs each group into one row (the prompt once, then "
+        "every response, block attention mask), `none` right-pads one row per sample, `auto` "
+        "packs when that computes at least 10% fewer positions.",
     )
     logits_chunk: int = Field(
-        1024, ge=0, description="Apply the LM head only where a response token is predicted, this many positions at "
-                                "a time (recomputed in the backward): full-vocabulary logits are never held for more. "
-                                "0 = take the model's own logits over every position."
+        1024,
+        ge=0,
+        description="Apply the LM head only where a response token is predicted, this many positions at "
+        "a time (recomputed in the backward): full-vocabulary logits are never held for more. "
+        "0 = take the model's own logits over every position.",
     )
     schedule: Literal["sync", "one_step_off", "async"] = Field(
-        "sync", description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
-                            "async: engines generate continuously into a bounded buffer. one_step_off and async "
-                            "need placement.mode=ray."
+        "sync",
+        description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
+        "async: engines generate continuously into a bounded buffer. one_step_off and async "
+        "need placement.mode=ray.",
     )
     max_staleness: int = Field(
         1, ge=0, description="async: the most policy versions a sample may lag the policy it trains."
@@ -242,8 +290,10 @@ class TrainConfig(Section):
         "wait", description="async: keep within max_staleness by making producers wait, or by dropping old samples."
     )
     partial_rollouts: float = Field(
-        0.0, ge=0, description="async: over-provision factor for partial rollouts (APRIL): generate this many times "
-                               "the groups needed, stop when enough finish, continue the rest later (0 = off)."
+        0.0,
+        ge=0,
+        description="async: over-provision factor for partial rollouts (APRIL): generate this many times "
+        "the groups needed, stop when enough finish, continue the rest later (0 = off).",
     )
 
 
@@ -254,15 +304,23 @@ class EvalConfig(Section):
 
 
 class SamplesConfig(Section):
-    every: int = Field(10, ge=0, description="Write some samples of every N-th step (and of the last) to "
-                                             "<dir>/samples.jsonl: text, reward, advantage, versions (0 = never).")
-    max_per_step: int = Field(16, ge=1, description="Samples written per logged step: the step's first ones, "
-                                                    "whole groups first.")
+    every: int = Field(
+        10,
+        ge=0,
+        description="Write some samples of every N-th step (and of the last) to "
+        "<dir>/samples.jsonl: text, reward, advantage, versions (0 = never).",
+    )
+    max_per_step: int = Field(
+        16, ge=1, description="Samples written per logged step: the step's first ones, whole groups first."
+    )
 
 
 class LogConfig(Section):
-    dir: str = Field("runs/default", description="Run directory: config.yaml (resolved: input paths absolute), "
-                                                 "metrics.jsonl, model/. Relative to the working directory.")
+    dir: str = Field(
+        "runs/default",
+        description="Run directory: config.yaml (resolved: input paths absolute), "
+        "metrics.jsonl, model/. Relative to the working directory.",
+    )
     progress: bool = Field(True, description="Show a rich progress bar on the console.")
     save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
     samples: SamplesConfig = Field(default_factory=SamplesConfig, description="Per-sample logs (samples.jsonl).")
@@ -281,8 +339,10 @@ class LogConfig(Section):
         for backend in self.backends:
             missing = [module for module in modules[backend] if importlib.util.find_spec(module) is None]
             if missing:
-                raise ValueError(f"log.backends={backend} needs {', '.join(missing)}, which is not installed: "
-                                 "pip install 'relayrl[track]' (or pip install --no-deps -r requirements/cpu.lock)")
+                raise ValueError(
+                    f"log.backends={backend} needs {', '.join(missing)}, which is not installed: "
+                    "pip install 'relayrl[track]' (or pip install --no-deps -r requirements/cpu.lock)"
+                )
         return self
 
 
@@ -296,10 +356,13 @@ class PlacementConfig(Section):
         "local", description="local: every role in this process. ray: each role a Ray actor in a placement group."
     )
     layout: Literal["colocated", "disaggregated"] = Field(
-        "disaggregated", description="ray: roles share one bundle and take turns (colocated), or each role has "
-                                     "its own bundle and engines generate while the learner trains (disaggregated)."
+        "disaggregated",
+        description="ray: roles share one bundle and take turns (colocated), or each role has "
+        "its own bundle and engines generate while the learner trains (disaggregated).",
     )
-    engines: int = Field(1, ge=1, description="ray: rollout-engine replicas; each step's prompts are split across them.")
+    engines: int = Field(
+        1, ge=1, description="ray: rollout-engine replicas; each step's prompts are split across them."
+    )
     learner_cpus: float = Field(1.0, gt=0, description="ray: CPUs reserved for the learner (and its reference/critic).")
     engine_cpus: float = Field(1.0, gt=0, description="ray: CPUs reserved for each rollout engine.")
     learner_threads: int = Field(0, ge=0, description="ray: torch threads in the learner (0 = its reserved CPUs).")
@@ -307,8 +370,12 @@ class PlacementConfig(Section):
     num_cpus: int = Field(0, ge=0, description="ray: CPUs Ray may use when it starts the cluster (0 = all).")
     address: str = Field("", description="ray: address of a running cluster to join ('' = start one here).")
     placement_timeout_s: float = Field(60.0, gt=0, description="ray: deadline for the placement group to be placed.")
-    call_timeout_s: float = Field(600.0, gt=0, description="ray: deadline for any one call into a role (a step's "
-                                                           "generate, update, ...); a miss names the role.")
+    call_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="ray: deadline for any one call into a role (a step's "
+        "generate, update, ...); a miss names the role.",
+    )
     on_engine_failure: Literal["restart", "fail"] = Field(
         "restart", description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop."
     )
@@ -321,9 +388,16 @@ class SyncConfig(Section):
     )
     bucket_mb: float = Field(64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor).")
     wire_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Dtype on the wire (bf16 halves the bytes).")
-    checksum: bool = Field(True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything.")
-    parity_probe: bool = Field(False, description="After each push, compare engine and learner log-probs on a fixed "
-                                                  "sequence (sync/parity_abs_max).")
+    checksum: bool = Field(
+        True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything."
+    )
+    parity_probe: bool = Field(
+        False,
+        description="After each push, compare engine and learner log-probs on a fixed sequence (sync/parity_abs_max).",
+    )
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one push (every collective and wait within it).")
-    directory: str = Field("", description="disk transport: where the weights file goes ('' = a temporary "
-                                           "directory); relative to the working directory.")
+    directory: str = Field(
+        "",
+        description="disk transport: where the weights file goes ('' = a temporary "
+        "directory); relative to the working directory.",
+    )

@@ -96,8 +96,16 @@ class Trainer:
             positions = float(exp.attention_mask.numel())
             metrics["learner/positions"] = positions
             metrics["learner/padding_frac"] = 1.0 - float(exp.attention_mask.sum()) / positions
-        log_samples(self.run_dir, cfg.log.samples.every, cfg.log.samples.max_per_step, step, cfg.train.steps - 1,
-                    rollouts, scores, exp)
+        log_samples(
+            self.run_dir,
+            cfg.log.samples.every,
+            cfg.log.samples.max_per_step,
+            step,
+            cfg.train.steps - 1,
+            rollouts,
+            scores,
+            exp,
+        )
         return metrics
 
     @property
@@ -135,7 +143,9 @@ class Trainer:
         if dapo.overlong_buffer:
             lengths = [len(r.response_ids) for r in rollouts]
             penalty = soft_overlong_penalty(lengths, self.config.rollout.max_tokens, dapo.overlong_buffer)
-            scores = [Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)]
+            scores = [
+                Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)
+            ]
         return rollouts, scores, metrics
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Rollout], list[Score], dict[str, float]]:
@@ -152,8 +162,16 @@ class Trainer:
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
         r = self.config.rollout
         seed = (self.config.train.seed * 100_003 + step) * 64 + round_index
-        return Sampling(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_tokens=r.max_tokens,
-                        min_tokens=r.min_tokens, stop=tuple(r.stop), seed=seed)
+        return Sampling(
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            max_tokens=r.max_tokens,
+            min_tokens=r.min_tokens,
+            stop=tuple(r.stop),
+            seed=seed,
+        )
 
     def evaluate(self) -> dict[str, float]:
         if not self.eval_prompts:
@@ -162,9 +180,19 @@ class Trainer:
         score = functools.partial(lambda rewards, rollouts: rewards.score(rollouts)[0], self.rewards)
         # the policy's length rules (max/min tokens, stop strings) hold at evaluation as in training
         greedy = evaluate(self.engine, self.eval_prompts, score, Sampling.greedy(r.max_tokens, r.stop, r.min_tokens))
-        sampled = evaluate(self.engine, self.eval_prompts, score,
-                           Sampling(n=1, temperature=self.config.eval.temperature, max_tokens=r.max_tokens,
-                                    min_tokens=r.min_tokens, stop=tuple(r.stop), seed=self.config.train.seed))
+        sampled = evaluate(
+            self.engine,
+            self.eval_prompts,
+            score,
+            Sampling(
+                n=1,
+                temperature=self.config.eval.temperature,
+                max_tokens=r.max_tokens,
+                min_tokens=r.min_tokens,
+                stop=tuple(r.stop),
+                seed=self.config.train.seed,
+            ),
+        )
         return {"eval/greedy": greedy, "eval/sampled": sampled}
 
     def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
@@ -186,8 +214,9 @@ class Trainer:
                     if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
                         saved = self.checkpoint(step, before)
                     if self.signals.requested:  # preempted: this step is done and logged; save it and stop
-                        raise Interrupted(self.signals.requested, self.run_dir, step,
-                                          saved or self.checkpoint(step, before))
+                        raise Interrupted(
+                            self.signals.requested, self.run_dir, step, saved or self.checkpoint(step, before)
+                        )
             finally:
                 self.schedule.close()
                 trackers.close()
@@ -199,8 +228,9 @@ class Trainer:
         return result
 
     def checkpoint(self, step: int, before: dict[str, float]) -> str:
-        return self.learner.checkpoint(str(self.run_dir), step, self.loop_state(step, before),
-                                       self.config.checkpoint.keep)
+        return self.learner.checkpoint(
+            str(self.run_dir), step, self.loop_state(step, before), self.config.checkpoint.keep
+        )
 
     def loop_state(self, step: int, before: dict[str, float]) -> dict:
         """What the loop itself needs to continue exactly after `step` (the learner adds its own state)."""
@@ -254,17 +284,20 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
     data = config.data
-    prompts, long_stats = load_prompts(data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
-                                       data.chat_template)
+    prompts, long_stats = load_prompts(
+        data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
+    )
     show_first_prompt(prompts, long_stats, tokenizer)  # what the model is shown, before any time is spent
     data_metrics = {"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated}
     eval_prompts = []
     if data.eval:
-        eval_prompts, eval_stats = load_prompts(data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt,
-                                                data.chat_template)
+        eval_prompts, eval_stats = load_prompts(
+            data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
+        )
         eval_prompts = eval_prompts[: config.eval.max_prompts or None]
-        data_metrics.update({"data/eval_prompts_dropped": eval_stats.dropped,
-                             "data/eval_prompts_truncated": eval_stats.truncated})
+        data_metrics.update(
+            {"data/eval_prompts_dropped": eval_stats.dropped, "data/eval_prompts_truncated": eval_stats.truncated}
+        )
     max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
     check_context(config, max_len)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
@@ -275,10 +308,19 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
     trainer = Trainer(
-        config=config, engine=engine, learner=learner, sync=sync, rewards=rewards,
-        sampler=PromptSampler(prompts, config.train.seed, data.shuffle), eval_prompts=eval_prompts,
-        tokenizer=tokenizer, run_dir=run_dir, data_metrics=data_metrics, advantage_fn=advantage_fn,
-        pad_id=pad_token_id(tokenizer), close=lambda: (rewards.close(), close()),
+        config=config,
+        engine=engine,
+        learner=learner,
+        sync=sync,
+        rewards=rewards,
+        sampler=PromptSampler(prompts, config.train.seed, data.shuffle),
+        eval_prompts=eval_prompts,
+        tokenizer=tokenizer,
+        run_dir=run_dir,
+        data_metrics=data_metrics,
+        advantage_fn=advantage_fn,
+        pad_id=pad_token_id(tokenizer),
+        close=lambda: (rewards.close(), close()),
         timeline=Timeline(run_dir / "timeline.jsonl"),
     )
     return trainer
@@ -300,16 +342,21 @@ def build_roles(config: Config, max_len: int, probe_ids: list[int] | None):
 def advantage_knobs(config: Config) -> dict:
     """The config values each estimator takes (the others have none)."""
     algo = config.algorithm
-    return {"grpo": {"std_normalize": algo.std_normalize}, "reinforce_pp": {"gamma": algo.gamma},
-            "gae": {"gamma": algo.gamma, "lam": algo.lam}}.get(algo.advantage, {})
+    return {
+        "grpo": {"std_normalize": algo.std_normalize},
+        "reinforce_pp": {"gamma": algo.gamma},
+        "gae": {"gamma": algo.gamma, "lam": algo.lam},
+    }.get(algo.advantage, {})
 
 
 def check_context(config: Config, max_len: int) -> None:
     limit = context_length(config.model.path)
     if limit is not None and max_len > limit:
-        raise ConfigError(f"the longest prompt plus rollout.max_tokens={config.rollout.max_tokens} is {max_len} "
-                          f"tokens, over the model's context of {limit}: lower data.max_prompt_tokens="
-                          f"{config.data.max_prompt_tokens} or rollout.max_tokens")
+        raise ConfigError(
+            f"the longest prompt plus rollout.max_tokens={config.rollout.max_tokens} is {max_len} "
+            f"tokens, over the model's context of {limit}: lower data.max_prompt_tokens="
+            f"{config.data.max_prompt_tokens} or rollout.max_tokens"
+        )
 
 
 def train(config: Config, resume: str | None = None, overwrite: bool = False) -> dict[str, dict[str, float]]:

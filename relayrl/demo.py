@@ -31,8 +31,11 @@ def run_demo(run_dir: str | Path = "runs/demo", overrides: list[str] = ()) -> di
         print("warm start: supervised training of a tiny model on the sloppy teacher's answers")
         run_sft(paths["sft"], warm, init="tiny", settings=SFTSettings(epochs=DEMO_SFT_EPOCHS, batch_size=128))
     base = read_yaml(resources.files("relayrl") / "configs" / "demo.yaml")
-    base.update(model={"path": str(warm)}, data={**base.get("data", {}), "train": str(paths["train"]),
-                                                  "eval": str(paths["eval"])}, log={"dir": str(run_dir)})
+    base.update(
+        model={"path": str(warm)},
+        data={**base.get("data", {}), "train": str(paths["train"]), "eval": str(paths["eval"])},
+        log={"dir": str(run_dir)},
+    )
     config = load_config(None, list(overrides), base=base)
     print(dump_config(config))
     result = train(config, overwrite=True)  # each demo is a fresh RL run; data/ and warmstart/ are kept

@@ -9,8 +9,13 @@ from relayrl.rollout.base import Sampling
 from relayrl.types import Prompt, Rollout, Score
 
 
-def evaluate(engine, prompts: list[Prompt], score: Callable[[list[Rollout]], list[Score | None]],
-             sampling: Sampling, version: int = 0) -> float:
+def evaluate(
+    engine,
+    prompts: list[Prompt],
+    score: Callable[[list[Rollout]], list[Score | None]],
+    sampling: Sampling,
+    version: int = 0,
+) -> float:
     """Mean reward over all prompts x sampling.n responses; `score` is the run's reward service (a skipped
     sample counts as 0)."""
     rollouts = engine.generate(prompts, sampling, version)
@@ -23,7 +28,7 @@ def parse_reward_kwargs(text: str, flag: str = "relayrl eval: --reward-kwargs") 
     command and the flag in the message (`relayrl eval: --reward-kwargs`, `relayrl reward: --kwargs`)."""
     from relayrl.errors import ConfigError
 
-    example = f"""e.g. {flag.split(': ')[-1]} '{{"pattern": ".*done"}}'"""
+    example = f"""e.g. {flag.split(": ")[-1]} '{{"pattern": ".*done"}}'"""
     try:
         kwargs = json.loads(text)
     except json.JSONDecodeError as err:
@@ -33,10 +38,22 @@ def parse_reward_kwargs(text: str, flag: str = "relayrl eval: --reward-kwargs") 
     return kwargs
 
 
-def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: float = 0.0,
-                   max_tokens: int | None = None, engine: str = "vllm", seed: int = 0, min_tokens: int = 0,
-                   max_prompts: int = 0, reward_kwargs: dict[str, Any] | None = None, on_error: str = "zero",
-                   reward_workers: int = 0, reward_timeout_s: float | None = None) -> dict[str, float]:
+def evaluate_model(
+    model: str,
+    data: str,
+    reward: str,
+    n: int = 1,
+    temperature: float = 0.0,
+    max_tokens: int | None = None,
+    engine: str = "vllm",
+    seed: int = 0,
+    min_tokens: int = 0,
+    max_prompts: int = 0,
+    reward_kwargs: dict[str, Any] | None = None,
+    on_error: str = "zero",
+    reward_workers: int = 0,
+    reward_timeout_s: float | None = None,
+) -> dict[str, float]:
     """`relayrl eval`: load a model into an engine and score it on a prompt file through the reward service.
     `reward_mean` is over the samples scored (a skipped one is left out); failures are counted, not hidden.
     `max_tokens=None` fits the model (`fit_max_tokens`)."""
@@ -47,33 +64,48 @@ def evaluate_model(model: str, data: str, reward: str, n: int = 1, temperature: 
     from relayrl.rewards.service import build_reward_service
     from relayrl.rollout import build_engine
 
-    if n < 1 or (max_tokens or 1) < 1 or temperature < 0 or not 0 <= min_tokens <= (max_tokens or min_tokens) \
-            or max_prompts < 0:
-        raise ConfigError(f"relayrl eval: need --n >= 1, --max-tokens >= 1, --temperature >= 0, 0 <= --min-tokens "
-                          f"<= --max-tokens, --max-prompts >= 0 (got {n}, {max_tokens}, {temperature}, {min_tokens}, "
-                          f"{max_prompts})")
+    if (
+        n < 1
+        or (max_tokens or 1) < 1
+        or temperature < 0
+        or not 0 <= min_tokens <= (max_tokens or min_tokens)
+        or max_prompts < 0
+    ):
+        raise ConfigError(
+            f"relayrl eval: need --n >= 1, --max-tokens >= 1, --temperature >= 0, 0 <= --min-tokens "
+            f"<= --max-tokens, --max-prompts >= 0 (got {n}, {max_tokens}, {temperature}, {min_tokens}, "
+            f"{max_prompts})"
+        )
     if reward_workers < 0 or (reward_timeout_s is not None and (reward_timeout_s <= 0 or not reward_workers)):
-        raise ConfigError(f"relayrl eval: need --reward-workers >= 0, and --reward-timeout-s > 0 only with "
-                          f"--reward-workers (got {reward_workers}, {reward_timeout_s})")
+        raise ConfigError(
+            f"relayrl eval: need --reward-workers >= 0, and --reward-timeout-s > 0 only with "
+            f"--reward-workers (got {reward_workers}, {reward_timeout_s})"
+        )
     tokenizer = load_tokenizer(model, key="--model")
     prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)  # the context is checked below, in flags
     prompts = prompts[:max_prompts] if max_prompts else prompts
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))
     max_tokens = fit_max_tokens(model, max_tokens, len(prompts[longest].token_ids), data, longest)
     if min_tokens > max_tokens:
-        raise ConfigError(f"relayrl eval: --min-tokens {min_tokens} is over --max-tokens, which defaults to "
-                          f"{max_tokens} for this model and data; lower --min-tokens")
+        raise ConfigError(
+            f"relayrl eval: --min-tokens {min_tokens} is over --max-tokens, which defaults to "
+            f"{max_tokens} for this model and data; lower --min-tokens"
+        )
     deadline = {} if reward_timeout_s is None else {"timeout_s": reward_timeout_s}
-    reward_config = RewardConfig(fn=reward, kwargs=reward_kwargs or {}, on_error=on_error, workers=reward_workers,
-                                 **deadline)
+    reward_config = RewardConfig(
+        fn=reward, kwargs=reward_kwargs or {}, on_error=on_error, workers=reward_workers, **deadline
+    )
     max_len = max(len(p.token_ids) for p in prompts) + max_tokens
     sampling = Sampling(n=n, temperature=temperature, max_tokens=max_tokens, min_tokens=min_tokens, seed=seed)
     with build_reward_service(reward_config) as rewards:  # before the engine: a spec that cannot load fails first
         rollouts = build_engine(engine, model, max_len, seed).generate(prompts, sampling, 0)
         scores, metrics = rewards.score(rollouts)
     scored = [s.reward for s in scores if s is not None]
-    return {"reward_mean": sum(scored) / max(1, len(scored)), "n": len(rollouts),
-            **{key: int(metrics[f"reward/{key}"]) for key in ("errors", "timeouts", "skipped")}}
+    return {
+        "reward_mean": sum(scored) / max(1, len(scored)),
+        "n": len(rollouts),
+        **{key: int(metrics[f"reward/{key}"]) for key in ("errors", "timeouts", "skipped")},
+    }
 
 
 DEFAULT_MAX_TOKENS = 64  # `relayrl eval`'s response budget when the model's generation config sets none
@@ -89,15 +121,19 @@ def fit_max_tokens(model: str, max_tokens: int | None, longest: int, data: str =
     context = context_length(model)
     where = f"{data}:{_row_location(data, row)}" if data else f"row {row + 1}"
     if context is not None and longest >= context:
-        raise ConfigError(f"relayrl eval: the longest prompt ({where}, {longest} tokens) fills the model's context "
-                          f"of {context} tokens, leaving no room for a response; shorten it or use --max-prompts")
+        raise ConfigError(
+            f"relayrl eval: the longest prompt ({where}, {longest} tokens) fills the model's context "
+            f"of {context} tokens, leaving no room for a response; shorten it or use --max-prompts"
+        )
     if max_tokens is None:
         fitted = _generation_max_new_tokens(model) or DEFAULT_MAX_TOKENS
         return fitted if context is None else min(fitted, context - longest)
     if context is not None and longest + max_tokens > context:
-        raise ConfigError(f"relayrl eval: --max-tokens {max_tokens} + the longest prompt ({where}, {longest} tokens) "
-                          f"exceed the model's context of {context} tokens: pass --max-tokens "
-                          f"{context - longest} or less (or leave it out to fit the model)")
+        raise ConfigError(
+            f"relayrl eval: --max-tokens {max_tokens} + the longest prompt ({where}, {longest} tokens) "
+            f"exceed the model's context of {context} tokens: pass --max-tokens "
+            f"{context - longest} or less (or leave it out to fit the model)"
+        )
     return max_tokens
 
 

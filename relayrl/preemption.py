@@ -26,8 +26,13 @@ class Interrupted(BaseException):
     """A run stopped by a signal: after `step` with `checkpoint` written, or before its first step. Like
     KeyboardInterrupt it is no `Exception`, so no `except Exception` on the way out swallows it."""
 
-    def __init__(self, signum: int, run_dir: str | Path | None = None, step: int | None = None,
-                 checkpoint: str | Path | None = None):
+    def __init__(
+        self,
+        signum: int,
+        run_dir: str | Path | None = None,
+        step: int | None = None,
+        checkpoint: str | Path | None = None,
+    ):
         self.signum, self.run_dir, self.step, self.checkpoint = signum, run_dir, step, checkpoint
         super().__init__(self.describe())
 
@@ -96,5 +101,7 @@ class StopSignals:
         self.requested = signum
         if not self.deferred:
             raise Interrupted(signum)
-        self._log(f"relayrl: {name} received: stopping after the current step with a checkpoint "
-                  "(send it again to exit at once)")
+        self._log(
+            f"relayrl: {name} received: stopping after the current step with a checkpoint "
+            "(send it again to exit at once)"
+        )

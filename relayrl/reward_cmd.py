@@ -30,29 +30,52 @@ def read_completions(path: str) -> list[Rollout]:
     for where, row in read_rows(path):  # checks prompt/messages, naming file:row
         completion = row.get("completion")
         if not isinstance(completion, str):
-            raise DataError(f"{where}: 'completion' must be a string (the response to score), got "
-                            f"{completion!r}" + ("" if "completion" in row else f"; found columns {sorted(row)}"))
+            raise DataError(
+                f"{where}: 'completion' must be a string (the response to score), got "
+                f"{completion!r}" + ("" if "completion" in row else f"; found columns {sorted(row)}")
+            )
         ids = row.get("completion_ids")
         if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
             raise DataError(f"{where}: 'completion_ids' must be a list of token ids, got {ids!r}")
-        prompt = Prompt(id=where, text=render(row, None, chat_template=False, where=where), token_ids=[],
-                        columns={k: v for k, v in row.items() if k not in NOT_COLUMNS},
-                        messages=None if is_plain_prompt(row) else row["messages"])
-        rollouts.append(Rollout(prompt=prompt, group_index=0, response_ids=list(ids or []),
-                                response_text=completion, behaviour_logprobs=[], finish_reason="stop", versions=[]))
+        prompt = Prompt(
+            id=where,
+            text=render(row, None, chat_template=False, where=where),
+            token_ids=[],
+            columns={k: v for k, v in row.items() if k not in NOT_COLUMNS},
+            messages=None if is_plain_prompt(row) else row["messages"],
+        )
+        rollouts.append(
+            Rollout(
+                prompt=prompt,
+                group_index=0,
+                response_ids=list(ids or []),
+                response_text=completion,
+                behaviour_logprobs=[],
+                finish_reason="stop",
+                versions=[],
+            )
+        )
     return rollouts
 
 
-def score_file(path: str, reward: str, kwargs: dict[str, Any] | None = None, on_error: str = "zero",
-               workers: int = 0, timeout_s: float | None = None, style: str = "auto") -> Iterator[dict[str, Any]]:
+def score_file(
+    path: str,
+    reward: str,
+    kwargs: dict[str, Any] | None = None,
+    on_error: str = "zero",
+    workers: int = 0,
+    timeout_s: float | None = None,
+    style: str = "auto",
+) -> Iterator[dict[str, Any]]:
     """The per-row results, then the summary (the last item)."""
     from relayrl.config import RewardConfig
     from relayrl.rewards.base import load_reward
     from relayrl.rewards.service import build_reward_service
 
     if workers < 0 or (timeout_s is not None and (timeout_s <= 0 or not workers)):
-        raise ConfigError(f"relayrl reward: need --workers >= 0, and --timeout-s > 0 only with --workers "
-                          f"(got {workers}, {timeout_s})")
+        raise ConfigError(
+            f"relayrl reward: need --workers >= 0, and --timeout-s > 0 only with --workers (got {workers}, {timeout_s})"
+        )
     rollouts = read_completions(path)
     load_reward(reward, kwargs, style)  # here first: a bad spec fails before any worker starts, and is announced
     deadline = {} if timeout_s is None else {"timeout_s": timeout_s}
@@ -60,16 +83,29 @@ def score_file(path: str, reward: str, kwargs: dict[str, Any] | None = None, on_
     with build_reward_service(config) as service:
         scores, metrics = service.score(rollouts)
     for rollout, score in zip(rollouts, scores):
-        yield {"row": rollout.prompt.id, "reward": None if score is None else score.reward,
-               "components": {} if score is None else score.components}
+        yield {
+            "row": rollout.prompt.id,
+            "reward": None if score is None else score.reward,
+            "components": {} if score is None else score.components,
+        }
     scored = [s.reward for s in scores if s is not None]
-    yield {"reward_mean": sum(scored) / max(1, len(scored)), "n": len(rollouts),
-           **{key: int(metrics[f"reward/{key}"]) for key in ("skipped", "errors", "timeouts")}}
+    yield {
+        "reward_mean": sum(scored) / max(1, len(scored)),
+        "n": len(rollouts),
+        **{key: int(metrics[f"reward/{key}"]) for key in ("skipped", "errors", "timeouts")},
+    }
 
 
 def run(args) -> None:
     """The `relayrl reward` handler: one JSON line per row, then the summary."""
     kwargs = parse_reward_kwargs(args.kwargs, flag="relayrl reward: --kwargs")
-    for line in score_file(args.file, args.reward, kwargs, on_error=args.on_error, workers=args.workers,
-                           timeout_s=args.timeout_s, style=args.style):
+    for line in score_file(
+        args.file,
+        args.reward,
+        kwargs,
+        on_error=args.on_error,
+        workers=args.workers,
+        timeout_s=args.timeout_s,
+        style=args.style,
+    ):
         print(json.dumps(line), flush=True)

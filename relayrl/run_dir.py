@@ -25,20 +25,24 @@ RUN_OUTPUTS = RUN_MARKERS + ("config.yaml", "critic", "report", "tensorboard", "
 
 def run_markers(run_dir: str | Path) -> list[str]:
     """The files that show `run_dir` holds a run (empty if it holds none): an empty one shows nothing."""
+
     def written(path: Path) -> bool:
         return any(path.iterdir()) if path.is_dir() else path.is_file() and path.stat().st_size > 0
 
     return [name for name in RUN_MARKERS if written(Path(run_dir) / name)]
 
 
-def claim(run_dir: str | Path, config_text: str, resume_step: int | None = None, overwrite: bool = False,
-          log=print) -> Path:
+def claim(
+    run_dir: str | Path, config_text: str, resume_step: int | None = None, overwrite: bool = False, log=print
+) -> Path:
     """Make `run_dir` this run's and write its resolved config; `resume_step`: continue the run there."""
     run_dir = Path(run_dir)
     found = run_markers(run_dir)
     if resume_step is None and found and not overwrite:
-        raise ConfigError(f"log.dir={run_dir} already holds a run ({', '.join(found)}): pass --resume {run_dir} "
-                          "to continue it, or --overwrite to replace it (or choose another log.dir)")
+        raise ConfigError(
+            f"log.dir={run_dir} already holds a run ({', '.join(found)}): pass --resume {run_dir} "
+            "to continue it, or --overwrite to replace it (or choose another log.dir)"
+        )
     if resume_step is None and found:
         log(f"{run_dir}: replacing the run there (--overwrite)")
         for name in RUN_OUTPUTS:
@@ -50,4 +54,3 @@ def claim(run_dir: str | Path, config_text: str, resume_step: int | None = None,
             truncate_after(run_dir / name, resume_step)
     (run_dir / "config.yaml").write_text(config_text)
     return run_dir
-

@@ -81,10 +81,14 @@ def warn_unknown_characters(pairs: list[Pair], encoded: list[tuple[list[int], in
                     lacking.append(char)
     shown = ", ".join(map(repr, lacking[:20])) + (f" and {len(lacking) - 20} more" if len(lacking) > 20 else "")
     shown = shown or "no single character, but whole pieces"  # a word-level vocabulary
-    warnings.warn(f"{len(rows)} of {len(pairs)} rows have text the tokenizer of {model} lacks ({shown}), "
-                  f"trained on as {tokenizer.unk_token} (first at {rows[0].where}); "
-                  "clean them from the data, use a model whose tokenizer has them, or --init tiny (a vocabulary "
-                  "built from the data)", RelayWarning, stacklevel=3)
+    warnings.warn(
+        f"{len(rows)} of {len(pairs)} rows have text the tokenizer of {model} lacks ({shown}), "
+        f"trained on as {tokenizer.unk_token} (first at {rows[0].where}); "
+        "clean them from the data, use a model whose tokenizer has them, or --init tiny (a vocabulary "
+        "built from the data)",
+        RelayWarning,
+        stacklevel=3,
+    )
 
 
 def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,12 +99,18 @@ def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tens
     for row, (ids, prompt_len) in enumerate(batch):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
-        labels[row, prompt_len: len(ids)] = torch.tensor(ids[prompt_len:])
+        labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
     return input_ids, attention, labels
 
 
-def run_sft(data: str | Path, out: str | Path, init: str = "tiny", model_path: str | None = None,
-            settings: SFTSettings = SFTSettings(), log=print) -> Path:
+def run_sft(
+    data: str | Path,
+    out: str | Path,
+    init: str = "tiny",
+    model_path: str | None = None,
+    settings: SFTSettings = SFTSettings(),
+    log=print,
+) -> Path:
     from relayrl.models.loading import load_causal_lm, load_tokenizer
     from relayrl.models.tiny import build_tiny
 
@@ -118,8 +128,10 @@ def run_sft(data: str | Path, out: str | Path, init: str = "tiny", model_path: s
     warn_unknown_characters(pairs, encoded, tokenizer, model_path or "--init tiny")
     steps = max(1, math.ceil(len(encoded) * settings.epochs / settings.batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / settings.warmup_steps)
-                                                 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda s: min(1.0, (s + 1) / settings.warmup_steps) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))),
+    )
     rng = random.Random(settings.seed)
     order: list[int] = []
     model.train()

@@ -38,5 +38,6 @@ def warm_model_dir(tmp_path_factory, toy_task):
     from relayrl.sft import SFTSettings, run_sft
 
     out = tmp_path_factory.mktemp("warm_model")
-    return run_sft(toy_task["sft"], out, init="tiny", settings=SFTSettings(epochs=4.0, batch_size=128),
-                   log=lambda *_: None)
+    return run_sft(
+        toy_task["sft"], out, init="tiny", settings=SFTSettings(epochs=4.0, batch_size=128), log=lambda *_: None
+    )

@@ -24,6 +24,7 @@ def register(name: str):
     def wrap(fn: Estimator) -> Estimator:
         ADVANTAGES[name] = fn
         return fn
+
     return wrap
 
 
@@ -35,8 +36,9 @@ class AdvantageInputs:
     values: torch.Tensor | None = None  # [B, T] critic values (gae only)
 
 
-def make_inputs(rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
-                values: torch.Tensor | None = None) -> AdvantageInputs:
+def make_inputs(
+    rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, values: torch.Tensor | None = None
+) -> AdvantageInputs:
     """rewards [B], mask [B, T], group_ids [B] -> inputs with each reward on its row's last response token."""
     last = last_response_token(mask)  # [B]
     token_rewards = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
@@ -126,8 +128,9 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, eps: float = 1e-8) -> tuple[t
 
 
 @register("gae")
-def gae(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False,
-        eps: float = 1e-8) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten: bool = False, eps: float = 1e-8
+) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016): d_t = r_t + gamma V_{t+1} - V_t, A_t = d_t + gamma lam A_{t+1}.
 
     Returns = A + V (before any whitening). V after the last response token is 0, and the recursion

@@ -46,8 +46,9 @@ def _check_bounds(lower: float, upper: float) -> None:
         raise ValueError(f"ratio masking needs 0 <= lower < upper, got lower={lower}, upper={upper}")
 
 
-def token_tis(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-              threshold: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def token_tis(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, threshold: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level truncated IS: weight = min(exp(old - behaviour), threshold) per token [B, T]."""
     _check_threshold(threshold)
     on = mask.bool()
@@ -56,8 +57,9 @@ def token_tis(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask
     return weights, _metrics(ratio, on, ratio > threshold, "truncated_frac")
 
 
-def sequence_tis(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-                 threshold: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def sequence_tis(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, threshold: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Sequence-level truncated IS: weight = min(exp(sum over the sequence of (old - behaviour)), threshold),
     the same weight on every token of the sequence [B, T]."""
     _check_threshold(threshold)
@@ -67,8 +69,9 @@ def sequence_tis(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, m
     return weights, _metrics(ratio, on, ratio > threshold, "truncated_frac")
 
 
-def token_ratio_mask(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-                     lower: float, upper: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def token_ratio_mask(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, lower: float, upper: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level masking: drop tokens whose ratio exp(old - behaviour) is outside [lower, upper]. -> new mask."""
     _check_bounds(lower, upper)
     on = mask.bool()
@@ -77,8 +80,9 @@ def token_ratio_mask(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tenso
     return mask * ~outside, _metrics(ratio, on, outside, "masked_frac")
 
 
-def sequence_ratio_mask(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-                        lower: float, upper: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def sequence_ratio_mask(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, lower: float, upper: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Sequence-level masking: drop whole sequences whose geometric-mean ratio
     exp(mean over the sequence of (old - behaviour)) is outside [lower, upper]. -> new mask [B, T]."""
     _check_bounds(lower, upper)

@@ -30,10 +30,11 @@ def split_groups(rollouts: list[Rollout], scores: list[Score]) -> list[Group]:
     for row, (rollout, score) in enumerate(zip(rollouts, scores)):
         if rollout.group_index == 0:
             groups.append(([], []))
-        elif not groups or rollout.group_index != len(groups[-1][0]) \
-                or rollout.prompt.id != groups[-1][0][0].prompt.id:
-            raise ValueError(f"row {row} ({rollout.sample_id}) does not continue the group before it: "
-                             "rollouts must be prompt-major with group_index 0, 1, ..., n-1")
+        elif not groups or rollout.group_index != len(groups[-1][0]) or rollout.prompt.id != groups[-1][0][0].prompt.id:
+            raise ValueError(
+                f"row {row} ({rollout.sample_id}) does not continue the group before it: "
+                "rollouts must be prompt-major with group_index 0, 1, ..., n-1"
+            )
         groups[-1][0].append(rollout)
         groups[-1][1].append(score)
     return groups
@@ -69,8 +70,10 @@ class GroupCollector:
 
     def __init__(self, target_groups: int, max_rounds: int):
         if target_groups < 1 or max_rounds < 1:
-            raise ValueError(f"GroupCollector needs target_groups >= 1 and max_rounds >= 1, "
-                             f"got target_groups={target_groups}, max_rounds={max_rounds}")
+            raise ValueError(
+                f"GroupCollector needs target_groups >= 1 and max_rounds >= 1, "
+                f"got target_groups={target_groups}, max_rounds={max_rounds}"
+            )
         self.target_groups, self.max_rounds = target_groups, max_rounds
         self.groups: list[Group] = []  # informative groups, in the order they were generated
         self.rounds = self.dropped = 0
@@ -100,15 +103,21 @@ class GroupCollector:
         Groups beyond the target (the last round overshot) are discarded.
         """
         if not (self.full or self.exhausted):
-            raise RuntimeError(f"GroupCollector.take called with {len(self.groups)}/{self.target_groups} "
-                               f"groups after {self.rounds}/{self.max_rounds} rounds: keep generating")
+            raise RuntimeError(
+                f"GroupCollector.take called with {len(self.groups)}/{self.target_groups} "
+                f"groups after {self.rounds}/{self.max_rounds} rounds: keep generating"
+            )
         picked = self.groups[: self.target_groups]
         return [r for rs, _ in picked for r in rs], [s for _, ss in picked for s in ss]
 
     def metrics(self) -> dict[str, float]:
         """kept_groups counts every informative group collected, including any beyond the target."""
-        return {"dynamic/rounds": float(self.rounds), "dynamic/kept_groups": float(len(self.groups)),
-                "dynamic/dropped_groups": float(self.dropped), "dynamic/filled": float(self.full)}
+        return {
+            "dynamic/rounds": float(self.rounds),
+            "dynamic/kept_groups": float(len(self.groups)),
+            "dynamic/dropped_groups": float(self.dropped),
+            "dynamic/filled": float(self.full),
+        }
 
 
 def overlong_mask(rollouts: list[Rollout]) -> torch.Tensor:
@@ -132,10 +141,12 @@ def soft_overlong_penalty(lengths: torch.Tensor | list[int], max_tokens: int, bu
     is smaller than the engine's.
     """
     if not 0 < buffer <= max_tokens:
-        raise ValueError(f"soft_overlong_penalty needs 0 < buffer <= max_tokens, got buffer={buffer}, "
-                         f"max_tokens={max_tokens}")
+        raise ValueError(
+            f"soft_overlong_penalty needs 0 < buffer <= max_tokens, got buffer={buffer}, max_tokens={max_tokens}"
+        )
     lengths = torch.as_tensor(lengths, dtype=torch.float32)  # [B]
     free = max_tokens - buffer  # longest response with no penalty
     ramp = (free - lengths) / buffer  # [B]
-    return torch.where(lengths <= free, torch.zeros_like(lengths),
-                       torch.where(lengths <= max_tokens, ramp, -torch.ones_like(lengths)))
+    return torch.where(
+        lengths <= free, torch.zeros_like(lengths), torch.where(lengths <= max_tokens, ramp, -torch.ones_like(lengths))
+    )

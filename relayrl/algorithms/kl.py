@@ -57,8 +57,9 @@ def kl_estimator(name: str) -> KLEstimator:
     return KL_ESTIMATORS[name]
 
 
-def kl_in_reward(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, estimator: str,
-                 coef: float) -> torch.Tensor:
+def kl_in_reward(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, estimator: str, coef: float
+) -> torch.Tensor:
     """Per-token reward penalty -coef * kl [B, T], 0 on masked tokens and detached (rewards carry no gradient).
 
     Added to the token rewards before the advantages (the InstructGPT/PPO-RLHF placement); k1 is the usual
@@ -87,8 +88,10 @@ class AdaptiveKLController:
 
     def __init__(self, init_coef: float, target: float, horizon: float):
         if init_coef < 0 or target <= 0 or horizon <= 0:
-            raise ValueError(f"adaptive KL needs init_coef >= 0, target > 0, horizon > 0; got "
-                             f"init_coef={init_coef}, target={target}, horizon={horizon}")
+            raise ValueError(
+                f"adaptive KL needs init_coef >= 0, target > 0, horizon > 0; got "
+                f"init_coef={init_coef}, target={target}, horizon={horizon}"
+            )
         self.coef, self.target, self.horizon = init_coef, target, horizon
 
     def update(self, current_kl: float, n_steps: int) -> float:

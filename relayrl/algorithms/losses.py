@@ -42,13 +42,16 @@ def mini_batch_normaliser(mask: torch.Tensor, mode: str, max_tokens: int | None 
     if mode == "seq_mean_token_mean":
         return sequences
     if max_tokens is None:
-        raise ValueError("loss aggregation 'seq_mean_token_sum_norm' divides by a constant: pass max_tokens "
-                         "(e.g. rollout.max_tokens) or normaliser=mini_batch_normaliser(mask, mode, max_tokens)")
+        raise ValueError(
+            "loss aggregation 'seq_mean_token_sum_norm' divides by a constant: pass max_tokens "
+            "(e.g. rollout.max_tokens) or normaliser=mini_batch_normaliser(mask, mode, max_tokens)"
+        )
     return sequences * max_tokens
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float | None = None,
-              max_tokens: int | None = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, mode: str, normaliser: float | None = None, max_tokens: int | None = None
+) -> torch.Tensor:
     """Reduce per-token values [B, T] to a scalar.
 
     token_mean:              sum of unmasked values / token count.
@@ -80,9 +83,16 @@ def _clip_range(clip_eps: float | None, eps_low: float | None, eps_high: float |
     return low, high
 
 
-def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, eps_low: float,
-                       eps_high: float, dual_clip_c: float | None, agg: str,
-                       normaliser: float | None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    dual_clip_c: float | None,
+    agg: str,
+    normaliser: float | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-min(r A, clip(r, 1-eps_low, 1+eps_high) A), optionally dual-clipped; ratio, advantages, mask: [B, T]."""
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages
@@ -107,10 +117,19 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torc
     return loss, metrics
 
 
-def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, clip_eps: float | None = None, agg: str = "token_mean",
-                  normaliser: float | None = None, *, eps_low: float | None = None, eps_high: float | None = None,
-                  dual_clip_c: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = None,
+    agg: str = "token_mean",
+    normaliser: float | None = None,
+    *,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    dual_clip_c: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate with per-token ratio exp(logp - old): -min(r A, clip(r, 1-eps_low, 1+eps_high) A).
 
     logprobs, old_logprobs, advantages, mask: [B, T]. `clip_eps` is the symmetric range; `eps_low`/`eps_high`
@@ -122,10 +141,19 @@ def ppo_clip_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     return _clipped_surrogate(ratio, advantages, mask, low, high, dual_clip_c, agg, normaliser)
 
 
-def gspo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, clip_eps: float | None = None, agg: str = "token_mean",
-              normaliser: float | None = None, *, eps_low: float | None = None, eps_high: float | None = None,
-              dual_clip_c: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def gspo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float | None = None,
+    agg: str = "token_mean",
+    normaliser: float | None = None,
+    *,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    dual_clip_c: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO (Zheng et al. 2025): the PPO surrogate on one ratio per sequence, clipped per sequence.
 
     s_i = exp(mean over sequence i's unmasked tokens of (logp - old)), the geometric-mean token ratio. In the
@@ -148,15 +176,22 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo_clip": ppo_clip_loss, "gspo": gspo_
 
 
 # ---------------------------------------------------------------------------------------------- regularisers
-def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, agg: str = "token_mean",
-                  normaliser: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def entropy_bonus(
+    entropy: torch.Tensor, mask: torch.Tensor, coef: float, agg: str = "token_mean", normaliser: float | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """-coef * aggregated entropy [B, T] (adding it to the loss raises entropy); metrics: entropy_sum."""
     loss = -coef * aggregate(entropy, mask, agg, normaliser)
     return loss, {"entropy_sum": (entropy * mask).sum().detach()}
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, estimator: str,
-               agg: str = "token_mean", normaliser: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    estimator: str,
+    agg: str = "token_mean",
+    normaliser: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(aggregated KL to the reference, sum of per-token KL over unmasked tokens). See kl.py for estimators."""
     per_token = kl_estimator(estimator)(logprobs, ref_logprobs)
     return aggregate(per_token, mask, agg, normaliser), (per_token * mask).sum().detach()

@@ -78,8 +78,10 @@ def _row_kind(where: str, row: dict[str, Any]) -> str:
     if not set_kinds and len(named) == 1:
         return named[0]  # a lone null column: its own check below says what it must hold
     nulls = [column for column in kinds if column in row and row[column] is None]
-    raise DataError(f"{where}: a row needs exactly one of 'prompt' (string) or 'messages' (chat list); "
-                    f"found columns {sorted(row)}" + (f" (null: {', '.join(map(repr, nulls))})" if nulls else ""))
+    raise DataError(
+        f"{where}: a row needs exactly one of 'prompt' (string) or 'messages' (chat list); "
+        f"found columns {sorted(row)}" + (f" (null: {', '.join(map(repr, nulls))})" if nulls else "")
+    )
 
 
 def is_plain_prompt(row: dict[str, Any]) -> bool:
@@ -95,10 +97,14 @@ def _check_row(where: str, row: dict[str, Any]) -> None:
         if not isinstance(messages, list) or not messages:
             raise DataError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
         for i, message in enumerate(messages):
-            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                    and isinstance(message.get("content"), str)):
-                raise DataError(f"{where}: messages[{i}] must be an object with string 'role' and 'content', "
-                                f"got {message!r}")
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise DataError(
+                    f"{where}: messages[{i}] must be an object with string 'role' and 'content', got {message!r}"
+                )
 
 
 @dataclass
@@ -110,8 +116,9 @@ class LoadStats:
     first_location: str = ""
 
 
-def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_prompt: str = "error",
-                 chat_template: bool = True) -> tuple[list[Prompt], LoadStats]:
+def load_prompts(
+    path: str | Path, tokenizer, max_prompt_tokens: int, on_long_prompt: str = "error", chat_template: bool = True
+) -> tuple[list[Prompt], LoadStats]:
     """Render and tokenize every row. Returns the prompts and how many were dropped or truncated."""
     if on_long_prompt not in ("error", "drop", "truncate"):
         raise ValueError(f"on_long_prompt must be error, drop or truncate, got {on_long_prompt!r}")
@@ -131,8 +138,10 @@ def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_pr
         seen_ids[prompt_id] = where
         if len(token_ids) > max_prompt_tokens:
             if on_long_prompt == "error":
-                raise DataError(f"{where}: prompt has {len(token_ids)} tokens, over data.max_prompt_tokens="
-                                f"{max_prompt_tokens} (set data.on_long_prompt=drop or truncate to continue)")
+                raise DataError(
+                    f"{where}: prompt has {len(token_ids)} tokens, over data.max_prompt_tokens="
+                    f"{max_prompt_tokens} (set data.on_long_prompt=drop or truncate to continue)"
+                )
             if on_long_prompt == "drop":
                 stats.dropped += 1
                 continue
@@ -140,8 +149,15 @@ def load_prompts(path: str | Path, tokenizer, max_prompt_tokens: int, on_long_pr
             token_ids = token_ids[-max_prompt_tokens:]  # keep the end, where the question usually is
             text = tokenizer.decode(token_ids)
         columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
-        prompts.append(Prompt(id=prompt_id, text=text, token_ids=token_ids, columns=columns,
-                              messages=None if is_plain_prompt(row) else row["messages"]))
+        prompts.append(
+            Prompt(
+                id=prompt_id,
+                text=text,
+                token_ids=token_ids,
+                columns=columns,
+                messages=None if is_plain_prompt(row) else row["messages"],
+            )
+        )
         stats.first_location = stats.first_location or where
     if not prompts:
         raise DataError(f"{path}: every prompt was dropped as longer than {max_prompt_tokens} tokens")
@@ -161,33 +177,39 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
     if not chat_template:
         return "".join(m["content"] for m in messages)
     if tokenizer.chat_template is None:
-        raise DataError(f"{where}: a 'messages' row needs a tokenizer with a chat template "
-                        "(or set data.chat_template=false to concatenate the contents)")
+        raise DataError(
+            f"{where}: a 'messages' row needs a tokenizer with a chat template "
+            "(or set data.chat_template=false to concatenate the contents)"
+        )
     from jinja2 import TemplateError
 
     continues = messages[-1]["role"] == "assistant"
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=not continues,
-                                             continue_final_message=continues)
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=not continues, continue_final_message=continues
+        )
     except TemplateError as err:  # the template's own `raise_exception`, e.g. roles that do not alternate
         raise DataError(f"{where}: the chat template refuses 'messages': {err}") from None
     except ValueError as err:
         if not continues:
             raise DataError(f"{where}: the chat template cannot render 'messages': {err}") from None
-        raise DataError(f"{where}: 'messages' ends with an assistant turn, which is continued as the start of "
-                        "the answer, but the chat template does not write that turn's content verbatim, so it cannot be left open; end "
-                        "the row with a user turn, or give the exact text as a 'prompt' row") from None
+        raise DataError(
+            f"{where}: 'messages' ends with an assistant turn, which is continued as the start of "
+            "the answer, but the chat template does not write that turn's content verbatim, so it cannot be left open; end "
+            "the row with a user turn, or give the exact text as a 'prompt' row"
+        ) from None
 
 
-def show_first_prompt(prompts: list[Prompt], stats: LoadStats, tokenizer, key: str = "data.train",
-                      width: int = 200) -> None:
+def show_first_prompt(
+    prompts: list[Prompt], stats: LoadStats, tokenizer, key: str = "data.train", width: int = 200
+) -> None:
     """Print, on one line, the first prompt exactly as the model sees it: its tokens decoded, special ones
     included, with repr escapes so newlines and spaces show; a long one keeps its start and its end."""
     shown = tokenizer.decode(prompts[0].token_ids, skip_special_tokens=False)
     if len(repr(shown)) <= width:
         text = repr(shown)
     else:  # the end holds the generation prompt, the part most often wrong
-        text = f"{shown[: width // 2]!r} ... {shown[-width // 2:]!r} ({len(shown)} chars)"
+        text = f"{shown[: width // 2]!r} ... {shown[-width // 2 :]!r} ({len(shown)} chars)"
     print(f"relayrl: first prompt ({key}, {stats.first_location}, {len(prompts[0].token_ids)} tokens): {text}")
 
 

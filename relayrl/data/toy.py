@@ -25,8 +25,9 @@ def sloppy_sum(a: int, b: int) -> int:
     return a + b - 10 if needs_carry(a, b) else a + b
 
 
-def write_toy_task(out_dir: str | Path, seed: int = 0, max_operand: int = 99, eval_size: int = 500,
-                   sft_copies: int = 4) -> dict[str, Path]:
+def write_toy_task(
+    out_dir: str | Path, seed: int = 0, max_operand: int = 99, eval_size: int = 500, sft_copies: int = 4
+) -> dict[str, Path]:
     """Write sft.jsonl (prompt/completion), train.jsonl and eval.jsonl (prompt/answer); return their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -35,7 +36,7 @@ def write_toy_task(out_dir: str | Path, seed: int = 0, max_operand: int = 99, ev
     rng.shuffle(pairs)
     held_out, rest = pairs[:eval_size], pairs[eval_size:]
     # the warm start and RL see different problems, so RL prompts are not memorised sloppy answers
-    sft_pairs, train = rest[: len(rest) // 2], rest[len(rest) // 2:]
+    sft_pairs, train = rest[: len(rest) // 2], rest[len(rest) // 2 :]
 
     def problem(a: int, b: int) -> dict:
         return {"prompt": f"{a}+{b}=", "answer": str(a + b)}

@@ -15,8 +15,10 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
     response_lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.long)
     lengths = prompt_lengths + response_lengths
     width = int(lengths.max())
-    input_ids = torch.tensor([r.prompt.token_ids + r.response_ids + [pad_id] * (width - n)
-                              for r, n in zip(rollouts, lengths.tolist())], dtype=torch.long)
+    input_ids = torch.tensor(
+        [r.prompt.token_ids + r.response_ids + [pad_id] * (width - n) for r, n in zip(rollouts, lengths.tolist())],
+        dtype=torch.long,
+    )
     attention_mask = (torch.arange(width)[None] < lengths[:, None]).long()
     # the response token at position p is predicted from position p-1: target columns from prompt_len-1 on
     columns, first = torch.arange(width - 1)[None], prompt_lengths[:, None] - 1
@@ -30,9 +32,16 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
     # in a batch never merge into one group)
     group_ids = torch.cumsum(torch.tensor([r.group_index == 0 for r in rollouts]), 0) - 1
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
-    return Experience(input_ids=input_ids, attention_mask=attention_mask, loss_mask=response.float(),
-                      behaviour_logprobs=behaviour, rewards=rewards, group_ids=group_ids, versions=versions,
-                      prompt_lengths=prompt_lengths)
+    return Experience(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=response.float(),
+        behaviour_logprobs=behaviour,
+        rewards=rewards,
+        group_ids=group_ids,
+        versions=versions,
+        prompt_lengths=prompt_lengths,
+    )
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

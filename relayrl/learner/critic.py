@@ -34,8 +34,14 @@ class ValueModel(nn.Module):
         return self.head(hidden).squeeze(-1)  # [B, T]
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-                       clip: float, normaliser: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    normaliser: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's value loss: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), token-mean over the
     mini-batch (`normaliser` = its token count). Returns (loss, number of tokens where the clipped term won)."""
     clipped = old_values + (values - old_values).clamp(-clip, clip)
@@ -79,8 +85,14 @@ class Critic:
                 for micro in mini.split(train.micro_batch):
                     part = exp.select(micro)
                     mask = part.loss_mask.to(self.device)
-                    loss, n_clipped = clipped_value_loss(self._values(part), part.values.to(self.device),
-                                                         part.returns.to(self.device), mask, clip, normaliser)
+                    loss, n_clipped = clipped_value_loss(
+                        self._values(part),
+                        part.values.to(self.device),
+                        part.returns.to(self.device),
+                        mask,
+                        clip,
+                        normaliser,
+                    )
                     loss.backward()
                     step_loss += float(loss)
                     clipped += float(n_clipped)
@@ -89,9 +101,12 @@ class Critic:
                 self.optimizer.zero_grad(set_to_none=True)
                 losses.append(step_loss)
                 tokens += normaliser
-        return {"critic/value_loss": sum(losses) / len(losses), "critic/clip_frac": clipped / max(tokens, 1.0),
-                "critic/values_mean": float(exp.values[exp.loss_mask.bool()].mean()),
-                "critic/returns_mean": float(exp.returns[exp.loss_mask.bool()].mean())}
+        return {
+            "critic/value_loss": sum(losses) / len(losses),
+            "critic/clip_frac": clipped / max(tokens, 1.0),
+            "critic/values_mean": float(exp.values[exp.loss_mask.bool()].mean()),
+            "critic/returns_mean": float(exp.returns[exp.loss_mask.bool()].mean()),
+        }
 
     def save(self, out_dir: str | Path) -> None:
         out = Path(out_dir)

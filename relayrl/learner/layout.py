@@ -55,8 +55,10 @@ class ForwardLayout:
         self.attention = getattr(model_config, "_attn_implementation", None)
         self.architecture = (getattr(model_config, "architectures", None) or ["?"])[0]
         if packing == "groups" and self.attention not in PACKABLE_ATTENTION:
-            raise ConfigError(f"train.packing=groups needs {' or '.join(PACKABLE_ATTENTION)} attention; "
-                              f"{self.architecture} uses {self.attention!r}. Use train.packing=auto or none.")
+            raise ConfigError(
+                f"train.packing=groups needs {' or '.join(PACKABLE_ATTENTION)} attention; "
+                f"{self.architecture} uses {self.attention!r}. Use train.packing=auto or none."
+            )
         self.checked = False
         self.positions = self.tokens = self.packed_forwards = self.forwards = 0  # since the last take_counts
 
@@ -79,9 +81,11 @@ class ForwardLayout:
 
     def take_counts(self) -> dict[str, float]:
         """Positions computed and their padding share since the last call (learner/* metrics)."""
-        counts = {"learner/positions": float(self.positions),
-                  "learner/padding_frac": 1.0 - self.tokens / max(self.positions, 1),
-                  "learner/packed_frac": self.packed_forwards / max(self.forwards, 1)}
+        counts = {
+            "learner/positions": float(self.positions),
+            "learner/padding_frac": 1.0 - self.tokens / max(self.positions, 1),
+            "learner/packed_frac": self.packed_forwards / max(self.forwards, 1),
+        }
         self.positions = self.tokens = self.packed_forwards = self.forwards = 0
         return counts
 
@@ -108,14 +112,16 @@ class ForwardLayout:
         self.tokens += packed.tokens
         mask = packed.attention_mask if self.attention == "sdpa" else packed.additive_mask(model.dtype)
         output = self._output(model, input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=mask)
-        return Predictions(output[packed.row.to(self.device), packed.position.to(self.device)], packed.sample,
-                           packed.column)
+        return Predictions(
+            output[packed.row.to(self.device), packed.position.to(self.device)], packed.sample, packed.column
+        )
 
     def _stats(self, model, output, targets, entropy_grad):
         s = self.sampled
         if self.logits_chunk > 0:
-            return head_stats(output, output_head(model), targets, s.temperature, s.top_k, s.top_p, self.logits_chunk,
-                              entropy_grad)
+            return head_stats(
+                output, output_head(model), targets, s.temperature, s.top_k, s.top_p, self.logits_chunk, entropy_grad
+            )
         return logits_stats(output, targets, s.temperature, s.top_k, s.top_p, entropy_grad)
 
     # ------------------------------------------------------------------ first-use check
@@ -133,13 +139,18 @@ class ForwardLayout:
         tolerance = PARITY_TOLERANCE.get(logits.dtype, HALF_PRECISION_TOLERANCE)
         if gap > tolerance:
             self.checked = False
-            settings = [name for on, name in ((packed, "train.packing=none"),
-                                              (self.logits_chunk > 0, "train.logits_chunk=0")) if on]
+            settings = [
+                name
+                for on, name in ((packed, "train.packing=none"), (self.logits_chunk > 0, "train.logits_chunk=0"))
+                if on
+            ]
             rows = "group-packed" if packed else "padded"
             head = "head over hidden states" if self.logits_chunk > 0 else "model logits"
-            raise ConfigError(f"the learner's forward of {self.architecture} ({self.attention} attention, {rows} "
-                              f"rows, {head}) gives log-probs up to {gap:.2g} away from the plain forward (tolerance "
-                              f"{tolerance:g}): this model does not support it. Set {' or '.join(settings)}.")
+            raise ConfigError(
+                f"the learner's forward of {self.architecture} ({self.attention} attention, {rows} "
+                f"rows, {head}) gives log-probs up to {gap:.2g} away from the plain forward (tolerance "
+                f"{tolerance:g}): this model does not support it. Set {' or '.join(settings)}."
+            )
 
 
 def response_targets(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:

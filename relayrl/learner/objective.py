@@ -13,12 +13,7 @@ import torch
 
 from relayrl.algorithms.correction import sequence_ratio_mask, sequence_tis, token_ratio_mask, token_tis
 from relayrl.algorithms.kl import AdaptiveKLController, FixedKLController, kl_in_reward
-from relayrl.algorithms.losses import (
-    POLICY_LOSSES,
-    entropy_bonus,
-    kl_penalty,
-    mini_batch_normaliser,
-)
+from relayrl.algorithms.losses import POLICY_LOSSES, entropy_bonus, kl_penalty, mini_batch_normaliser
 from relayrl.config import AlgorithmConfig
 from relayrl.types import Experience
 
@@ -28,13 +23,20 @@ class Objective:
         self.algo = algo
         self.max_tokens = max_tokens
         self.policy_loss = functools.partial(
-            POLICY_LOSSES[algo.policy_loss], clip_eps=algo.clip_eps, agg=algo.loss_agg,
-            eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, dual_clip_c=algo.dual_clip_c,
+            POLICY_LOSSES[algo.policy_loss],
+            clip_eps=algo.clip_eps,
+            agg=algo.loss_agg,
+            eps_low=algo.clip_eps_low,
+            eps_high=algo.clip_eps_high,
+            dual_clip_c=algo.dual_clip_c,
         )
         self.kl_in_loss = use_reference and algo.kl.placement == "loss"
         kl = algo.kl
-        self.kl_controller = (AdaptiveKLController(kl.coef, kl.target, kl.horizon) if kl.controller == "adaptive"
-                              else FixedKLController(kl.coef))
+        self.kl_controller = (
+            AdaptiveKLController(kl.coef, kl.target, kl.horizon)
+            if kl.controller == "adaptive"
+            else FixedKLController(kl.coef)
+        )
         self.correction = _correction(algo)
 
     def normaliser(self, mask: torch.Tensor) -> float:
@@ -44,15 +46,17 @@ class Objective:
     def entropy_in_loss(self) -> bool:
         return self.algo.entropy_coef > 0
 
-    def loss(self, logp: torch.Tensor, entropy: torch.Tensor, old: torch.Tensor, part: Experience,
-             normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def loss(
+        self, logp: torch.Tensor, entropy: torch.Tensor, old: torch.Tensor, part: Experience, normaliser: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss of one micro-batch. logp, entropy, old: [b, t] (entropy with gradients when it is in the loss)."""
         mask = part.loss_mask.to(logp.device)
         loss, metrics = self.policy_loss(logp, old, part.advantages.to(logp.device), mask, normaliser=normaliser)
         sums = {"loss_policy": loss.detach(), **metrics}  # micro-batch losses add up to the mini-batch's
         if self.kl_in_loss:
-            kl_loss, sums["kl"] = kl_penalty(logp, part.ref_logprobs.to(logp.device), mask, self.algo.kl.estimator,
-                                             self.algo.loss_agg, normaliser)
+            kl_loss, sums["kl"] = kl_penalty(
+                logp, part.ref_logprobs.to(logp.device), mask, self.algo.kl.estimator, self.algo.loss_agg, normaliser
+            )
             loss = loss + self.kl_controller.coef * kl_loss
         if self.entropy_in_loss:
             bonus, _ = entropy_bonus(entropy, mask, self.algo.entropy_coef, self.algo.loss_agg, normaliser)
@@ -64,8 +68,9 @@ class Objective:
         """-coef * KL per token [B, T] to add to the token rewards (kl.placement=reward), else None."""
         if exp.ref_logprobs is None or self.algo.kl.placement != "reward":
             return None
-        return kl_in_reward(exp.old_logprobs, exp.ref_logprobs, exp.loss_mask, self.algo.kl.estimator,
-                            self.kl_controller.coef)
+        return kl_in_reward(
+            exp.old_logprobs, exp.ref_logprobs, exp.loss_mask, self.algo.kl.estimator, self.kl_controller.coef
+        )
 
     def correct_in_pass(self, part: Experience, logp: torch.Tensor) -> dict[str, torch.Tensor]:
         """TIS inside the update's own forward, for a single on-policy mini-batch: the micro-batch's current
@@ -75,8 +80,11 @@ class Objective:
         weights, metrics = self.correction(logp.detach(), part.behaviour_logprobs.to(logp.device), mask)
         part.advantages = part.advantages.to(logp.device) * weights
         tokens = mask.sum()
-        return {"ratio_sum": metrics["ratio_mean"] * tokens, "ratio_max": metrics["ratio_max"],
-                "hit_tokens": metrics["truncated_frac"] * tokens}
+        return {
+            "ratio_sum": metrics["ratio_mean"] * tokens,
+            "ratio_max": metrics["ratio_max"],
+            "hit_tokens": metrics["truncated_frac"] * tokens,
+        }
 
     def correct(self, exp: Experience) -> dict[str, float]:
         """Reweight (TIS) or mask tokens by the old/behaviour ratio, in place; returns correction metrics."""

@@ -44,8 +44,9 @@ class PackedGroups:
 
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """The mask as eager attention adds it to the scores: 0 where allowed, the dtype's minimum elsewhere."""
-        return torch.zeros(self.attention_mask.shape, dtype=dtype).masked_fill(~self.attention_mask,
-                                                                               torch.finfo(dtype).min)
+        return torch.zeros(self.attention_mask.shape, dtype=dtype).masked_fill(
+            ~self.attention_mask, torch.finfo(dtype).min
+        )
 
 
 def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
@@ -69,9 +70,17 @@ def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
         segments[r, : len(tokens)] = torch.tensor(segment)
         index += [(sample, column, r, position) for sample, column, position in predicted]
     sample, column, row, position = torch.tensor(index, dtype=torch.long).reshape(-1, 4).unbind(1)
-    return PackedGroups(input_ids=input_ids, position_ids=position_ids, attention_mask=_block_mask(segments),
-                        sample=sample, column=column, row=row, position=position,
-                        shape=(len(exp), exp.input_ids.shape[1] - 1), tokens=sum(len(t) for t, *_ in rows))
+    return PackedGroups(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        attention_mask=_block_mask(segments),
+        sample=sample,
+        column=column,
+        row=row,
+        position=position,
+        shape=(len(exp), exp.input_ids.shape[1] - 1),
+        tokens=sum(len(t) for t, *_ in rows),
+    )
 
 
 def _pack_group(input_ids: torch.Tensor, samples: list[int], prompt_length: int, lengths: list[int]):
@@ -81,9 +90,11 @@ def _pack_group(input_ids: torch.Tensor, samples: list[int], prompt_length: int,
     segment, predicted = [0] * prompt_length, []
     for number, sample in enumerate(samples, start=1):
         if not torch.equal(input_ids[sample, :prompt_length], prompt):
-            raise ValueError(f"sample {sample} of a group has a different prompt from sample {samples[0]}: a group's "
-                             "samples must share their prompt to be packed")
-        response = input_ids[sample, prompt_length: lengths[sample]].tolist()
+            raise ValueError(
+                f"sample {sample} of a group has a different prompt from sample {samples[0]}: a group's "
+                "samples must share their prompt to be packed"
+            )
+        response = input_ids[sample, prompt_length : lengths[sample]].tolist()
         start = len(tokens)
         for j in range(len(response)):  # token j is predicted from the prompt's last position, or token j-1
             predicted.append((sample, prompt_length - 1 + j, prompt_length - 1 if j == 0 else start + j - 1))

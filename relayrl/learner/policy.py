@@ -44,20 +44,31 @@ class PolicyLearner:
         train = config.train
         self.updates_per_step = config.updates_per_step
         self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas)
-        self.scheduler = build_scheduler(self.optimizer, train.steps * self.updates_per_step,
-                                         train.warmup_steps, train.lr_schedule, train.min_lr_ratio)
+        self.scheduler = build_scheduler(
+            self.optimizer,
+            train.steps * self.updates_per_step,
+            train.warmup_steps,
+            train.lr_schedule,
+            train.min_lr_ratio,
+        )
         # the learner's pre-update log-probs are needed as such when the policy moves before the last
         # mini-batch, when the KL enters the rewards, or when they are compared with the behaviour's
         algo = config.algorithm
         # TIS weights of a single on-policy mini-batch come from the update's own forward (Objective.correct_in_pass)
         self.correct_in_pass = self.updates_per_step == 1 and algo.correction.mode.startswith("tis")
-        self.needs_old_logprobs = (self.updates_per_step > 1
-                                   or (algo.correction.mode != "none" and not self.correct_in_pass)
-                                   or (self.reference is not None and algo.kl.placement == "reward"))
+        self.needs_old_logprobs = (
+            self.updates_per_step > 1
+            or (algo.correction.mode != "none" and not self.correct_in_pass)
+            or (self.reference is not None and algo.kl.placement == "reward")
+        )
         self.generator = torch.Generator().manual_seed(train.seed)
-        self.layout = ForwardLayout(train.packing, train.logits_chunk, Sampled(rollout.temperature, rollout.top_k,
-                                                                               rollout.top_p),
-                                    self.model.config, self.device)
+        self.layout = ForwardLayout(
+            train.packing,
+            train.logits_chunk,
+            Sampled(rollout.temperature, rollout.top_k, rollout.top_p),
+            self.model.config,
+            self.device,
+        )
 
     # ------------------------------------------------------------------ log-probs
     def _token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,8 +117,9 @@ class PolicyLearner:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
-        stats[MISMATCH_BY_VERSION] = mismatch_by_version(pre_update, exp.behaviour_logprobs, exp.loss_mask,
-                                                         exp.versions)
+        stats[MISMATCH_BY_VERSION] = mismatch_by_version(
+            pre_update, exp.behaviour_logprobs, exp.loss_mask, exp.versions
+        )
         stats.update(correction or totals.correction_metrics())
         if self.reference is not None:
             stats.update(self._kl_step(exp, stats))
@@ -181,9 +193,11 @@ class _Totals:
         if not self.correction:
             return {}
         tokens = max(self.tokens, 1.0)
-        return {"correction/ratio_mean": self.correction["ratio_sum"] / tokens,
-                "correction/ratio_max": self.correction["ratio_max"],
-                "correction/truncated_frac": self.correction["hit_tokens"] / tokens}
+        return {
+            "correction/ratio_mean": self.correction["ratio_sum"] / tokens,
+            "correction/ratio_max": self.correction["ratio_max"],
+            "correction/truncated_frac": self.correction["hit_tokens"] / tokens,
+        }
 
     def add(self, name: str, value: torch.Tensor) -> None:
         self.sums[name] = self.sums.get(name, 0.0) + float(value)
@@ -210,8 +224,9 @@ class _Totals:
 MISMATCH_BY_VERSION = "mismatch/by_version"  # a stats entry the controller turns into mismatch/* and drift/*
 
 
-def mismatch_by_version(learner_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-                        versions: torch.Tensor) -> dict[int, tuple[float, float, int]]:
+def mismatch_by_version(
+    learner_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor
+) -> dict[int, tuple[float, float, int]]:
     """|learner - behaviour| log-prob of the trained tokens (pre-update learner), per policy version that sampled
     them: {version: (sum, max, tokens)}; all [B, T-1]. The learner does not know which version it holds, so the
     controller splits these by lag (`mismatch_metrics`)."""

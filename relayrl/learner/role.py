@@ -56,12 +56,18 @@ class LearnerRole(WeightSource):
     def state(self) -> dict:
         policy, critic = self.policy, self.critic
         return {
-            "optimizer": policy.optimizer.state_dict(), "scheduler": policy.scheduler.state_dict(),
-            "generator": policy.generator.get_state(), "kl_coef": policy.objective.kl_controller.coef,
+            "optimizer": policy.optimizer.state_dict(),
+            "scheduler": policy.scheduler.state_dict(),
+            "generator": policy.generator.get_state(),
+            "kl_coef": policy.objective.kl_controller.coef,
             "torch_rng": torch.get_rng_state(),
-            "critic": None if critic is None else {"model": critic.model.state_dict(),
-                                                   "optimizer": critic.optimizer.state_dict(),
-                                                   "generator": critic.generator.get_state()},
+            "critic": None
+            if critic is None
+            else {
+                "model": critic.model.state_dict(),
+                "optimizer": critic.optimizer.state_dict(),
+                "generator": critic.generator.get_state(),
+            },
         }
 
     def load_state(self, checkpoint: str | Path, state: dict) -> None:
@@ -92,8 +98,9 @@ class LearnerRole(WeightSource):
                 target = Path(run_dir) / "critic"
                 self.critic.save(target)
         except WRITE_ERRORS as err:
-            raise CheckpointError(f"could not save the final model to {target} ({write_cause(err)}); "
-                                  f"{newest_kept(run_dir)}") from err
+            raise CheckpointError(
+                f"could not save the final model to {target} ({write_cause(err)}); {newest_kept(run_dir)}"
+            ) from err
 
     # ------------------------------------------------------------------ weights
     def adoptable_parameters(self):

@@ -21,16 +21,26 @@ from relayrl.algorithms.sampling_mask import truncate_logits
 from relayrl.learner.batching import token_logprobs
 
 
-def head_stats(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float, top_k: int,
-               top_p: float, chunk: int, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def head_stats(
+    hidden: torch.Tensor,
+    head: torch.nn.Module,
+    targets: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    chunk: int,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob of each target, entropy at its position): hidden [N, H], targets [N] -> [N], [N] (fp32).
     `chunk` <= 0 or N <= chunk: one piece, no recomputation. The entropy carries gradients only when
     `entropy_grad` (an entropy bonus); otherwise it is a metric and nothing of it is kept for the backward."""
     args = (head.weight, head.bias, temperature, top_k, top_p, entropy_grad)
     if chunk <= 0 or hidden.shape[0] <= chunk:
         return _stats(hidden, targets, *args)
-    pieces = [checkpoint(_stats, h, t, *args, use_reentrant=False) if torch.is_grad_enabled() else _stats(h, t, *args)
-              for h, t in zip(hidden.split(chunk), targets.split(chunk))]
+    pieces = [
+        checkpoint(_stats, h, t, *args, use_reentrant=False) if torch.is_grad_enabled() else _stats(h, t, *args)
+        for h, t in zip(hidden.split(chunk), targets.split(chunk))
+    ]
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
@@ -38,8 +48,9 @@ def _stats(hidden, targets, weight, bias, temperature, top_k, top_p, entropy_gra
     return logits_stats(F.linear(hidden, weight, bias), targets, temperature, top_k, top_p, entropy_grad)
 
 
-def logits_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int, top_p: float,
-                 entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def logits_stats(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int, top_p: float, entropy_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same from logits [N, V] the model computed itself (train.logits_chunk=0)."""
     logits = truncate_logits(logits.float() / temperature, top_k, top_p)
     logp = token_logprobs(logits, targets)

@@ -51,8 +51,11 @@ def load_metrics(run_dir: Path, notes: list[str]) -> list[dict]:
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     """(steps, values) of the rows where `key` is a finite number."""
-    points = [(row["step"], float(row[key])) for row in rows
-              if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])]
+    points = [
+        (row["step"], float(row[key]))
+        for row in rows
+        if isinstance(row.get(key), (int, float)) and math.isfinite(row[key])
+    ]
     return [s for s, _ in points], [v for _, v in points]
 
 
@@ -73,8 +76,14 @@ def plot_reward(rows: list[dict], evals: dict) -> Figure | str:
     ax.plot(steps, mean, color="#4c72b0", label="reward/mean")
     std_steps, std = series(rows, "reward/std")
     if std_steps == steps:
-        ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                        color="#4c72b0", alpha=0.2, label="± reward/std")
+        ax.fill_between(
+            steps,
+            [m - s for m, s in zip(mean, std)],
+            [m + s for m, s in zip(mean, std)],
+            color="#4c72b0",
+            alpha=0.2,
+            label="± reward/std",
+        )
     last = rows[-1]["step"]
     for mode, marker in (("greedy", "o"), ("sampled", "s")):
         eval_steps, accuracy = series(rows, f"eval/{mode}")
@@ -83,8 +92,13 @@ def plot_reward(rows: list[dict], evals: dict) -> Figure | str:
                 eval_steps, accuracy = eval_steps + [at], accuracy + [evals[when][mode]]
         if eval_steps:
             order = sorted(range(len(eval_steps)), key=eval_steps.__getitem__)
-            ax.plot([eval_steps[i] for i in order], [accuracy[i] for i in order], marker=marker, linestyle=":",
-                    label=f"eval/{mode}")
+            ax.plot(
+                [eval_steps[i] for i in order],
+                [accuracy[i] for i in order],
+                marker=marker,
+                linestyle=":",
+                label=f"eval/{mode}",
+            )
     ax.legend(loc="best", fontsize="small")
     return fig
 
@@ -128,11 +142,17 @@ def plot_timeline(timeline: list[dict]) -> Figure | str:
         if phase not in colors:  # phases we do not know (a user's) cycle through the extra colours
             colors[phase] = EXTRA_COLORS[(len(colors) - len(PHASE_COLORS)) % len(EXTRA_COLORS)]
     for (role, phase), spans in bars.items():
-        ax.broken_barh(spans, (roles.index(role) - 0.3, 0.6), facecolors=colors[phase], edgecolor="white",
-                       linewidth=0.5)
+        ax.broken_barh(
+            spans, (roles.index(role) - 0.3, 0.6), facecolors=colors[phase], edgecolor="white", linewidth=0.5
+        )
     used = dict.fromkeys(row["phase"] for row in shown)
-    ax.legend(handles=[Patch(color=colors[phase], label=phase) for phase in used], loc="upper left",
-              bbox_to_anchor=(1.0, 1.0), fontsize="x-small", ncols=1 + (len(used) - 1) // 14)
+    ax.legend(
+        handles=[Patch(color=colors[phase], label=phase) for phase in used],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        fontsize="x-small",
+        ncols=1 + (len(used) - 1) // 14,
+    )
     return fig
 
 
@@ -152,9 +172,13 @@ def plot_staleness(rows: list[dict]) -> Figure | str:
 
 def plot_mismatch(rows: list[dict]) -> Figure | str:
     """Numerical mismatch (samples with no version lag) beside policy drift (lagged samples, off-policy runs)."""
-    return _lines(rows, ("mismatch/logprob_abs_mean", "mismatch/logprob_abs_max", "drift/logprob_abs_mean",
-                         "drift/logprob_abs_max"),
-                  "Engine vs learner log-probs: mismatch (no lag) and drift (lagged)", "|Δ log-prob|", log=True)
+    return _lines(
+        rows,
+        ("mismatch/logprob_abs_mean", "mismatch/logprob_abs_max", "drift/logprob_abs_mean", "drift/logprob_abs_max"),
+        "Engine vs learner log-probs: mismatch (no lag) and drift (lagged)",
+        "|Δ log-prob|",
+        log=True,
+    )
 
 
 def plot_length(rows: list[dict]) -> Figure | str:
@@ -185,11 +209,15 @@ def summary(rows: list[dict], evals: dict) -> list[tuple[str, str]]:
     if step_time:
         table.append(("median step time", f"{statistics.median(step_time):.3f} s"))
         timed = [row for row in rows if _number(row.get("time/step")) > 0]
-        fractions = [f"{phase} {_median_fraction(timed, phase):.0%}"
-                     for phase in PHASES if timed and any(f"time/{phase}" in row for row in rows)]
+        fractions = [
+            f"{phase} {_median_fraction(timed, phase):.0%}"
+            for phase in PHASES
+            if timed and any(f"time/{phase}" in row for row in rows)
+        ]
         if fractions:  # what the phases do not account for: controller overhead
-            other = statistics.median(1 - sum(_number(row.get(f"time/{p}")) for p in PHASES) / row["time/step"]
-                                      for row in timed)
+            other = statistics.median(
+                1 - sum(_number(row.get(f"time/{p}")) for p in PHASES) / row["time/step"] for row in timed
+            )
             fractions.append(f"other {other:.0%}")
         table.append(("phase fractions (median)", ", ".join(fractions) or "—"))
     reward = series(rows, "reward/mean")[1]
@@ -233,8 +261,11 @@ def write_report(run_dir: str | Path) -> Path:
     out.mkdir(exist_ok=True)
     body = [f"<h1>relayrl run report: {html.escape(str(run_dir))}</h1>"]
     if rows:
-        body += ["<table>", *(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                              for k, v in summary(rows, evals)), "</table>"]
+        body += [
+            "<table>",
+            *(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in summary(rows, evals)),
+            "</table>",
+        ]
     else:
         body.append('<p class="note">no steps logged yet: metrics.jsonl is empty</p>')
     if not eval_path.is_file():
@@ -250,8 +281,10 @@ def write_report(run_dir: str | Path) -> Path:
     body.append(samples_section(run_dir, notes))
     body[1:1] = [f'<p class="note">{html.escape(note)}</p>' for note in notes]
     page = out / "index.html"
-    page.write_text(f'<!doctype html>\n<html><head><meta charset="utf-8"><title>relayrl report</title>'
-                    f'<style>{CSS}</style></head><body>\n' + "\n".join(body) + "\n</body></html>\n")
+    page.write_text(
+        f'<!doctype html>\n<html><head><meta charset="utf-8"><title>relayrl report</title>'
+        f"<style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )
     return page
 
 
@@ -261,8 +294,11 @@ def _plots(run_dir: Path, rows: list[dict], evals: dict, notes: list[str]) -> di
     timeline_path = run_dir / "timeline.jsonl"
     if timeline_path.is_file():
         plots["timeline"] = plot_timeline(read_jsonl(timeline_path, TIMELINE_KEYS, notes))
-    return plots | {"staleness": plot_staleness(rows), "mismatch": plot_mismatch(rows),
-                    "response_length": plot_length(rows)}
+    return plots | {
+        "staleness": plot_staleness(rows),
+        "mismatch": plot_mismatch(rows),
+        "response_length": plot_length(rows),
+    }
 
 
 def _read_eval(path: Path) -> dict:

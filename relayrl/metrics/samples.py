@@ -34,8 +34,9 @@ TEXT_CHARS = 600  # longer prompts/completions are cut in the report (the file k
 __all__ = ["FILE", "log_samples", "sample_rows", "samples_section", "truncate_after"]
 
 
-def sample_rows(step: int, rollouts: list[Rollout], scores: list[Score], exp: Experience,
-                max_per_step: int) -> list[dict]:
+def sample_rows(
+    step: int, rollouts: list[Rollout], scores: list[Score], exp: Experience, max_per_step: int
+) -> list[dict]:
     """The rows of one step: its first `max_per_step` samples; `exp` must hold the step's advantages."""
     count = min(max_per_step, len(rollouts))
     mask = exp.loss_mask[:count]  # [n, T-1]
@@ -44,19 +45,33 @@ def sample_rows(step: int, rollouts: list[Rollout], scores: list[Score], exp: Ex
     rows = []
     for index in range(count):
         rollout, score = rollouts[index], scores[index]
-        rows.append({
-            "step": step, "sample": rollout.sample_id, "prompt": rollout.prompt.text,
-            "completion": rollout.response_text, "reward": float(score.reward),
-            "components": {name: float(value) for name, value in score.components.items()},
-            "advantage": float(advantage[index]) if trained[index] > 0 else None,
-            "versions": sorted(set(rollout.versions)), "finish_reason": rollout.finish_reason,
-            "tokens": len(rollout.response_ids),
-        })
+        rows.append(
+            {
+                "step": step,
+                "sample": rollout.sample_id,
+                "prompt": rollout.prompt.text,
+                "completion": rollout.response_text,
+                "reward": float(score.reward),
+                "components": {name: float(value) for name, value in score.components.items()},
+                "advantage": float(advantage[index]) if trained[index] > 0 else None,
+                "versions": sorted(set(rollout.versions)),
+                "finish_reason": rollout.finish_reason,
+                "tokens": len(rollout.response_ids),
+            }
+        )
     return rows
 
 
-def log_samples(run_dir: Path, every: int, max_per_step: int, step: int, last_step: int,
-                rollouts: list[Rollout], scores: list[Score], exp: Experience) -> None:
+def log_samples(
+    run_dir: Path,
+    every: int,
+    max_per_step: int,
+    step: int,
+    last_step: int,
+    rollouts: list[Rollout],
+    scores: list[Score],
+    exp: Experience,
+) -> None:
     """Append this step's rows to `<run_dir>/samples.jsonl` when `step` is a multiple of `every` or the last
     step (`every=0`: never). Rows left from steps at or after this one are dropped first (see the docstring)."""
     path = Path(run_dir) / FILE
@@ -98,10 +113,12 @@ def samples_section(run_dir: Path, notes: list[str]) -> str:
         return f'<h2>Samples</h2><p class="note">{html.escape(str(path))} has no rows yet</p>'
     steps = sorted({row["step"] for row in rows})
     chosen = dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]])
-    parts = ["<h2>Samples</h2>",
-             f"<p>From {html.escape(FILE)} ({len(rows)} rows over {len(steps)} logged steps): the best and worst "
-             f"{SHOWN} by reward of the first, middle and last logged steps. Advantage: the mean of the sample's "
-             "per-token advantages over its trained tokens.</p>"]
+    parts = [
+        "<h2>Samples</h2>",
+        f"<p>From {html.escape(FILE)} ({len(rows)} rows over {len(steps)} logged steps): the best and worst "
+        f"{SHOWN} by reward of the first, middle and last logged steps. Advantage: the mean of the sample's "
+        "per-token advantages over its trained tokens.</p>",
+    ]
     for step in chosen:
         ranked = sorted((row for row in rows if row["step"] == step), key=lambda row: -row["reward"])
         shown = ranked if len(ranked) <= 2 * SHOWN else ranked[:SHOWN] + [None] + ranked[-SHOWN:]
@@ -120,8 +137,11 @@ def _table(rows: list[dict | None]) -> str:
         if row is None:  # between the best and the worst
             body.append(f'<tr><td colspan="{len(COLUMNS)}">…</td></tr>')
             continue
-        cells = (f'<td class="{"text" if name in ("prompt", "completion") else "value"}">'
-                 f"{html.escape(_cell(row, name))}</td>" for name in COLUMNS)
+        cells = (
+            f'<td class="{"text" if name in ("prompt", "completion") else "value"}">'
+            f"{html.escape(_cell(row, name))}</td>"
+            for name in COLUMNS
+        )
         body.append("<tr>" + "".join(cells) + "</tr>")
     return f'<table class="samples"><tr>{head}</tr>' + "".join(body) + "</table>"
 

@@ -14,8 +14,14 @@ import threading
 from pathlib import Path
 
 # the role whose work a loop phase stands for
-ROLE_OF_PHASE = {"generate": "engines", "reward": "reward", "logprobs": "learner", "update": "learner",
-                 "sync": "sync", "wait": "learner"}
+ROLE_OF_PHASE = {
+    "generate": "engines",
+    "reward": "reward",
+    "logprobs": "learner",
+    "update": "learner",
+    "sync": "sync",
+    "wait": "learner",
+}
 
 
 class Timeline:

@@ -20,8 +20,10 @@ class JsonlTracker:
         self._file = self.path.open("a")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                                for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()},
+        }
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
@@ -37,8 +39,13 @@ class ConsoleTracker:
         if enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), TextColumn("{task.fields[info]}"))
+            self.progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[info]}"),
+            )
             self.task = self.progress.add_task("train", total=total_steps, info="")
             self.progress.start()
 
@@ -113,8 +120,11 @@ class MlflowTracker:
         from mlflow.entities import Param
 
         experiment = self.client.get_experiment_by_name("relayrl")
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(
-            "relayrl", artifact_location=(root / "artifacts").as_uri())
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            else self.client.create_experiment("relayrl", artifact_location=(root / "artifacts").as_uri())
+        )
         run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
         params = [Param(key, str(value)) for key, value in _flatten(config.model_dump()).items()]
         self.client.log_batch(run_id, params=params)
@@ -124,8 +134,11 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now_ms = int(time.time() * 1000)
-        rows = [Metric(name, float(value), now_ms, step) for name, value in metrics.items()
-                if isinstance(value, (int, float)) and math.isfinite(value)]
+        rows = [
+            Metric(name, float(value), now_ms, step)
+            for name, value in metrics.items()
+            if isinstance(value, (int, float)) and math.isfinite(value)
+        ]
         self.client.log_batch(self.run_id, metrics=rows)
 
     def close(self) -> None:
@@ -146,14 +159,27 @@ class WandbTracker:
         root.mkdir(parents=True, exist_ok=True)
         run_id_file = root / "run_id"
         run_id = run_id_file.read_text().strip() if run_id_file.is_file() else None  # None: W&B picks one
-        self.run = wandb.init(mode="offline", dir=str(root.parent), project="relayrl", name=Path(run_dir).name,
-                              id=run_id, resume="allow", config=config.model_dump(),
-                              settings=wandb.Settings(silent=True, console="off"))
+        self.run = wandb.init(
+            mode="offline",
+            dir=str(root.parent),
+            project="relayrl",
+            name=Path(run_dir).name,
+            id=run_id,
+            resume="allow",
+            config=config.model_dump(),
+            settings=wandb.Settings(silent=True, console="off"),
+        )
         run_id_file.write_text(self.run.id)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.run.log({name: value for name, value in metrics.items()
-                      if isinstance(value, (int, float)) and math.isfinite(value)}, step=step)
+        self.run.log(
+            {
+                name: value
+                for name, value in metrics.items()
+                if isinstance(value, (int, float)) and math.isfinite(value)
+            },
+            step=step,
+        )
 
     def close(self) -> None:
         self.run.finish()

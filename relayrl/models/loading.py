@@ -47,11 +47,14 @@ def warn_two_chat_templates(path: str | Path, tokenizer) -> None:
     if not in_config or in_config == in_file:
         return
     # ask the loaded tokenizer rather than assume: the precedence is transformers' choice, not ours
-    used = ("tokenizer_config.json's 'chat_template'" if tokenizer.chat_template == in_config
-            else "chat_template.jinja")
-    warnings.warn(f"{path}: two chat templates, {jinja} and the 'chat_template' key of {config_file}; {used} is "
-                  "used (by relayrl and by vLLM alike). Delete the other one, or edit this one, so that what you "
-                  "edit is what the model is shown", RelayWarning, stacklevel=2)
+    used = "tokenizer_config.json's 'chat_template'" if tokenizer.chat_template == in_config else "chat_template.jinja"
+    warnings.warn(
+        f"{path}: two chat templates, {jinja} and the 'chat_template' key of {config_file}; {used} is "
+        "used (by relayrl and by vLLM alike). Delete the other one, or edit this one, so that what you "
+        "edit is what the model is shown",
+        RelayWarning,
+        stacklevel=2,
+    )
 
 
 def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path"):

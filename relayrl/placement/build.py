@@ -19,13 +19,17 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     group, slots = reserve(config)
     learner_slot, engine_slots = slots[0], slots[1:]
     timeout = placement.call_timeout_s
-    learner_actor = ray.remote(LearnerRole).options(**actor_options(group, learner_slot)).remote(
-        config, learner_slot.threads)
+    learner_actor = (
+        ray.remote(LearnerRole).options(**actor_options(group, learner_slot)).remote(config, learner_slot.threads)
+    )
 
     def spawn(index: int) -> RemoteRole:
         slot = engine_slots[index]
-        actor = ray.remote(EngineWorker).options(**actor_options(group, slot)).remote(
-            config, max_model_len, slot.threads, slot.cores)
+        actor = (
+            ray.remote(EngineWorker)
+            .options(**actor_options(group, slot))
+            .remote(config, max_model_len, slot.threads, slot.cores)
+        )
         return RemoteRole(actor, slot.role, timeout)
 
     engines = EngineGroup(spawn, placement)

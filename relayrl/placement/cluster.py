@@ -20,8 +20,12 @@ from relayrl.errors import PlacementError
 # late: a save's "Writing model shards" bar could land after the driver's last line, a preempted run's resume
 # command). An engine's own environment, vLLM's included, is set by the engine itself before it imports
 # anything: relayrl/rollout/vllm_engine.py.
-WORKER_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "RAY_DEDUP_LOGS": "0",
-              "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+WORKER_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "RAY_DEDUP_LOGS": "0",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,9 @@ def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dic
         return [{"CPU": size}], slots
     bundles = [{"CPU": placement.learner_cpus}] + [{"CPU": placement.engine_cpus} for _ in range(n)]
     slots, first = [], 0
-    for index, (role, threads) in enumerate([("learner", learner_threads)] + [(f"engine {i}", engine_threads)
-                                                                             for i in range(n)]):
+    for index, (role, threads) in enumerate(
+        [("learner", learner_threads)] + [(f"engine {i}", engine_threads) for i in range(n)]
+    ):
         cores = [(first + k) % machine_cores for k in range(threads)]
         first += threads
         slots.append(Slot(role, index, bundles[index]["CPU"], threads, ",".join(map(str, cores))))
@@ -97,8 +102,9 @@ def reserve(config: Config):
     group = placement_group(bundles, strategy="PACK")
     if not group.wait(timeout_seconds=placement.placement_timeout_s):
         remove_placement_group(group)
-        raise PlacementError(unplaceable_message(placement, bundles, ray.cluster_resources(),
-                                                 ray.available_resources()))
+        raise PlacementError(
+            unplaceable_message(placement, bundles, ray.cluster_resources(), ray.available_resources())
+        )
     return group, slots
 
 
@@ -114,12 +120,16 @@ def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: 
     if placement.layout == "colocated":
         roles = f"learner and {placement.engines} engine(s) sharing one bundle of {{CPU: {bundles[0]['CPU']:g}}}"
     else:
-        roles = (f"learner {{CPU: {placement.learner_cpus:g}}} + {placement.engines} engine(s) "
-                 f"{{CPU: {placement.engine_cpus:g}}} each")
-    return (f"placement.layout={placement.layout} could not be placed within {placement.placement_timeout_s:g} s: "
-            f"{roles} = {asked:g} CPUs, but the cluster has {total.get('CPU', 0):g} CPUs "
-            f"({free.get('CPU', 0):g} free). Lower placement.engines, placement.engine_cpus or "
-            "placement.learner_cpus, or use placement.layout=colocated")
+        roles = (
+            f"learner {{CPU: {placement.learner_cpus:g}}} + {placement.engines} engine(s) "
+            f"{{CPU: {placement.engine_cpus:g}}} each"
+        )
+    return (
+        f"placement.layout={placement.layout} could not be placed within {placement.placement_timeout_s:g} s: "
+        f"{roles} = {asked:g} CPUs, but the cluster has {total.get('CPU', 0):g} CPUs "
+        f"({free.get('CPU', 0):g} free). Lower placement.engines, placement.engine_cpus or "
+        "placement.learner_cpus, or use placement.layout=colocated"
+    )
 
 
 def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:
@@ -128,8 +138,9 @@ def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:
     env = {**WORKER_ENV, "OMP_NUM_THREADS": str(slot.threads), **(extra_env or {})}
     return {
         "num_cpus": slot.cpus,
-        "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=group,
-                                                                placement_group_bundle_index=slot.bundle),
+        "scheduling_strategy": PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=slot.bundle
+        ),
         "runtime_env": {"env_vars": env},
         "max_restarts": 0,  # a dead role is reported (and engines restarted) by the driver, with fresh weights
     }

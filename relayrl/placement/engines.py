@@ -107,12 +107,19 @@ class EngineGroup:
         if placement.on_engine_failure == "fail":
             raise RoleFailure(f"{failure} (placement.on_engine_failure=fail)", failure.role, failure.died) from None
         if self.restarts >= placement.max_engine_restarts:
-            raise RoleFailure(f"{failure}; placement.max_engine_restarts={placement.max_engine_restarts} already used",
-                              failure.role, failure.died) from None
+            raise RoleFailure(
+                f"{failure}; placement.max_engine_restarts={placement.max_engine_restarts} already used",
+                failure.role,
+                failure.died,
+            ) from None
         ray.kill(self.replicas[index]._actor, no_restart=True)  # a hung actor must not linger
         self.restarts += 1
-        print(f"relayrl: {failure}; restarting engine {index} "
-              f"(restart {self.restarts} of {placement.max_engine_restarts})", file=sys.stderr, flush=True)
+        print(
+            f"relayrl: {failure}; restarting engine {index} "
+            f"(restart {self.restarts} of {placement.max_engine_restarts})",
+            file=sys.stderr,
+            flush=True,
+        )
         self.replicas[index] = self.spawn(index)
         self.replicas[index].ping()
         self.on_restart()

@@ -66,10 +66,20 @@ def start_head(num_cpus: int) -> Head:
     with address_file_kept():
         for _ in range(3):  # the port is free when picked; another program may take it before GCS binds it
             port = free_port()
-            command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                       f"--num-cpus={num_cpus}", "--include-dashboard=false", "--disable-usage-stats"]
-            starter = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       start_new_session=True)
+            command = [
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                "start",
+                "--head",
+                f"--port={port}",
+                f"--num-cpus={num_cpus}",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ]
+            starter = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
             try:
                 output, _ = starter.communicate(timeout=START_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -22,9 +22,13 @@ _watchers: list[subprocess.Popen] = []  # referenced for the driver's lifetime: 
 
 def watch(session: int, raylet_pid: int | None) -> subprocess.Popen:
     """Start the watcher for the Ray session `session` whose raylet is `raylet_pid` (call once Ray is up)."""
-    watcher = subprocess.Popen([sys.executable, "-m", "relayrl.placement.reaper", str(session), str(raylet_pid or 0)],
-                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)  # a signal to the driver's process group spares it
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.placement.reaper", str(session), str(raylet_pid or 0)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # a signal to the driver's process group spares it
     _watchers.append(watcher)
     return watcher
 

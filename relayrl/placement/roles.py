@@ -31,17 +31,21 @@ def get(refs, role: str, actor_id: str, timeout_s: float, what: str = "call") ->
     try:
         return ray.get(refs, timeout=timeout_s)
     except GetTimeoutError:
-        raise RoleFailure(f"{role} (actor {actor_id}) did not finish {what} within {timeout_s:g} s "
-                          "(placement.call_timeout_s)", role, died=False) from None
+        raise RoleFailure(
+            f"{role} (actor {actor_id}) did not finish {what} within {timeout_s:g} s (placement.call_timeout_s)",
+            role,
+            died=False,
+        ) from None
     except RayActorError as err:
-        raise RoleFailure(f"{role} (actor {actor_id}) died during {what}: {root_cause(err)}", role,
-                          died=True) from None
+        raise RoleFailure(f"{role} (actor {actor_id}) died during {what}: {root_cause(err)}", role, died=True) from None
     except RayTaskError as err:
         cause = getattr(err, "cause", None)
         if isinstance(cause, RelayError):
             raise type(cause)(f"{role}: {cause}") from None
-        raise PlacementError(f"{role} (actor {actor_id}) raised during {what}: "
-                             f"{type(cause).__name__ if cause else 'error'}: {cause or err}") from err
+        raise PlacementError(
+            f"{role} (actor {actor_id}) raised during {what}: "
+            f"{type(cause).__name__ if cause else 'error'}: {cause or err}"
+        ) from err
 
 
 def root_cause(err: Exception) -> str:

@@ -38,9 +38,17 @@ class Plan:
     offload: bool
 
 
-def make_plan(config: Config, shape: ModelShape, hardware: Hardware, fp32_master: bool = True,
-              infer_dtype: str | None = None, offload: bool = False, longest_prompt_tokens: float | None = None,
-              longest_response_tokens: float | None = None, measure: bool = False) -> Plan:
+def make_plan(
+    config: Config,
+    shape: ModelShape,
+    hardware: Hardware,
+    fp32_master: bool = True,
+    infer_dtype: str | None = None,
+    offload: bool = False,
+    longest_prompt_tokens: float | None = None,
+    longest_response_tokens: float | None = None,
+    measure: bool = False,
+) -> Plan:
     """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs on this
     machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU."""
     work = workload_from_config(config, longest_prompt_tokens, longest_response_tokens)
@@ -51,11 +59,21 @@ def make_plan(config: Config, shape: ModelShape, hardware: Hardware, fp32_master
     if measure:
         from relayrl.planner.probe import measure_engine_overhead, measure_matmul_rates
 
-        matmul = measure_matmul_rates(shape, update_rows=int(work.micro_batch * work.width),
-                                      decode_rows=memory.concurrent)
+        matmul = measure_matmul_rates(
+            shape, update_rows=int(work.micro_batch * work.width), decode_rows=memory.concurrent
+        )
         rates = measured_rates(matmul, measure_engine_overhead(config.rollout.engine))
-    return Plan(shape, work, hardware, precision, memory, placement,
-                estimate_time(shape, work, memory, placement, hardware, precision, rates), rates, offload)
+    return Plan(
+        shape,
+        work,
+        hardware,
+        precision,
+        memory,
+        placement,
+        estimate_time(shape, work, memory, placement, hardware, precision, rates),
+        rates,
+        offload,
+    )
 
 
 __all__ = ["PROFILES", "Plan", "ModelShape", "count_params", "get_profile", "load_shape", "make_plan"]

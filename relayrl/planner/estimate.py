@@ -26,8 +26,8 @@ ACTIVATION_C_BF16 = 34
 @dataclass(frozen=True)
 class Precision:
     train_terms: tuple[tuple[str, int], ...]  # (what, bytes/param) for one trainable copy
-    infer_bytes: int                          # bytes/param of an inference-only copy
-    activation_c: int                         # bytes per (token * hidden * layer) of activations
+    infer_bytes: int  # bytes/param of an inference-only copy
+    activation_c: int  # bytes per (token * hidden * layer) of activations
 
     @property
     def train_bytes(self) -> int:
@@ -40,30 +40,34 @@ def precision_for(hardware: Hardware, fp32_master: bool = True, infer_dtype: str
     if hardware.kind == "cpu":
         terms = (("fp32 weight", 4), ("fp32 grad", 4), ("Adam m", 4), ("Adam v", 4))
         return Precision(terms, INFER_BYTES[infer_dtype or "fp32"], 2 * ACTIVATION_C_BF16)
-    terms = (("bf16 weight", 2), ("bf16 grad", 2)) + ((("fp32 master", 4),) if fp32_master else ()) \
+    terms = (
+        (("bf16 weight", 2), ("bf16 grad", 2))
+        + ((("fp32 master", 4),) if fp32_master else ())
         + (("Adam m", 4), ("Adam v", 4))
+    )
     return Precision(terms, INFER_BYTES[infer_dtype or "bf16"], ACTIVATION_C_BF16)
 
 
 @dataclass(frozen=True)
 class Workload:
     """The per-step sizes the config implies."""
-    rollout_batch: int     # prompts_per_step * n
-    prompt_tokens: int     # data.max_prompt_tokens (an upper bound per prompt)
-    response_tokens: int   # rollout.max_tokens
+
+    rollout_batch: int  # prompts_per_step * n
+    prompt_tokens: int  # data.max_prompt_tokens (an upper bound per prompt)
+    response_tokens: int  # rollout.max_tokens
     micro_batch: int
-    optimizer_steps: int   # rollout_batch / mini_batch * epochs
+    optimizer_steps: int  # rollout_batch / mini_batch * epochs
     epochs: int
-    reference: bool        # algorithm.kl.coef > 0
-    critic: bool           # algorithm.advantage == "gae"
+    reference: bool  # algorithm.kl.coef > 0
+    critic: bool  # algorithm.advantage == "gae"
     kv_cache_gib: float
     gpu_memory_utilization: float
     # The longest prompt and response expected in a batch (None: the limits above). The engine decodes until
     # the longest response ends; the learner pads every row to the batch's longest sequence.
     longest_prompt_tokens: float | None = None
     longest_response_tokens: float | None = None
-    group_size: int = 1    # rollout.n
-    engine: str = "vllm"   # rollout.engine
+    group_size: int = 1  # rollout.n
+    engine: str = "vllm"  # rollout.engine
     packing: str = "none"  # train.packing
 
     @property
@@ -113,29 +117,41 @@ class Workload:
         return int(self.rollout_batch * self.width)
 
 
-def workload_from_config(config: Config, longest_prompt_tokens: float | None = None,
-                         longest_response_tokens: float | None = None) -> Workload:
-    return Workload(longest_prompt_tokens=longest_prompt_tokens, longest_response_tokens=longest_response_tokens,
-        rollout_batch=config.rollout_batch, prompt_tokens=config.data.max_prompt_tokens,
-        response_tokens=config.rollout.max_tokens, micro_batch=min(config.train.micro_batch, config.mini_batch),
-        optimizer_steps=config.updates_per_step, epochs=config.train.epochs,
-        reference=config.algorithm.kl.coef > 0, critic=config.algorithm.advantage == "gae",
-        kv_cache_gib=config.rollout.kv_cache_gib, gpu_memory_utilization=config.rollout.gpu_memory_utilization,
-        group_size=config.rollout.n, packing=config.train.packing, engine=config.rollout.engine)
+def workload_from_config(
+    config: Config, longest_prompt_tokens: float | None = None, longest_response_tokens: float | None = None
+) -> Workload:
+    return Workload(
+        longest_prompt_tokens=longest_prompt_tokens,
+        longest_response_tokens=longest_response_tokens,
+        rollout_batch=config.rollout_batch,
+        prompt_tokens=config.data.max_prompt_tokens,
+        response_tokens=config.rollout.max_tokens,
+        micro_batch=min(config.train.micro_batch, config.mini_batch),
+        optimizer_steps=config.updates_per_step,
+        epochs=config.train.epochs,
+        reference=config.algorithm.kl.coef > 0,
+        critic=config.algorithm.advantage == "gae",
+        kv_cache_gib=config.rollout.kv_cache_gib,
+        gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        group_size=config.rollout.n,
+        packing=config.train.packing,
+        engine=config.rollout.engine,
+    )
 
 
 @dataclass(frozen=True)
 class Memory:
     """Bytes per role (whole model, before sharding)."""
+
     actor: float
     critic: float
     reference: float
     engine_weights: float
     kv_bytes_per_token: int
-    engine_devices: int      # devices the engine needs for its weights within its memory fraction
+    engine_devices: int  # devices the engine needs for its weights within its memory fraction
     kv_capacity: float
-    kv_tokens: int           # tokens that fit in the KV cache
-    concurrent: int          # sequences in flight: min(rollout batch, kv_tokens // seq_len)
+    kv_tokens: int  # tokens that fit in the KV cache
+    concurrent: int  # sequences in flight: min(rollout batch, kv_tokens // seq_len)
     activations: float
     logits: float
 
@@ -166,36 +182,49 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
     kv_tokens = int(kv_capacity // per_token)
     concurrent = min(work.rollout_batch, kv_tokens // work.seq_len)
     if concurrent == 0:
-        raise ConfigError(f"the KV cache ({kv_capacity / GIB:.2f} GiB, {kv_tokens} tokens) cannot hold one sequence of "
-                          f"{work.seq_len} tokens; raise rollout.kv_cache_gib")
+        raise ConfigError(
+            f"the KV cache ({kv_capacity / GIB:.2f} GiB, {kv_tokens} tokens) cannot hold one sequence of "
+            f"{work.seq_len} tokens; raise rollout.kv_cache_gib"
+        )
     tokens = work.micro_batch * work.seq_len
     return Memory(
-        actor=P * precision.train_bytes, critic=P * precision.train_bytes if work.critic else 0.0,
-        reference=P * b if work.reference else 0.0, engine_weights=weights, kv_bytes_per_token=per_token,
-        engine_devices=devices, kv_capacity=kv_capacity, kv_tokens=kv_tokens, concurrent=concurrent,
+        actor=P * precision.train_bytes,
+        critic=P * precision.train_bytes if work.critic else 0.0,
+        reference=P * b if work.reference else 0.0,
+        engine_weights=weights,
+        kv_bytes_per_token=per_token,
+        engine_devices=devices,
+        kv_capacity=kv_capacity,
+        kv_tokens=kv_tokens,
+        concurrent=concurrent,
         activations=tokens * shape.hidden * shape.layers * precision.activation_c,
-        logits=tokens * shape.vocab * 4)  # fp32 logits for the log-softmax
+        logits=tokens * shape.vocab * 4,
+    )  # fp32 logits for the log-softmax
 
 
 @dataclass(frozen=True)
 class Placement:
-    generate_phase: float      # engine (one replica) + what stays resident while generating
+    generate_phase: float  # engine (one replica) + what stays resident while generating
     train_phase: float
-    colocated_peak: float      # max over phases
-    disaggregated: float       # sum of the pools
+    colocated_peak: float  # max over phases
+    disaggregated: float  # sum of the pools
     colocated_devices: int
     trainer_devices: int
     rollout_devices: int
-    group_devices: int         # one node of this hardware
-    colocated: bool            # the recommendation
+    group_devices: int  # one node of this hardware
+    colocated: bool  # the recommendation
 
     @property
     def recommendation(self) -> str:
         if self.colocated:
-            return (f"colocated on {self.colocated_devices} device(s): the colocated peak "
-                    f"{self.colocated_peak / 1e9:.1f} GB fits one node of {self.group_devices}")
-        return (f"disaggregated: trainer {self.trainer_devices} + rollout {self.rollout_devices} device(s); colocated "
-                f"needs {self.colocated_devices} > {self.group_devices} devices of one node")
+            return (
+                f"colocated on {self.colocated_devices} device(s): the colocated peak "
+                f"{self.colocated_peak / 1e9:.1f} GB fits one node of {self.group_devices}"
+            )
+        return (
+            f"disaggregated: trainer {self.trainer_devices} + rollout {self.rollout_devices} device(s); colocated "
+            f"needs {self.colocated_devices} > {self.group_devices} devices of one node"
+        )
 
 
 def place(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, offload: bool = False) -> Placement:
@@ -213,5 +242,14 @@ def place(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, off
         free_while_generating = (1 - gpu_memory_utilization) * per_device
         generating = math.ceil(resident / free_while_generating) if free_while_generating else math.inf
         colocated, rollout = max(trainer, generating, memory.engine_devices), memory.engine_devices
-    return Placement(generate, train, max(generate, train), memory.engine + memory.trainer, colocated, trainer,
-                     rollout, hardware.devices_per_node, colocated <= hardware.devices_per_node)
+    return Placement(
+        generate,
+        train,
+        max(generate, train),
+        memory.engine + memory.trainer,
+        colocated,
+        trainer,
+        rollout,
+        hardware.devices_per_node,
+        colocated <= hardware.devices_per_node,
+    )

@@ -14,21 +14,21 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    kind: str            # "gpu" (bf16 training) or "cpu" (fp32 training)
-    memory_gb: float     # per device
-    mem_bw_gbs: float    # HBM / DRAM bandwidth, GB/s
-    peak_tflops: float   # dense peak of the training dtype: bf16 on GPU, fp32 on CPU
-    link_gbs: float      # weight-sync bandwidth, GB/s
-    mfu: float           # model FLOPs utilisation assumed for training and log-prob passes
+    kind: str  # "gpu" (bf16 training) or "cpu" (fp32 training)
+    memory_gb: float  # per device
+    mem_bw_gbs: float  # HBM / DRAM bandwidth, GB/s
+    peak_tflops: float  # dense peak of the training dtype: bf16 on GPU, fp32 on CPU
+    link_gbs: float  # weight-sync bandwidth, GB/s
+    mfu: float  # model FLOPs utilisation assumed for training and log-prob passes
     devices_per_node: int
     source: str = "nominal"
 
 
 PROFILES = {
-    "H100-80GB": Hardware("H100-80GB", "gpu", 80, 3350, 989, 450, 0.35, 8),   # SXM; 450 GB/s = seeds' NVLink figure
+    "H100-80GB": Hardware("H100-80GB", "gpu", 80, 3350, 989, 450, 0.35, 8),  # SXM; 450 GB/s = seeds' NVLink figure
     "H200": Hardware("H200", "gpu", 141, 4800, 989, 450, 0.35, 8),
     "A100-80GB": Hardware("A100-80GB", "gpu", 80, 2039, 312, 300, 0.35, 8),
-    "A10G": Hardware("A10G", "gpu", 24, 600, 70, 25, 0.35, 8),                # PCIe 4.0 x16, no NVLink
+    "A10G": Hardware("A10G", "gpu", 24, 600, 70, 25, 0.35, 8),  # PCIe 4.0 x16, no NVLink
     "L4": Hardware("L4", "gpu", 24, 300, 121, 25, 0.35, 8),
     # This machine kind: 2 cores, 24 GB. A rough fp32 peak of small matmuls; --measure replaces it.
     # MFU 0.3 of the matmul rate: tiny models run many small kernels and the Python overhead shows.
@@ -65,8 +65,13 @@ def measure_cpu(base: Hardware, copy_mb: int = 256, matmul_n: int = 1024, repeat
     a, b = torch.randn(matmul_n, matmul_n), torch.randn(matmul_n, matmul_n)
     matmul_s = best_time(lambda: a @ b, repeats)
     tflops = 2 * matmul_n**3 / matmul_s / 1e12
-    return replace(base, mem_bw_gbs=round(bandwidth_gbs, 1), link_gbs=round(bandwidth_gbs, 1),
-                   peak_tflops=round(tflops, 4), source=f"measured (copy {copy_mb} MB, matmul {matmul_n}^3)")
+    return replace(
+        base,
+        mem_bw_gbs=round(bandwidth_gbs, 1),
+        link_gbs=round(bandwidth_gbs, 1),
+        peak_tflops=round(tflops, 4),
+        source=f"measured (copy {copy_mb} MB, matmul {matmul_n}^3)",
+    )
 
 
 def warm_up(seconds: float = 1.0) -> None:

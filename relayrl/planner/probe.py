@@ -31,9 +31,10 @@ ENGINE_N = 8
 @dataclass(frozen=True)
 class MatmulRates:
     """Achieved FLOP/s of the model's linear layers at a pass's rows (measured)."""
-    update: float        # forward + backward at micro-batch tokens
-    forward: float       # forward at micro-batch tokens (log-prob passes, prefill)
-    decode: float        # forward at the concurrent sequences of one decode step
+
+    update: float  # forward + backward at micro-batch tokens
+    forward: float  # forward at micro-batch tokens (log-prob passes, prefill)
+    decode: float  # forward at the concurrent sequences of one decode step
     update_rows: int
     decode_rows: int
 
@@ -41,9 +42,10 @@ class MatmulRates:
 @dataclass(frozen=True)
 class EngineOverhead:
     """Seconds the engine spends apart from the model's FLOPs and bytes (measured with a null model)."""
+
     per_call: float
-    per_step: float      # one engine iteration: scheduling, input preparation, kernel launches
-    per_token: float     # one sampled token of one sequence: sampling, its log-prob, detokenising
+    per_step: float  # one engine iteration: scheduling, input preparation, kernel launches
+    per_token: float  # one sampled token of one sequence: sampling, its log-prob, detokenising
     per_sequence: float  # one sequence: request set-up and the returned Rollout
     engine: str
 
@@ -54,19 +56,30 @@ def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
     if shape.heads is None or shape.intermediate is None:
         from relayrl.errors import ConfigError
 
-        raise ConfigError("--measure times the model's own matmuls: it needs model.path's config.json "
-                          "(heads and intermediate size), not only the shape flags")
+        raise ConfigError(
+            "--measure times the model's own matmuls: it needs model.path's config.json "
+            "(heads and intermediate size), not only the shape flags"
+        )
     h, q, kv, i, layers = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim, shape.intermediate, shape.layers
-    return [(h, q, layers), (h, kv, 2 * layers), (q, h, layers), (h, i, 2 * layers), (i, h, layers),
-            (h, shape.vocab, 1)]
+    return [
+        (h, q, layers),
+        (h, kv, 2 * layers),
+        (q, h, layers),
+        (h, i, 2 * layers),
+        (i, h, layers),
+        (h, shape.vocab, 1),
+    ]
 
 
 def measure_matmul_rates(shape: ModelShape, update_rows: int, decode_rows: int, repeats: int = 5) -> MatmulRates:
     warm_up()
-    return MatmulRates(update=_rate(shape, update_rows, backward=True, repeats=repeats),
-                       forward=_rate(shape, update_rows, backward=False, repeats=repeats),
-                       decode=_rate(shape, decode_rows, backward=False, repeats=repeats),
-                       update_rows=update_rows, decode_rows=decode_rows)
+    return MatmulRates(
+        update=_rate(shape, update_rows, backward=True, repeats=repeats),
+        forward=_rate(shape, update_rows, backward=False, repeats=repeats),
+        decode=_rate(shape, decode_rows, backward=False, repeats=repeats),
+        update_rows=update_rows,
+        decode_rows=decode_rows,
+    )
 
 
 def _rate(shape: ModelShape, rows: int, backward: bool, repeats: int) -> float:
@@ -95,8 +108,9 @@ def measure_engine_overhead(kind: str, seed: int = 0) -> EngineOverhead:
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "relayrl.planner.probe", kind, str(seed)], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "relayrl.planner.probe", kind, str(seed)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the {kind} engine probe failed:\n{done.stderr[-2000:]}")
     return EngineOverhead(**json.loads(done.stdout.strip().splitlines()[-1]))
@@ -111,8 +125,9 @@ def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
     alphabet = [chr(c) for c in range(33, 127)]  # 94 characters: the end token is rarely sampled
     rows, seconds = [], []
     with tempfile.TemporaryDirectory() as model_dir:
-        _, tokenizer = build_tiny(["".join(alphabet)], model_dir, seed=seed, hidden=64, layers=1, heads=2,
-                                  intermediate=64)
+        _, tokenizer = build_tiny(
+            ["".join(alphabet)], model_dir, seed=seed, hidden=64, layers=1, heads=2, intermediate=64
+        )
         engine = build_engine(kind, model_dir, max_model_len=64, seed=seed, kv_cache_gib=1.0)
         prompt_ids = tokenizer("0123456789")["input_ids"]
         for batch, max_tokens in (ENGINE_GRID[0], *ENGINE_GRID):  # the first call warms up and is dropped
@@ -138,7 +153,6 @@ def fit_engine_overhead(counts: list[list[float]], seconds: list[float], kind: s
     coefficients, *_ = np.linalg.lstsq(np.array(counts, dtype=float), np.array(seconds, dtype=float), rcond=None)
     per_call, per_step, per_token, per_sequence = (max(0.0, float(c)) for c in coefficients)
     return EngineOverhead(per_call, per_step, per_token, per_sequence, kind)
-
 
 
 if __name__ == "__main__":  # the child process of measure_engine_overhead; vLLM on CPU needs this guard (spawn)

@@ -48,8 +48,10 @@ HF_ENGINE_BELOW_PARAMS = 5e6
 def engine_advice(plan: Plan) -> str | None:
     """A faster rollout engine for this plan, when the benchmarks show one."""
     if plan.hardware.kind == "cpu" and plan.workload.engine == "vllm" and plan.shape.params < HF_ENGINE_BELOW_PARAMS:
-        return (f"a {_count(plan.shape.params)}-param model on CPU: rollout.engine=hf is faster here (vLLM's per-step "
-                "Python work outweighs the model below ~5M params)")
+        return (
+            f"a {_count(plan.shape.params)}-param model on CPU: rollout.engine=hf is faster here (vLLM's per-step "
+            "Python work outweighs the model below ~5M params)"
+        )
     return None
 
 
@@ -57,8 +59,13 @@ Rows = list[tuple[str, str, str]]  # (name, formula with its inputs, value)
 
 
 def _sections(plan: Plan) -> list[tuple[str, Rows]]:
-    return [("inputs", _input_rows(plan)), ("memory per role", _memory_rows(plan)),
-            ("placement", _placement_rows(plan)), ("rates", _rate_rows(plan)), ("step time", _time_rows(plan))]
+    return [
+        ("inputs", _input_rows(plan)),
+        ("memory per role", _memory_rows(plan)),
+        ("placement", _placement_rows(plan)),
+        ("rates", _rate_rows(plan)),
+        ("step time", _time_rows(plan)),
+    ]
 
 
 def _input_rows(plan: Plan) -> Rows:
@@ -66,17 +73,31 @@ def _input_rows(plan: Plan) -> Rows:
     P, b = s.params, pr.infer_bytes
     train_terms = " + ".join(f"{n} {v}" for n, v in pr.train_terms)
     inputs = [
-        ("model", "P params, layers, hidden, kv heads x head dim, vocab",
-         f"{P:,} ({_count(P)}), {s.layers}, {s.hidden}, {s.kv_heads} x {s.head_dim}, {s.vocab:,}"),
-        ("hardware", f"{hw.name} ({hw.source}): memory, BW_mem, peak, BW_link, MFU, devices/node",
-         f"{hw.memory_gb:g} GB, {hw.mem_bw_gbs:g} GB/s, {hw.peak_tflops:g} TFLOP/s, {hw.link_gbs:g} GB/s, "
-         f"{hw.mfu:g}, {hw.devices_per_node}"),
+        (
+            "model",
+            "P params, layers, hidden, kv heads x head dim, vocab",
+            f"{P:,} ({_count(P)}), {s.layers}, {s.hidden}, {s.kv_heads} x {s.head_dim}, {s.vocab:,}",
+        ),
+        (
+            "hardware",
+            f"{hw.name} ({hw.source}): memory, BW_mem, peak, BW_link, MFU, devices/node",
+            f"{hw.memory_gb:g} GB, {hw.mem_bw_gbs:g} GB/s, {hw.peak_tflops:g} TFLOP/s, {hw.link_gbs:g} GB/s, "
+            f"{hw.mfu:g}, {hw.devices_per_node}",
+        ),
         ("rollout batch", "prompts_per_step x n", f"{w.rollout_batch}"),
         ("sequence", "max_prompt_tokens + max_tokens", f"{w.prompt_tokens} + {w.response_tokens} = {w.seq_len}"),
-        ("batch width", "longest prompt + longest response expected in a batch (--prompt/--response-tokens)",
-         f"{w.prompt:g} + {w.response:g} = {w.width:g}"),
-        ("tokens per pass", "groups x (prompt + n x response): one packed row per group (train.packing)" if w.packed
-         else "rollout batch x width (the learner pads rows to the longest)", f"{w.tokens:,}"),
+        (
+            "batch width",
+            "longest prompt + longest response expected in a batch (--prompt/--response-tokens)",
+            f"{w.prompt:g} + {w.response:g} = {w.width:g}",
+        ),
+        (
+            "tokens per pass",
+            "groups x (prompt + n x response): one packed row per group (train.packing)"
+            if w.packed
+            else "rollout batch x width (the learner pads rows to the longest)",
+            f"{w.tokens:,}",
+        ),
         ("optimizer steps", "rollout_batch / mini_batch x epochs", f"{w.optimizer_steps}"),
         ("b_train", train_terms, f"{pr.train_bytes} B/param"),
         ("b_infer", "engine and reference weights", f"{b} B/param"),
@@ -87,21 +108,30 @@ def _input_rows(plan: Plan) -> Rows:
 def _memory_rows(plan: Plan) -> Rows:
     s, w, hw, pr, m = plan.shape, plan.workload, plan.hardware, plan.precision, plan.memory
     b = pr.infer_bytes
-    kv_budget = (f"kv_cache_gib {w.kv_cache_gib:g} GiB" if hw.kind == "cpu" else
-                 f"{m.engine_devices} dev x {w.gpu_memory_utilization:g} x {hw.memory_gb:g} GB - weights")
+    kv_budget = (
+        f"kv_cache_gib {w.kv_cache_gib:g} GiB"
+        if hw.kind == "cpu"
+        else f"{m.engine_devices} dev x {w.gpu_memory_utilization:g} x {hw.memory_gb:g} GB - weights"
+    )
     c = pr.activation_c
     memory = [
         ("actor", f"P x {pr.train_bytes}", _gb(m.actor)),
         ("critic", f"P x {pr.train_bytes}" if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
         ("reference", f"P x {b}" if w.reference else "none (kl.coef = 0)", _gb(m.reference)),
         ("engine weights", f"P x {b}", _gb(m.engine_weights)),
-        ("KV bytes/token", f"2 x {s.layers} layers x {s.kv_heads} kv heads x {s.head_dim} dim x {b} B",
-         f"{m.kv_bytes_per_token:,} B ({m.kv_bytes_per_token / 1024:.1f} KiB)"),
+        (
+            "KV bytes/token",
+            f"2 x {s.layers} layers x {s.kv_heads} kv heads x {s.head_dim} dim x {b} B",
+            f"{m.kv_bytes_per_token:,} B ({m.kv_bytes_per_token / 1024:.1f} KiB)",
+        ),
         ("KV capacity", kv_budget, f"{m.kv_capacity / GIB:,.2f} GiB"),
         ("tokens that fit", "KV capacity / KV bytes per token", f"{m.kv_tokens:,}"),
         ("concurrent seqs", f"min(rollout batch {w.rollout_batch}, tokens / {w.seq_len})", f"{m.concurrent:,}"),
-        ("activations", f"micro_batch {w.micro_batch} x seq {w.seq_len} x hidden x layers x c={c} B",
-         _gb(m.activations)),
+        (
+            "activations",
+            f"micro_batch {w.micro_batch} x seq {w.seq_len} x hidden x layers x c={c} B",
+            _gb(m.activations),
+        ),
         ("logits", "micro_batch x seq x vocab x 4 B (fp32)", _gb(m.logits)),
     ]
     return memory
@@ -113,8 +143,10 @@ def _placement_rows(plan: Plan) -> Rows:
     if hw.kind == "cpu":
         colocated_rule, rollout_rule = f"ceil(peak / M={hw.memory_gb:g} GB)", "ceil(engine / M)"
     else:
-        colocated_rule = (f"max(ceil(train / M={hw.memory_gb:g} GB), ceil(resident / ((1 - "
-                          f"{w.gpu_memory_utilization:g}) x M)), engine devices {m.engine_devices})")
+        colocated_rule = (
+            f"max(ceil(train / M={hw.memory_gb:g} GB), ceil(resident / ((1 - "
+            f"{w.gpu_memory_utilization:g}) x M)), engine devices {m.engine_devices})"
+        )
         rollout_rule = "engine devices"
     placement = [
         ("generate phase", f"engine weights + KV + {resident}", _gb(pl.generate_phase)),
@@ -122,8 +154,11 @@ def _placement_rows(plan: Plan) -> Rows:
         ("colocated peak", "max(generate, train)", _gb(pl.colocated_peak)),
         ("colocated devices", colocated_rule, f"{pl.colocated_devices}"),
         ("disaggregated", "engine + trainer", _gb(pl.disaggregated)),
-        ("disaggregated devices", f"trainer ceil(train / M) + rollout {rollout_rule}",
-         f"{pl.trainer_devices} + {pl.rollout_devices} = {pl.trainer_devices + pl.rollout_devices}"),
+        (
+            "disaggregated devices",
+            f"trainer ceil(train / M) + rollout {rollout_rule}",
+            f"{pl.trainer_devices} + {pl.rollout_devices} = {pl.trainer_devices + pl.rollout_devices}",
+        ),
     ]
     return placement
 
@@ -134,16 +169,26 @@ def _flops(x: float) -> str:
 
 def _rate_rows(plan: Plan) -> Rows:
     r, s = plan.rates, plan.shape
-    rows = [("source", r.source, ""),
-            ("matmul weights", f"P {s.params:,} - embedding lookup (untied) = linear layers + LM head",
-             f"{s.matmul_params:,}"),
-            ("update rate", "fwd + bwd matmuls at micro-batch tokens", _flops(r.update)),
-            ("forward rate", "log-prob passes and prefill", _flops(r.forward)),
-            ("decode rate", f"forward at {plan.time.concurrent} concurrent sequences", _flops(r.decode))]
+    rows = [
+        ("source", r.source, ""),
+        (
+            "matmul weights",
+            f"P {s.params:,} - embedding lookup (untied) = linear layers + LM head",
+            f"{s.matmul_params:,}",
+        ),
+        ("update rate", "fwd + bwd matmuls at micro-batch tokens", _flops(r.update)),
+        ("forward rate", "log-prob passes and prefill", _flops(r.forward)),
+        ("decode rate", f"forward at {plan.time.concurrent} concurrent sequences", _flops(r.decode)),
+    ]
     if r.engine is not None:
         e = r.engine
-        rows.append(("engine fixed costs", f"{e.engine}, null model: per call + per step + per token + per sequence",
-                     f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}"))
+        rows.append(
+            (
+                "engine fixed costs",
+                f"{e.engine}, null model: per call + per step + per token + per sequence",
+                f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}",
+            )
+        )
     return rows
 
 
@@ -153,26 +198,50 @@ def _time_rows(plan: Plan) -> Rows:
     fwd = f"(2 x {s.matmul_params:,} + 4 x {s.layers} x {s.q_width} x ctx)"  # FLOPs per token of a forward
     dev = f" x {t.train_devices} dev" if t.train_devices > 1 else ""
     ctx = w.prompt + w.response / 2
-    engine = (f"{_s(plan.rates.engine.per_call)} + {t.decode_steps:g} steps, {w.rollout_batch * w.response / t.replicas:,.0f} "
-              f"tokens, {math.ceil(w.rollout_batch / t.replicas)} seqs x their costs" if plan.rates.engine
-              else "not measured (--measure)")
+    engine = (
+        f"{_s(plan.rates.engine.per_call)} + {t.decode_steps:g} steps, {w.rollout_batch * w.response / t.replicas:,.0f} "
+        f"tokens, {math.ceil(w.rollout_batch / t.replicas)} seqs x their costs"
+        if plan.rates.engine
+        else "not measured (--measure)"
+    )
     time = [
-        ("prefill", f"{fwd} ctx={w.prompt / 2:g} x {w.rollout_batch} x {w.prompt:g} prompt tokens / forward rate",
-         _s(t.prefill)),
-        ("decode step", f"max(({_count(s.params)} x {b} B + {t.concurrent} seqs x ctx={ctx:g} x KV B/token) / "
-         f"{hw.mem_bw_gbs:g} GB/s, {t.concurrent} x {fwd} / decode rate)", f"{_s(t.decode_step)} ({t.decode_bound})"),
-        ("decode", f"{t.decode_waves} wave(s) x {w.response:g} longest response = {t.decode_steps:g} steps x step",
-         _s(t.decode)),
+        (
+            "prefill",
+            f"{fwd} ctx={w.prompt / 2:g} x {w.rollout_batch} x {w.prompt:g} prompt tokens / forward rate",
+            _s(t.prefill),
+        ),
+        (
+            "decode step",
+            f"max(({_count(s.params)} x {b} B + {t.concurrent} seqs x ctx={ctx:g} x KV B/token) / "
+            f"{hw.mem_bw_gbs:g} GB/s, {t.concurrent} x {fwd} / decode rate)",
+            f"{_s(t.decode_step)} ({t.decode_bound})",
+        ),
+        (
+            "decode",
+            f"{t.decode_waves} wave(s) x {w.response:g} longest response = {t.decode_steps:g} steps x step",
+            _s(t.decode),
+        ),
         ("engine fixed costs", engine, _s(t.engine_overhead)),
         ("generate", "prefill + decode + engine fixed costs", _s(t.generate)),
-        ("old log-probs", f"{fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens / forward rate{dev}"
-         if t.old_logprobs else "none (one optimizer step)", _s(t.old_logprobs)),
+        (
+            "old log-probs",
+            f"{fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens / forward rate{dev}"
+            if t.old_logprobs
+            else "none (one optimizer step)",
+            _s(t.old_logprobs),
+        ),
         ("ref log-probs", "as old log-probs" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
         ("critic", f"(1 + 3 x {w.epochs}) x forward" if w.critic else "no critic", _s(t.critic)),
-        ("update FLOPs", f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / "
-         f"update rate{dev}", _s(t.update)),
-        ("optimizer", f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
-         _s(t.optimizer)),
+        (
+            "update FLOPs",
+            f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / update rate{dev}",
+            _s(t.update),
+        ),
+        (
+            "optimizer",
+            f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
+            _s(t.optimizer),
+        ),
         ("update", "update FLOPs + optimizer", _s(t.update_phase)),
         ("sync", f"P x {b} x r=1 / {hw.link_gbs:g} GB/s", _s(t.sync)),
         ("step", "sum (phases serial)", _s(t.total)),

@@ -45,9 +45,11 @@ class ModelShape:
 def count_params(cfg) -> int:
     """Parameters of a Llama-family causal LM from its `PretrainedConfig`, as `sum(p.numel())` counts them."""
     if cfg.model_type not in LLAMA_FAMILY:
-        raise ModelError(f"cannot count parameters of model_type={cfg.model_type!r} "
-                         f"(known: {', '.join(LLAMA_FAMILY)}); pass --params/--layers/--hidden/--kv-heads/--head-dim/"
-                         "--vocab instead")
+        raise ModelError(
+            f"cannot count parameters of model_type={cfg.model_type!r} "
+            f"(known: {', '.join(LLAMA_FAMILY)}); pass --params/--layers/--hidden/--kv-heads/--head-dim/"
+            "--vocab instead"
+        )
     h, v, heads, kv, hd = cfg.hidden_size, cfg.vocab_size, cfg.num_attention_heads, _kv_heads(cfg), _head_dim(cfg)
     q, k = heads * hd, kv * hd  # widths of the query and of each of the key/value projections
     qkv_bias = cfg.model_type == "qwen2" or getattr(cfg, "attention_bias", False)
@@ -60,10 +62,17 @@ def count_params(cfg) -> int:
 
 
 def shape_from_config(cfg) -> ModelShape:
-    return ModelShape(params=count_params(cfg), layers=cfg.num_hidden_layers, hidden=cfg.hidden_size,
-                      kv_heads=_kv_heads(cfg), head_dim=_head_dim(cfg), vocab=cfg.vocab_size,
-                      heads=cfg.num_attention_heads, intermediate=cfg.intermediate_size,
-                      tied=bool(cfg.tie_word_embeddings))
+    return ModelShape(
+        params=count_params(cfg),
+        layers=cfg.num_hidden_layers,
+        hidden=cfg.hidden_size,
+        kv_heads=_kv_heads(cfg),
+        head_dim=_head_dim(cfg),
+        vocab=cfg.vocab_size,
+        heads=cfg.num_attention_heads,
+        intermediate=cfg.intermediate_size,
+        tied=bool(cfg.tie_word_embeddings),
+    )
 
 
 def load_shape(model_path: str, **flags: float | None) -> ModelShape:
@@ -75,8 +84,10 @@ def load_shape(model_path: str, **flags: float | None) -> ModelShape:
     if set(given) >= SHAPE_FLAGS:
         return ModelShape(**given)
     if not model_path or not (Path(model_path) / "config.json").is_file():
-        raise ModelError(f"model.path={model_path!r} has no config.json; point it at a model directory or pass "
-                         "all of --params --layers --hidden --kv-heads --head-dim --vocab")
+        raise ModelError(
+            f"model.path={model_path!r} has no config.json; point it at a model directory or pass "
+            "all of --params --layers --hidden --kv-heads --head-dim --vocab"
+        )
     from transformers import AutoConfig
 
     return replace(shape_from_config(AutoConfig.from_pretrained(model_path)), **given)

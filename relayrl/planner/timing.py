@@ -26,6 +26,7 @@ from relayrl.planner.shape import ModelShape
 @dataclass(frozen=True)
 class Rates:
     """FLOP/s per device of each kind of pass, and the engine's fixed costs (None: not measured, taken as 0)."""
+
     update: float
     forward: float
     decode: float
@@ -37,22 +38,36 @@ class Rates:
 def profile_rates(hardware: Hardware) -> Rates:
     achieved = hardware.peak_tflops * 1e12 * hardware.mfu
     peak = hardware.peak_tflops * 1e12
-    return Rates(achieved, achieved, peak, peak, None, f"{hardware.name}: passes at peak x MFU {hardware.mfu:g}, "
-                 "decode and prefill at peak, engine fixed costs not counted")
+    return Rates(
+        achieved,
+        achieved,
+        peak,
+        peak,
+        None,
+        f"{hardware.name}: passes at peak x MFU {hardware.mfu:g}, "
+        "decode and prefill at peak, engine fixed costs not counted",
+    )
 
 
 def measured_rates(matmul: MatmulRates, engine: EngineOverhead | None) -> Rates:
-    return Rates(matmul.update, matmul.forward, matmul.decode, matmul.forward, engine,
-                 f"measured here: matmuls at {matmul.update_rows:,} rows (passes) and {matmul.decode_rows:,} rows "
-                 "(decode)" + (f", {engine.engine} engine fixed costs" if engine else ""))
+    return Rates(
+        matmul.update,
+        matmul.forward,
+        matmul.decode,
+        matmul.forward,
+        engine,
+        f"measured here: matmuls at {matmul.update_rows:,} rows (passes) and {matmul.decode_rows:,} rows "
+        "(decode)" + (f", {engine.engine} engine fixed costs" if engine else ""),
+    )
 
 
 def forward_flops_per_token(shape: ModelShape, context: float) -> float:
     return 2 * shape.matmul_params + 4 * shape.layers * shape.q_width * context
 
 
-def decode_step_time(shape: ModelShape, infer_bytes: int, batch: int, context: float, kv_bytes_per_token: int,
-                     mem_bw: float, rate: float) -> tuple[float, str]:
+def decode_step_time(
+    shape: ModelShape, infer_bytes: int, batch: int, context: float, kv_bytes_per_token: int, mem_bw: float, rate: float
+) -> tuple[float, str]:
     """One decode step: weights streamed once + `batch` sequences' KV caches of `context` tokens read, or the
     step's FLOPs at `rate`, whichever is slower."""
     memory_s = (shape.params * infer_bytes + batch * context * kv_bytes_per_token) / mem_bw
@@ -68,21 +83,21 @@ def engine_overhead_time(engine: EngineOverhead | None, steps: float, tokens: fl
 
 @dataclass(frozen=True)
 class StepTime:
-    replicas: int          # engine replicas on the rollout devices
-    concurrent: int        # sequences each replica decodes together
+    replicas: int  # engine replicas on the rollout devices
+    concurrent: int  # sequences each replica decodes together
     train_devices: int
     prefill: float
     decode_step: float
     decode_bound: str
     decode_waves: int
-    decode_steps: float    # waves x the longest response
+    decode_steps: float  # waves x the longest response
     decode: float
     engine_overhead: float
     old_logprobs: float
     ref_logprobs: float
     critic: float
-    update: float          # the update's FLOPs
-    optimizer: float       # the optimizer's bytes
+    update: float  # the update's FLOPs
+    optimizer: float  # the optimizer's bytes
     sync: float
 
     @property
@@ -98,8 +113,15 @@ class StepTime:
         return self.generate + self.old_logprobs + self.ref_logprobs + self.critic + self.update_phase + self.sync
 
 
-def estimate_time(shape: ModelShape, work: Workload, memory: Memory, placement: Placement, hardware: Hardware,
-                  precision: Precision, rates: Rates) -> StepTime:
+def estimate_time(
+    shape: ModelShape,
+    work: Workload,
+    memory: Memory,
+    placement: Placement,
+    hardware: Hardware,
+    precision: Precision,
+    rates: Rates,
+) -> StepTime:
     """Phases run one after another (a synchronous step) on the recommended placement: the rollout batch is
     split over the engine replicas, and training is data-parallel over the trainer devices at ideal scaling."""
     rollout_devices = placement.colocated_devices if placement.colocated else placement.rollout_devices
@@ -107,9 +129,15 @@ def estimate_time(shape: ModelShape, work: Workload, memory: Memory, placement: 
     replicas = max(1, rollout_devices // memory.engine_devices)
     per_replica = min(memory.concurrent, math.ceil(work.rollout_batch / replicas))  # sequences decoded together
     P, mem_bw = shape.params, hardware.mem_bw_gbs * 1e9
-    step, bound = decode_step_time(shape, precision.infer_bytes, per_replica, work.prompt + work.response / 2,
-                                   memory.kv_bytes_per_token, mem_bw * memory.engine_devices,
-                                   rates.decode * memory.engine_devices)
+    step, bound = decode_step_time(
+        shape,
+        precision.infer_bytes,
+        per_replica,
+        work.prompt + work.response / 2,
+        memory.kv_bytes_per_token,
+        mem_bw * memory.engine_devices,
+        rates.decode * memory.engine_devices,
+    )
     waves = math.ceil(work.rollout_batch / (replicas * per_replica))  # rounds of sequences the KV caches hold
     steps = waves * work.response
     pass_flops = forward_flops_per_token(shape, work.width / 2) * work.tokens  # one forward over the batch
@@ -117,15 +145,24 @@ def estimate_time(shape: ModelShape, work: Workload, memory: Memory, placement: 
     update = 3 * pass_flops * work.epochs / (rates.update * train_devices)
     prompts = work.rollout_batch * work.prompt
     return StepTime(
-        replicas=replicas, concurrent=per_replica, train_devices=train_devices,
-        prefill=forward_flops_per_token(shape, work.prompt / 2) * prompts
+        replicas=replicas,
+        concurrent=per_replica,
+        train_devices=train_devices,
+        prefill=forward_flops_per_token(shape, work.prompt / 2)
+        * prompts
         / (rates.prefill * replicas * memory.engine_devices),
-        decode_step=step, decode_bound=bound, decode_waves=waves, decode_steps=steps, decode=steps * step,
-        engine_overhead=engine_overhead_time(rates.engine, steps, work.rollout_batch / replicas * work.response,
-                                             math.ceil(work.rollout_batch / replicas)),  # one replica's share
+        decode_step=step,
+        decode_bound=bound,
+        decode_waves=waves,
+        decode_steps=steps,
+        decode=steps * step,
+        engine_overhead=engine_overhead_time(
+            rates.engine, steps, work.rollout_batch / replicas * work.response, math.ceil(work.rollout_batch / replicas)
+        ),  # one replica's share
         old_logprobs=forward if work.optimizer_steps > 1 else 0.0,  # else the update's own forward gives them
         ref_logprobs=forward if work.reference else 0.0,
         critic=forward + update if work.critic else 0.0,
         update=update,
         optimizer=work.optimizer_steps * 2 * precision.train_bytes * P / (mem_bw * train_devices),
-        sync=P * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9))
+        sync=P * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9),
+    )

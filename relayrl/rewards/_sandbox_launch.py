@@ -182,8 +182,12 @@ def _add_devices(root: str) -> None:
     for name in DEVICES:  # binds of the host's nodes: they work whatever the tmpfs's nodev says
         open(f"{root}/dev/{name}", "w").close()
         mount(f"/dev/{name}", f"{root}/dev/{name}", None, MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{root}/dev/{name}")
 
 
@@ -220,9 +224,14 @@ def _mirror_links(root: str, path: str) -> str:
 
 def run_program(job: dict, marker: str, weak: bool) -> None:
     os.chdir(WORK_DIR if not weak else job["work_dir"])
-    limits = {resource.RLIMIT_CPU: job["cpu_s"], resource.RLIMIT_AS: job["memory_mb"] << 20,
-              resource.RLIMIT_FSIZE: job["file_mb"] << 20, resource.RLIMIT_NOFILE: job["open_files"],
-              resource.RLIMIT_NPROC: job["processes"], resource.RLIMIT_CORE: 0}
+    limits = {
+        resource.RLIMIT_CPU: job["cpu_s"],
+        resource.RLIMIT_AS: job["memory_mb"] << 20,
+        resource.RLIMIT_FSIZE: job["file_mb"] << 20,
+        resource.RLIMIT_NOFILE: job["open_files"],
+        resource.RLIMIT_NPROC: job["processes"],
+        resource.RLIMIT_CORE: 0,
+    }
     for kind, value in limits.items():
         resource.setrlimit(kind, (value, value))
     if job["uid"] is not None and not weak:  # root: an uid of its own, which owns nothing but the work dir
@@ -232,9 +241,13 @@ def run_program(job: dict, marker: str, weak: bool) -> None:
     python, env = job["python"], job["env"]
     if not weak:  # the view's interpreter; its RUNPATH (libpython) and the loader's cache name host paths
         python = f"{PYTHON_DIR}/{job['view']['python']}"
-        env = {**env, "PATH": f"{PYTHON_DIR}/bin",
-               "LD_LIBRARY_PATH": ":".join([*(f"{PYTHON_DIR}/{d}" for d in job["view"]["prefix_library_dirs"]),
-                                            *job["view"]["library_dirs"]])}
+        env = {
+            **env,
+            "PATH": f"{PYTHON_DIR}/bin",
+            "LD_LIBRARY_PATH": ":".join(
+                [*(f"{PYTHON_DIR}/{d}" for d in job["view"]["prefix_library_dirs"]), *job["view"]["library_dirs"]]
+            ),
+        }
     os.execve(python, [python, "-I", "-S", "-B", "-c", HARNESS, marker, job["call"] or "", "1" if weak else "0"], env)
 
 

@@ -68,8 +68,10 @@ def load_reward(spec: str, kwargs: dict[str, Any] | None = None, style: str = "a
         if not callable(fn):
             raise RewardError(f"reward.fn={spec!r}: '{target}' has no function '{name}'")
     else:
-        raise RewardError(f"reward.fn={spec!r} is not a built-in ({', '.join(BUILTINS)}) "
-                          "nor of the form module:function or path/file.py:function")
+        raise RewardError(
+            f"reward.fn={spec!r} is not a built-in ({', '.join(BUILTINS)}) "
+            "nor of the form module:function or path/file.py:function"
+        )
     resolved = conventions.resolve(fn, kwargs, style, spec)
     _announce(spec, resolved.style)
     return resolved.fn if resolved.style == "relayrl" else ConventionReward(resolved)
@@ -92,8 +94,7 @@ def _import_module(name: str, spec: str):
     try:
         return importlib.import_module(name)
     except Exception as err:  # ImportError, and whatever the module raises while it runs (SyntaxError, ...)
-        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': "
-                          f"{type(err).__name__}: {err}") from None
+        raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': {type(err).__name__}: {err}") from None
 
 
 def _import_file(path: str, spec: str):
@@ -124,20 +125,32 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
         raw = [_call_one(fn, rollout, on_error) for rollout in rollouts]
     raw = _as_list(raw)
     if not isinstance(raw, (list, tuple)) or len(raw) != len(rollouts):
-        got = (f"{len(raw)} values" if isinstance(raw, (list, tuple)) else
-               f"an array of shape {tuple(raw.shape)}" if _is_array(raw) else type(raw).__name__)
-        raise RewardError(f"reward function must return a list of {len(rollouts)} values, got {got} "
-                          "(reward functions are batched: fn(prompts, completions, **columns) -> one value each)")
+        got = (
+            f"{len(raw)} values"
+            if isinstance(raw, (list, tuple))
+            else f"an array of shape {tuple(raw.shape)}"
+            if _is_array(raw)
+            else type(raw).__name__
+        )
+        raise RewardError(
+            f"reward function must return a list of {len(rollouts)} values, got {got} "
+            "(reward functions are batched: fn(prompts, completions, **columns) -> one value each)"
+        )
     scores, errors = [], 0
     to_score = fn.to_score if isinstance(fn, ConventionReward) else _to_score
     for rollout, value in zip(rollouts, raw):
         score = to_score(value)
         if score is None:
             if on_error == "error":
-                what = "a finite number" if not isinstance(fn, ConventionReward) or fn.style != "verl" else \
-                    "a finite number or a dict with a finite 'score' (verl's compute_score)"
-                raise RewardError(f"reward for sample {rollout.sample_id} is {value!r}, not {what} "
-                                  "(set reward.on_error=zero or skip to score such samples 0 or drop them)")
+                what = (
+                    "a finite number"
+                    if not isinstance(fn, ConventionReward) or fn.style != "verl"
+                    else "a finite number or a dict with a finite 'score' (verl's compute_score)"
+                )
+                raise RewardError(
+                    f"reward for sample {rollout.sample_id} is {value!r}, not {what} "
+                    "(set reward.on_error=zero or skip to score such samples 0 or drop them)"
+                )
             errors += 1
             score = Score(0.0) if on_error == "zero" else None
         scores.append(score)
@@ -160,8 +173,7 @@ def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
     except Exception as err:
         if on_error != "error":
             return None  # counted as an error by the caller
-        raise RewardError(f"reward function raised on sample {rollout.sample_id}: "
-                          f"{type(err).__name__}: {err}") from err
+        raise RewardError(f"reward function raised on sample {rollout.sample_id}: {type(err).__name__}: {err}") from err
 
 
 def _is_array(value: Any) -> bool:

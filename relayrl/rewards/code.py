@@ -25,16 +25,21 @@ def extract_program(completion: str) -> str:
     return blocks[-1] if blocks else completion
 
 
-def code(prompts: list[str], completions: list[str], tests: list | None = None, isolation: str = "auto",
-         **limits: Any) -> list[float]:
+def code(
+    prompts: list[str], completions: list[str], tests: list | None = None, isolation: str = "auto", **limits: Any
+) -> list[float]:
     """Pass fraction per completion. `reward.kwargs` may set `isolation` and any SandboxLimits field."""
     if tests is None:
-        raise RewardError("reward 'code' needs a 'tests' column in the dataset (a list of "
-                          '{"stdin", "stdout"} or {"call", "expected"} test cases)')
+        raise RewardError(
+            "reward 'code' needs a 'tests' column in the dataset (a list of "
+            '{"stdin", "stdout"} or {"call", "expected"} test cases)'
+        )
     unknown = set(limits) - set(SandboxLimits.__dataclass_fields__)
     if unknown:
-        raise RewardError(f"reward 'code': unknown kwargs {sorted(unknown)}; known: isolation, "
-                          f"{', '.join(SandboxLimits.__dataclass_fields__)}")
+        raise RewardError(
+            f"reward 'code': unknown kwargs {sorted(unknown)}; known: isolation, "
+            f"{', '.join(SandboxLimits.__dataclass_fields__)}"
+        )
     sandbox_limits = SandboxLimits(**limits)
     scores = []
     for prompt, completion, cases in zip(prompts, completions, tests):

@@ -41,14 +41,16 @@ SAMPLE_NAMES = {"prompts", "completions", "completion_ids", "solution_str", "dat
 DESCRIBED = {
     "relayrl": "relayrl's convention fn(prompts, completions, **columns), batched",
     "trl": "TRL's convention fn(prompts=, completions=, completion_ids=, **columns) by keyword, batched "
-           "(message lists on `messages` rows; None = does not apply)",
+    "(message lists on `messages` rows; None = does not apply)",
     "verl": "verl's convention compute_score(data_source, solution_str, ground_truth, extra_info), one sample "
-            "per call (a dict's `score` is the reward)",
+    "per call (a dict's `score` is the reward)",
 }
-EXPECTED = ("relayrl's fn(prompts, completions, **columns) (batched, positional), TRL's fn(completions, **kwargs) "
-            "(batched, by keyword: prompts, completions, completion_ids and every column), verl's "
-            "compute_score(data_source, solution_str, ground_truth, extra_info) (one sample), or a factory called "
-            "with reward.kwargs that returns one of these")
+EXPECTED = (
+    "relayrl's fn(prompts, completions, **columns) (batched, positional), TRL's fn(completions, **kwargs) "
+    "(batched, by keyword: prompts, completions, completion_ids and every column), verl's "
+    "compute_score(data_source, solution_str, ground_truth, extra_info) (one sample), or a factory called "
+    "with reward.kwargs that returns one of these"
+)
 
 
 @dataclass
@@ -102,8 +104,10 @@ def detect_style(fn: Callable, spec: str) -> str:
         return "trl"
     if len(positional) >= 2 or _takes_var(signature, inspect.Parameter.VAR_POSITIONAL):
         return "relayrl"
-    raise RewardError(f"reward.fn={spec!r}: the signature {getattr(fn, '__name__', 'fn')}{signature} fits none of "
-                      f"the reward conventions: expected {EXPECTED}. reward.style forces one")
+    raise RewardError(
+        f"reward.fn={spec!r}: the signature {getattr(fn, '__name__', 'fn')}{signature} fits none of "
+        f"the reward conventions: expected {EXPECTED}. reward.style forces one"
+    )
 
 
 def resolve(fn: Callable, kwargs: dict[str, Any] | None, style: str, spec: str) -> Resolved:
@@ -115,11 +119,15 @@ def resolve(fn: Callable, kwargs: dict[str, Any] | None, style: str, spec: str) 
         try:
             fn = fn(**kwargs)
         except Exception as err:
-            raise RewardError(f"reward.fn={spec!r}: the factory raised when called with reward.kwargs {kwargs}: "
-                              f"{type(err).__name__}: {err}") from None
+            raise RewardError(
+                f"reward.fn={spec!r}: the factory raised when called with reward.kwargs {kwargs}: "
+                f"{type(err).__name__}: {err}"
+            ) from None
         if not callable(fn):
-            raise RewardError(f"reward.fn={spec!r} was called as a factory with reward.kwargs {kwargs} and returned "
-                              f"{type(fn).__name__}, not a reward function")
+            raise RewardError(
+                f"reward.fn={spec!r} was called as a factory with reward.kwargs {kwargs} and returned "
+                f"{type(fn).__name__}, not a reward function"
+            )
         kwargs = {}
     style = detect_style(fn, spec) if style == "auto" else style
     return Resolved(functools.partial(fn, **kwargs) if kwargs else fn, style)
@@ -151,8 +159,12 @@ def _trl_pair(rollout: Rollout) -> tuple[Any, Any]:
 
 def call_trl(fn: Callable, rollouts: list[Rollout]) -> Any:
     pairs = [_trl_pair(r) for r in rollouts]
-    arguments = {**_columns(rollouts), "prompts": [p for p, _ in pairs], "completions": [c for _, c in pairs],
-                 "completion_ids": [list(r.response_ids) for r in rollouts]}
+    arguments = {
+        **_columns(rollouts),
+        "prompts": [p for p, _ in pairs],
+        "completions": [c for _, c in pairs],
+        "completion_ids": [list(r.response_ids) for r in rollouts],
+    }
     result = fn(**_accepted(fn, arguments))
     return asyncio.run(result) if inspect.isawaitable(result) else result
 
@@ -164,16 +176,22 @@ def _ground_truth(rollout: Rollout) -> Any:
     reward_model = columns.get("reward_model")
     if isinstance(reward_model, dict) and "ground_truth" in reward_model:
         return reward_model["ground_truth"]
-    raise RewardError(f"a verl-style compute_score needs the ground truth of sample {rollout.sample_id}: a "
-                      f"'ground_truth' column or 'reward_model': {{'ground_truth': ...}}; found columns "
-                      f"{sorted(columns)}")
+    raise RewardError(
+        f"a verl-style compute_score needs the ground truth of sample {rollout.sample_id}: a "
+        f"'ground_truth' column or 'reward_model': {{'ground_truth': ...}}; found columns "
+        f"{sorted(columns)}"
+    )
 
 
 def call_verl(fn: Callable, rollouts: list[Rollout]) -> list[Any]:
     results = []
     for rollout in rollouts:
         columns = rollout.prompt.columns
-        arguments = {"data_source": columns.get("data_source"), "solution_str": rollout.response_text,
-                     "ground_truth": _ground_truth(rollout), "extra_info": dict(columns.get("extra_info") or {})}
+        arguments = {
+            "data_source": columns.get("data_source"),
+            "solution_str": rollout.response_text,
+            "ground_truth": _ground_truth(rollout),
+            "extra_info": dict(columns.get("extra_info") or {}),
+        }
         results.append(fn(**_accepted(fn, arguments)))
     return results

@@ -88,8 +88,9 @@ class Dispatcher:
         if self._failure is not None:
             if isinstance(self._failure, RewardError):
                 raise RewardError(str(self._failure))
-            raise RewardError(f"the reward service stopped: {type(self._failure).__name__}: "
-                              f"{self._failure}") from self._failure
+            raise RewardError(
+                f"the reward service stopped: {type(self._failure).__name__}: {self._failure}"
+            ) from self._failure
         if self._closed:
             raise RewardError("the reward service is closed")
 

@@ -17,8 +17,7 @@ from typing import Any, Protocol
 
 from relayrl.errors import RewardError
 
-DEFAULT_TEMPLATE = ("Rate the answer to the question from 0 to 10.\nQuestion: {prompt}\nAnswer: {completion}\n"
-                    "Rating: ")
+DEFAULT_TEMPLATE = "Rate the answer to the question from 0 to 10.\nQuestion: {prompt}\nAnswer: {completion}\nRating: "
 DEFAULT_PATTERN = r"-?\d+(?:\.\d+)?"
 
 
@@ -35,20 +34,30 @@ def parse_judgement(answer: str, pattern: re.Pattern, sample: str, default: floa
         if default is not None:
             return default
         found = f"matched {text!r}, not a number" if match else f"no match for /{pattern.pattern}/"
-        raise RewardError(f"judge answer for sample {sample} does not parse ({found}): {answer[:200]!r} "
-                          "(set reward.kwargs.default to score such answers)") from None
+        raise RewardError(
+            f"judge answer for sample {sample} does not parse ({found}): {answer[:200]!r} "
+            "(set reward.kwargs.default to score such answers)"
+        ) from None
 
 
 class Judge:
-    def __init__(self, engine: TextEngine, template: str = DEFAULT_TEMPLATE, pattern: str = DEFAULT_PATTERN,
-                 default: float | None = None, max_tokens: int = 16):
+    def __init__(
+        self,
+        engine: TextEngine,
+        template: str = DEFAULT_TEMPLATE,
+        pattern: str = DEFAULT_PATTERN,
+        default: float | None = None,
+        max_tokens: int = 16,
+    ):
         try:
             self.fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
         except ValueError as err:
             raise RewardError(f"judge template {template[:80]!r} is not a format string: {err}") from None
         if any(not name.isidentifier() for name in self.fields):
-            raise RewardError(f"judge template {template[:80]!r}: fields must be names ({{prompt}}, {{completion}} "
-                              f"or a dataset column), got {sorted(self.fields)}")
+            raise RewardError(
+                f"judge template {template[:80]!r}: fields must be names ({{prompt}}, {{completion}} "
+                f"or a dataset column), got {sorted(self.fields)}"
+            )
         try:
             self.pattern = re.compile(pattern)
         except re.error as err:
@@ -57,18 +66,30 @@ class Judge:
 
     def score(self, prompts: list[str], completions: list[str], **columns: list) -> list[float]:
         if missing := self.fields - {"prompt", "completion"} - set(columns):
-            raise RewardError(f"judge template uses {{{sorted(missing)[0]}}}, which is neither prompt, completion "
-                              f"nor a dataset column (columns: {sorted(columns)})")
+            raise RewardError(
+                f"judge template uses {{{sorted(missing)[0]}}}, which is neither prompt, completion "
+                f"nor a dataset column (columns: {sorted(columns)})"
+            )
         rows = [{name: values[i] for name, values in columns.items()} for i in range(len(prompts))]
         texts = [self.template.format(prompt=p, completion=c, **row) for p, c, row in zip(prompts, completions, rows)]
         answers = self.engine.complete(texts, self.max_tokens)
-        return [parse_judgement(answer, self.pattern, f"{i} of the batch (prompt {p[:40]!r})", self.default)
-                for i, (answer, p) in enumerate(zip(answers, prompts))]
+        return [
+            parse_judgement(answer, self.pattern, f"{i} of the batch (prompt {p[:40]!r})", self.default)
+            for i, (answer, p) in enumerate(zip(answers, prompts))
+        ]
 
 
-def judge(prompts: list[str], completions: list[str], model: str | None = None, template: str = DEFAULT_TEMPLATE,
-          pattern: str = DEFAULT_PATTERN, default: float | None = None, max_tokens: int = 16,
-          max_model_len: int = 512, **columns: Any) -> list[float]:
+def judge(
+    prompts: list[str],
+    completions: list[str],
+    model: str | None = None,
+    template: str = DEFAULT_TEMPLATE,
+    pattern: str = DEFAULT_PATTERN,
+    default: float | None = None,
+    max_tokens: int = 16,
+    max_model_len: int = 512,
+    **columns: Any,
+) -> list[float]:
     """The `judge` built-in: a judge over a vLLM engine on `model`, built once per process."""
     if model is None:
         raise RewardError("reward 'judge' needs a model: set reward.kwargs.model to an HF model directory")

@@ -57,7 +57,9 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict, str]]
     try:
         fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
     except Exception as err:
-        connection.send(("load_error", f"{type(err).__name__}: {err}" if not isinstance(err, RewardError) else str(err)))
+        connection.send(
+            ("load_error", f"{type(err).__name__}: {err}" if not isinstance(err, RewardError) else str(err))
+        )
         return
     connection.send(("ready", None))
     while (task := connection.recv()) is not None:
@@ -120,8 +122,9 @@ class WorkerPool:
     def _collect(self) -> Iterator[tuple[Task, Outcome]]:
         now = time.monotonic()
         deadline = min([w.deadline for w in self.workers] + [now + 1.0])
-        for connection in wait([w.connection for w in self.workers] + [self._wake_receive],
-                               timeout=max(0.0, deadline - now)):
+        for connection in wait(
+            [w.connection for w in self.workers] + [self._wake_receive], timeout=max(0.0, deadline - now)
+        ):
             if connection is self._wake_receive:
                 self._wake_receive.recv(4096)
                 continue
@@ -132,9 +135,11 @@ class WorkerPool:
             except (EOFError, OSError):
                 if not worker.ready:
                     self.close()
-                    raise RewardError(f"a reward worker exited while starting (exit code {worker.process.exitcode}; "
-                                      "its traceback is on stderr). Workers are spawned: a script that builds "
-                                      "the reward service must do so under `if __name__ == \"__main__\":`")
+                    raise RewardError(
+                        f"a reward worker exited while starting (exit code {worker.process.exitcode}; "
+                        "its traceback is on stderr). Workers are spawned: a script that builds "
+                        'the reward service must do so under `if __name__ == "__main__":`'
+                    )
                 yield from self._replace(index, DIED, f"reward worker died (exit code {worker.process.exitcode})")
                 continue
             if kind == "ready":

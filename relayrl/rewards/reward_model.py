@@ -27,8 +27,10 @@ class RewardModel:
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).to(device).eval()
         if self.model.config.num_labels != 1:
-            raise RewardError(f"reward_model: {path} has num_labels={self.model.config.num_labels}; a reward model "
-                              "has one output (num_labels=1)")
+            raise RewardError(
+                f"reward_model: {path} has num_labels={self.model.config.num_labels}; a reward model "
+                "has one output (num_labels=1)"
+            )
         if self.tokenizer.pad_token_id is None:
             raise RewardError(f"reward_model: the tokenizer at {path} has no pad token; batches cannot be padded")
         self.model.config.pad_token_id = self.tokenizer.pad_token_id  # how the model finds each row's last token
@@ -40,8 +42,14 @@ class RewardModel:
         texts = [p + c for p, c in zip(prompts, completions)]
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(texts[start:start + self.batch_size], return_tensors="pt", padding=True,
-                                   truncation=True, max_length=self.max_length, add_special_tokens=False)
+            batch = self.tokenizer(
+                texts[start : start + self.batch_size],
+                return_tensors="pt",
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                add_special_tokens=False,
+            )
             logits = self.model(**batch.to(self.device)).logits  # [B, 1]
             scores.extend(logits[:, 0].float().tolist())
         return scores

@@ -82,6 +82,7 @@ class SandboxLimits:
 @dataclass(frozen=True)
 class InterpreterView:
     """The host paths a sandboxed program sees (namespaces mode), all read-only; see _sandbox_launch.py."""
+
     prefix: str  # the interpreter's installation (sys.base_prefix, resolved); the program sees it at /python
     python: str  # the interpreter binary, relative to `prefix`
     hidden: tuple[str, ...]  # directories under `prefix` covered by an empty tmpfs (site-packages)
@@ -114,8 +115,12 @@ class TestReport:
         return sum(r.passed for r in self.results) / len(self.results) if self.results else 0.0
 
 
-def run_tests(program: str, tests: list[dict] | str, limits: SandboxLimits = SandboxLimits(),
-              isolation: Literal["auto", "namespaces", "rlimits"] = "auto") -> TestReport:
+def run_tests(
+    program: str,
+    tests: list[dict] | str,
+    limits: SandboxLimits = SandboxLimits(),
+    isolation: Literal["auto", "namespaces", "rlimits"] = "auto",
+) -> TestReport:
     """Run `program` once per test case, each in a fresh sandbox; a bad test list raises naming the case."""
     cases = parse_tests(tests)
     mode = resolve_isolation(isolation)
@@ -137,43 +142,73 @@ def parse_tests(tests: list[dict] | str) -> list[dict]:
     for index, case in enumerate(tests):
         keys = set(case) if isinstance(case, dict) else None
         if keys not in ({"stdin", "stdout"}, {"call", "expected"}):
-            raise RewardError(f"code reward: test {index} is {case!r:.80}; a test is "
-                              '{"stdin": ..., "stdout": ...} or {"call": ..., "expected": ...}')
+            raise RewardError(
+                f"code reward: test {index} is {case!r:.80}; a test is "
+                '{"stdin": ..., "stdout": ...} or {"call": ..., "expected": ...}'
+            )
         if "call" in case and not isinstance(case["call"], str):
             raise RewardError(f"code reward: test {index}: `call` must be a string, got {case['call']!r:.80}")
     return list(tests)
 
 
-def run_program(program: str, stdin: str = "", call: str | None = None, limits: SandboxLimits = SandboxLimits(),
-                isolation: Literal["auto", "namespaces", "rlimits"] = "auto") -> ProgramRun:
+def run_program(
+    program: str,
+    stdin: str = "",
+    call: str | None = None,
+    limits: SandboxLimits = SandboxLimits(),
+    isolation: Literal["auto", "namespaces", "rlimits"] = "auto",
+) -> ProgramRun:
     """Run one program in a fresh sandbox; never outlives `limits.timeout_s` by more than the kill."""
     mode = resolve_isolation(isolation)
     if mode == "rlimits" and os.geteuid() == 0:
-        raise RewardError("code sandbox: isolation=rlimits cannot run as root (root is exempt from RLIMIT_NPROC, "
-                          "so a fork bomb would not be stopped); allow namespaces or run as a normal user")
+        raise RewardError(
+            "code sandbox: isolation=rlimits cannot run as root (root is exempt from RLIMIT_NPROC, "
+            "so a fork bomb would not be stopped); allow namespaces or run as a normal user"
+        )
     # Files without names (unlinked at creation): nothing is left on disk even if this process is SIGKILLed
     # mid-run (a reward worker past its deadline). Only the rlimits mode needs a work dir on the host.
     work_dir = Path(tempfile.mkdtemp(prefix="relayrl-sandbox-")) if mode == "rlimits" else None
     try:
         if work_dir:
             (work_dir / "main.py").write_text(program, encoding="utf-8")
-        job = {"program": program, "call": call, "namespaces": mode == "namespaces", "uid": None,
-               "view": dataclasses.asdict(interpreter_view()) if mode == "namespaces" else None,
-               "python": os.path.realpath(sys.executable), "work_dir": str(work_dir), "parent_pid": os.getpid(),
-               "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
-               "disk_mb": limits.disk_mb, "open_files": limits.open_files,
-               "processes": limits.processes if mode == "namespaces" else _user_processes() + limits.processes,
-               "env": {**ENV, "HOME": str(work_dir) if work_dir else ENV["HOME"]}}
+        job = {
+            "program": program,
+            "call": call,
+            "namespaces": mode == "namespaces",
+            "uid": None,
+            "view": dataclasses.asdict(interpreter_view()) if mode == "namespaces" else None,
+            "python": os.path.realpath(sys.executable),
+            "work_dir": str(work_dir),
+            "parent_pid": os.getpid(),
+            "cpu_s": limits.cpu_s,
+            "memory_mb": limits.memory_mb,
+            "file_mb": limits.file_mb,
+            "disk_mb": limits.disk_mb,
+            "open_files": limits.open_files,
+            "processes": limits.processes if mode == "namespaces" else _user_processes() + limits.processes,
+            "env": {**ENV, "HOME": str(work_dir) if work_dir else ENV["HOME"]},
+        }
         marker = f"{MARKER_PREFIX}{uuid.uuid4().hex[:12]}"
-        with (tempfile.TemporaryFile() as fjob, tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout,
-              tempfile.TemporaryFile() as ferr):
+        with (
+            tempfile.TemporaryFile() as fjob,
+            tempfile.TemporaryFile() as fin,
+            tempfile.TemporaryFile() as fout,
+            tempfile.TemporaryFile() as ferr,
+        ):
             for file, text in ((fjob, json.dumps(job)), (fin, stdin)):
                 file.write(text.encode("utf-8"))
                 file.seek(0)
             start = time.monotonic()
             process = subprocess.Popen(
-                [job["python"], "-I", "-S", "-B", str(LAUNCHER), str(fjob.fileno()), marker], pass_fds=(fjob.fileno(),),
-                stdin=fin, stdout=fout, stderr=ferr, env=job["env"], cwd="/", start_new_session=True)
+                [job["python"], "-I", "-S", "-B", str(LAUNCHER), str(fjob.fileno()), marker],
+                pass_fds=(fjob.fileno(),),
+                stdin=fin,
+                stdout=fout,
+                stderr=ferr,
+                env=job["env"],
+                cwd="/",
+                start_new_session=True,
+            )
             exit_code, timed_out = _wait_or_kill(process, limits.timeout_s)
             wall_s = time.monotonic() - start
             stdout, stderr = (_read_capped(file, limits.output_bytes) for file in (fout, ferr))
@@ -201,8 +236,12 @@ def resolve_isolation(isolation: str) -> str:
         if run.stdout == "ok\n":
             return "namespaces"
         reason = f"a trivial program ended with exit code {run.exit_code}: {run.stderr.strip()[-300:]}"
-    warnings.warn("code sandbox: namespaces are unavailable, so programs run with isolation=rlimits (no private "
-                  f"filesystem view, pid or network namespace; see relayrl/rewards/sandbox.py): {reason}", RelayWarning, stacklevel=2)
+    warnings.warn(
+        "code sandbox: namespaces are unavailable, so programs run with isolation=rlimits (no private "
+        f"filesystem view, pid or network namespace; see relayrl/rewards/sandbox.py): {reason}",
+        RelayWarning,
+        stacklevel=2,
+    )
     return "rlimits"
 
 
@@ -217,11 +256,13 @@ def interpreter_view() -> InterpreterView:
         raise RewardError(f"code sandbox: no interpreter found under sys.base_prefix {prefix} (looked for {python})")
     paths = sysconfig.get_paths(vars={"base": prefix, "platbase": prefix, "installed_base": prefix})
     site = {os.path.realpath(paths[key]) for key in ("purelib", "platlib")}
-    hidden = sorted(os.path.relpath(path, prefix) for path in site
-                    if os.path.isdir(path) and path.startswith(prefix + os.sep))
+    hidden = sorted(
+        os.path.relpath(path, prefix) for path in site if os.path.isdir(path) and path.startswith(prefix + os.sep)
+    )
     extensions = glob.glob(os.path.join(paths["platstdlib"], "lib-dynload", "*.so"))
-    return InterpreterView(prefix, os.path.relpath(python, prefix), tuple(hidden),
-                           *_library_dirs([python, *extensions], prefix))
+    return InterpreterView(
+        prefix, os.path.relpath(python, prefix), tuple(hidden), *_library_dirs([python, *extensions], prefix)
+    )
 
 
 def _library_dirs(binaries: list[str], prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -236,8 +277,11 @@ def _library_dirs(binaries: list[str], prefix: str) -> tuple[tuple[str, ...], tu
         raise RewardError(f"code sandbox: cannot list the interpreter's shared libraries with ldd: {err}") from None
 
     def directories(pattern: str) -> set[str]:
-        return {os.path.dirname(path) for library in re.findall(pattern, listing, re.MULTILINE)
-                for path in _link_chain(library)}
+        return {
+            os.path.dirname(path)
+            for library in re.findall(pattern, listing, re.MULTILINE)
+            for path in _link_chain(library)
+        }
 
     def inside(directory: str) -> bool:
         return (os.path.realpath(directory) + os.sep).startswith(prefix + os.sep)

@@ -72,11 +72,11 @@ class InProcessRewards:
                 errors.append(failed)
         return self._finish(per_component, errors, [0] * len(self.fns))
 
-    def _finish(self, per_component: list[list[Score | None]], errors: list[int],
-                timeouts: list[int]) -> tuple[list[Score | None], dict[str, float]]:
+    def _finish(
+        self, per_component: list[list[Score | None]], errors: list[int], timeouts: list[int]
+    ) -> tuple[list[Score | None], dict[str, float]]:
         """Check each component's failures against the limits, then combine (errors/timeouts per component)."""
-        for component, failed_errors, failed_timeouts, scores in zip(self.components, errors, timeouts,
-                                                                     per_component):
+        for component, failed_errors, failed_timeouts, scores in zip(self.components, errors, timeouts, per_component):
             self._check_failures(component, failed_errors, failed_timeouts, len(scores))
         return combine(self.components, per_component, errors=sum(errors), timeouts=sum(timeouts))
 
@@ -84,18 +84,25 @@ class InProcessRewards:
         failed = errors + timeouts
         if not failed:
             return
-        what = (f"reward '{component.label}' ({component.fn}) failed on {failed} of {samples} samples of a "
-                f"scored batch ({errors} errors, {timeouts} timeouts)")
+        what = (
+            f"reward '{component.label}' ({component.fn}) failed on {failed} of {samples} samples of a "
+            f"scored batch ({errors} errors, {timeouts} timeouts)"
+        )
         if failed >= self.max_error_frac * samples:
-            raise RewardError(f"{what}: at least reward.max_error_frac={self.max_error_frac:g} of the batch, so "
-                              "the run stops rather than train on failures. Fix the function (call it on a few "
-                              "samples by hand), or raise reward.max_error_frac")
+            raise RewardError(
+                f"{what}: at least reward.max_error_frac={self.max_error_frac:g} of the batch, so "
+                "the run stops rather than train on failures. Fix the function (call it on a few "
+                "samples by hand), or raise reward.max_error_frac"
+            )
         if failed > WARN_ERROR_FRAC * samples and not self.warned:
             self.warned = True
             handled = "scored 0" if self.on_error == "zero" else "dropped"
-            warnings.warn(f"{what}; they are {handled} (reward.on_error={self.on_error}). Warned once; the run "
-                          f"stops at reward.max_error_frac={self.max_error_frac:g} of a batch", RelayWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{what}; they are {handled} (reward.on_error={self.on_error}). Warned once; the run "
+                f"stops at reward.max_error_frac={self.max_error_frac:g} of a batch",
+                RelayWarning,
+                stacklevel=3,
+            )
 
     def close(self) -> None:
         pass
@@ -114,19 +121,25 @@ class WorkerRewards(InProcessRewards):
         self.max_error_frac = config.max_error_frac
         self.warned = False
         self.batch_size = config.batch_size
-        pool = pool_class(config.workers, [(c.fn, c.kwargs, c.style) for c in self.components], config.on_error,
-                          config.timeout_s)
+        pool = pool_class(
+            config.workers, [(c.fn, c.kwargs, c.style) for c in self.components], config.on_error, config.timeout_s
+        )
         self.dispatcher = Dispatcher(pool)  # safe for concurrent `score` calls
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
         per_component: list[list[Score | None]] = [[None] * len(rollouts) for _ in self.components]
         errors, timeouts = [0] * len(self.components), [0] * len(self.components)
         with self.dispatcher.call() as call:  # leaving early (an error) cancels the call's remaining tasks
-            call.submit([Task(c, start, rollouts[start:start + self.batch_size])
-                         for c in range(len(self.components)) for start in range(0, len(rollouts), self.batch_size)])
+            call.submit(
+                [
+                    Task(c, start, rollouts[start : start + self.batch_size])
+                    for c in range(len(self.components))
+                    for start in range(0, len(rollouts), self.batch_size)
+                ]
+            )
             for task, outcome in call.outcomes():
                 if outcome.status == "ok":
-                    per_component[task.component][task.offset:task.offset + len(task.rollouts)] = outcome.scores
+                    per_component[task.component][task.offset : task.offset + len(task.rollouts)] = outcome.scores
                     errors[task.component] += outcome.errors
                 elif outcome.status == "reward_error":
                     raise RewardError(outcome.message)
@@ -140,9 +153,11 @@ class WorkerRewards(InProcessRewards):
 
     def _failed(self, task: Task, message: str) -> Score | None:
         if self.on_error == "error":
-            raise RewardError(f"reward '{self.components[task.component].label}' on sample "
-                              f"{task.rollouts[0].sample_id}: {message} (set reward.on_error=zero or skip to "
-                              "score such samples 0 or drop them)")
+            raise RewardError(
+                f"reward '{self.components[task.component].label}' on sample "
+                f"{task.rollouts[0].sample_id}: {message} (set reward.on_error=zero or skip to "
+                "score such samples 0 or drop them)"
+            )
         return Score(0.0) if self.on_error == "zero" else None
 
     def close(self) -> None:
@@ -150,8 +165,9 @@ class WorkerRewards(InProcessRewards):
         self.dispatcher.close()
 
 
-def combine(components: list[RewardComponentConfig], per_component: list[list[Score | None]],
-            errors: int, timeouts: int) -> tuple[list[Score | None], dict[str, float]]:
+def combine(
+    components: list[RewardComponentConfig], per_component: list[list[Score | None]], errors: int, timeouts: int
+) -> tuple[list[Score | None], dict[str, float]]:
     """One Score per sample (None if any component skipped it) and the service's metrics."""
     combined = []
     for parts in zip(*per_component):
@@ -163,8 +179,11 @@ def combine(components: list[RewardComponentConfig], per_component: list[list[Sc
             named = {c.label: p.reward for c, p in zip(components, parts)}
             named.update({f"{c.label}.{k}": v for c, p in zip(components, parts) for k, v in p.components.items()})
             combined.append(Score(sum(c.weight * p.reward for c, p in zip(components, parts)), named))
-    metrics = {"reward/errors": float(errors), "reward/timeouts": float(timeouts),
-               "reward/skipped": float(sum(score is None for score in combined))}
+    metrics = {
+        "reward/errors": float(errors),
+        "reward/timeouts": float(timeouts),
+        "reward/skipped": float(sum(score is None for score in combined)),
+    }
     for component, scores in zip(components, per_component):
         values = [s.reward for s in scores if s is not None]
         if values:

@@ -41,8 +41,10 @@ def math(prompts: list[str], completions: list[str], **columns: Any) -> list[flo
 def regex(prompts: list[str], completions: list[str], pattern: str | None = None, **_: Any) -> list[float]:
     """A format reward: 1.0 when the whole completion matches `pattern` (bind it with reward.kwargs)."""
     if pattern is None:
-        raise RewardError("reward 'regex' needs a pattern: set reward.kwargs.pattern (relayrl eval: "
-                          """--reward-kwargs '{"pattern": "..."}')""")
+        raise RewardError(
+            "reward 'regex' needs a pattern: set reward.kwargs.pattern (relayrl eval: "
+            """--reward-kwargs '{"pattern": "..."}')"""
+        )
     compiled = re.compile(pattern, re.DOTALL)
     return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]
 
@@ -54,5 +56,11 @@ def reward_model(prompts: list[str], completions: list[str], path: str | None = 
     return shared_reward_model(path, **options).score(prompts, completions)
 
 
-BUILTINS = {"exact_match": exact_match, "math": math, "regex": regex, "code": code, "reward_model": reward_model,
-            "judge": judge}
+BUILTINS = {
+    "exact_match": exact_match,
+    "math": math,
+    "regex": regex,
+    "code": code,
+    "reward_model": reward_model,
+    "judge": judge,
+}

@@ -49,9 +49,15 @@ class PartialSample:
         return self.finish_reason is not None
 
     def to_rollout(self) -> Rollout:
-        return Rollout(prompt=self.prompt, group_index=self.group_index, response_ids=list(self.token_ids),
-                       response_text=self.text, behaviour_logprobs=list(self.logprobs),
-                       finish_reason=self.finish_reason or "length", versions=list(self.versions))
+        return Rollout(
+            prompt=self.prompt,
+            group_index=self.group_index,
+            response_ids=list(self.token_ids),
+            response_text=self.text,
+            behaviour_logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason or "length",
+            versions=list(self.versions),
+        )
 
 
 class RolloutEngine(Protocol):
@@ -67,19 +73,32 @@ def engine_from_config(config, max_model_len: int, cores: str | None = None) -> 
     path, used in the driver (`placement.mode=local`) and in every Ray engine actor, so no `rollout.*` setting
     can reach one and not the other. `cores`: the CPU cores a Ray actor was given (vLLM pins its threads)."""
     r = config.rollout
-    return build_engine(r.engine, config.model.path, max_model_len, config.train.seed, kv_cache_gib=r.kv_cache_gib,
-                        gpu_memory_utilization=r.gpu_memory_utilization, prefix_caching=r.prefix_caching,
-                        cores=cores)
+    return build_engine(
+        r.engine,
+        config.model.path,
+        max_model_len,
+        config.train.seed,
+        kv_cache_gib=r.kv_cache_gib,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        prefix_caching=r.prefix_caching,
+        cores=cores,
+    )
 
 
-def build_engine(kind: str, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto",
-                 cores: str | None = None) -> RolloutEngine:
+def build_engine(
+    kind: str,
+    model_path: str,
+    max_model_len: int,
+    seed: int,
+    kv_cache_gib: float = 1.0,
+    gpu_memory_utilization: float = 0.5,
+    prefix_caching: str = "auto",
+    cores: str | None = None,
+) -> RolloutEngine:
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching,
-                          cores)
+        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching, cores)
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine
 

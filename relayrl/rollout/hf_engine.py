@@ -42,24 +42,33 @@ class HFEngine:
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros_like(input_ids)
         for row, prompt in enumerate(prompts):  # left padding, as generate expects
-            input_ids[row, width - len(prompt.token_ids):] = torch.tensor(prompt.token_ids)
-            attention[row, width - len(prompt.token_ids):] = 1
+            input_ids[row, width - len(prompt.token_ids) :] = torch.tensor(prompt.token_ids)
+            attention[row, width - len(prompt.token_ids) :] = 1
         greedy = sampling.temperature == 0
         out = self.model.generate(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device),
-            do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p, top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
-            num_return_sequences=sampling.n, max_new_tokens=sampling.max_tokens,
+            input_ids=input_ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
+            num_return_sequences=sampling.n,
+            max_new_tokens=sampling.max_tokens,
             min_new_tokens=sampling.min_tokens or None,
-            stop_strings=list(sampling.stop) or None, tokenizer=self.tokenizer if sampling.stop else None,
-            pad_token_id=self.pad_id, eos_token_id=self.eos_id,
-            output_scores=True, return_dict_in_generate=True,
+            stop_strings=list(sampling.stop) or None,
+            tokenizer=self.tokenizer if sampling.stop else None,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.eos_id,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
         new_tokens = out.sequences[:, width:].cpu()
         logprobs = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], dim=1).cpu()
         picked = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
-        return [self._rollout(prompts[i // sampling.n], i % sampling.n, new_tokens[i], picked[i], sampling, version)
-                for i in range(new_tokens.shape[0])]
+        return [
+            self._rollout(prompts[i // sampling.n], i % sampling.n, new_tokens[i], picked[i], sampling, version)
+            for i in range(new_tokens.shape[0])
+        ]
 
     def _rollout(self, prompt, index, tokens, logprobs, sampling, version) -> Rollout:
         ids = tokens.tolist()
@@ -74,9 +83,15 @@ class HFEngine:
         for stop in sampling.stop:
             if stop in text:
                 text, finish = text[: text.index(stop)], "stop"
-        return Rollout(prompt=prompt, group_index=index, response_ids=ids, response_text=text,
-                       behaviour_logprobs=logprobs[: len(ids)].tolist(), finish_reason=finish,
-                       versions=[version] * len(ids))
+        return Rollout(
+            prompt=prompt,
+            group_index=index,
+            response_ids=ids,
+            response_text=text,
+            behaviour_logprobs=logprobs[: len(ids)].tolist(),
+            finish_reason=finish,
+            versions=[version] * len(ids),
+        )
 
     @torch.no_grad()
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

@@ -34,8 +34,16 @@ def _configure_environment(kv_cache_gib: float, cores: str | None = None) -> Non
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, max_model_len: int, seed: int, kv_cache_gib: float = 1.0,
-                 gpu_memory_utilization: float = 0.5, prefix_caching: str = "auto", cores: str | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        max_model_len: int,
+        seed: int,
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        prefix_caching: str = "auto",
+        cores: str | None = None,
+    ):
         _configure_environment(kv_cache_gib, cores)
         threads = torch.get_num_threads()
         from vllm import LLM
@@ -57,31 +65,45 @@ class VLLMEngine:
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(
-            n=sampling.n,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            max_tokens=sampling.max_tokens,
-            min_tokens=sampling.min_tokens,
-            stop=list(sampling.stop) or None,
-            logprobs=0,  # the sampled token's log-prob only
-            # vLLM's per-step detokenizing costs ~8% of a short rollout; it is needed only to match stop
-            # strings, otherwise the texts are decoded once for the batch below
-            detokenize=bool(sampling.stop),
-            seed=request_seed(sampling.seed, sampling.request_offset + index, sampling.n),
-        ) for index in range(len(prompts))]
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                max_tokens=sampling.max_tokens,
+                min_tokens=sampling.min_tokens,
+                stop=list(sampling.stop) or None,
+                logprobs=0,  # the sampled token's log-prob only
+                # vLLM's per-step detokenizing costs ~8% of a short rollout; it is needed only to match stop
+                # strings, otherwise the texts are decoded once for the batch below
+                detokenize=bool(sampling.stop),
+                seed=request_seed(sampling.seed, sampling.request_offset + index, sampling.n),
+            )
+            for index in range(len(prompts))
+        ]
         requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
-        completions = [(prompt, index, completion) for prompt, output in zip(prompts, outputs)
-                       for index, completion in enumerate(output.outputs)]
-        texts = ([c.text for _, _, c in completions] if sampling.stop else
-                 self.llm.get_tokenizer().batch_decode([c.token_ids for _, _, c in completions],
-                                                       skip_special_tokens=True))
-        return [_rollout(prompt, index, completion, text, version)
-                for (prompt, index, completion), text in zip(completions, texts)]
+        completions = [
+            (prompt, index, completion)
+            for prompt, output in zip(prompts, outputs)
+            for index, completion in enumerate(output.outputs)
+        ]
+        texts = (
+            [c.text for _, _, c in completions]
+            if sampling.stop
+            else self.llm.get_tokenizer().batch_decode(
+                [c.token_ids for _, _, c in completions], skip_special_tokens=True
+            )
+        )
+        return [
+            _rollout(prompt, index, completion, text, version)
+            for (prompt, index, completion), text in zip(completions, texts)
+        ]
 
-    def generate_until(self, samples: list[PartialSample], sampling: Sampling, groups_needed: int) -> list[PartialSample]:
+    def generate_until(
+        self, samples: list[PartialSample], sampling: Sampling, groups_needed: int
+    ) -> list[PartialSample]:
         """Partial rollouts: advance every unfinished sample (one request each, continuing from its tokens so
         far) until `groups_needed` groups have all their samples finished, then abort the rest. Every new
         token is tagged with this engine's version; the unfinished samples come back to be continued later,
@@ -98,11 +120,17 @@ class VLLMEngine:
                 sample.finish_reason = "length"
                 continue
             params = SamplingParams(
-                n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=left, logprobs=0,
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                max_tokens=left,
+                logprobs=0,
                 min_tokens=max(0, sampling.min_tokens - len(sample.token_ids)),
-                stop=list(sampling.stop) or None, output_kind=RequestOutputKind.DELTA,
-                seed=None if sample.seed is None else sample.seed + 7919 * len(sample.token_ids))
+                stop=list(sampling.stop) or None,
+                output_kind=RequestOutputKind.DELTA,
+                seed=None if sample.seed is None else sample.seed + 7919 * len(sample.token_ids),
+            )
             request_id = f"p{index}"
             engine.add_request(request_id, {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}, params)
             live[request_id] = sample
@@ -140,8 +168,11 @@ class VLLMEngine:
         """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe)."""
         from vllm import SamplingParams
 
-        out = self.llm.generate([{"prompt_token_ids": token_ids}],
-                                SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)
+        out = self.llm.generate(
+            [{"prompt_token_ids": token_ids}],
+            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
+            use_tqdm=False,
+        )
         steps = out[0].prompt_logprobs[1:]
         return [step[token].logprob for step, token in zip(steps, token_ids[1:])]
 
@@ -149,8 +180,7 @@ class VLLMEngine:
         """Greedy text completions of plain-text prompts (an LLM judge's call; relayrl/rewards/judge.py)."""
         from vllm import SamplingParams
 
-        outputs = self.llm.generate(list(texts), SamplingParams(max_tokens=max_tokens, temperature=0.0),
-                                    use_tqdm=False)
+        outputs = self.llm.generate(list(texts), SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
         return [output.outputs[0].text for output in outputs]
 
     def _worker(self):
@@ -161,12 +191,20 @@ class VLLMEngine:
 def _rollout(prompt: Prompt, index: int, completion, text: str, version: int) -> Rollout:
     token_ids = list(completion.token_ids)
     if len(completion.logprobs or ()) != len(token_ids):
-        raise RuntimeError(f"vLLM returned {len(completion.logprobs or ())} log-probs for "
-                           f"{len(token_ids)} tokens of sample {prompt.id}#{index}")
+        raise RuntimeError(
+            f"vLLM returned {len(completion.logprobs or ())} log-probs for "
+            f"{len(token_ids)} tokens of sample {prompt.id}#{index}"
+        )
     logprobs = [step[token].logprob for step, token in zip(completion.logprobs, token_ids)]
-    return Rollout(prompt=prompt, group_index=index, response_ids=token_ids, response_text=text,
-                   behaviour_logprobs=logprobs, finish_reason=completion.finish_reason or "length",
-                   versions=[version] * len(token_ids))
+    return Rollout(
+        prompt=prompt,
+        group_index=index,
+        response_ids=token_ids,
+        response_text=text,
+        behaviour_logprobs=logprobs,
+        finish_reason=completion.finish_reason or "length",
+        versions=[version] * len(token_ids),
+    )
 
 
 # vLLM 0.32's default KV block sizes (tests/integration/test_vllm_engine.py pins the CPU one)

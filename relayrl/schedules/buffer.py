@@ -38,8 +38,9 @@ class Group:
 
 
 class RolloutBuffer:
-    def __init__(self, groups_per_step: int, max_staleness: int, on_stale: str = "drop", capacity: int = 0,
-                 version: int = 0):
+    def __init__(
+        self, groups_per_step: int, max_staleness: int, on_stale: str = "drop", capacity: int = 0, version: int = 0
+    ):
         if on_stale not in ("drop", "wait"):
             raise ValueError(f"on_stale must be drop or wait, got {on_stale!r}")
         self.groups_per_step, self.max_staleness, self.on_stale = groups_per_step, max_staleness, on_stale
@@ -91,8 +92,10 @@ class RolloutBuffer:
                     raise PlacementError("the rollout producers stopped before a batch was complete")
                 if left <= 0 or not self._cond.wait(left):
                     if time.monotonic() >= deadline:
-                        raise PlacementError(f"no full batch of rollouts within {timeout_s:g} s "
-                                             f"({len(self._groups)} of {self.groups_per_step} groups ready)")
+                        raise PlacementError(
+                            f"no full batch of rollouts within {timeout_s:g} s "
+                            f"({len(self._groups)} of {self.groups_per_step} groups ready)"
+                        )
 
     def _try_take(self, version: int) -> list[Group] | None:
         g = self.groups_per_step

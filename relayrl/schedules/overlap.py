@@ -72,16 +72,19 @@ class AsyncSchedule(SyncSchedule):
     def __init__(self, trainer):
         super().__init__(trainer)
         cfg = trainer.config
-        self.buffer = RolloutBuffer(cfg.rollout.prompts_per_step, cfg.train.max_staleness, cfg.train.on_stale,
-                                    version=trainer.sync.version)
+        self.buffer = RolloutBuffer(
+            cfg.rollout.prompts_per_step, cfg.train.max_staleness, cfg.train.on_stale, version=trainer.sync.version
+        )
         replicas = len(trainer.engine.replicas)
         self.chunk = max(1, cfg.rollout.prompts_per_step // replicas)
         self.sampler_lock = threading.Lock()
         self.reward_metrics: dict[str, float] = {}  # summed over the chunks scored since the last batch
         self.failure = None
         self.partial_states: list[PartialState] = []
-        self.threads = [threading.Thread(target=self._produce, args=(i,), name=f"producer-{i}", daemon=True)
-                        for i in range(replicas)]
+        self.threads = [
+            threading.Thread(target=self._produce, args=(i,), name=f"producer-{i}", daemon=True)
+            for i in range(replicas)
+        ]
         for thread in self.threads:
             thread.start()
 
@@ -128,7 +131,7 @@ class AsyncSchedule(SyncSchedule):
         with self.sampler_lock:
             self.reward_metrics = add_counts(self.reward_metrics, metrics)
         for i, ticket in enumerate(tickets):
-            group, group_scores = rollouts[i * n:(i + 1) * n], scores[i * n:(i + 1) * n]
+            group, group_scores = rollouts[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]
             if any(s is None for s in group_scores):
                 group, group_scores = [], []
             oldest = min((v for r in group for v in r.versions), default=version)
@@ -149,9 +152,9 @@ class AsyncSchedule(SyncSchedule):
         needed = max(0, len(tickets) - len(state.ready))
         state.running = t.engine.generate_until(replica, state.running, sampling, needed)  # a remote copy
         state.collect()
-        rollouts = [s.to_rollout() for group in state.ready[:len(tickets)] for s in group]
-        self._score_and_put(rollouts, tickets[:len(state.ready)], self.buffer.version)
-        state.ready = state.ready[len(tickets):]
+        rollouts = [s.to_rollout() for group in state.ready[: len(tickets)] for s in group]
+        self._score_and_put(rollouts, tickets[: len(state.ready)], self.buffer.version)
+        state.ready = state.ready[len(tickets) :]
         return True
 
     def batch(self, step: int, timer):
@@ -170,9 +173,13 @@ class AsyncSchedule(SyncSchedule):
         spanning = sum(len(set(r.versions)) > 1 for r in rollouts) / max(1, len(rollouts))
         metrics = {**reward_metrics, **self.buffer.metrics()}
         if t.config.train.partial_rollouts:
-            metrics.update({"partial/spanning_frac": spanning,
-                            "partial/running": float(sum(len(p.running) for p in self.partial_states)),
-                            "partial/discarded_groups": float(sum(p.discarded for p in self.partial_states))})
+            metrics.update(
+                {
+                    "partial/spanning_frac": spanning,
+                    "partial/running": float(sum(len(p.running) for p in self.partial_states)),
+                    "partial/discarded_groups": float(sum(p.discarded for p in self.partial_states)),
+                }
+            )
         return rollouts, scores, metrics
 
     def published(self, version: int) -> None:
@@ -196,8 +203,10 @@ class PartialState:
         self.discarded = 0
 
     def start(self, prompt, n: int, seed: int | None) -> None:
-        self.running += [PartialSample(prompt=prompt, group=self.next_group, group_index=j,
-                                       seed=None if seed is None else seed + j) for j in range(n)]
+        self.running += [
+            PartialSample(prompt=prompt, group=self.next_group, group_index=j, seed=None if seed is None else seed + j)
+            for j in range(n)
+        ]
         self.next_group += 1
 
     def groups_started(self) -> int:

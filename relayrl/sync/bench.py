@@ -35,11 +35,17 @@ def synthetic_shapes(params: int) -> list[tuple[str, tuple[int, ...]]]:
     shapes = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes += [(p + "self_attn.q_proj.weight", (hidden, hidden)), (p + "self_attn.k_proj.weight", (kv, hidden)),
-                   (p + "self_attn.v_proj.weight", (kv, hidden)), (p + "self_attn.o_proj.weight", (hidden, hidden)),
-                   (p + "mlp.gate_proj.weight", (mlp, hidden)), (p + "mlp.up_proj.weight", (mlp, hidden)),
-                   (p + "mlp.down_proj.weight", (hidden, mlp)),
-                   (p + "input_layernorm.weight", (hidden,)), (p + "post_attention_layernorm.weight", (hidden,))]
+        shapes += [
+            (p + "self_attn.q_proj.weight", (hidden, hidden)),
+            (p + "self_attn.k_proj.weight", (kv, hidden)),
+            (p + "self_attn.v_proj.weight", (kv, hidden)),
+            (p + "self_attn.o_proj.weight", (hidden, hidden)),
+            (p + "mlp.gate_proj.weight", (mlp, hidden)),
+            (p + "mlp.up_proj.weight", (mlp, hidden)),
+            (p + "mlp.down_proj.weight", (hidden, mlp)),
+            (p + "input_layernorm.weight", (hidden,)),
+            (p + "post_attention_layernorm.weight", (hidden,)),
+        ]
     return shapes + [("model.norm.weight", (hidden,)), ("lm_head.weight", (vocab, hidden))]
 
 
@@ -99,8 +105,17 @@ class Row:
     gbps: float
 
 
-def run(params: int, transports: list[str], receivers: int = 1, repeats: int = 3, checksum: bool = True,
-        bucket_mb: float = 64.0, wire_dtype: str = "fp32", timeout_s: float = 300.0, adopt: bool = True) -> dict:
+def run(
+    params: int,
+    transports: list[str],
+    receivers: int = 1,
+    repeats: int = 3,
+    checksum: bool = True,
+    bucket_mb: float = 64.0,
+    wire_dtype: str = "fp32",
+    timeout_s: float = 300.0,
+    adopt: bool = True,
+) -> dict:
     import ray
 
     from relayrl.placement.roles import RemoteRole
@@ -119,32 +134,30 @@ def run(params: int, transports: list[str], receivers: int = 1, repeats: int = 3
     expected = sum(float(t.double().sum()) for t in _regenerate(shapes))
     rows = []
     for transport in transports:
-        for bucketing, size, in_calls in (("one push", bucket_mb, False), ("bucket calls", bucket_mb, True),
-                                          ("tensor calls", 0.0, True)):
-            options = SyncConfig(transport=transport, bucket_mb=size, wire_dtype=wire_dtype, checksum=checksum,
-                                 timeout_s=timeout_s)
+        for bucketing, size, in_calls in (
+            ("one push", bucket_mb, False),
+            ("bucket calls", bucket_mb, True),
+            ("tensor calls", 0.0, True),
+        ):
+            options = SyncConfig(
+                transport=transport, bucket_mb=size, wire_dtype=wire_dtype, checksum=checksum, timeout_s=timeout_s
+            )
             sync = RaySync(options, transport)
-            sync.setup(source, group)
-            push = sync.push_in_calls if in_calls else sync.push
-            push(source, group)  # warm: first touch of fresh pages, connections
-            times, gbps = [], []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                push(source, group)
-                times.append(time.perf_counter() - start)
-                gbps.append(sync.last["sync/GBps"])
-            if wire_dtype == "fp32":  # every receiver holds exactly the sender's weights
-                for sink in sinks:
-                    assert abs(sink.fingerprint() - expected) <= 1e-6 * abs(expected) + 1e-3, transport
-            source.close_sender()
-            rows.append(Row(transport, bucketing, len(sync.layout.bucket_sizes), statistics.median(times),
-                            statistics.median(gbps)))
+            rows.append(_measure(sync, bucketing, source, group, sinks, in_calls, repeats, expected))
     nbytes = sum(_numel(s) for _, s in shapes) * (4 if wire_dtype == "fp32" else 2)
     for actor in [source_actor, *sink_actors]:
         ray.kill(actor)
-    return {"params": sum(_numel(s) for _, s in shapes), "tensors": len(shapes), "bytes": nbytes,
-            "receivers": receivers, "memcpy_gbps": memcpy, "predicted_s": nbytes * receivers / (memcpy * 1e9),
-            "checksum": checksum, "adopt": adopt, "rows": rows}
+    return {
+        "params": sum(_numel(s) for _, s in shapes),
+        "tensors": len(shapes),
+        "bytes": nbytes,
+        "receivers": receivers,
+        "memcpy_gbps": memcpy,
+        "predicted_s": nbytes * receivers / (memcpy * 1e9),
+        "checksum": checksum,
+        "adopt": adopt,
+        "rows": rows,
+    }
 
 
 def _numel(shape) -> int:
@@ -159,23 +172,49 @@ def _regenerate(shapes):
     return [torch.randn(shape, generator=g) for _, shape in shapes]
 
 
+def _measure(sync, bucketing: str, source, group, sinks, in_calls: bool, repeats: int, expected: float) -> Row:
+    """One (transport, bucketing) row: a warm push, then the median of `repeats` timed pushes."""
+    options = sync.options
+    sync.setup(source, group)
+    push = sync.push_in_calls if in_calls else sync.push
+    push(source, group)  # warm: first touch of fresh pages, connections
+    times, gbps = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        push(source, group)
+        times.append(time.perf_counter() - start)
+        gbps.append(sync.last["sync/GBps"])
+    if options.wire_dtype == "fp32":  # every receiver holds exactly the sender's weights
+        for sink in sinks:
+            assert abs(sink.fingerprint() - expected) <= 1e-6 * abs(expected) + 1e-3, options.transport
+    source.close_sender()
+    return Row(
+        options.transport, bucketing, len(sync.layout.bucket_sizes), statistics.median(times), statistics.median(gbps)
+    )
+
+
 def _no_recovery(index, failure, seen=None):
     raise failure
 
 
 def table(result: dict) -> str:
     gb = result["bytes"] / 1e9
-    lines = [f"model: {result['params'] / 1e6:.0f}M parameters in {result['tensors']} tensors, {gb:.2f} GB on the wire, "
-             f"{result['receivers']} receiver(s), checksums {'on' if result['checksum'] else 'off'}, "
-             f"shm {'zero-copy (weights live in shared memory)' if result['adopt'] else 'packs a copy per push'}",
-             f"memcpy ceiling (same run): {result['memcpy_gbps']:.2f} GB/s; predicted P*b*r/BW = "
-             f"{result['predicted_s']:.3f} s",
-             "", f"{'transport':<13} {'protocol':<13} {'buckets':>7} {'seconds':>8} {'GB/s':>6} {'of memcpy':>9} "
-             f"{'vs tensor calls':>15}"]
+    lines = [
+        f"model: {result['params'] / 1e6:.0f}M parameters in {result['tensors']} tensors, {gb:.2f} GB on the wire, "
+        f"{result['receivers']} receiver(s), checksums {'on' if result['checksum'] else 'off'}, "
+        f"shm {'zero-copy (weights live in shared memory)' if result['adopt'] else 'packs a copy per push'}",
+        f"memcpy ceiling (same run): {result['memcpy_gbps']:.2f} GB/s; predicted P*b*r/BW = "
+        f"{result['predicted_s']:.3f} s",
+        "",
+        f"{'transport':<13} {'protocol':<13} {'buckets':>7} {'seconds':>8} {'GB/s':>6} {'of memcpy':>9} "
+        f"{'vs tensor calls':>15}",
+    ]
     rows = result["rows"]
     for row in rows:
         base = next(r for r in rows if r.transport == row.transport and r.bucketing == "tensor calls")
         speedup = f"{base.seconds / row.seconds:.2f}x" if row is not base else ""
-        lines.append(f"{row.transport:<13} {row.bucketing:<13} {row.buckets:>7} {row.seconds:>8.3f} {row.gbps:>6.2f} "
-                     f"{row.gbps / result['memcpy_gbps']:>8.0%} {speedup:>15}")
+        lines.append(
+            f"{row.transport:<13} {row.bucketing:<13} {row.buckets:>7} {row.seconds:>8.3f} {row.gbps:>6.2f} "
+            f"{row.gbps / result['memcpy_gbps']:>8.0%} {speedup:>15}"
+        )
     return "\n".join(lines)

@@ -82,8 +82,12 @@ def layout_of(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: floa
     return make_layout(((name, tuple(t.shape)) for name, t in named_tensors), bucket_mb, wire_dtype)
 
 
-def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], layout: Layout, buckets: list[torch.Tensor],
-         only: set[int] | None = None) -> None:
+def pack(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    layout: Layout,
+    buckets: list[torch.Tensor],
+    only: set[int] | None = None,
+) -> None:
     """Copy each tensor into its slot (casting to the wire dtype); with `only`, just those buckets' tensors
     (others passed are ignored)."""
     slots = {s.name: s for s in layout.slots if only is None or s.bucket in only}
@@ -93,9 +97,11 @@ def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], layout: Layout, buck
         if slot is None and only is not None:
             continue
         if slot is None or tuple(tensor.shape) != slot.shape:
-            raise SyncError(f"weight {name} {tuple(tensor.shape)} is not in the sync layout "
-                            f"(expected {slot.shape if slot else 'no such name'}); the model changed shape")
-        target = buckets[slot.bucket][slot.offset: slot.offset + slot.numel]
+            raise SyncError(
+                f"weight {name} {tuple(tensor.shape)} is not in the sync layout "
+                f"(expected {slot.shape if slot else 'no such name'}); the model changed shape"
+            )
+        target = buckets[slot.bucket][slot.offset : slot.offset + slot.numel]
         if target.data_ptr() != tensor.data_ptr():  # an adopted parameter already lives in its slot
             target.view(slot.shape).copy_(tensor)
         seen += 1
@@ -103,14 +109,15 @@ def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], layout: Layout, buck
         raise SyncError(f"the learner sent {seen} weights; the sync layout has {len(slots)}")
 
 
-def unpack(layout: Layout, buckets: list[torch.Tensor], chosen: list[int] | None = None
-           ) -> Iterator[tuple[str, torch.Tensor]]:
+def unpack(
+    layout: Layout, buckets: list[torch.Tensor], chosen: list[int] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The named tensors as views of the buckets (no copy); `buckets[k]` is bucket `chosen[k]`."""
     position = {b: k for k, b in enumerate(chosen)} if chosen is not None else None
     for slot in layout.slots:
         k = slot.bucket if position is None else position.get(slot.bucket)
         if k is not None:
-            yield slot.name, buckets[k][slot.offset: slot.offset + slot.numel].view(slot.shape)
+            yield slot.name, buckets[k][slot.offset : slot.offset + slot.numel].view(slot.shape)
 
 
 def checksum(bucket: torch.Tensor) -> int:
@@ -119,13 +126,16 @@ def checksum(bucket: torch.Tensor) -> int:
     return value - 2**64 if value >= 2**63 else value
 
 
-def verify(layout: Layout, buckets: list[torch.Tensor], expected: list[int], version: int,
-           chosen: list[int] | None = None) -> None:
+def verify(
+    layout: Layout, buckets: list[torch.Tensor], expected: list[int], version: int, chosen: list[int] | None = None
+) -> None:
     """Raise naming the first bucket whose bytes do not match the sender's checksum."""
     for index, bucket, want in zip(chosen or range(len(buckets)), buckets, expected):
         got = checksum(bucket)
         if got != want:
             names = [s.name for s in layout.bucket_slots(index)]
             shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            raise SyncError(f"weight bucket {index} of policy version {version} is corrupt "
-                            f"(checksum {got & (2**64 - 1):016x}, sender wrote {want & (2**64 - 1):016x}); it holds {shown}")
+            raise SyncError(
+                f"weight bucket {index} of policy version {version} is corrupt "
+                f"(checksum {got & (2**64 - 1):016x}, sender wrote {want & (2**64 - 1):016x}); it holds {shown}"
+            )

@@ -33,8 +33,9 @@ class WeightSource:
         """Named parameters the shm transport may move into shared memory (None: copy on every push)."""
         return None
 
-    def open_sender(self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str,
-                    owner: int | None = None) -> int:
+    def open_sender(
+        self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str, owner: int | None = None
+    ) -> int:
         """Returns how many parameters now live in shared memory (shm transport; 0 otherwise). `owner`: the
         driver's pid, which names the shared-memory segments (swept once it is gone)."""
         self.close_sender()

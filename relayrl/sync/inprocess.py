@@ -27,8 +27,11 @@ class InProcessSync:
         start = time.perf_counter()
         engine.load_weights(counted(), self.version)
         seconds = time.perf_counter() - start
-        self.last = {"sync/bytes": float(nbytes), "sync/GBps": nbytes / max(seconds, 1e-9) / 1e9,
-                     "sync/version": float(self.version)}
+        self.last = {
+            "sync/bytes": float(nbytes),
+            "sync/GBps": nbytes / max(seconds, 1e-9) / 1e9,
+            "sync/version": float(self.version),
+        }
         if self.probe_ids:
             from relayrl.sync.parity import parity_gap
 

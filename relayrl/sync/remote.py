@@ -41,8 +41,10 @@ class RaySync:
         if self.transport == "broadcast":
             port, world = free_port(), 1 + len(replicas)
             refs = [learner.submit("join_sync_group", "127.0.0.1", port, world, o.timeout_s)]
-            refs += [r.submit("join_sync_group", "127.0.0.1", port, i + 1, world, o.timeout_s)
-                     for i, r in enumerate(replicas)]
+            refs += [
+                r.submit("join_sync_group", "127.0.0.1", port, i + 1, world, o.timeout_s)
+                for i, r in enumerate(replicas)
+            ]
             for role, ref in zip([learner, *replicas], refs):
                 role.wait(ref, "joining the weight-sync group", o.timeout_s)
         self.adopted = learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory, os.getpid())
@@ -88,9 +90,13 @@ class RaySync:
             learner.unlink_segments()
             self.mapped = True
         self.version = version
-        self.last = {"sync/bytes": float(manifest.nbytes), "sync/GBps": manifest.nbytes / max(seconds, 1e-9) / 1e9,
-                     "sync/version": float(version), "sync/send_s": manifest.send_seconds,
-                     "sync/receive_s": max(receive_seconds)}
+        self.last = {
+            "sync/bytes": float(manifest.nbytes),
+            "sync/GBps": manifest.nbytes / max(seconds, 1e-9) / 1e9,
+            "sync/version": float(version),
+            "sync/send_s": manifest.send_seconds,
+            "sync/receive_s": max(receive_seconds),
+        }
         if self.probe_ids:
             self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
         return version
@@ -113,7 +119,9 @@ class RaySync:
                 replica.wait(ref, "receiving weights", timeout)
         seconds = time.perf_counter() - start
         self.version = version
-        self.last = {"sync/bytes": float(self.layout.nbytes), "sync/GBps": self.layout.nbytes / seconds / 1e9,
-                     "sync/version": float(version)}
+        self.last = {
+            "sync/bytes": float(self.layout.nbytes),
+            "sync/GBps": self.layout.nbytes / seconds / 1e9,
+            "sync/version": float(version),
+        }
         return version
-

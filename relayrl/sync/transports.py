@@ -57,8 +57,9 @@ class Sender:
     def _allocate(self) -> list[torch.Tensor]:
         return self.layout.empty_buckets()
 
-    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int,
-             only: list[int] | None = None) -> Manifest:
+    def send(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, only: list[int] | None = None
+    ) -> Manifest:
         """Publish every bucket, or only the buckets `only` (one call per bucket or tensor: the protocol a
         benchmark compares a single push against); `named_tensors` must cover what is sent."""
         start = time.perf_counter()
@@ -127,8 +128,10 @@ def sweep_segments(directory: Path = SHM_DIR) -> list[str]:
 
 
 def _shm_buckets(prefix: str, layout: Layout) -> list[torch.Tensor]:
-    return [torch.from_file(f"{prefix}-{i}", shared=True, size=size, dtype=layout.dtype)
-            for i, size in enumerate(layout.bucket_sizes)]
+    return [
+        torch.from_file(f"{prefix}-{i}", shared=True, size=size, dtype=layout.dtype)
+        for i, size in enumerate(layout.bucket_sizes)
+    ]
 
 
 class ShmSender(Sender):
@@ -159,7 +162,7 @@ class ShmSender(Sender):
             slot = slots.get(name)
             if slot is None or param.dtype != self.layout.dtype or param.device.type != "cpu":
                 continue
-            view = self.buckets[slot.bucket][slot.offset: slot.offset + slot.numel].view(slot.shape)
+            view = self.buckets[slot.bucket][slot.offset : slot.offset + slot.numel].view(slot.shape)
             view.copy_(param.data)
             param.data = view
             moved += 1
@@ -181,9 +184,11 @@ class ShmReceiver(Receiver):
         if manifest.handle != self.prefix:  # attach once; the segments are reused every step
             missing = [i for i in range(len(self.layout.bucket_sizes)) if not Path(f"{manifest.handle}-{i}").exists()]
             if missing:
-                raise SyncError(f"shared-memory segment {manifest.handle}-{missing[0]} does not exist "
-                                "(the sender closed or unlinked it, or it runs on another machine: use "
-                                "sync.transport=broadcast)")
+                raise SyncError(
+                    f"shared-memory segment {manifest.handle}-{missing[0]} does not exist "
+                    "(the sender closed or unlinked it, or it runs on another machine: use "
+                    "sync.transport=broadcast)"
+                )
             self.prefix, self.buckets = manifest.handle, _shm_buckets(manifest.handle, self.layout)
         return [self.buckets[i] for i in chosen]
 
@@ -217,8 +222,10 @@ class DiskReceiver(Receiver):
         with safe_open(manifest.handle, framework="pt") as f:
             found = f.metadata().get("version")
             if found != str(manifest.version):
-                raise SyncError(f"{manifest.handle} holds policy version {found}, expected {manifest.version} "
-                                "(two runs share the sync directory?)")
+                raise SyncError(
+                    f"{manifest.handle} holds policy version {found}, expected {manifest.version} "
+                    "(two runs share the sync directory?)"
+                )
             return [f.get_tensor(f"bucket_{i}") for i in chosen]
 
 
@@ -229,8 +236,14 @@ class ObjectStoreSender(Sender):
     def _publish(self, version: int, chosen: list[int]) -> list:
         import ray
 
-        self.refs = [ray.put(self.buckets[i].numpy() if self.layout.dtype != torch.bfloat16
-                             else self.buckets[i].view(torch.int16).numpy()) for i in chosen]  # numpy has no bf16
+        self.refs = [
+            ray.put(
+                self.buckets[i].numpy()
+                if self.layout.dtype != torch.bfloat16
+                else self.buckets[i].view(torch.int16).numpy()
+            )
+            for i in chosen
+        ]  # numpy has no bf16
         return self.refs
 
 
@@ -277,8 +290,9 @@ class BroadcastSender(Sender):
         header = torch.tensor([version] + sums, dtype=torch.int64)
         _broadcast(self.group, header, self.timeout_s)
         for bucket in (self.buckets[i] for i in chosen):
-            _broadcast(self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket,
-                       self.timeout_s)
+            _broadcast(
+                self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket, self.timeout_s
+            )
 
 
 class BroadcastReceiver(Receiver):
@@ -292,8 +306,9 @@ class BroadcastReceiver(Receiver):
         header = torch.zeros(1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64)
         _broadcast(self.group, header, self.timeout_s)
         for bucket in (self.buckets[i] for i in chosen):
-            _broadcast(self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket,
-                       self.timeout_s)
+            _broadcast(
+                self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket, self.timeout_s
+            )
         version = int(header[0])
         if version != manifest.version:
             raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")
@@ -303,8 +318,15 @@ class BroadcastReceiver(Receiver):
         return unpack(self.layout, fetched, chosen)
 
 
-def make_sender(kind: str, layout: Layout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0,
-                directory: str | None = None, owner: int | None = None) -> Sender:
+def make_sender(
+    kind: str,
+    layout: Layout,
+    verify_checksums: bool = True,
+    group=None,
+    timeout_s: float = 60.0,
+    directory: str | None = None,
+    owner: int | None = None,
+) -> Sender:
     if kind == "shm":
         return ShmSender(layout, verify_checksums, owner)
     if kind == "disk":
@@ -316,8 +338,9 @@ def make_sender(kind: str, layout: Layout, verify_checksums: bool = True, group=
     raise SyncError(f"sync.transport={kind!r}: expected one of {', '.join(TRANSPORTS)}")
 
 
-def make_receiver(kind: str, layout: Layout, verify_checksums: bool = True, group=None,
-                  timeout_s: float = 60.0) -> Receiver:
+def make_receiver(
+    kind: str, layout: Layout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0
+) -> Receiver:
     if kind == "shm":
         return ShmReceiver(layout)
     if kind == "disk":

@@ -29,10 +29,24 @@ VLLM_ESTIMATORS = {  # name -> overrides; every one learns alike (gains 0.15-0.2
     "reinforce_pp_baseline": ("algorithm.advantage=reinforce_pp_baseline",),
     "gae": ("algorithm.advantage=gae", "algorithm.lam=0.95", "critic.lr=1e-4"),
 }
-DAPO = ("algorithm.clip_eps_high=0.28", "algorithm.dapo.dynamic_sampling=true", "algorithm.dapo.max_rounds=3",
-        "algorithm.dapo.overlong_filter=true", "algorithm.dapo.overlong_buffer=2", "train.steps=15")
-ASYNC_WAIT = (*RAY, "algorithm.correction.mode=tis_token", "train.schedule=async", "train.max_staleness=1",
-              "train.on_stale=wait", "train.steps=14", "eval.max_prompts=200", "log.save_model=false")
+DAPO = (
+    "algorithm.clip_eps_high=0.28",
+    "algorithm.dapo.dynamic_sampling=true",
+    "algorithm.dapo.max_rounds=3",
+    "algorithm.dapo.overlong_filter=true",
+    "algorithm.dapo.overlong_buffer=2",
+    "train.steps=15",
+)
+ASYNC_WAIT = (
+    *RAY,
+    "algorithm.correction.mode=tis_token",
+    "train.schedule=async",
+    "train.max_staleness=1",
+    "train.on_stale=wait",
+    "train.steps=14",
+    "eval.max_prompts=200",
+    "log.save_model=false",
+)
 
 # Measured 2026-11-30 (benchmarks/learning_spread.py --seeds 5, 200 held-out prompts, greedy 0.600 before).
 # The two runs that failed CI before this table (Ray+shm at +0.100, async wait at +0.080) had a different warm
@@ -42,12 +56,17 @@ CASES: dict[str, LearningCase] = {
     "grpo_hf": LearningCase("hf", ("train.steps=10",), 0.025, "0.150 / 0.228 / 0.250"),
     "dr_grpo": LearningCase("vllm", VLLM_ESTIMATORS["dr_grpo"], 0.05, "0.205 / 0.226 / 0.250"),
     "rloo": LearningCase("vllm", VLLM_ESTIMATORS["rloo"], 0.05, "0.195 / 0.223 / 0.255"),
-    "reinforce_pp_baseline": LearningCase("vllm", VLLM_ESTIMATORS["reinforce_pp_baseline"], 0.05,
-                                          "0.195 / 0.222 / 0.255"),
+    "reinforce_pp_baseline": LearningCase(
+        "vllm", VLLM_ESTIMATORS["reinforce_pp_baseline"], 0.05, "0.195 / 0.222 / 0.255"
+    ),
     "gae": LearningCase("vllm", VLLM_ESTIMATORS["gae"], 0.05, "0.205 / 0.229 / 0.260"),
     "dapo": LearningCase("vllm", DAPO, 0.05, "0.155 / 0.220 / 0.260"),
-    "ray_shm": LearningCase("vllm", (*RAY, "train.steps=12", "eval.max_prompts=200", "sync.parity_probe=true"), 0.05,
-                            "0.165 / 0.195 / 0.235"),
+    "ray_shm": LearningCase(
+        "vllm",
+        (*RAY, "train.steps=12", "eval.max_prompts=200", "sync.parity_probe=true"),
+        0.05,
+        "0.165 / 0.195 / 0.235",
+    ),
     "async_wait": LearningCase("vllm", ASYNC_WAIT, 0.04, "0.125 / 0.198 / 0.245"),
 }
 

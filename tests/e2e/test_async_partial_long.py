@@ -19,11 +19,22 @@ STEPS = 12
 def test_partial_rollouts_with_drop_do_not_stall(tmp_path, random_model_dir, toy_task):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", random_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), "placement.mode=ray", "log.progress=false",
-                     "algorithm.correction.mode=tis_token", "train.schedule=async", "train.max_staleness=1",
-                     "train.on_stale=drop", "train.partial_rollouts=1.5", f"train.steps={STEPS}",
-                     "rollout.prompts_per_step=8", "placement.call_timeout_s=120", "eval.max_prompts=16",
-                     "log.save_model=false")
+    result = run_cli(
+        "train",
+        str(config),
+        "placement.mode=ray",
+        "log.progress=false",
+        "algorithm.correction.mode=tis_token",
+        "train.schedule=async",
+        "train.max_staleness=1",
+        "train.on_stale=drop",
+        "train.partial_rollouts=1.5",
+        f"train.steps={STEPS}",
+        "rollout.prompts_per_step=8",
+        "placement.call_timeout_s=120",
+        "eval.max_prompts=16",
+        "log.save_model=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(STEPS))

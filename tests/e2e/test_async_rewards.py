@@ -18,7 +18,7 @@ from tests.e2e.test_grpo_learns import write_config
 
 pytestmark = pytest.mark.slow
 
-REWARD = '''
+REWARD = """
 import json, os
 
 def fingerprint(completion):
@@ -29,9 +29,9 @@ def reward(prompts, completions, log="", **columns):
     with open(log, "a") as out:  # one write per batch: appends from two workers do not interleave
         out.write("".join(json.dumps([c, s]) + "\\n" for c, s in zip(completions, scores)))
     return scores
-'''
+"""
 
-DRIVER = '''
+DRIVER = """
 import json, sys
 from relayrl.schedules import buffer
 
@@ -47,7 +47,7 @@ buffer.RolloutBuffer.put = recording_put
 if __name__ == "__main__":
     from relayrl.cli import main
     sys.exit(main(sys.argv[2:]))
-'''
+"""
 
 
 def fingerprint(completion: str) -> float:
@@ -64,13 +64,34 @@ def test_two_engines_score_concurrently_and_each_sample_keeps_its_reward(tmp_pat
     scored_log, buffered_log, run_dir = tmp_path / "scored.jsonl", tmp_path / "buffered.jsonl", tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", random_model_dir, toy_task, run_dir, "vllm")
     result = subprocess.run(
-        [sys.executable, str(tmp_path / "driver.py"), str(buffered_log), "train", str(config),
-         f"reward.fn={tmp_path / 'reward.py'}:reward", f"reward.kwargs={{log: {scored_log}}}", "reward.workers=2",
-         "reward.batch_size=2", "placement.mode=ray", "placement.engines=2", "placement.learner_cpus=1",
-         "placement.engine_cpus=0.5", "train.schedule=async", "train.max_staleness=1", "train.on_stale=wait",
-         "algorithm.correction.mode=tis_token", "train.steps=3", "rollout.prompts_per_step=8",
-         "eval.max_prompts=16", "log.save_model=false", "log.progress=false"],
-        capture_output=True, text=True, timeout=900)  # batch_size=2: many tasks, so the two producers' calls overlap
+        [
+            sys.executable,
+            str(tmp_path / "driver.py"),
+            str(buffered_log),
+            "train",
+            str(config),
+            f"reward.fn={tmp_path / 'reward.py'}:reward",
+            f"reward.kwargs={{log: {scored_log}}}",
+            "reward.workers=2",
+            "reward.batch_size=2",
+            "placement.mode=ray",
+            "placement.engines=2",
+            "placement.learner_cpus=1",
+            "placement.engine_cpus=0.5",
+            "train.schedule=async",
+            "train.max_staleness=1",
+            "train.on_stale=wait",
+            "algorithm.correction.mode=tis_token",
+            "train.steps=3",
+            "rollout.prompts_per_step=8",
+            "eval.max_prompts=16",
+            "log.save_model=false",
+            "log.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # batch_size=2: many tasks, so the two producers' calls overlap
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # (a step's reward/* counts cover the chunks scored since the previous step: possibly none)

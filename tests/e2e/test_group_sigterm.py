@@ -23,8 +23,15 @@ from tests.e2e.test_resume import metric_rows
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = ["placement.mode=ray", "train.steps=8", "checkpoint.every=0", "rollout.prompts_per_step=8",
-            "eval.max_prompts=16", "log.save_model=false", "log.progress=false"]
+SETTINGS = [
+    "placement.mode=ray",
+    "train.steps=8",
+    "checkpoint.every=0",
+    "rollout.prompts_per_step=8",
+    "eval.max_prompts=16",
+    "log.save_model=false",
+    "log.progress=false",
+]
 
 
 def left_of_session(marker: str, grace_s: float = 10.0) -> list[str]:
@@ -56,9 +63,14 @@ def test_group_sigterm_under_ray_checkpoints_and_prints_the_resume_line(tmp_path
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": ray_tmp}
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", random_model_dir, toy_task, run_dir, "vllm")
-    process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "train", str(config), *SETTINGS],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)  # its own group, as a batch job's: scancel signals all of it
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *SETTINGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )  # its own group, as a batch job's: scancel signals all of it
     try:
         _, err, seconds = signal_after_rows(process, run_dir, 2, signal.SIGTERM, to_group=True)
         assert process.returncode == 128 + signal.SIGTERM, err[-3000:]
@@ -70,13 +82,19 @@ def test_group_sigterm_under_ray_checkpoints_and_prints_the_resume_line(tmp_path
         command = f"relayrl train {config} {' '.join(SETTINGS)} --resume {run_dir}"
         # the driver's own last line (Ray may still forward an actor's output after it)
         driver_lines = [line for line in err.strip().splitlines() if line.startswith("relayrl: ")]
-        assert driver_lines[-1] == (f"relayrl: interrupted by SIGTERM at step {step}; "
-                                    f"checkpoint {checkpoint}; resume with: {command}"), err[-3000:]
+        assert driver_lines[-1] == (
+            f"relayrl: interrupted by SIGTERM at step {step}; checkpoint {checkpoint}; resume with: {command}"
+        ), err[-3000:]
         assert left_of_session(marker) == []
         assert not (Path(ray_tmp) / "ray" / "ray_current_cluster").exists()  # the run's cluster is not advertised
 
-        resumed = subprocess.run([sys.executable, "-m", "relayrl.cli", *shlex.split(command)[1:]],
-                                 capture_output=True, text=True, env=env, timeout=900)
+        resumed = subprocess.run(
+            [sys.executable, "-m", "relayrl.cli", *shlex.split(command)[1:]],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=900,
+        )
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         assert [row["step"] for row in metric_rows(run_dir)] == list(range(8))
         assert left_of_session(marker) == []  # a run that ends normally leaves nothing either

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 def run_cli(*args, cwd=None):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", "relayrl.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "relayrl.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=900
+    )
 
 
 def write_config(path, model_dir, toy_task, run_dir, engine):
@@ -53,8 +54,19 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_t
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(len(rows)))
     assert rows[-1]["reward/mean"] > rows[0]["reward/mean"] - 0.05
-    for key in ("time/generate", "time/reward", "time/logprobs", "time/advantage", "time/update", "time/sync",
-                "time/step", "mismatch/logprob_abs_mean", "actor/clip_frac", "actor/entropy", "stale/mean"):
+    for key in (
+        "time/generate",
+        "time/reward",
+        "time/logprobs",
+        "time/advantage",
+        "time/update",
+        "time/sync",
+        "time/step",
+        "mismatch/logprob_abs_mean",
+        "actor/clip_frac",
+        "actor/entropy",
+        "stale/mean",
+    ):
         assert key in rows[0], key
     assert max(r["mismatch/logprob_abs_max"] for r in rows) < 1e-3  # engine and learner agree every step
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())
@@ -67,8 +79,17 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_t
 
 
 def test_eval_command_scores_a_saved_model(warm_model_dir, toy_task):
-    result = run_cli("eval", "--model", str(warm_model_dir), "--data", str(toy_task["eval"]),
-                     "--reward", "exact_match", "--max-tokens", "6")
+    result = run_cli(
+        "eval",
+        "--model",
+        str(warm_model_dir),
+        "--data",
+        str(toy_task["eval"]),
+        "--reward",
+        "exact_match",
+        "--max-tokens",
+        "6",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])
     assert line["n"] == 500 and 0.2 < line["reward_mean"] < 0.95

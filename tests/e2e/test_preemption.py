@@ -16,15 +16,26 @@ from tests.e2e.test_resume import assert_same_metrics, metric_rows
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = ["train.steps=5", "checkpoint.every=2", "eval.max_prompts=16", "rollout.prompts_per_step=16",
-            "log.save_model=false", "log.progress=false"]
+SETTINGS = [
+    "train.steps=5",
+    "checkpoint.every=2",
+    "eval.max_prompts=16",
+    "rollout.prompts_per_step=16",
+    "log.save_model=false",
+    "log.progress=false",
+]
 
 
 def start(config, *extra):
     """The CLI in its own session, as a terminal's foreground job: a signal can go to the whole group."""
-    return subprocess.Popen([sys.executable, "-m", "relayrl.cli", "train", str(config), *SETTINGS, *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *SETTINGS, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def signal_after_rows(process, run_dir, rows, signum, to_group=False):

@@ -60,9 +60,23 @@ def test_a_killed_driver_leaves_no_segment_and_no_process(tmp_path, random_model
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_TMPDIR": ray_tmp}
     log = (tmp_path / "driver.log").open("w")
     driver = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "train", str(config), "placement.mode=ray", "log.progress=false",
-         "train.steps=50", "rollout.prompts_per_step=8", "eval.max_prompts=16", "log.save_model=false"],
-        env=env, stdout=log, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "relayrl.cli",
+            "train",
+            str(config),
+            "placement.mode=ray",
+            "log.progress=false",
+            "train.steps=50",
+            "rollout.prompts_per_step=8",
+            "eval.max_prompts=16",
+            "log.save_model=false",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     marker = f"RAY_TMPDIR={ray_tmp}"
     orphans_before = orphaned_segments()
     try:
@@ -77,8 +91,11 @@ def test_a_killed_driver_leaves_no_segment_and_no_process(tmp_path, random_model
         while left and time.monotonic() < deadline:
             time.sleep(1)
             left = processes_with(marker)
-        names = [Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:80] for pid in left
-                 if Path(f"/proc/{pid}").exists()]
+        names = [
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:80]
+            for pid in left
+            if Path(f"/proc/{pid}").exists()
+        ]
         assert not left, f"processes of the killed run's Ray session still alive: {names}"
     finally:
         if driver.poll() is None:

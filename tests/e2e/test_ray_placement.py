@@ -44,16 +44,34 @@ def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_d
     assert max(r["sync/parity_abs_max"] for r in metrics) < 1e-3
 
 
-@pytest.mark.parametrize("transport,extra", [
-    ("broadcast", ["placement.layout=colocated", "placement.engines=2", "placement.learner_cpus=2",
-                   "placement.engine_cpus=2"]),
-    ("object_store", []),
-])
+@pytest.mark.parametrize(
+    "transport,extra",
+    [
+        (
+            "broadcast",
+            [
+                "placement.layout=colocated",
+                "placement.engines=2",
+                "placement.learner_cpus=2",
+                "placement.engine_cpus=2",
+            ],
+        ),
+        ("object_store", []),
+    ],
+)
 def test_every_replica_gets_every_push(tmp_path, warm_model_dir, toy_task, transport, extra):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), *RAY, f"sync.transport={transport}", *extra, "train.steps=3",
-                     "eval.max_prompts=16", "log.save_model=false")
+    result = run_cli(
+        "train",
+        str(config),
+        *RAY,
+        f"sync.transport={transport}",
+        *extra,
+        "train.steps=3",
+        "eval.max_prompts=16",
+        "log.save_model=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     # prompts are split across replicas: a replica left on old weights would show as a mismatch
@@ -64,9 +82,13 @@ def test_every_replica_gets_every_push(tmp_path, warm_model_dir, toy_task, trans
 def _run_and_kill_engine(tmp_path, warm_model_dir, toy_task, *settings):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "train", str(config), *RAY, *settings],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *RAY, *settings],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.time() + 600
     metrics = run_dir / "metrics.jsonl"
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
@@ -84,8 +106,9 @@ def _run_and_kill_engine(tmp_path, warm_model_dir, toy_task, *settings):
 
 
 def test_a_killed_engine_is_restarted_and_resynced(tmp_path, warm_model_dir, toy_task):
-    run_dir, code, stderr, _ = _run_and_kill_engine(tmp_path, warm_model_dir, toy_task, "train.steps=8",
-                                                    "eval.max_prompts=16", "log.save_model=false")
+    run_dir, code, stderr, _ = _run_and_kill_engine(
+        tmp_path, warm_model_dir, toy_task, "train.steps=8", "eval.max_prompts=16", "log.save_model=false"
+    )
     assert code == 0, stderr[-3000:]
     assert "restarting engine 0" in stderr and "died" in stderr
     metrics = rows(run_dir)
@@ -96,8 +119,14 @@ def test_a_killed_engine_is_restarted_and_resynced(tmp_path, warm_model_dir, toy
 
 def test_a_killed_engine_with_restarts_off_is_a_clear_error(tmp_path, warm_model_dir, toy_task):
     _, code, stderr, killed_at = _run_and_kill_engine(
-        tmp_path, warm_model_dir, toy_task, "train.steps=200", "eval.max_prompts=16",
-        "placement.on_engine_failure=fail", "log.save_model=false")
+        tmp_path,
+        warm_model_dir,
+        toy_task,
+        "train.steps=200",
+        "eval.max_prompts=16",
+        "placement.on_engine_failure=fail",
+        "log.save_model=false",
+    )
     assert time.time() - killed_at < 60
     assert code != 0
     last = stderr.strip().splitlines()[-1]
@@ -107,8 +136,9 @@ def test_a_killed_engine_with_restarts_off_is_a_clear_error(tmp_path, warm_model
 def test_a_placement_that_cannot_fit_fails_within_its_timeout(tmp_path, warm_model_dir, toy_task):
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, tmp_path / "run", "vllm")
     start = time.time()
-    result = run_cli("train", str(config), *RAY, "placement.engines=4", "placement.placement_timeout_s=3",
-                     "placement.num_cpus=2")
+    result = run_cli(
+        "train", str(config), *RAY, "placement.engines=4", "placement.placement_timeout_s=3", "placement.num_cpus=2"
+    )
     assert time.time() - start < 120
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]

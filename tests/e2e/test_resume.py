@@ -35,16 +35,24 @@ def assert_same_metrics(expected, got):
 
 
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task):
-    settings = ["train.steps=6", "checkpoint.every=2", "checkpoint.keep=2", "eval.max_prompts=50",
-                "rollout.prompts_per_step=16"]
+    settings = [
+        "train.steps=6",
+        "checkpoint.every=2",
+        "checkpoint.keep=2",
+        "eval.max_prompts=50",
+        "rollout.prompts_per_step=16",
+    ]
     straight = tmp_path / "straight"
     config = write_config(tmp_path / "a.yaml", warm_model_dir, toy_task, straight, "vllm")
     assert run_cli("train", str(config), *settings).returncode == 0
 
     killed = tmp_path / "killed"
     config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, killed, "vllm")
-    process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "train", str(config), *settings],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *settings],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 600
     while not (killed / "checkpoints" / "step_000003").is_dir() and process.poll() is None:
         assert time.time() < deadline
@@ -64,8 +72,13 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_ta
 
 def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, warm_model_dir, toy_task):
     run_dir = tmp_path / "run"
-    settings = ["train.steps=4", "checkpoint.every=1", "checkpoint.keep=3", "eval.max_prompts=20",
-                "rollout.prompts_per_step=8"]
+    settings = [
+        "train.steps=4",
+        "checkpoint.every=1",
+        "checkpoint.keep=3",
+        "eval.max_prompts=20",
+        "rollout.prompts_per_step=8",
+    ]
     config = write_config(tmp_path / "c.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     assert run_cli("train", str(config), *settings).returncode == 0
     newest = run_dir / "checkpoints" / "step_000003" / "trainer_state.pt"

@@ -9,7 +9,7 @@ from tests.e2e.test_grpo_learns import run_cli, write_config
 
 pytestmark = pytest.mark.slow
 
-HANGING_REWARD = '''
+HANGING_REWARD = """
 import os, time
 from relayrl.rewards.verifiers import exact_match
 
@@ -17,7 +17,7 @@ def reward(prompts, completions, **columns):
     if os.environ["RELAYRL_TEST_HANG_ON"] in prompts:  # a wedged verifier, on one prompt's samples
         time.sleep(3600)
     return exact_match(prompts, completions, **columns)
-'''
+"""
 
 
 def first_training_prompt(model_dir, train_file) -> str:
@@ -35,10 +35,21 @@ def test_a_hanging_reward_costs_its_timeout_not_the_run(tmp_path, warm_model_dir
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     start = time.time()
-    result = run_cli("train", str(config), f"reward.fn={tmp_path / 'hang.py'}:reward", "reward.workers=2",
-                     "reward.timeout_s=3", "reward.batch_size=8", "reward.on_error=zero", "train.steps=3",
-                     "eval.max_prompts=16", "log.save_model=false", "log.progress=false",
-                     "rollout.prompts_per_step=8", f"placement.mode={placement}")
+    result = run_cli(
+        "train",
+        str(config),
+        f"reward.fn={tmp_path / 'hang.py'}:reward",
+        "reward.workers=2",
+        "reward.timeout_s=3",
+        "reward.batch_size=8",
+        "reward.on_error=zero",
+        "train.steps=3",
+        "eval.max_prompts=16",
+        "log.save_model=false",
+        "log.progress=false",
+        "rollout.prompts_per_step=8",
+        f"placement.mode={placement}",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert time.time() - start < 240  # start-up, evals, and 8 x 3 s + 8 x 3 s for the hung group
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

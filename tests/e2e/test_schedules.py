@@ -20,8 +20,15 @@ def rows(run_dir):
 def test_one_step_off_samples_are_one_version_old(tmp_path, warm_model_dir, toy_task):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), *RAY, "train.schedule=one_step_off", "train.steps=4",
-                     "eval.max_prompts=16", "log.save_model=false")
+    result = run_cli(
+        "train",
+        str(config),
+        *RAY,
+        "train.schedule=one_step_off",
+        "train.steps=4",
+        "eval.max_prompts=16",
+        "log.save_model=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     assert [r["stale/version_max"] for r in metrics] == [0, 1, 1, 1]
@@ -50,8 +57,17 @@ def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_
 def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm_model_dir, toy_task):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), *RAY, "train.schedule=async", "train.max_staleness=1",
-                     "train.on_stale=drop", "train.steps=4", "eval.max_prompts=16", "log.save_model=false")
+    result = run_cli(
+        "train",
+        str(config),
+        *RAY,
+        "train.schedule=async",
+        "train.max_staleness=1",
+        "train.on_stale=drop",
+        "train.steps=4",
+        "eval.max_prompts=16",
+        "log.save_model=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     assert len(metrics) == 4
@@ -61,9 +77,18 @@ def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm
 def test_async_partial_rollouts_carry_responses_across_versions(tmp_path, warm_model_dir, toy_task):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli("train", str(config), *RAY, "train.schedule=async", "train.max_staleness=2",
-                     "train.on_stale=drop", "train.partial_rollouts=1.5", "train.steps=6", "eval.max_prompts=16",
-                     "log.save_model=false")
+    result = run_cli(
+        "train",
+        str(config),
+        *RAY,
+        "train.schedule=async",
+        "train.max_staleness=2",
+        "train.on_stale=drop",
+        "train.partial_rollouts=1.5",
+        "train.steps=6",
+        "eval.max_prompts=16",
+        "log.save_model=false",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     assert len(metrics) == 6 and max(r["stale/version_max"] for r in metrics) <= 2

@@ -22,9 +22,15 @@ ADD_TESTS = [{"call": "add(2, 3)", "expected": 5}, {"call": "add(-1, 1)", "expec
 
 
 def rollout(completion: str, index: int = 0, **columns) -> Rollout:
-    return Rollout(prompt=Prompt(id="add", text="Write add(a, b).\n", token_ids=[1], columns=columns),
-                   group_index=index, response_ids=[1], response_text=completion, behaviour_logprobs=[0.0],
-                   finish_reason="stop", versions=[0])
+    return Rollout(
+        prompt=Prompt(id="add", text="Write add(a, b).\n", token_ids=[1], columns=columns),
+        group_index=index,
+        response_ids=[1],
+        response_text=completion,
+        behaviour_logprobs=[0.0],
+        finish_reason="stop",
+        versions=[0],
+    )
 
 
 def test_extract_program_takes_the_last_fenced_block():
@@ -34,9 +40,11 @@ def test_extract_program_takes_the_last_fenced_block():
 
 def test_code_reward_is_the_pass_fraction():
     fn = load_reward("code", {"timeout_s": 2.0})
-    batch = [rollout("```python\ndef add(a, b):\n    return a + b\n```", 0, tests=ADD_TESTS),
-             rollout("def add(a, b):\n    return 5\n", 1, tests=ADD_TESTS),
-             rollout("while True: pass", 2, tests=json.dumps(ADD_TESTS))]  # a JSON string column works too
+    batch = [
+        rollout("```python\ndef add(a, b):\n    return a + b\n```", 0, tests=ADD_TESTS),
+        rollout("def add(a, b):\n    return 5\n", 1, tests=ADD_TESTS),
+        rollout("while True: pass", 2, tests=json.dumps(ADD_TESTS)),
+    ]  # a JSON string column works too
     scores, errors = score_rollouts(fn, batch)
     assert [s.reward for s in scores] == [1.0, 0.5, 0.0] and errors == 0
 
@@ -55,8 +63,10 @@ def test_code_reward_in_workers_with_a_hanging_program_is_bounded():
     with build_reward_service(config) as service:
         service.score([rollout("x = 1", tests=ADD_TESTS)])  # start-up
         start = time.monotonic()
-        scores, metrics = service.score([rollout("import time\ntime.sleep(60)", i, tests=ADD_TESTS) for i in range(2)]
-                                        + [rollout("def add(a, b):\n    return a + b", 2, tests=ADD_TESTS)])
+        scores, metrics = service.score(
+            [rollout("import time\ntime.sleep(60)", i, tests=ADD_TESTS) for i in range(2)]
+            + [rollout("def add(a, b):\n    return a + b", 2, tests=ADD_TESTS)]
+        )
         assert time.monotonic() - start < 2 * 1.0 + 3.0  # two sandbox timeouts per sleeper, in parallel
     assert [s.reward for s in scores] == [0.0, 0.0, 1.0] and metrics["reward/code"] == pytest.approx(1 / 3)
 
@@ -66,8 +76,7 @@ def test_example_config_is_valid_and_its_tests_pass_with_reference_solutions():
     assert [c.label for c in config.reward.resolved_components()] == ["tests", "format"]
     rows = [json.loads(line) for name in ("train.jsonl", "eval.jsonl") for line in (EXAMPLE / name).open()]
     assert len(rows) == 10 and all(row["tests"] for row in rows)
-    solutions = {"add": "def add(a, b):\n    return a + b\n",
-                 "sum_line": "print(sum(map(int, input().split())))\n"}
+    solutions = {"add": "def add(a, b):\n    return a + b\n", "sum_line": "print(sum(map(int, input().split())))\n"}
     for row in rows:
         for name, solution in solutions.items():
             if f" {name}(" in row["prompt"] or (name == "sum_line" and "sum." in row["prompt"]):

@@ -10,14 +10,16 @@ from relayrl.types import Prompt
 def test_hf_engine_rollouts_and_logprob_parity(random_model_dir):
     engine = HFEngine(str(random_model_dir))
     tok = engine.tokenizer
-    prompts = [Prompt(id=str(i), text=t, token_ids=tok(t, add_special_tokens=False)["input_ids"])
-               for i, t in enumerate(["12+7=", "3+45="])]  # different lengths: left padding is exercised
+    prompts = [
+        Prompt(id=str(i), text=t, token_ids=tok(t, add_special_tokens=False)["input_ids"])
+        for i, t in enumerate(["12+7=", "3+45="])
+    ]  # different lengths: left padding is exercised
     rollouts = engine.generate(prompts, Sampling(n=3, temperature=0.7, max_tokens=5, seed=0), version=2)
     assert [r.prompt.id for r in rollouts] == ["0"] * 3 + ["1"] * 3
     for r in rollouts:
         ids = torch.tensor([r.prompt.token_ids + r.response_ids])
         with torch.no_grad():
-            logits = engine.model(ids).logits[0, len(r.prompt.token_ids) - 1: -1] / 0.7
+            logits = engine.model(ids).logits[0, len(r.prompt.token_ids) - 1 : -1] / 0.7
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r.response_ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(torch.tensor(r.behaviour_logprobs), expected, atol=1e-4, rtol=0)
         assert r.versions == [2] * len(r.response_ids)
@@ -56,14 +58,14 @@ def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
     from relayrl.learner.role import LearnerRole
     from relayrl.sync.inprocess import InProcessSync
 
-    config = Config.model_validate({"model": {"path": str(random_model_dir)}, "rollout": {"engine": "hf"},
-                                    "sync": {"parity_probe": True}})
+    config = Config.model_validate(
+        {"model": {"path": str(random_model_dir)}, "rollout": {"engine": "hf"}, "sync": {"parity_probe": True}}
+    )
     engine, learner = HFEngine(str(random_model_dir)), LearnerRole(config)
     probe = engine.tokenizer("12+7=19 3+45=48", add_special_tokens=False)["input_ids"]
     theirs = engine.prompt_logprobs(probe)
     assert len(theirs) == len(probe) - 1
-    torch.testing.assert_close(torch.tensor(theirs), torch.tensor(learner.sequence_logprobs(probe)), atol=1e-5,
-                               rtol=0)
+    torch.testing.assert_close(torch.tensor(theirs), torch.tensor(learner.sequence_logprobs(probe)), atol=1e-5, rtol=0)
     sync = InProcessSync(probe_ids=probe)
     sync.push(learner, engine)
     assert sync.last["sync/parity_abs_max"] < 1e-5

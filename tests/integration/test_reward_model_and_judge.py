@@ -25,9 +25,17 @@ def build_reward_model(out, num_labels: int = 1):
     from relayrl.models.tiny import train_char_tokenizer
 
     tokenizer = train_char_tokenizer(TEXTS + [" "])
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
-                         num_labels=num_labels, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     LlamaForSequenceClassification(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -52,8 +60,9 @@ def test_reward_model_as_a_reward_spec(reward_model_dir):
     fn = load_reward("reward_model", {"path": str(reward_model_dir), "batch_size": 2})
     rollouts = [Rollout(Prompt("p", "1+2=", [1]), i, [1], c, [0.0], "stop", [0]) for i, c in enumerate(["3", "4"])]
     scores, errors = score_rollouts(fn, rollouts)
-    assert errors == 0 and [s.reward for s in scores] == pytest.approx(RewardModel(reward_model_dir).score(
-        ["1+2=", "1+2="], ["3", "4"]))
+    assert errors == 0 and [s.reward for s in scores] == pytest.approx(
+        RewardModel(reward_model_dir).score(["1+2=", "1+2="], ["3", "4"])
+    )
 
 
 def test_reward_model_bad_inputs_are_named(tmp_path):

@@ -12,21 +12,35 @@ from relayrl.controller import train
 from relayrl.metrics.report import write_report
 from relayrl.rewards import load_reward
 
-REWARD = '''
+REWARD = """
 def score(prompts, completions, answer, **columns):
     return [{"correct": float(c.strip() == a), "length": 0.01 * len(c)} for c, a in zip(completions, answer)]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, random_model_dir, toy_task):
     root = tmp_path_factory.mktemp("samples_run")
     (root / "reward.py").write_text(REWARD)
-    config = load_config(None, [
-        f"model.path={random_model_dir}", f"data.train={toy_task['train']}", "data.max_prompt_tokens=16",
-        f"reward.fn={root / 'reward.py'}:score", "rollout.engine=hf", "rollout.n=4", "rollout.prompts_per_step=4",
-        "rollout.max_tokens=5", "train.steps=3", f"log.dir={root / 'run'}",
-        "log.progress=false", "log.save_model=false", "log.samples.every=2", "log.samples.max_per_step=6"])
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"data.train={toy_task['train']}",
+            "data.max_prompt_tokens=16",
+            f"reward.fn={root / 'reward.py'}:score",
+            "rollout.engine=hf",
+            "rollout.n=4",
+            "rollout.prompts_per_step=4",
+            "rollout.max_tokens=5",
+            "train.steps=3",
+            f"log.dir={root / 'run'}",
+            "log.progress=false",
+            "log.save_model=false",
+            "log.samples.every=2",
+            "log.samples.max_per_step=6",
+        ],
+    )
     train(config)
     return root / "run", config
 
@@ -40,8 +54,9 @@ def test_samples_rows_of_logged_steps_carry_the_runs_own_rewards(run, toy_task):
         task = json.loads(line)
         answers[task["prompt"]] = task["answer"]
     reward_fn = load_reward(config.reward.fn)
-    recomputed = reward_fn([r["prompt"] for r in rows], [r["completion"] for r in rows],
-                           answer=[answers[r["prompt"]] for r in rows])
+    recomputed = reward_fn(
+        [r["prompt"] for r in rows], [r["completion"] for r in rows], answer=[answers[r["prompt"]] for r in rows]
+    )
     for row, expected in zip(rows, recomputed):
         assert row["components"] == pytest.approx(expected)
         assert row["reward"] == pytest.approx(sum(expected.values()))

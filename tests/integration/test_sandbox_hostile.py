@@ -25,8 +25,7 @@ from relayrl.errors import RewardError
 from relayrl.rewards import sandbox
 from relayrl.rewards.sandbox import MARKER_PREFIX, SandboxLimits, resolve_isolation, run_program, run_tests
 
-LIMITS = SandboxLimits(timeout_s=1.5, cpu_s=1, memory_mb=256, file_mb=4, disk_mb=16, processes=16,
-                       output_bytes=4096)
+LIMITS = SandboxLimits(timeout_s=1.5, cpu_s=1, memory_mb=256, file_mb=4, disk_mb=16, processes=16, output_bytes=4096)
 SECRET = "relayrl-fake-secret-7f3a9c"
 SCRATCH = [Path(tempfile.gettempdir()), Path("/var/tmp"), Path("/dev/shm"), Path.home()]
 CHECKER_FILES = [Path(sandbox.__file__), sandbox.LAUNCHER]
@@ -55,21 +54,31 @@ def listener():
 
 def leftover_processes() -> list[str]:
     rows = subprocess.run(["ps", "-eo", "pid=,uid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return [row for row in rows
-            if (MARKER_PREFIX in row and "ps -eo" not in row) or int(row.split()[1]) >= SANDBOX_UID_BASE]
+    return [
+        row for row in rows if (MARKER_PREFIX in row and "ps -eo" not in row) or int(row.split()[1]) >= SANDBOX_UID_BASE
+    ]
 
 
 def hostile_files() -> list[Path]:
-    return [p for d in SCRATCH if d.is_dir() for p in d.iterdir()
-            if p.name.startswith("hostile-") or p.name.startswith("relayrl-sandbox-")]
+    return [
+        p
+        for d in SCRATCH
+        if d.is_dir()
+        for p in d.iterdir()
+        if p.name.startswith("hostile-") or p.name.startswith("relayrl-sandbox-")
+    ]
 
 
 def digest(paths: list[Path]) -> list[str]:
     return [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
 
 
-PLANTED = [Path(sandbox.__file__).parent / "hostile-planted", Path.home() / "hostile-planted",
-           Path("/hostile-planted"), Path("/etc/hostile-planted")]
+PLANTED = [
+    Path(sandbox.__file__).parent / "hostile-planted",
+    Path.home() / "hostile-planted",
+    Path("/hostile-planted"),
+    Path("/etc/hostile-planted"),
+]
 ADD_DEF = "def add(a, b):\n    return a + b\n"
 
 # name -> program. Each is scored on ADD; none may pass unless it truly prints add(2, 3) itself.
@@ -111,7 +120,7 @@ HOSTILE = {
     "huge_output": "import sys\nwhile True:\n    sys.stdout.write('5' * 65536)\n",
     "huge_stderr": "import sys\nwhile True:\n    sys.stderr.write('x' * 65536)\n",
     "kill_parent": ADD_DEF + "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\n"
-                             "raise SystemExit(1)\n",
+    "raise SystemExit(1)\n",
     "kill_everything": ADD_DEF + "import os, signal\nos.kill(-1, signal.SIGKILL)\nraise SystemExit(1)\n",
     "sys_exit_zero": "import sys\nsys.exit(0)\n",
     "os_exit_zero": "import os\nos._exit(0)\n",
@@ -203,8 +212,10 @@ def test_files_of_the_parent_are_not_readable(tmp_path, isolation):
     private_dir.mkdir(mode=0o700)
     (private_dir / "secret.txt").write_text(SECRET)
     try:
-        program = "\n".join(f"try:\n    print(open({str(p)!r}).read())\nexcept OSError as err:\n    print(err)"
-                            for p in (secret_file, private_dir / "secret.txt"))
+        program = "\n".join(
+            f"try:\n    print(open({str(p)!r}).read())\nexcept OSError as err:\n    print(err)"
+            for p in (secret_file, private_dir / "secret.txt")
+        )
         run = run_program(program, limits=LIMITS, isolation=isolation)
     finally:
         (private_dir / "secret.txt").unlink()
@@ -237,8 +248,12 @@ def test_network_connect_does_not_reach_the_host(listener, isolation):
 def test_processes_outside_are_not_visible_and_survive(isolation):
     canary = subprocess.Popen(["sleep", "30"])
     try:
-        run = run_program("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
-                          "import signal\nos.kill(-1, signal.SIGKILL)\n", limits=LIMITS, isolation=isolation)
+        run = run_program(
+            "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))\n"
+            "import signal\nos.kill(-1, signal.SIGKILL)\n",
+            limits=LIMITS,
+            isolation=isolation,
+        )
         if isolation == "namespaces":
             assert canary.pid not in eval(run.stdout) and max(eval(run.stdout)) < 10  # its own pid namespace
         assert canary.poll() is None, "the sandbox killed a process outside it"
@@ -266,9 +281,11 @@ def test_timeout_is_named_in_the_result(isolation):
 def test_a_killed_caller_takes_its_sandbox_with_it(tmp_path, isolation):
     """A reward worker killed at its deadline must not leave the program it was running."""
     script = tmp_path / "caller.py"
-    script.write_text("from relayrl.rewards.sandbox import run_program, SandboxLimits\n"
-                      f"run_program('import time\\ntime.sleep(60)', limits=SandboxLimits(timeout_s=60), "
-                      f"isolation={isolation!r})\n")
+    script.write_text(
+        "from relayrl.rewards.sandbox import run_program, SandboxLimits\n"
+        f"run_program('import time\\ntime.sleep(60)', limits=SandboxLimits(timeout_s=60), "
+        f"isolation={isolation!r})\n"
+    )
     caller = subprocess.Popen([sys.executable, str(script)], cwd=Path(sandbox.__file__).parents[2])
     deadline = time.monotonic() + 30
     while not leftover_processes() and time.monotonic() < deadline:
@@ -280,12 +297,15 @@ def test_a_killed_caller_takes_its_sandbox_with_it(tmp_path, isolation):
     assert leftover_processes() == []
 
 
-@pytest.mark.parametrize("tests, message", [
-    ("not json", "not JSON"),
-    ([], "non-empty list"),
-    ([{"stdin": "1"}], "test 0 is"),
-    ([ADD, {"call": 3, "expected": 3}], "test 1: `call` must be a string"),
-])
+@pytest.mark.parametrize(
+    "tests, message",
+    [
+        ("not json", "not JSON"),
+        ([], "non-empty list"),
+        ([{"stdin": "1"}], "test 0 is"),
+        ([ADD, {"call": 3, "expected": 3}], "test 1: `call` must be a string"),
+    ],
+)
 def test_malformed_tests_name_the_case(tests, message):
     with pytest.raises(RewardError, match=message):
         run_tests("print(1)", tests, LIMITS)

@@ -35,8 +35,14 @@ def namespaces_available() -> bool:
     import subprocess
 
     try:
-        return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "true"],
-                              capture_output=True, timeout=30).returncode == 0
+        return (
+            subprocess.run(
+                ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "true"],
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -77,9 +83,15 @@ def test_root_holds_no_work_root_or_home(isolation):
 def test_training_data_source_and_checkpoints_are_not_readable(tmp_path, run_dir, isolation):
     own_data = tmp_path / "train.jsonl"
     own_data.write_text(json.dumps({"tests": [{"stdin": "", "stdout": EXPECTED}]}))
-    targets = [own_data, run_dir / "train.jsonl", ROOT / "examples" / "code_task" / "train.jsonl",
-               Path(sandbox.__file__), run_dir / "checkpoints" / "step_2" / "model.safetensors",
-               Path("/etc/passwd"), Path.home() / ".bashrc"]
+    targets = [
+        own_data,
+        run_dir / "train.jsonl",
+        ROOT / "examples" / "code_task" / "train.jsonl",
+        Path(sandbox.__file__),
+        run_dir / "checkpoints" / "step_2" / "model.safetensors",
+        Path("/etc/passwd"),
+        Path.home() / ".bashrc",
+    ]
     program = textwrap.dedent(f"""\
         import json
         seen = {{}}
@@ -183,15 +195,20 @@ def test_devices_scratch_and_a_child_interpreter_work(isolation):
               open('/dev/zero', 'rb').read(2), child.stdout.strip(), squares, sorted(os.listdir('/dev')),
               os.access('/tmp', os.W_OK), os.access('/dev/shm', os.W_OK), os.environ['HOME'])
         """)
-    assert run_ok(program, isolation) == ("1 3 b'\\x00\\x00' 42 [1, 2] ['fd', 'null', 'random', 'shm', 'stderr', "
-                                          "'stdin', 'stdout', 'urandom', 'zero'] True True /tmp/work\n")
+    assert run_ok(program, isolation) == (
+        "1 3 b'\\x00\\x00' 42 [1, 2] ['fd', 'null', 'random', 'shm', 'stderr', "
+        "'stdin', 'stdout', 'urandom', 'zero'] True True /tmp/work\n"
+    )
 
 
 def test_stdin_and_call_tests_pass_in_the_view(isolation):
-    program = "import sys\ndef add(a, b):\n    return a + b\nif __name__ == '__main__':\n" \
-              "    print(add(*map(int, sys.stdin.read().split())))\n"
-    report = run_tests(program, [{"stdin": "2 3\n", "stdout": "5"}, {"call": "add(2, 3)", "expected": 5}], LIMITS,
-                       isolation)
+    program = (
+        "import sys\ndef add(a, b):\n    return a + b\nif __name__ == '__main__':\n"
+        "    print(add(*map(int, sys.stdin.read().split())))\n"
+    )
+    report = run_tests(
+        program, [{"stdin": "2 3\n", "stdout": "5"}, {"call": "add(2, 3)", "expected": 5}], LIMITS, isolation
+    )
     assert report.pass_fraction == 1.0, report
 
 
@@ -232,6 +249,7 @@ def test_a_view_that_cannot_be_built_is_one_clear_error(monkeypatch, isolation):
 def test_auto_falls_back_to_rlimits_with_one_warning_naming_the_reason(monkeypatch):
     def refuse(*args, **kwargs):
         raise RewardError("code sandbox (namespaces) could not start: sandbox setup failed: unshare: EPERM")
+
     monkeypatch.setattr(sandbox, "run_program", refuse)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

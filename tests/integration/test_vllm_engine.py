@@ -33,14 +33,15 @@ def prompts(random_model_dir):
 
     tok = AutoTokenizer.from_pretrained(random_model_dir)
     texts = ["12+7=", "3+45=", "99+1="]
-    return [Prompt(id=str(i), text=t, token_ids=tok(t, add_special_tokens=False)["input_ids"])
-            for i, t in enumerate(texts)]
+    return [
+        Prompt(id=str(i), text=t, token_ids=tok(t, add_special_tokens=False)["input_ids"]) for i, t in enumerate(texts)
+    ]
 
 
 def hf_logprobs(model, prompt_ids, response_ids, temperature=1.0):
     ids = torch.tensor([prompt_ids + response_ids])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt_ids) - 1: -1].float() / temperature
+        logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float() / temperature
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None]).squeeze(-1)
 
 
@@ -76,9 +77,14 @@ def test_texts_decoded_once_per_batch_equal_vllms_own_detokenizing(engine, promp
     from vllm import SamplingParams
 
     ours = engine.generate(prompts, Sampling(n=2, temperature=1.0, max_tokens=8, seed=5), 0)
-    theirs = engine.llm.generate([{"prompt_token_ids": p.token_ids} for p in prompts],
-                                 [SamplingParams(n=2, temperature=1.0, max_tokens=8, logprobs=0, seed=s)
-                                  for s in (5_000_015, 5_000_017, 5_000_019)], use_tqdm=False)
+    theirs = engine.llm.generate(
+        [{"prompt_token_ids": p.token_ids} for p in prompts],
+        [
+            SamplingParams(n=2, temperature=1.0, max_tokens=8, logprobs=0, seed=s)
+            for s in (5_000_015, 5_000_017, 5_000_019)
+        ],
+        use_tqdm=False,
+    )
     assert [r.response_ids for r in ours] == [list(c.token_ids) for o in theirs for c in o.outputs]
     assert [r.response_text for r in ours] == [c.text for o in theirs for c in o.outputs]
 
@@ -155,8 +161,18 @@ def test_learner_keeps_the_sampling_mask_so_the_on_policy_ratio_is_one(engine, r
     on = exp.loss_mask.bool()
 
     def learner(top_p):
-        return PolicyLearner(load_config(None, [f"model.path={random_model_dir}", "rollout.temperature=0.7",
-                                                f"rollout.top_p={top_p}", "rollout.n=4", "rollout.prompts_per_step=3"]))
+        return PolicyLearner(
+            load_config(
+                None,
+                [
+                    f"model.path={random_model_dir}",
+                    "rollout.temperature=0.7",
+                    f"rollout.top_p={top_p}",
+                    "rollout.n=4",
+                    "rollout.prompts_per_step=3",
+                ],
+            )
+        )
 
     ratio = torch.exp(learner(0.9).logprobs(exp) - exp.behaviour_logprobs)[on]
     assert (ratio - 1).abs().max() < 1e-3
@@ -171,8 +187,10 @@ def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engi
 
     engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=3)
     sampling = Sampling(n=1, temperature=1.0, max_tokens=12, seed=0)
-    samples = [PartialSample(prompt=p, group=g, group_index=0, seed=1000 * g)  # groups of one: the first
-               for g, p in enumerate(prompts * 8)]  # response to stop completes the target
+    samples = [
+        PartialSample(prompt=p, group=g, group_index=0, seed=1000 * g)  # groups of one: the first
+        for g, p in enumerate(prompts * 8)
+    ]  # response to stop completes the target
     engine.generate_until(samples, sampling, groups_needed=1)
     groups = {}
     for s in samples:
@@ -199,8 +217,7 @@ def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engi
         for model, lo, hi in ((hf_model, 0, old), (new_model.eval(), old, len(s.token_ids))):
             if hi > lo:  # each piece's behaviour log-probs are those of the weights that sampled it
                 expected = hf_logprobs(model, s.prompt.token_ids, rollout.response_ids)[lo:hi]
-                torch.testing.assert_close(torch.tensor(rollout.behaviour_logprobs[lo:hi]), expected,
-                                           atol=1e-3, rtol=0)
+                torch.testing.assert_close(torch.tensor(rollout.behaviour_logprobs[lo:hi]), expected, atol=1e-3, rtol=0)
         spanning += 0 < old < len(s.token_ids)
     assert spanning, "at least one response should span both versions"
     engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=0)
@@ -209,6 +226,7 @@ def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engi
 def test_evaluate_model_takes_min_tokens_and_a_prompt_limit(random_model_dir, toy_task):
     from relayrl.evaluate import evaluate_model
 
-    result = evaluate_model(str(random_model_dir), str(toy_task["eval"]), "exact_match", max_tokens=5, min_tokens=5,
-                            max_prompts=7)
+    result = evaluate_model(
+        str(random_model_dir), str(toy_task["eval"]), "exact_match", max_tokens=5, min_tokens=5, max_prompts=7
+    )
     assert result["n"] == 7 and result["reward_mean"] == 0.0  # five forced tokens never equal a short sum

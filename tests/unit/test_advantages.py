@@ -25,11 +25,9 @@ from relayrl.algorithms.advantages import (
 # Group 2 (rows 1, 3) is flat at 0.5.
 REWARDS = torch.tensor([3.0, 0.5, 0.0, 0.5, 0.0])
 GROUPS = torch.tensor([7, 2, 7, 2, 7])
-MASK = torch.tensor([[0.0, 1.0, 1.0, 1.0],
-                     [0.0, 1.0, 1.0, 0.0],
-                     [0.0, 1.0, 0.0, 0.0],
-                     [0.0, 0.0, 1.0, 1.0],
-                     [0.0, 1.0, 1.0, 0.0]])
+MASK = torch.tensor(
+    [[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]]
+)
 VALUES = torch.arange(20.0).reshape(5, 4) / 10
 
 
@@ -39,8 +37,9 @@ def _per_row(values):
 
 
 def test_make_inputs_puts_each_reward_on_the_last_response_token():
-    inputs = make_inputs(torch.tensor([2.0, 3.0]), torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]),
-                         torch.tensor([0, 0]))
+    inputs = make_inputs(
+        torch.tensor([2.0, 3.0]), torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]]), torch.tensor([0, 0])
+    )
     assert inputs.token_rewards.tolist() == [[0.0, 0.0, 2.0, 0.0], [3.0, 0.0, 0.0, 0.0]]
     assert sequence_rewards(inputs).tolist() == [2.0, 3.0]
     with pytest.raises(ValueError, match=r"rows \[1\]"):
@@ -109,8 +108,9 @@ def test_reinforce_pp_return_to_go_and_whitening_by_hand():
     assert torch.allclose(adv, torch.tensor([[1 / r, 4 / r], [-5 / r, 0.0]]), atol=1e-6)
     assert returns is None
     adv, _ = reinforce_pp(inputs)  # gamma 1: [2, 2], [-1]; mean 1, variance (1 + 1 + 4) / 3 = 2
-    assert torch.allclose(adv, torch.tensor([[1 / math.sqrt(2), 1 / math.sqrt(2)], [-2 / math.sqrt(2), 0.0]]),
-                          atol=1e-6)
+    assert torch.allclose(
+        adv, torch.tensor([[1 / math.sqrt(2), 1 / math.sqrt(2)], [-2 / math.sqrt(2), 0.0]]), atol=1e-6
+    )
 
 
 def test_reinforce_pp_baseline_by_hand():
@@ -142,14 +142,12 @@ def test_gae_by_hand():
     a0 = delta0 + 0.9 * 0.8 * a1  # 0.01632
     short = 1.0 - 0.3  # row 1: one token, nothing after it
     assert torch.allclose(adv, torch.tensor([[0.0, a0, a1, a2], [0.0, short, 0.0, 0.0]]), atol=1e-6)
-    assert torch.allclose(returns, torch.tensor([[0.0, a0 + 0.5, a1 + 0.4, a2 + 0.2], [0.0, 1.0, 0.0, 0.0]]),
-                          atol=1e-6)
+    assert torch.allclose(returns, torch.tensor([[0.0, a0 + 0.5, a1 + 0.4, a2 + 0.2], [0.0, 1.0, 0.0, 0.0]]), atol=1e-6)
 
 
 def test_gae_padding_does_not_reach_the_shorter_row():
     batch = _gae_batch()
-    alone = AdvantageInputs(batch.token_rewards[1:, :2], batch.mask[1:, :2], batch.group_ids[1:],
-                            batch.values[1:, :2])
+    alone = AdvantageInputs(batch.token_rewards[1:, :2], batch.mask[1:, :2], batch.group_ids[1:], batch.values[1:, :2])
     adv, returns = gae(batch, gamma=0.9, lam=0.8)
     adv_alone, returns_alone = gae(alone, gamma=0.9, lam=0.8)
     assert torch.equal(adv[1:, :2], adv_alone) and torch.equal(returns[1:, :2], returns_alone)

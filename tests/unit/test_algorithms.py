@@ -41,8 +41,9 @@ def test_ppo_clip_loss_by_hand():
 
 def test_loss_ignores_masked_tokens():
     logp = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))
-    loss, metrics = ppo_clip_loss(logp, torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 2.0]]),
-                                  torch.tensor([[1.0, 1.0, 0.0]]), clip_eps=0.2)
+    loss, metrics = ppo_clip_loss(
+        logp, torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 2.0]]), torch.tensor([[1.0, 1.0, 0.0]]), clip_eps=0.2
+    )
     assert loss.item() == pytest.approx((-1.2 + 0.8) / 2, abs=1e-6)
     assert metrics["ratio_max"].item() == pytest.approx(1.5, abs=1e-6)
 

@@ -39,8 +39,11 @@ def fake_loop(monkeypatch):
 
 
 def base(tmp_path, model_dir, **reward):
-    return {"model": {"path": str(model_dir)}, "log": {"dir": str(tmp_path / "run"), "progress": False},
-            "reward": reward or {"fn": "exact_match"}}
+    return {
+        "model": {"path": str(model_dir)},
+        "log": {"dir": str(tmp_path / "run"), "progress": False},
+        "reward": reward or {"fn": "exact_match"},
+    }
 
 
 def test_load_config_from_a_path_a_dict_and_a_config_with_overrides(tmp_path, random_model_dir):
@@ -55,8 +58,9 @@ def test_load_config_from_a_path_a_dict_and_a_config_with_overrides(tmp_path, ra
         relayrl.load_config(path, ["train.temperature=0.5"])
 
 
-@pytest.mark.parametrize("make", [lambda: (lambda prompts, completions, **c: [0.0] * len(prompts)),
-                                  lambda: _local_function()])
+@pytest.mark.parametrize(
+    "make", [lambda: lambda prompts, completions, **c: [0.0] * len(prompts), lambda: _local_function()]
+)
 def test_a_lambda_or_local_function_under_reward_workers_is_refused(tmp_path, random_model_dir, fake_loop, make):
     config = {**base(tmp_path, random_model_dir), "reward": {"workers": 2}}
     with pytest.raises(ConfigError, match="define it at module level or use reward.workers=0"):
@@ -67,6 +71,7 @@ def test_a_lambda_or_local_function_under_reward_workers_is_refused(tmp_path, ra
 def _local_function():
     def local(prompts, completions, **columns):
         return [0.0] * len(prompts)
+
     return local
 
 
@@ -84,18 +89,25 @@ def test_a_lambda_with_no_workers_is_scored_in_process(tmp_path, random_model_di
 
     def local(prompts, completions, **columns):
         return [1.0] * len(prompts)
+
     with pytest.warns(relayrl.errors.RelayWarning, match="used in this process only"):
-        relayrl.train(base(tmp_path, random_model_dir), reward=[local, {"fn": "exact_match", "weight": 0.5}],
-                      train_data=ROWS, show_config=False)
+        relayrl.train(
+            base(tmp_path, random_model_dir),
+            reward=[local, {"fn": "exact_match", "weight": 0.5}],
+            train_data=ROWS,
+            show_config=False,
+        )
     first, second = fake_loop[0].reward.components
     assert load_reward(first.fn) is local and first.name == "local"
     assert second.fn == "exact_match" and second.weight == 0.5
 
 
-def test_rows_in_memory_are_written_to_the_run_dir_and_the_saved_config_re_runs(tmp_path, random_model_dir,
-                                                                                 fake_loop, monkeypatch):
-    result = relayrl.train(base(tmp_path, random_model_dir), reward=score, train_data=ROWS, eval_data=ROWS[:1],
-                           show_config=False)
+def test_rows_in_memory_are_written_to_the_run_dir_and_the_saved_config_re_runs(
+    tmp_path, random_model_dir, fake_loop, monkeypatch
+):
+    result = relayrl.train(
+        base(tmp_path, random_model_dir), reward=score, train_data=ROWS, eval_data=ROWS[:1], show_config=False
+    )
     run_dir = tmp_path / "run"
     assert result.run_dir == run_dir and result.after == {"greedy": 0.5} and result.metrics["reward/mean"] == 0.5
     written = [json.loads(line) for line in (run_dir / "data" / "train.jsonl").read_text().splitlines()]

@@ -38,8 +38,13 @@ digit_fraction = _load("rewards").digit_fraction
 
 
 def test_digit_fraction_counts_digit_characters():
-    assert digit_fraction(["1+1="], ["12", "1+2=", "", "ab", "9 9"], answer=["2"] * 5) == [1.0, 0.5, 0.0, 0.0,
-                                                                                           pytest.approx(2 / 3)]
+    assert digit_fraction(["1+1="], ["12", "1+2=", "", "ab", "9 9"], answer=["2"] * 5) == [
+        1.0,
+        0.5,
+        0.0,
+        0.0,
+        pytest.approx(2 / 3),
+    ]
 
 
 def test_digit_fraction_loads_as_a_relayrl_reward_file():
@@ -47,10 +52,17 @@ def test_digit_fraction_loads_as_a_relayrl_reward_file():
     assert fn(["1+1="], ["2+"], answer=["2"]) == [0.5]
 
 
-@pytest.mark.parametrize("value, op, bound, expected", [
-    (0.5, "<=", 0.67, "yes"), (0.67, "<=", 0.67, "yes"), (0.9, "<=", 0.67, "no"),
-    (0.4, ">=", 0.35, "yes"), (0.2, ">=", 0.35, "no"), (None, "<=", 1.0, "n/a"),
-])
+@pytest.mark.parametrize(
+    "value, op, bound, expected",
+    [
+        (0.5, "<=", 0.67, "yes"),
+        (0.67, "<=", 0.67, "yes"),
+        (0.9, "<=", 0.67, "no"),
+        (0.4, ">=", 0.35, "yes"),
+        (0.2, ">=", 0.35, "no"),
+        (None, "<=", 1.0, "n/a"),
+    ],
+)
 def test_verdict(value, op, bound, expected):
     assert suite.verdict(value, op, bound) == expected
 
@@ -62,18 +74,31 @@ def test_verdict_rejects_an_unknown_comparison():
 
 def _peer(ratio, ours_after, theirs_after, seeds=1, spread=0.0):
     def row(step, after):
-        return {"median_step_s": step, "greedy_after": after, "greedy_before": 0.1, "seeds": seeds,
-                "greedy_after_min": after - spread, "greedy_after_max": after + spread}
+        return {
+            "median_step_s": step,
+            "greedy_after": after,
+            "greedy_before": 0.1,
+            "seeds": seeds,
+            "greedy_after_min": after - spread,
+            "greedy_after_max": after + spread,
+        }
 
-    return {"seeds": seeds, "step_time_ratio_relayrl_over_trl": ratio,
-            "rows": {"relayrl": row(ratio, ours_after), "TRL": row(1.0, theirs_after)}}
+    return {
+        "seeds": seeds,
+        "step_time_ratio_relayrl_over_trl": ratio,
+        "rows": {"relayrl": row(ratio, ours_after), "TRL": row(1.0, theirs_after)},
+    }
 
 
 def test_checks_from_results():
-    results = {"peer_a": _peer(0.85, 0.60, 0.55, seeds=3, spread=0.05), "peer_a_hf": _peer(0.49, 0.6, 0.6),
-               "peer_b": _peer(0.30, 0.40, 0.45),
-               "rollout": {"ratio": 1.05, "medians_s": {"relayrl": 0.105, "bare": 0.1}},
-               "phases": {"mfu": 0.2, "overhead_frac": 0.03}, "peer_b_phases": {"mfu": 0.5, "overhead_frac": 0.08}}
+    results = {
+        "peer_a": _peer(0.85, 0.60, 0.55, seeds=3, spread=0.05),
+        "peer_a_hf": _peer(0.49, 0.6, 0.6),
+        "peer_b": _peer(0.30, 0.40, 0.45),
+        "rollout": {"ratio": 1.05, "medians_s": {"relayrl": 0.105, "bare": 0.1}},
+        "phases": {"mfu": 0.2, "overhead_frac": 0.03},
+        "peer_b_phases": {"mfu": 0.5, "overhead_frac": 0.08},
+    }
     rows = {row.metric: row for row in suite.checks(results)}
     met = {metric: row.met for metric, row in rows.items()}
     assert met == {
@@ -90,10 +115,14 @@ def test_checks_from_results():
     }
     assert rows["regime (a) median step, relayrl (vllm engine)/TRL"].measured == "0.85x (0.850s vs 1.000s, 3 seeds)"
     assert rows["regime (a) median step, relayrl (hf engine)/TRL"].measured.startswith("0.49x")
-    assert rows["regime (a) held-out exact match, seed mean, relayrl (vllm engine) vs TRL"].measured == \
-        "0.600 [0.550-0.650] vs 0.550 [0.500-0.600], 3 seeds (initial 0.100)"
-    assert rows["regime (b) held-out digit fraction, seed mean, relayrl (vllm engine) vs TRL"].measured == \
-        "0.400 vs 0.450, 1 seed (initial 0.100)"
+    assert (
+        rows["regime (a) held-out exact match, seed mean, relayrl (vllm engine) vs TRL"].measured
+        == "0.600 [0.550-0.650] vs 0.550 [0.500-0.600], 3 seeds (initial 0.100)"
+    )
+    assert (
+        rows["regime (b) held-out digit fraction, seed mean, relayrl (vllm engine) vs TRL"].measured
+        == "0.400 vs 0.450, 1 seed (initial 0.100)"
+    )
     assert rows["update MFU (demo, phases.py)"].measured == "20%"
 
 
@@ -115,13 +144,29 @@ def test_table_has_one_line_per_check_and_aligned_columns():
 
 def test_benchmark_argv_threads_regime_a_model_and_quick_sizes():
     assert suite.benchmark_argv("peer_b", True, "runs/x", None) == (
-        "peer_trl", ["--regime", "b", "--seeds", "1", "--dir", "runs/x", "--quick"])
+        "peer_trl",
+        ["--regime", "b", "--seeds", "1", "--dir", "runs/x", "--quick"],
+    )
     assert suite.benchmark_argv("peer_a", False, "runs/x", None) == (
-        "peer_trl", ["--regime", "a", "--seeds", str(suite.SEEDS["peer_a"]), "--dir", "runs/x"])
+        "peer_trl",
+        ["--regime", "a", "--seeds", str(suite.SEEDS["peer_a"]), "--dir", "runs/x"],
+    )
     assert suite.benchmark_argv("peer_a", True, "runs/x", None)[1][3] == "1"  # --quick: one seed everywhere
     assert suite.benchmark_argv("peer_a_hf", False, "runs/x", "m") == (
-        "peer_trl", ["--regime", "a", "--engine", "hf", "--seeds", str(suite.SEEDS["peer_a_hf"]), "--dir", "runs/x",
-                     "--warmstart", "m"])
+        "peer_trl",
+        [
+            "--regime",
+            "a",
+            "--engine",
+            "hf",
+            "--seeds",
+            str(suite.SEEDS["peer_a_hf"]),
+            "--dir",
+            "runs/x",
+            "--warmstart",
+            "m",
+        ],
+    )
     module, argv = suite.benchmark_argv("phases", True, "runs/x", "m")
     assert module == "phases" and argv[:2] == ["--warmstart", "m"] and argv[-1] == str(suite.QUICK_PHASE_STEPS)
     module, argv = suite.benchmark_argv("rollout", False, "runs/x", None)
@@ -181,17 +226,33 @@ def test_eval_command_is_relayrl_eval_with_the_regime_lengths():
     b = sides.eval_command(Path("m"), peer_trl.parse_args(["--regime", "b"]), Path("e.jsonl"), 1.0)
     assert b[1:4] == ["-m", "relayrl.cli", "eval"]
     flags = dict(zip(b[4::2], b[5::2]))
-    assert flags == {"--model": "m", "--data": "e.jsonl", "--reward": sys.modules["peer_regimes"].REGIMES["b"].reward,
-                     "--max-tokens": "128", "--temperature": "1", "--min-tokens": "128", "--max-prompts": "64"}
+    assert flags == {
+        "--model": "m",
+        "--data": "e.jsonl",
+        "--reward": sys.modules["peer_regimes"].REGIMES["b"].reward,
+        "--max-tokens": "128",
+        "--temperature": "1",
+        "--min-tokens": "128",
+        "--max-prompts": "64",
+    }
     a = sides.eval_command(Path("m"), peer_trl.parse_args([]), Path("e.jsonl"), 0.0)
     assert "--min-tokens" not in a and "--max-prompts" not in a and a[a.index("--temperature") + 1] == "0"
 
 
 def _run(times, after, sampled=None, generate=None):
-    return {"per_step": {"time_s": times, "completion_tokens": [64.0] * len(times), "train_reward": [0.5] * len(times),
-                         "generate_s": generate or [t / 2 for t in times]},
-            "median_step_s": statistics.median(times), "wall_s": 10.0, "greedy_after": after,
-            "sampled_after": sampled, "run_dir": f"r{after}"}
+    return {
+        "per_step": {
+            "time_s": times,
+            "completion_tokens": [64.0] * len(times),
+            "train_reward": [0.5] * len(times),
+            "generate_s": generate or [t / 2 for t in times],
+        },
+        "median_step_s": statistics.median(times),
+        "wall_s": 10.0,
+        "greedy_after": after,
+        "sampled_after": sampled,
+        "run_dir": f"r{after}",
+    }
 
 
 def test_combine_seeds_pools_every_step_and_spreads_held_out():
@@ -207,8 +268,10 @@ def test_combine_seeds_pools_every_step_and_spreads_held_out():
 
 
 def test_step_ratios_and_table_name_the_engine_and_each_seed():
-    rows = {"relayrl": peer_trl.combine_seeds([_run([1.0], 0.8), _run([3.0], 0.6)], 16),
-            "TRL": peer_trl.combine_seeds([_run([2.0], 0.7), _run([4.0], 0.9)], 16)}
+    rows = {
+        "relayrl": peer_trl.combine_seeds([_run([1.0], 0.8), _run([3.0], 0.6)], 16),
+        "TRL": peer_trl.combine_seeds([_run([2.0], 0.7), _run([4.0], 0.9)], 16),
+    }
     for row in rows.values():
         row.update(greedy_before=0.5)
     ratio, per_seed = peer_trl.step_ratios(rows)

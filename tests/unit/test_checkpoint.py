@@ -77,11 +77,18 @@ def test_a_failed_checkpoint_stops_the_run_with_one_line(tmp_path, capsys, rando
     monkeypatch.setattr(torch, "save", second_save_fails)
     run_dir = tmp_path / "run"
     config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"path": str(random_model_dir)}, "data": {"train": str(toy_task["train"])},
-        "rollout": {"engine": "hf", "n": 2, "prompts_per_step": 2, "max_tokens": 2},
-        "train": {"steps": 3}, "checkpoint": {"every": 1, "keep": 3},
-        "log": {"dir": str(run_dir), "progress": False, "save_model": False}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(random_model_dir)},
+                "data": {"train": str(toy_task["train"])},
+                "rollout": {"engine": "hf", "n": 2, "prompts_per_step": 2, "max_tokens": 2},
+                "train": {"steps": 3},
+                "checkpoint": {"every": 1, "keep": 3},
+                "log": {"dir": str(run_dir), "progress": False, "save_model": False},
+            }
+        )
+    )
     code = main(["train", str(config)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
@@ -92,8 +99,7 @@ def test_a_failed_checkpoint_stops_the_run_with_one_line(tmp_path, capsys, rando
     assert not (run_dir / "eval.json").exists()
 
 
-def test_a_full_disk_at_the_final_save_names_the_path_and_the_checkpoint_kept(tmp_path, random_model_dir,
-                                                                              monkeypatch):
+def test_a_full_disk_at_the_final_save_names_the_path_and_the_checkpoint_kept(tmp_path, random_model_dir, monkeypatch):
     from relayrl.config import load_config
     from relayrl.learner.role import LearnerRole
 
@@ -102,6 +108,8 @@ def test_a_full_disk_at_the_final_save_names_the_path_and_the_checkpoint_kept(tm
     monkeypatch.setattr(role.policy.model, "save_pretrained", _disk_full)
     with pytest.raises(RelayError) as err:
         role.save(tmp_path)
-    assert str(err.value) == (f"could not save the final model to {tmp_path / 'model'} (OSError: [Errno 28] No space "
-                              f"left on device); the previous checkpoint {kept} is intact: free space under "
-                              f"{tmp_path} and --resume {tmp_path}")
+    assert str(err.value) == (
+        f"could not save the final model to {tmp_path / 'model'} (OSError: [Errno 28] No space "
+        f"left on device); the previous checkpoint {kept} is intact: free space under "
+        f"{tmp_path} and --resume {tmp_path}"
+    )

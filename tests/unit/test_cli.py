@@ -38,16 +38,22 @@ def test_missing_model_exits_2_naming_model_path(tmp_path, capsys):
 def test_malformed_data_row_exits_2_naming_file_and_line(tmp_path, capsys, random_model_dir):
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": 3}\n')
-    config = _config(tmp_path, model={"path": str(random_model_dir)}, data={"train": str(data)},
-                     log={"dir": str(tmp_path / "run")})
+    config = _config(
+        tmp_path, model={"path": str(random_model_dir)}, data={"train": str(data)}, log={"dir": str(tmp_path / "run")}
+    )
     code, _, err = _run(capsys, "train", config)
     assert code == 2 and f"{data}:2" in err
     assert not (tmp_path / "run").exists()  # inputs are validated before the run directory is touched
 
 
 def test_bad_reward_spec_exits_2(tmp_path, capsys, random_model_dir, toy_task):
-    config = _config(tmp_path, model={"path": str(random_model_dir)}, data={"train": str(toy_task["train"])},
-                     reward={"fn": "no_such_module:score"}, log={"dir": str(tmp_path / "run")})
+    config = _config(
+        tmp_path,
+        model={"path": str(random_model_dir)},
+        data={"train": str(toy_task["train"])},
+        reward={"fn": "no_such_module:score"},
+        log={"dir": str(tmp_path / "run")},
+    )
     code, _, err = _run(capsys, "train", config)
     assert code == 2 and "no_such_module" in err
 
@@ -55,8 +61,9 @@ def test_bad_reward_spec_exits_2(tmp_path, capsys, random_model_dir, toy_task):
 def test_sft_builds_a_tiny_model_that_transformers_loads(tmp_path, capsys):
     data = tmp_path / "pairs.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "completion": str(i + 1)}) + "\n" for i in range(50)))
-    code, out, _ = _run(capsys, "sft", "--data", str(data), "--out", str(tmp_path / "m"), "--epochs", "1",
-                        "--batch-size", "16")
+    code, out, _ = _run(
+        capsys, "sft", "--data", str(data), "--out", str(tmp_path / "m"), "--epochs", "1", "--batch-size", "16"
+    )
     assert code == 0 and "saved" in out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -72,7 +79,9 @@ def test_sft_row_without_completion_exits_2(tmp_path, capsys):
     assert code == 2 and f"{data}:1" in err and "completion" in err
 
 
-@pytest.mark.parametrize("config", sorted((ROOT / "examples").rglob("config.yaml")) + [ROOT / "relayrl/configs/demo.yaml"])
+@pytest.mark.parametrize(
+    "config", sorted((ROOT / "examples").rglob("config.yaml")) + [ROOT / "relayrl/configs/demo.yaml"]
+)
 def test_every_shipped_config_validates(config, monkeypatch):
     from relayrl.config import load_config
 
@@ -94,19 +103,37 @@ def test_the_own_task_example_reward_scores_its_data(monkeypatch):
 
 
 def test_prompt_plus_response_over_the_context_exits_2(tmp_path, capsys, random_model_dir, toy_task):
-    config = _config(tmp_path, model={"path": str(random_model_dir)}, data={"train": str(toy_task["train"])},
-                     rollout={"max_tokens": 1000}, log={"dir": str(tmp_path / "run")})
+    config = _config(
+        tmp_path,
+        model={"path": str(random_model_dir)},
+        data={"train": str(toy_task["train"])},
+        rollout={"max_tokens": 1000},
+        log={"dir": str(tmp_path / "run")},
+    )
     code, _, err = _run(capsys, "train", config)
     assert code == 2 and "rollout.max_tokens=1000" in err and "context of 256" in err
 
 
 def test_eval_of_a_missing_model_exits_2(tmp_path, capsys, toy_task):
-    code, _, err = _run(capsys, "eval", "--model", str(tmp_path / "none"), "--data", str(toy_task["eval"]),
-                        "--reward", "exact_match")
+    code, _, err = _run(
+        capsys, "eval", "--model", str(tmp_path / "none"), "--data", str(toy_task["eval"]), "--reward", "exact_match"
+    )
     assert code == 2 and "--model=" in err
 
 
 def test_eval_rejects_a_min_tokens_above_max_tokens(tmp_path, capsys, random_model_dir, toy_task):
-    code, _, err = _run(capsys, "eval", "--model", str(random_model_dir), "--data", str(toy_task["eval"]),
-                        "--reward", "exact_match", "--max-tokens", "4", "--min-tokens", "5")
+    code, _, err = _run(
+        capsys,
+        "eval",
+        "--model",
+        str(random_model_dir),
+        "--data",
+        str(toy_task["eval"]),
+        "--reward",
+        "exact_match",
+        "--max-tokens",
+        "4",
+        "--min-tokens",
+        "5",
+    )
     assert code == 2 and "0 <= --min-tokens <= --max-tokens" in err

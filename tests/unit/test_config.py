@@ -238,10 +238,19 @@ def test_empty_yaml_file_gives_defaults(tmp_path):
 
 
 def test_dump_round_trips(tmp_path):
-    config = load_config(None, [
-        "train.lr=3e-4", 'rollout.stop=["\\n"]', "data.eval=held.jsonl", "algorithm.kl.coef=0.1",
-        "reward.kwargs={pattern: '\\d+'}", "train.mini_batch=32", "rollout.engine=hf", "train.betas=[0.8, 0.95]",
-    ])
+    config = load_config(
+        None,
+        [
+            "train.lr=3e-4",
+            'rollout.stop=["\\n"]',
+            "data.eval=held.jsonl",
+            "algorithm.kl.coef=0.1",
+            "reward.kwargs={pattern: '\\d+'}",
+            "train.mini_batch=32",
+            "rollout.engine=hf",
+            "train.betas=[0.8, 0.95]",
+        ],
+    )
     path = write(tmp_path, dump_config(config), "dumped.yaml")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a full dump sets every key, so the "no effect" warnings fire

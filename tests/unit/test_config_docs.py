@@ -80,9 +80,14 @@ def test_explain_a_section_lists_its_keys():
     assert "kl " in explain("algorithm") and "section: coef" in explain("algorithm")
 
 
-@pytest.mark.parametrize("key, suggestion", [("rollout.temprature", "rollout.temperature"),
-                                             ("temperature", "rollout.temperature"),
-                                             ("algorithm.kl.coeff", "algorithm.kl.coef")])
+@pytest.mark.parametrize(
+    "key, suggestion",
+    [
+        ("rollout.temprature", "rollout.temperature"),
+        ("temperature", "rollout.temperature"),
+        ("algorithm.kl.coeff", "algorithm.kl.coef"),
+    ],
+)
 def test_explain_an_unknown_key_suggests_the_nearest(key, suggestion):
     with pytest.raises(ConfigError, match=f"unknown config key '{key}'; did you mean '{suggestion}'"):
         explain(key)

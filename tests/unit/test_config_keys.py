@@ -24,15 +24,18 @@ def config_error(*args, **kwargs) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("key, meant, not_meant", [
-    ("train.learning_rate", "train.lr", "train.min_lr_ratio"),
-    ("train.max_steps", "train.steps", "train.max_staleness"),
-    ("rollout.num_generations", "rollout.n", "rollout.engine"),
-    ("algorithm.beta", "algorithm.kl.coef", "algorithm.lam"),
-    ("data.train_batch_size", "rollout.prompts_per_step", "train.mini_batch"),  # verl: prompts
-    ("train.train_batch_size", "train.mini_batch", "rollout.prompts_per_step"),  # OpenRLHF: samples
-    ("algorithm.kl_loss_coef", "algorithm.kl.coef", "algorithm.lam"),
-])
+@pytest.mark.parametrize(
+    "key, meant, not_meant",
+    [
+        ("train.learning_rate", "train.lr", "train.min_lr_ratio"),
+        ("train.max_steps", "train.steps", "train.max_staleness"),
+        ("rollout.num_generations", "rollout.n", "rollout.engine"),
+        ("algorithm.beta", "algorithm.kl.coef", "algorithm.lam"),
+        ("data.train_batch_size", "rollout.prompts_per_step", "train.mini_batch"),  # verl: prompts
+        ("train.train_batch_size", "train.mini_batch", "rollout.prompts_per_step"),  # OpenRLHF: samples
+        ("algorithm.kl_loss_coef", "algorithm.kl.coef", "algorithm.lam"),
+    ],
+)
 def test_other_frameworks_names_suggest_the_relayrl_key(key, meant, not_meant):
     message = config_error(None, [f"{key}=1"])
     assert f"did you mean '{meant}'?" in message
@@ -49,7 +52,8 @@ def test_every_foreign_name_maps_to_a_real_key_once():
     names = [entry.name for entry in FOREIGN_NAMES]
     assert len(names) == len(set(names))
     assert not [name for name in names if name.rsplit(".", 1)[-1] in {p.rsplit(".", 1)[-1] for p in real}], (
-        "a relayrl leaf name needs no alias: the nearest-key search finds it")
+        "a relayrl leaf name needs no alias: the nearest-key search finds it"
+    )
 
 
 def test_the_longest_dotted_tail_wins():
@@ -62,7 +66,7 @@ def test_the_longest_dotted_tail_wins():
 def test_the_table_agrees_with_the_mapping_in_docs_algorithms():
     """Every name that docs/algorithms.md's mapping table also lists sits in a row of its relayrl key."""
     page = (ROOT / "docs/algorithms.md").read_text()
-    table = page[page.index("## Config mapping"):]
+    table = page[page.index("## Config mapping") :]
     rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| ")]
     disagree = []
     for entry in FOREIGN_NAMES:

@@ -38,8 +38,11 @@ def write_config(directory: Path, tree: dict) -> Path:
 
 def test_paths_in_a_config_file_resolve_beside_it(task):
     here, _ = task
-    config = load_config(write_config(here, {"model": {"path": "model"}, "data": {"train": "train.jsonl"},
-                                             "reward": {"fn": "rewards:score"}}))
+    config = load_config(
+        write_config(
+            here, {"model": {"path": "model"}, "data": {"train": "train.jsonl"}, "reward": {"fn": "rewards:score"}}
+        )
+    )
     assert config.model.path == str(here / "model")
     assert config.data.train == str(here / "train.jsonl")
     assert config.reward.fn == f"{here / 'rewards.py'}:score"  # a module beside the config imports
@@ -97,8 +100,16 @@ def test_a_missing_reward_module_fails_naming_where_it_was_looked_for(task):
 
 def test_installed_modules_and_builtins_stay_as_written(task):
     here, _ = task
-    config = load_config(write_config(here, {"reward": {"components": [
-        {"fn": "math"}, {"fn": "relayrl.rewards.verifiers:exact_match", "name": "exact"}]}}))
+    config = load_config(
+        write_config(
+            here,
+            {
+                "reward": {
+                    "components": [{"fn": "math"}, {"fn": "relayrl.rewards.verifiers:exact_match", "name": "exact"}]
+                }
+            },
+        )
+    )
     assert [c.fn for c in config.reward.components] == ["math", "relayrl.rewards.verifiers:exact_match"]
 
 
@@ -138,8 +149,9 @@ def test_an_example_written_beside_its_config_runs_from_any_directory(tmp_path, 
         warnings.simplefilter("error")  # every path is found
         config = load_config("own_task/config.yaml")
     rows = [row for _, row in read_rows(config.data.train)][:2]
-    scores = load_reward(config.reward.fn)([r["prompt"] for r in rows], [r["answer"] for r in rows],
-                                           answer=[r["answer"] for r in rows])
+    scores = load_reward(config.reward.fn)(
+        [r["prompt"] for r in rows], [r["answer"] for r in rows], answer=[r["answer"] for r in rows]
+    )
     assert scores == [{"correct": 1.0, "format": 0.1}] * 2
 
 
@@ -154,9 +166,20 @@ def test_a_base_tree_resolves_against_the_working_directory(task):
 def test_the_model_directories_of_built_in_rewards_resolve_beside_the_config(task):
     here, elsewhere = task
     (here / "rm").mkdir()
-    config = load_config(write_config(here, {"reward": {"components": [
-        {"fn": "reward_model", "kwargs": {"path": "rm"}}, {"fn": "judge", "kwargs": {"model": "rm"}},
-        {"fn": "regex", "kwargs": {"pattern": "rm"}}]}}))
+    config = load_config(
+        write_config(
+            here,
+            {
+                "reward": {
+                    "components": [
+                        {"fn": "reward_model", "kwargs": {"path": "rm"}},
+                        {"fn": "judge", "kwargs": {"model": "rm"}},
+                        {"fn": "regex", "kwargs": {"pattern": "rm"}},
+                    ]
+                }
+            },
+        )
+    )
     kwargs = [c.kwargs for c in config.reward.components]
     assert kwargs == [{"path": str(here / "rm")}, {"model": str(here / "rm")}, {"pattern": "rm"}]
     (elsewhere / "rm2").mkdir()

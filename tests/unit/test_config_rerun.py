@@ -18,25 +18,69 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(ROOT.glob("examples/*/config.yaml")) + sorted(ROOT.glob("relayrl/configs/*.yaml"))
 
 TEST_CONFIGS = {
-    "components": ["reward.components=[{fn: math, name: correct}, {fn: regex, name: format, weight: 0.1, "
-                   "kwargs: {pattern: '\\d+'}}]", "reward.workers=2", "reward.on_error=skip"],
-    "critic": ["algorithm.advantage=gae", "algorithm.lam=0.9", "critic.lr=2e-5", "critic.warmup_steps=2",
-               "algorithm.kl.coef=0.01", "algorithm.kl.placement=reward"],
-    "dapo": ["algorithm.dapo.dynamic_sampling=true", "algorithm.dapo.max_rounds=3",
-             "algorithm.dapo.overlong_buffer=8", "algorithm.dapo.overlong_filter=true", "algorithm.clip_eps_high=0.28",
-             "algorithm.loss_agg=seq_mean_token_mean"],
-    "ray": ["placement.mode=ray", "placement.layout=colocated", "placement.engines=2", "placement.engine_cpus=0.5",
-            "sync.transport=disk", "sync.directory=/tmp/relayrl-sync", "sync.wire_dtype=bf16",
-            "sync.parity_probe=true"],
-    "async": ["placement.mode=ray", "train.schedule=async", "train.max_staleness=2", "train.on_stale=drop",
-              "train.partial_rollouts=1.5", "algorithm.correction.mode=tis_token", "algorithm.correction.threshold=3"],
-    "one_step_off": ["placement.mode=ray", "train.schedule=one_step_off", "algorithm.correction.mode=mask_seq",
-                     "checkpoint.every=2"],
-    "adaptive_kl": ["algorithm.kl.coef=0.05", "algorithm.kl.controller=adaptive", "algorithm.kl.estimator=k1",
-                    "train.lr_schedule=cosine", "train.warmup_steps=3", "train.betas=[0.8, 0.95]"],
-    "paths": ["model.path=examples/grpo_7b", "data.train=examples/own_task/train.jsonl",
-              "data.eval=examples/own_task/eval.jsonl", "reward.fn=examples/own_task/reward.py:score",
-              "reward.kwargs={}", "log.dir=runs/x"],
+    "components": [
+        "reward.components=[{fn: math, name: correct}, {fn: regex, name: format, weight: 0.1, "
+        "kwargs: {pattern: '\\d+'}}]",
+        "reward.workers=2",
+        "reward.on_error=skip",
+    ],
+    "critic": [
+        "algorithm.advantage=gae",
+        "algorithm.lam=0.9",
+        "critic.lr=2e-5",
+        "critic.warmup_steps=2",
+        "algorithm.kl.coef=0.01",
+        "algorithm.kl.placement=reward",
+    ],
+    "dapo": [
+        "algorithm.dapo.dynamic_sampling=true",
+        "algorithm.dapo.max_rounds=3",
+        "algorithm.dapo.overlong_buffer=8",
+        "algorithm.dapo.overlong_filter=true",
+        "algorithm.clip_eps_high=0.28",
+        "algorithm.loss_agg=seq_mean_token_mean",
+    ],
+    "ray": [
+        "placement.mode=ray",
+        "placement.layout=colocated",
+        "placement.engines=2",
+        "placement.engine_cpus=0.5",
+        "sync.transport=disk",
+        "sync.directory=/tmp/relayrl-sync",
+        "sync.wire_dtype=bf16",
+        "sync.parity_probe=true",
+    ],
+    "async": [
+        "placement.mode=ray",
+        "train.schedule=async",
+        "train.max_staleness=2",
+        "train.on_stale=drop",
+        "train.partial_rollouts=1.5",
+        "algorithm.correction.mode=tis_token",
+        "algorithm.correction.threshold=3",
+    ],
+    "one_step_off": [
+        "placement.mode=ray",
+        "train.schedule=one_step_off",
+        "algorithm.correction.mode=mask_seq",
+        "checkpoint.every=2",
+    ],
+    "adaptive_kl": [
+        "algorithm.kl.coef=0.05",
+        "algorithm.kl.controller=adaptive",
+        "algorithm.kl.estimator=k1",
+        "train.lr_schedule=cosine",
+        "train.warmup_steps=3",
+        "train.betas=[0.8, 0.95]",
+    ],
+    "paths": [
+        "model.path=examples/grpo_7b",
+        "data.train=examples/own_task/train.jsonl",
+        "data.eval=examples/own_task/eval.jsonl",
+        "reward.fn=examples/own_task/reward.py:score",
+        "reward.kwargs={}",
+        "log.dir=runs/x",
+    ],
 }
 
 

@@ -25,21 +25,27 @@ def test_parity_probe_under_local_draws_no_warning():
 
 def test_wire_settings_under_local_still_warn():
     assert messages(["sync.bucket_mb=8", "sync.parity_probe=true"]) == [
-        "sync.bucket_mb has no effect with the inprocess transport"]
+        "sync.bucket_mb has no effect with the inprocess transport"
+    ]
 
 
 def test_sync_directory_warns_off_the_disk_transport():
     found = messages(["placement.mode=ray", "sync.directory=/tmp/x"])
     assert "sync.directory has no effect with the shm transport" in found
-    assert not any("sync.directory" in m for m in messages(["placement.mode=ray", "sync.transport=disk",
-                                                            "sync.directory=/tmp/x"]))
+    assert not any(
+        "sync.directory" in m for m in messages(["placement.mode=ray", "sync.transport=disk", "sync.directory=/tmp/x"])
+    )
 
 
 def test_async_with_no_staleness_needs_no_correction():
-    assert not any("without correction" in m for m in messages(
-        ["placement.mode=ray", "train.schedule=async", "train.max_staleness=0"]))
-    assert any("without correction" in m for m in messages(
-        ["placement.mode=ray", "train.schedule=async", "train.max_staleness=1"]))
+    assert not any(
+        "without correction" in m
+        for m in messages(["placement.mode=ray", "train.schedule=async", "train.max_staleness=0"])
+    )
+    assert any(
+        "without correction" in m
+        for m in messages(["placement.mode=ray", "train.schedule=async", "train.max_staleness=1"])
+    )
     assert any("without correction" in m for m in messages(["placement.mode=ray", "train.schedule=one_step_off"]))
 
 

@@ -18,8 +18,17 @@ def test_clipped_value_loss_by_hand():
 
 
 def test_critic_starts_at_zero_and_regresses_on_the_returns(random_model_dir):
-    config = load_config(None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4",
-                                "algorithm.advantage=gae", "critic.lr=1e-2", "critic.value_clip=10"])
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            "rollout.n=4",
+            "rollout.prompts_per_step=4",
+            "algorithm.advantage=gae",
+            "critic.lr=1e-2",
+            "critic.value_clip=10",
+        ],
+    )
     critic = Critic(config, "cpu")
     exp = _experience()
     exp.values = critic.values(exp)

@@ -59,16 +59,24 @@ def test_group_collector_keeps_the_earliest_informative_groups_until_full():
         collector.take()
 
     collector.add(*_round({"a": [1.0, 1.0], "b": [0.0, 1.0], "c": [0.0, 0.0]}))  # keeps b; drops a, c
-    assert collector.metrics() == {"dynamic/rounds": 1.0, "dynamic/kept_groups": 1.0,
-                                   "dynamic/dropped_groups": 2.0, "dynamic/filled": 0.0}
+    assert collector.metrics() == {
+        "dynamic/rounds": 1.0,
+        "dynamic/kept_groups": 1.0,
+        "dynamic/dropped_groups": 2.0,
+        "dynamic/filled": 0.0,
+    }
     collector.add(*_round({"d": [0.5, 0.5], "e": [0.0, 0.0]}))  # keeps none; drops d, e
     assert not collector.full and not collector.exhausted  # 1/3 groups, 2/4 rounds
     # keeps f, h, i (the batch overshoots to 4 kept groups); drops g
     collector.add(*_round({"f": [1.0, 0.0], "g": [1.0, 1.0], "h": [0.0, 0.5], "i": [1.0, 0.0]}))
     assert collector.full and not collector.exhausted  # 4 >= 3 groups after 3/4 rounds
     # 3 rounds; kept b, f, h, i = 4; dropped a, c, d, e, g = 5
-    assert collector.metrics() == {"dynamic/rounds": 3.0, "dynamic/kept_groups": 4.0,
-                                   "dynamic/dropped_groups": 5.0, "dynamic/filled": 1.0}
+    assert collector.metrics() == {
+        "dynamic/rounds": 3.0,
+        "dynamic/kept_groups": 4.0,
+        "dynamic/dropped_groups": 5.0,
+        "dynamic/filled": 1.0,
+    }
 
     rollouts, scores = collector.take()  # exactly 3 groups, the earliest: b, f, h (i is discarded)
     assert _ids(rollouts) == ["b#0", "b#1", "f#0", "f#1", "h#0", "h#1"]
@@ -81,8 +89,12 @@ def test_group_collector_exhausted_before_full_returns_what_it_has():
     collector.add(*_round({"a": [0.0, 0.0], "b": [1.0, 0.0]}))  # keeps b; drops a
     collector.add(*_round({"c": [1.0, 1.0]}))  # drops c
     assert collector.exhausted and not collector.full  # 2/2 rounds, 1/2 groups
-    assert collector.metrics() == {"dynamic/rounds": 2.0, "dynamic/kept_groups": 1.0,
-                                   "dynamic/dropped_groups": 2.0, "dynamic/filled": 0.0}
+    assert collector.metrics() == {
+        "dynamic/rounds": 2.0,
+        "dynamic/kept_groups": 1.0,
+        "dynamic/dropped_groups": 2.0,
+        "dynamic/filled": 0.0,
+    }
     rollouts, scores = collector.take()  # the smaller batch: b only, never padded with the flat a or c
     assert _ids(rollouts) == ["b#0", "b#1"]
     assert [s.reward for s in scores] == [1.0, 0.0]
@@ -105,8 +117,12 @@ def test_group_collector_rejects_empty_targets():
 
 
 def test_overlong_mask_zeroes_truncated_responses():
-    rollouts = [_rollout("a", 0, "stop"), _rollout("a", 1, "length"), _rollout("b", 0, "stop"),
-                _rollout("b", 1, "length")]
+    rollouts = [
+        _rollout("a", 0, "stop"),
+        _rollout("a", 1, "length"),
+        _rollout("b", 0, "stop"),
+        _rollout("b", 1, "length"),
+    ]
     mask = overlong_mask(rollouts)
     assert mask.tolist() == [1.0, 0.0, 1.0, 0.0]
     loss_mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [1.0, 0.0]])  # [B=4, T-1=2]

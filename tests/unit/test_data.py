@@ -52,10 +52,10 @@ def data_error(fn, *args, **kwargs) -> str:
 
 
 def test_jsonl_prompt_rows_load_with_columns(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "d.jsonl", [
-        {"prompt": "1+1=", "answer": "2", "level": 1},
-        {"id": "q7", "prompt": "2+2=", "answer": "4", "level": 3},
-    ])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"prompt": "1+1=", "answer": "2", "level": 1}, {"id": "q7", "prompt": "2+2=", "answer": "4", "level": 3}],
+    )
     prompts, stats = load_prompts(path, tokenizer, max_prompt_tokens=100)
     assert [p.text for p in prompts] == ["1+1=", "2+2="]
     assert prompts[0].token_ids == tokenizer("1+1=", add_special_tokens=False)["input_ids"]
@@ -141,10 +141,9 @@ def test_non_object_row(tmp_path, line, kind):
     assert f"{path}:2:" in message and "JSON object" in message and kind in message
 
 
-@pytest.mark.parametrize("row", [
-    {"prompt": "a", "messages": [{"role": "user", "content": "b"}]},
-    {"question": "a", "answer": "b"},
-])
+@pytest.mark.parametrize(
+    "row", [{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, {"question": "a", "answer": "b"}]
+)
 def test_row_needs_exactly_one_of_prompt_or_messages(tmp_path, row):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ok"}, row])
     message = data_error(read_rows, path)
@@ -166,13 +165,10 @@ def test_messages_must_be_a_nonempty_list(tmp_path, messages):
     assert f"{path}:1:" in message and "'messages' must be a non-empty list" in message
 
 
-@pytest.mark.parametrize("bad", [
-    {"role": "user"},
-    {"content": "hi"},
-    {"role": "user", "content": 5},
-    {"role": None, "content": "hi"},
-    "user: hi",
-])
+@pytest.mark.parametrize(
+    "bad",
+    [{"role": "user"}, {"content": "hi"}, {"role": "user", "content": 5}, {"role": None, "content": "hi"}, "user: hi"],
+)
 def test_bad_message_entry_names_its_index(tmp_path, bad):
     path = write_jsonl(tmp_path / "d.jsonl", [{"messages": [{"role": "system", "content": "s"}, bad]}])
     message = data_error(read_rows, path)
@@ -234,11 +230,14 @@ def test_parquet_bad_message_names_row_and_index(tmp_path):
 
 @pytest.fixture
 def long_file(tmp_path):
-    return write_jsonl(tmp_path / "d.jsonl", [
-        {"prompt": "short", "answer": "0"},
-        {"prompt": "this one is long", "answer": "1"},
-        {"prompt": "tiny", "answer": "2"},
-    ])
+    return write_jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "short", "answer": "0"},
+            {"prompt": "this one is long", "answer": "1"},
+            {"prompt": "tiny", "answer": "2"},
+        ],
+    )
 
 
 def test_long_prompt_error_names_line_count_and_limit(long_file, tokenizer):

@@ -12,8 +12,10 @@ from relayrl.errors import DataError
 from relayrl.models.tiny import train_char_tokenizer
 
 # A role-labelled template like most instruct models': "user: ...\n" per turn, "assistant: " to generate.
-ROLE_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant: {% endif %}")
+ROLE_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 @pytest.fixture
@@ -66,8 +68,10 @@ def test_trailing_user_message_still_gets_the_generation_prompt(tmp_path, tokeni
 
 def test_template_that_rewrites_the_final_assistant_message_names_the_row(tmp_path, tokenizer):
     tokenizer.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] | upper }}\n{% endfor %}"
-    rows = [{"messages": [{"role": "user", "content": "hi"}]},
-            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]}]
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "abc"}]},
+    ]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     with pytest.raises(DataError) as info:
         load_prompts(path, tokenizer, 100)
@@ -99,7 +103,8 @@ def test_first_prompt_shows_the_tokens_special_tokens(tmp_path, tokenizer, capsy
     from tokenizers import processors
 
     tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)])
+        single="<s> $A", special_tokens=[("<s>", tokenizer.bos_token_id)]
+    )
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1="}])
     prompts, stats = load_prompts(path, tokenizer, 100)
     show_first_prompt(prompts, stats, tokenizer)
@@ -122,15 +127,16 @@ def test_first_prompt_line_is_truncated_keeping_both_ends(tmp_path, tokenizer, c
 
 def test_parquet_mixing_prompt_and_messages_rows_loads(tmp_path, tokenizer):
     # a table has every column in every row: a row's missing `prompt` is null, not absent
-    rows = [{"prompt": "1+1=", "answer": "2"},
-            {"messages": [{"role": "user", "content": "2+2="}], "answer": "4"}]
+    rows = [{"prompt": "1+1=", "answer": "2"}, {"messages": [{"role": "user", "content": "2+2="}], "answer": "4"}]
     prompts, _ = load_prompts(write_parquet(tmp_path / "d.parquet", rows), tokenizer, 100)
     assert [p.text for p in prompts] == ["1+1=", "user: 2+2=\nassistant: "]
     assert [p.columns for p in prompts] == [{"answer": "2"}, {"answer": "4"}]
 
 
 def test_null_prompt_and_messages_name_the_row_and_columns(tmp_path):
-    path = write_parquet(tmp_path / "d.parquet", [{"prompt": "a", "messages": None}, {"prompt": None, "messages": None}])
+    path = write_parquet(
+        tmp_path / "d.parquet", [{"prompt": "a", "messages": None}, {"prompt": None, "messages": None}]
+    )
     with pytest.raises(DataError) as info:
         read_rows(path)
     assert f"{path}:row 1:" in str(info.value) and "'prompt'" in str(info.value) and "'messages'" in str(info.value)
@@ -144,11 +150,15 @@ def test_null_ids_fall_back_to_the_row_index(tmp_path, tokenizer):
 
 def test_a_template_that_refuses_a_row_names_the_row(tmp_path, tokenizer):
     # as Llama-2/Mistral templates do: `raise_exception` when the roles do not alternate
-    tokenizer.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-                               "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
-                               "{{ m['content'] }}{% endfor %}")
-    rows = [{"messages": [{"role": "user", "content": "a"}]},
-            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}]
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+        "{{ raise_exception('Conversation roles must alternate user/assistant') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    rows = [
+        {"messages": [{"role": "user", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
+    ]
     path = write_parquet(tmp_path / "d.parquet", rows)
     with pytest.raises(DataError) as info:
         load_prompts(path, tokenizer, 100)

@@ -17,8 +17,7 @@ def capture(monkeypatch) -> list[dict]:
     calls = []
 
     def fake_build_engine(kind, model_path, max_model_len, seed, **settings):
-        calls.append({"kind": kind, "model_path": model_path, "max_model_len": max_model_len, "seed": seed,
-                      **settings})
+        calls.append({"kind": kind, "model_path": model_path, "max_model_len": max_model_len, "seed": seed, **settings})
         return object()
 
     monkeypatch.setattr(rollout_base, "build_engine", fake_build_engine)
@@ -35,8 +34,15 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
     local, ray = calls
     assert ray.pop("cores") == "1" and local.pop("cores") is None  # only where the actor may run differs
     assert local == ray
-    assert local == {"kind": "vllm", "model_path": "/models/tiny", "max_model_len": 77, "seed": 11,
-                     "kv_cache_gib": 3.0, "gpu_memory_utilization": 0.35, "prefix_caching": "off"}
+    assert local == {
+        "kind": "vllm",
+        "model_path": "/models/tiny",
+        "max_model_len": 77,
+        "seed": 11,
+        "kv_cache_gib": 3.0,
+        "gpu_memory_utilization": 0.35,
+        "prefix_caching": "off",
+    }
 
 
 def test_the_engine_pins_its_threads_to_the_cores_it_was_given(monkeypatch):

@@ -64,8 +64,9 @@ def test_one_death_seen_by_two_callers_is_one_restart(monkeypatch):
         spawned.append(replica)
         return replica
 
-    group = EngineGroup(spawn, PlacementConfig(mode="ray", engines=1, on_engine_failure="restart",
-                                               max_engine_restarts=1))
+    group = EngineGroup(
+        spawn, PlacementConfig(mode="ray", engines=1, on_engine_failure="restart", max_engine_restarts=1)
+    )
     dead, errors = group.replicas[0], []
 
     def caller():

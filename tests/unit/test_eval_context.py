@@ -27,8 +27,9 @@ def write_prompts(path, prompts):
 
 
 def run_eval(capsys, model, data, *extra):
-    code = main(["eval", "--model", str(model), "--data", str(data), "--reward", "exact_match", "--engine", "hf",
-                 *extra])
+    code = main(
+        ["eval", "--model", str(model), "--data", str(data), "--reward", "exact_match", "--engine", "hf", *extra]
+    )
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -55,8 +56,7 @@ def test_generation_config_max_new_tokens_is_the_default(tmp_path, capsys, short
     assert fit_max_tokens(str(copy), None, longest=6) == 5
 
 
-def test_max_tokens_over_the_context_names_the_flag_the_prompt_and_the_context(tmp_path, capsys,
-                                                                                short_context_model):
+def test_max_tokens_over_the_context_names_the_flag_the_prompt_and_the_context(tmp_path, capsys, short_context_model):
     data = write_prompts(tmp_path / "d.jsonl", ["1+2=", "33+44="])
     code, _, err = run_eval(capsys, short_context_model, data, "--max-tokens", "64")
     assert code == 2

@@ -12,7 +12,7 @@ import pytest
 
 from relayrl.cli import main
 
-FAILING_REWARD = '''
+FAILING_REWARD = """
 import time
 
 def score(prompts, completions, fail_on="", hang_on="", **columns):
@@ -21,12 +21,26 @@ def score(prompts, completions, fail_on="", hang_on="", **columns):
     if fail_on == "*" or fail_on in prompts:
         raise ValueError("cannot score this one")
     return [1.0] * len(completions)
-'''
+"""
 
 
 def run_eval(capsys, model_dir, data, *extra):
-    code = main(["eval", "--model", str(model_dir), "--data", str(data), "--engine", "hf", "--max-prompts", "4",
-                 "--max-tokens", "2", *extra])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(data),
+            "--engine",
+            "hf",
+            "--max-prompts",
+            "4",
+            "--max-tokens",
+            "2",
+            *extra,
+        ]
+    )
     out, err = capsys.readouterr()
     return code, (json.loads(out.strip().splitlines()[-1]) if code == 0 else None), err
 
@@ -44,16 +58,28 @@ def reward_file(tmp_path):
 
 @pytest.mark.parametrize("text, problem", [("{pattern: 1}", "is not valid JSON"), ('["a"]', "not a JSON object")])
 def test_bad_reward_kwargs_are_named(tmp_path, capsys, text, problem):
-    code = main(["eval", "--model", str(tmp_path / "none"), "--data", str(tmp_path / "none.jsonl"),
-                 "--reward", "regex", "--reward-kwargs", text])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "none"),
+            "--data",
+            str(tmp_path / "none.jsonl"),
+            "--reward",
+            "regex",
+            "--reward-kwargs",
+            text,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
     assert "--reward-kwargs" in err and problem in err and text in err
 
 
 def test_reward_kwargs_reach_the_reward(capsys, random_model_dir, toy_task):
-    code, result, err = run_eval(capsys, random_model_dir, toy_task["eval"], "--reward", "regex",
-                                 "--reward-kwargs", '{"pattern": ".*"}')
+    code, result, err = run_eval(
+        capsys, random_model_dir, toy_task["eval"], "--reward", "regex", "--reward-kwargs", '{"pattern": ".*"}'
+    )
     assert code == 0, err
     assert result == {"reward_mean": 1.0, "n": 4, "errors": 0, "timeouts": 0, "skipped": 0}
 
@@ -66,28 +92,66 @@ def test_regex_without_kwargs_says_how_to_pass_them(capsys, random_model_dir, to
 @pytest.mark.parametrize("on_error, mean, skipped", [("zero", 0.75, 0), ("skip", 1.0, 1)])
 def test_failures_are_counted_per_on_error(capsys, random_model_dir, toy_task, reward_file, on_error, mean, skipped):
     kwargs = json.dumps({"fail_on": first_prompts(toy_task["eval"], 1)[0]})
-    code, result, err = run_eval(capsys, random_model_dir, toy_task["eval"], "--reward", reward_file,
-                                 "--reward-kwargs", kwargs, "--on-error", on_error)
+    code, result, err = run_eval(
+        capsys,
+        random_model_dir,
+        toy_task["eval"],
+        "--reward",
+        reward_file,
+        "--reward-kwargs",
+        kwargs,
+        "--on-error",
+        on_error,
+    )
     assert code == 0, err
     assert result == {"reward_mean": mean, "n": 4, "errors": 1, "timeouts": 0, "skipped": skipped}
 
 
 def test_on_error_error_names_the_sample(capsys, random_model_dir, toy_task, reward_file):
     kwargs = json.dumps({"fail_on": first_prompts(toy_task["eval"], 1)[0]})
-    code, _, err = run_eval(capsys, random_model_dir, toy_task["eval"], "--reward", reward_file,
-                            "--reward-kwargs", kwargs, "--on-error", "error")
+    code, _, err = run_eval(
+        capsys,
+        random_model_dir,
+        toy_task["eval"],
+        "--reward",
+        reward_file,
+        "--reward-kwargs",
+        kwargs,
+        "--on-error",
+        "error",
+    )
     assert code == 2 and "raised on sample" in err and "cannot score this one" in err
 
 
 def test_a_reward_failing_on_every_sample_is_an_error_not_a_zero(capsys, random_model_dir, toy_task, reward_file):
-    code, _, err = run_eval(capsys, random_model_dir, toy_task["eval"], "--reward", reward_file,
-                            "--reward-kwargs", '{"fail_on": "*"}', "--on-error", "zero")
+    code, _, err = run_eval(
+        capsys,
+        random_model_dir,
+        toy_task["eval"],
+        "--reward",
+        reward_file,
+        "--reward-kwargs",
+        '{"fail_on": "*"}',
+        "--on-error",
+        "zero",
+    )
     assert code == 2 and "failed on 4 of 4 samples" in err
 
 
 def test_timeouts_in_reward_workers_are_counted(capsys, random_model_dir, toy_task, reward_file):
     kwargs = json.dumps({"hang_on": first_prompts(toy_task["eval"], 2)[1]})
-    code, result, err = run_eval(capsys, random_model_dir, toy_task["eval"], "--reward", reward_file,
-                                 "--reward-kwargs", kwargs, "--reward-workers", "1", "--reward-timeout-s", "1")
+    code, result, err = run_eval(
+        capsys,
+        random_model_dir,
+        toy_task["eval"],
+        "--reward",
+        reward_file,
+        "--reward-kwargs",
+        kwargs,
+        "--reward-workers",
+        "1",
+        "--reward-timeout-s",
+        "1",
+    )
     assert code == 0, err
     assert result == {"reward_mean": 0.75, "n": 4, "errors": 0, "timeouts": 1, "skipped": 0}

@@ -58,4 +58,5 @@ def test_the_readme_commands_table_is_the_cli():
     documented = set(re.findall(r"^\| `relayrl (\w+)", table, flags=re.M))
     assert documented == _subcommands(), (
         f"README commands table vs the CLI: missing {sorted(_subcommands() - documented)}, "
-        f"not commands {sorted(documented - _subcommands())}")
+        f"not commands {sorted(documented - _subcommands())}"
+    )

@@ -21,8 +21,9 @@ class EchoEngine:
         return list(self.answers)
 
 
-@pytest.mark.parametrize("answer, expected", [("7", 7.0), (" 8/10", 8.0), ("score: -2.5 points", -2.5),
-                                              ("9 then 3", 9.0)])
+@pytest.mark.parametrize(
+    "answer, expected", [("7", 7.0), (" 8/10", 8.0), ("score: -2.5 points", -2.5), ("9 then 3", 9.0)]
+)
 def test_default_pattern_takes_the_first_number(answer, expected):
     assert parse_judgement(answer, re.compile(DEFAULT_PATTERN), "s") == expected
 
@@ -32,8 +33,11 @@ def test_a_group_in_the_pattern_is_the_score():
 
 
 def test_an_unparseable_answer_names_the_sample_and_quotes_it():
-    with pytest.raises(RewardError, match=r"judge answer for sample p#3 does not parse \(no match for .*\): "
-                                          r"'I think it is good'"):
+    with pytest.raises(
+        RewardError,
+        match=r"judge answer for sample p#3 does not parse \(no match for .*\): "
+        r"'I think it is good'",
+    ):
         parse_judgement("I think it is good", re.compile(DEFAULT_PATTERN), "p#3")
 
 
@@ -58,9 +62,14 @@ def test_judge_names_the_sample_in_the_batch():
         Judge(EchoEngine(["3", "x"])).score(["a", "b"], ["1", "2"])
 
 
-@pytest.mark.parametrize("kwargs, message", [({"template": "{prompt"}, "not a format string"),
-                                             ({"template": "{0} {prompt}"}, "fields must be names"),
-                                             ({"pattern": "(["}, "is not a regex")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"template": "{prompt"}, "not a format string"),
+        ({"template": "{0} {prompt}"}, "fields must be names"),
+        ({"pattern": "(["}, "is not a regex"),
+    ],
+)
 def test_bad_template_or_pattern_fails_at_construction(kwargs, message):
     with pytest.raises(RewardError, match=message):
         Judge(EchoEngine([]), **kwargs)

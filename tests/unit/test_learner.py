@@ -47,8 +47,10 @@ def _grads_of_first_step(learner, exp):
 
 def test_experience_aligns_response_tokens_to_targets():
     prompt = Prompt(id="a", text="", token_ids=[5, 6, 7])
-    rollouts = [Rollout(prompt, 0, [8, 9], "", [-0.1, -0.2], "stop", [3, 3]),
-                Rollout(prompt, 1, [10], "", [-0.3], "length", [3])]
+    rollouts = [
+        Rollout(prompt, 0, [8, 9], "", [-0.1, -0.2], "stop", [3, 3]),
+        Rollout(prompt, 1, [10], "", [-0.3], "length", [3]),
+    ]
     exp = make_experience(rollouts, [Score(1.0), Score(0.0)], pad_id=0)
     assert exp.input_ids.tolist() == [[5, 6, 7, 8, 9], [5, 6, 7, 10, 0]]
     assert exp.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]
@@ -117,8 +119,9 @@ def test_several_updates_per_step_compute_old_logprobs(random_model_dir, train):
 
 
 def test_reference_is_loaded_only_with_a_kl_coefficient(random_model_dir):
-    config = load_config(None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4",
-                                "algorithm.kl.coef=0.1"])
+    config = load_config(
+        None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "algorithm.kl.coef=0.1"]
+    )
     learner = PolicyLearner(config)
     assert learner.reference is not None
     assert not any(p.requires_grad for p in learner.reference.parameters())
@@ -154,8 +157,16 @@ def test_staleness_counts_optimizer_steps_per_mini_batch(random_model_dir):
 
 
 def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
-    config = load_config(None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4",
-                                "algorithm.kl.coef=0.5", "train.epochs=2"])
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            "rollout.n=4",
+            "rollout.prompts_per_step=4",
+            "algorithm.kl.coef=0.5",
+            "train.epochs=2",
+        ],
+    )
     learner = PolicyLearner(config)
     exp = _experience()
     learner.fill_logprobs(exp)
@@ -178,8 +189,12 @@ def test_rollout_correction_uses_the_behaviour_logprobs(random_model_dir, mode):
 
 
 def test_kl_in_the_reward_forces_the_old_pass_and_reports_the_coefficient(random_model_dir):
-    extra = ["algorithm.kl.coef=0.2", "algorithm.kl.placement=reward", "algorithm.kl.controller=adaptive",
-             "algorithm.kl.target=0.01"]
+    extra = [
+        "algorithm.kl.coef=0.2",
+        "algorithm.kl.placement=reward",
+        "algorithm.kl.controller=adaptive",
+        "algorithm.kl.target=0.01",
+    ]
     learner = PolicyLearner(_config(random_model_dir, extra=extra))
     assert learner.needs_old_logprobs and not learner.objective.kl_in_loss
     exp = _experience()
@@ -198,8 +213,13 @@ def test_kl_in_the_reward_forces_the_old_pass_and_reports_the_coefficient(random
 def test_tis_in_the_update_pass_equals_tis_from_a_separate_old_pass(random_model_dir, mode):
     results = []
     for in_pass in (True, False):
-        learner = PolicyLearner(_config(random_model_dir, micro_batch=8, extra=[f"algorithm.correction.mode={mode}",
-                                                                               "algorithm.correction.threshold=1.5"]))
+        learner = PolicyLearner(
+            _config(
+                random_model_dir,
+                micro_batch=8,
+                extra=[f"algorithm.correction.mode={mode}", "algorithm.correction.threshold=1.5"],
+            )
+        )
         assert learner.correct_in_pass
         if not in_pass:
             learner.correct_in_pass, learner.needs_old_logprobs = False, True

@@ -78,7 +78,8 @@ def test_padding_changes_no_mode(mode):
     padded_values = torch.cat([values.detach(), torch.full((4, 3), 100.0)], dim=1)  # garbage under the padding
     padded_mask = torch.cat([mask, torch.zeros(4, 3)], dim=1)
     assert aggregate(padded_values, padded_mask, mode, max_tokens=6).item() == pytest.approx(
-        aggregate(values.detach(), mask, mode, max_tokens=6).item(), abs=1e-6)
+        aggregate(values.detach(), mask, mode, max_tokens=6).item(), abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("mode", AGGREGATIONS)
@@ -86,7 +87,8 @@ def test_a_fully_masked_row_counts_as_absent(mode):
     values, mask = _uneven_batch()
     with_empty = torch.cat([mask, torch.zeros(1, 5)])
     assert aggregate(torch.cat([values, torch.ones(1, 5)]), with_empty, mode, max_tokens=6).item() == pytest.approx(
-        aggregate(values, mask, mode, max_tokens=6).item(), abs=1e-6)
+        aggregate(values, mask, mode, max_tokens=6).item(), abs=1e-6
+    )
 
 
 def test_empty_batch_aggregates_to_zero():
@@ -180,8 +182,9 @@ def test_gspo_gradient_matches_the_naive_sequence_level_objective():
 def test_policy_loss_registry_shares_one_signature():
     logp, mask = torch.zeros(2, 3), torch.ones(2, 3)
     for name, loss_fn in POLICY_LOSSES.items():
-        loss, metrics = loss_fn(logp, logp, torch.ones(2, 3), mask, 0.2, "token_mean", None,
-                                eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
+        loss, metrics = loss_fn(
+            logp, logp, torch.ones(2, 3), mask, 0.2, "token_mean", None, eps_low=0.2, eps_high=0.28, dual_clip_c=3.0
+        )
         assert loss.item() == pytest.approx(-1.0), name  # ratio 1, A = 1
         assert set(metrics) == {"clip_tokens", "dual_clip_tokens", "ratio_sum", "ratio_max"}
 

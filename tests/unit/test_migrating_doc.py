@@ -44,7 +44,7 @@ def tables() -> list[tuple[str, list[list[str]]]]:
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if line.startswith("| ") and len(cells) > 2 and cells[1] == "relayrl" and lines[i + 1].startswith("|---"):
             rows = []
-            for row in lines[i + 2:]:
+            for row in lines[i + 2 :]:
                 if not row.startswith("| "):
                     break
                 rows.append([cell.strip() for cell in row.strip().strip("|").split(" | ")])
@@ -135,15 +135,20 @@ def test_the_trl_example_uses_real_grpo_config_fields():
     trl = pytest.importorskip("trl")
     fields = {field.name for field in dataclasses.fields(trl.GRPOConfig)}
     (example,) = [block for block in blocks("python") if "GRPOConfig(" in block]
-    calls = [node for node in ast.walk(ast.parse(example))
-             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "GRPOConfig"]
+    calls = [
+        node
+        for node in ast.walk(ast.parse(example))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "GRPOConfig"
+    ]
     used = {keyword.arg for call in calls for keyword in call.keywords}
     assert len(used) > 20 and sorted(used - fields) == []
 
 
 def _rollouts(columns: list[dict], completions: list[str]) -> list[Rollout]:
-    return [Rollout(Prompt(str(i), f"Q{i}: ", [1], row), 0, [2], text, [0.0], "stop", [0])
-            for i, (row, text) in enumerate(zip(columns, completions))]
+    return [
+        Rollout(Prompt(str(i), f"Q{i}: ", [1], row), 0, [2], text, [0.0], "stop", [0])
+        for i, (row, text) in enumerate(zip(columns, completions))
+    ]
 
 
 def _adapter(marker: str, foreign_module: str, **foreign) -> typing.Callable:
@@ -168,20 +173,27 @@ def _load(tmp_path, source: str, name: str):
 
 
 def test_a_trl_function_scores_unchanged_as_the_page_says(tmp_path):
-    fn = _load(tmp_path, "def accuracy_reward(completions, solution, **kwargs):\n"
-                         "    return [float(c.strip() == s) for c, s in zip(completions, solution)]\n",
-               "accuracy_reward")
+    fn = _load(
+        tmp_path,
+        "def accuracy_reward(completions, solution, **kwargs):\n"
+        "    return [float(c.strip() == s) for c, s in zip(completions, solution)]\n",
+        "accuracy_reward",
+    )
     rollouts = _rollouts([{"solution": "4"}, {"solution": "5"}], ["4", "6"])
     scores, errors = score_rollouts(fn, rollouts)
     assert [s.reward for s in scores] == [1.0, 0.0] and errors == 0
 
 
 def test_a_verl_compute_score_keeps_score_instead_of_summing_the_dict(tmp_path):
-    fn = _load(tmp_path, "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-                         "    return {'score': float(solution_str == ground_truth), 'acc': solution_str == ground_truth}\n",
-               "compute_score")
-    rows = [{"data_source": "gsm8k", "reward_model": {"ground_truth": "4"}, "extra_info": {"index": i}}
-            for i in range(2)]
+    fn = _load(
+        tmp_path,
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': float(solution_str == ground_truth), 'acc': solution_str == ground_truth}\n",
+        "compute_score",
+    )
+    rows = [
+        {"data_source": "gsm8k", "reward_model": {"ground_truth": "4"}, "extra_info": {"index": i}} for i in range(2)
+    ]
     scores, _ = score_rollouts(fn, _rollouts(rows, ["4", "5"]))
     assert [s.reward for s in scores] == [1.0, 0.0]  # a summed dict would have scored the first 2.0
 
@@ -190,7 +202,7 @@ def test_the_openrlhf_adapter_takes_the_rewards_tensor():
     torch = pytest.importorskip("torch")
 
     def reward_func(queries, prompts, labels, **kwargs):
-        responses = [q[len(p):] for q, p in zip(queries, prompts)]
+        responses = [q[len(p) :] for q, p in zip(queries, prompts)]
         rewards = torch.tensor([float(r == a) for r, a in zip(responses, labels)])
         return {"rewards": rewards, "scores": rewards, "extra_logs": {}}
 

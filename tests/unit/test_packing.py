@@ -17,10 +17,12 @@ SAMPLED = Sampled(temperature=1.0, top_k=-1, top_p=1.0)
 
 def _two_groups():
     a, b = Prompt("a", "", [5, 6, 7]), Prompt("b", "", [8, 9])
-    rollouts = [Rollout(a, 0, [10, 11], "", [-1.0, -1.0], "stop", [0, 0]),
-                Rollout(a, 1, [12], "", [-1.0], "stop", [0]),
-                Rollout(b, 0, [13, 14, 15], "", [-1.0] * 3, "stop", [0] * 3),
-                Rollout(b, 1, [], "", [], "length", [])]
+    rollouts = [
+        Rollout(a, 0, [10, 11], "", [-1.0, -1.0], "stop", [0, 0]),
+        Rollout(a, 1, [12], "", [-1.0], "stop", [0]),
+        Rollout(b, 0, [13, 14, 15], "", [-1.0] * 3, "stop", [0] * 3),
+        Rollout(b, 1, [], "", [], "length", []),
+    ]
     return make_experience(rollouts, [Score(1.0)] * 4, pad_id=0)
 
 
@@ -86,13 +88,18 @@ def test_a_model_that_ignores_the_packed_layout_is_stopped_with_one_message(rand
         return forward(*args, **kwargs)
 
     backbone.forward = ignores_positions
-    with pytest.raises(ConfigError, match="forward of LlamaForCausalLM .*group-packed rows.* gives log-probs up to .* "
-                                          "Set train.packing=none or train.logits_chunk=0"):
+    with pytest.raises(
+        ConfigError,
+        match="forward of LlamaForCausalLM .*group-packed rows.* gives log-probs up to .* "
+        "Set train.packing=none or train.logits_chunk=0",
+    ):
         learner.update(_experience())
 
 
 def test_packing_groups_needs_an_attention_that_takes_a_custom_mask(random_model_dir):
     config = type("C", (), {"_attn_implementation": "flash_attention_2", "architectures": ["LlamaForCausalLM"]})()
-    with pytest.raises(ConfigError, match="train.packing=groups needs sdpa or eager attention; LlamaForCausalLM "
-                                          "uses 'flash_attention_2'"):
+    with pytest.raises(
+        ConfigError,
+        match="train.packing=groups needs sdpa or eager attention; LlamaForCausalLM uses 'flash_attention_2'",
+    ):
         ForwardLayout("groups", 0, SAMPLED, config, "cpu")

@@ -19,12 +19,16 @@ def test_disaggregated_roles_get_their_own_bundles_and_cores():
     bundles, slots = plan_slots(PlacementConfig(mode="ray", engines=2, learner_cpus=2, engine_cpus=1), 4)
     assert bundles == [{"CPU": 2}, {"CPU": 1}, {"CPU": 1}]
     assert [(s.role, s.bundle, s.threads, s.cores) for s in slots] == [
-        ("learner", 0, 2, "0,1"), ("engine 0", 1, 1, "2"), ("engine 1", 2, 1, "3")]
+        ("learner", 0, 2, "0,1"),
+        ("engine 0", 1, 1, "2"),
+        ("engine 1", 2, 1, "3"),
+    ]
 
 
 def test_colocated_roles_share_one_bundle_and_every_core():
-    bundles, slots = plan_slots(PlacementConfig(mode="ray", layout="colocated", engines=1, learner_cpus=2,
-                                                engine_cpus=2), 2)
+    bundles, slots = plan_slots(
+        PlacementConfig(mode="ray", layout="colocated", engines=1, learner_cpus=2, engine_cpus=2), 2
+    )
     assert bundles == [{"CPU": 2}]
     assert {s.bundle for s in slots} == {0} and all(s.cpus == 1 and s.cores == "0-1" for s in slots)
 
@@ -38,8 +42,9 @@ def test_unplaceable_message_names_roles_and_resources():
 
 
 def test_root_cause_keeps_the_informative_part_on_one_line():
-    err = RuntimeError("ActorDiedError: boilerplate\n  more\nThe actor died because its worker process\n  exited "
-                       "with SIGKILL.")
+    err = RuntimeError(
+        "ActorDiedError: boilerplate\n  more\nThe actor died because its worker process\n  exited with SIGKILL."
+    )
     assert root_cause(err) == "The actor died because its worker process exited with SIGKILL."
 
 

@@ -17,8 +17,14 @@ from relayrl.planner.timing import Rates, decode_step_time, engine_overhead_time
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/grpo_7b/config.yaml"
-SMALL = dict(vocab_size=101, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2)  # GQA: 2 KV heads for 4 query heads
+SMALL = dict(
+    vocab_size=101,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)  # GQA: 2 KV heads for 4 query heads
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -36,8 +42,17 @@ def test_param_count_matches_a_real_qwen2_with_qkv_bias():
 
 def test_example_7b_shape_is_qwen2_5_7b():
     shape = load_shape(str(ROOT / "examples/grpo_7b"))
-    assert shape == ModelShape(params=7_615_616_512, layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064,
-                               heads=28, intermediate=18944, tied=False)
+    assert shape == ModelShape(
+        params=7_615_616_512,
+        layers=28,
+        hidden=3584,
+        kv_heads=4,
+        head_dim=128,
+        vocab=152064,
+        heads=28,
+        intermediate=18944,
+        tied=False,
+    )
 
 
 def _plan_7b(hardware="H100-80GB", **kwargs):
@@ -67,8 +82,19 @@ def test_reference_memory_is_zero_without_kl():
 
 def test_colocated_is_a_max_and_disaggregated_a_sum():
     gb = 1e9  # made-up roles on a 10 GB CPU-kind device: engine 1 + 2, actor 4, reference 1, activations 3
-    memory = Memory(actor=4 * gb, critic=0.0, reference=1 * gb, engine_weights=1 * gb, kv_bytes_per_token=1,
-                    engine_devices=1, kv_capacity=2 * gb, kv_tokens=2, concurrent=1, activations=3 * gb, logits=0.0)
+    memory = Memory(
+        actor=4 * gb,
+        critic=0.0,
+        reference=1 * gb,
+        engine_weights=1 * gb,
+        kv_bytes_per_token=1,
+        engine_devices=1,
+        kv_capacity=2 * gb,
+        kv_tokens=2,
+        concurrent=1,
+        activations=3 * gb,
+        logits=0.0,
+    )
     device = PROFILES["cpu"].__class__(**{**PROFILES["cpu"].__dict__, "memory_gb": 10})
     placement = place(memory, device, gpu_memory_utilization=0.5)
     assert placement.generate_phase == (1 + 2 + 4 + 1) * gb  # engine + resident actor and reference
@@ -122,20 +148,33 @@ def load_shape_from(config):
 
 def test_engine_fixed_costs_are_recovered_from_exact_timings():
     per_call, per_step, per_token, per_sequence = 0.010, 0.002, 3e-5, 4e-4
-    counts = [[1, steps, tokens, seqs] for steps, tokens, seqs in
-              [(2, 16, 8), (24, 190, 8), (2, 512, 256), (24, 6000, 256), (12, 700, 64)]]
+    counts = [
+        [1, steps, tokens, seqs]
+        for steps, tokens, seqs in [(2, 16, 8), (24, 190, 8), (2, 512, 256), (24, 6000, 256), (12, 700, 64)]
+    ]
     seconds = [per_call + per_step * s + per_token * t + per_sequence * q for _, s, t, q in counts]
     fitted = fit_engine_overhead(counts, seconds, "vllm")
     assert (fitted.per_call, fitted.per_step, fitted.per_token, fitted.per_sequence) == pytest.approx(
-        (per_call, per_step, per_token, per_sequence))
+        (per_call, per_step, per_token, per_sequence)
+    )
     assert engine_overhead_time(fitted, steps=6, tokens=1536, sequences=256) == pytest.approx(
-        0.010 + 6 * 0.002 + 1536 * 3e-5 + 256 * 4e-4)
+        0.010 + 6 * 0.002 + 1536 * 3e-5 + 256 * 4e-4
+    )
     assert engine_overhead_time(None, 6, 1536, 256) == 0.0
 
 
 def test_update_is_three_forwards_per_epoch_plus_the_optimizer_bytes():
-    config = load_config(None, ["rollout.n=4", "rollout.prompts_per_step=2", "rollout.max_tokens=6",
-                                "data.max_prompt_tokens=10", "train.epochs=2", "train.mini_batch=4"])
+    config = load_config(
+        None,
+        [
+            "rollout.n=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_tokens=6",
+            "data.max_prompt_tokens=10",
+            "train.epochs=2",
+            "train.mini_batch=4",
+        ],
+    )
     shape = ModelShape(params=1000, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10, heads=2, tied=True)
     cpu = PROFILES["cpu"]
     plan = make_plan(config, shape, cpu)
@@ -178,16 +217,35 @@ def test_cli_plan_prints_the_memory_lines(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the example's model.path is relative to the repository root
     assert main(["plan", "examples/grpo_7b/config.yaml", "--hardware", "H100-80GB"]) == 0
     out = capsys.readouterr().out
-    for line in ("actor", "reference", "KV bytes/token", "57,344 B", "colocated peak", "disaggregated",
-                 "recommendation"):
+    for line in (
+        "actor",
+        "reference",
+        "KV bytes/token",
+        "57,344 B",
+        "colocated peak",
+        "disaggregated",
+        "recommendation",
+    ):
         assert line in out
 
 
 def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("rollout: {n: 4, prompts_per_step: 2, max_tokens: 8}\n")
-    flags = ["--params", "7e9", "--layers", "28", "--hidden", "3584", "--kv-heads", "4", "--head-dim", "128",
-             "--vocab", "152064"]
+    flags = [
+        "--params",
+        "7e9",
+        "--layers",
+        "28",
+        "--hidden",
+        "3584",
+        "--kv-heads",
+        "4",
+        "--head-dim",
+        "128",
+        "--vocab",
+        "152064",
+    ]
     assert main(["plan", str(config), "--hardware", "A100-80GB", *flags]) == 0
     assert "112.00 GB" in capsys.readouterr().out
     assert main(["plan", str(config)]) == 2  # no model.path and no flags: one line naming model.path
@@ -197,8 +255,16 @@ def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
 def test_expected_longest_prompt_and_response_set_the_padded_width_but_not_memory():
     from relayrl.planner.estimate import workload_from_config
 
-    config = load_config(None, ["rollout.max_tokens=64", "data.max_prompt_tokens=16", "rollout.n=4",
-                                "rollout.prompts_per_step=16", "train.packing=none"])
+    config = load_config(
+        None,
+        [
+            "rollout.max_tokens=64",
+            "data.max_prompt_tokens=16",
+            "rollout.n=4",
+            "rollout.prompts_per_step=16",
+            "train.packing=none",
+        ],
+    )
     full = workload_from_config(config)
     short = workload_from_config(config, longest_prompt_tokens=6, longest_response_tokens=32)
     # 64 sequences x (16 prompt + 64 response tokens), or x (6 + 32) when the batches are expected shorter
@@ -209,13 +275,23 @@ def test_expected_longest_prompt_and_response_set_the_padded_width_but_not_memor
 def test_packed_groups_set_the_tokens_per_pass_when_they_save_positions():
     from relayrl.planner.estimate import workload_from_config
 
-    short = ["data.max_prompt_tokens=100", "rollout.max_tokens=8", "rollout.n=8", "rollout.prompts_per_step=4",
-             "train.micro_batch=32"]
+    short = [
+        "data.max_prompt_tokens=100",
+        "rollout.max_tokens=8",
+        "rollout.n=8",
+        "rollout.prompts_per_step=4",
+        "train.micro_batch=32",
+    ]
     packed = workload_from_config(load_config(None, short))
     # 4 groups x (100 + 8 x 8) instead of 32 rows x (100 + 8): the prompt is computed once per group
     assert packed.packed and packed.tokens == 4 * 164
-    long = ["data.max_prompt_tokens=8", "rollout.max_tokens=100", "rollout.n=8", "rollout.prompts_per_step=4",
-            "train.micro_batch=32"]
+    long = [
+        "data.max_prompt_tokens=8",
+        "rollout.max_tokens=100",
+        "rollout.n=8",
+        "rollout.prompts_per_step=4",
+        "train.micro_batch=32",
+    ]
     assert not workload_from_config(load_config(None, long)).packed  # 4 x 808 is no saving over 32 x 108
     assert workload_from_config(load_config(None, long + ["train.packing=groups"])).tokens == 4 * 808
     assert not workload_from_config(load_config(None, short[:-1] + ["train.micro_batch=8"])).packed  # split groups

@@ -23,8 +23,9 @@ def test_during_the_steps_a_signal_is_recorded_and_the_step_goes_on():
         os.kill(os.getpid(), signal.SIGTERM)
         finished_step = True  # the handler returned: nothing was interrupted
     assert finished_step and signals.requested == signal.SIGTERM
-    assert lines == ["relayrl: SIGTERM received: stopping after the current step with a checkpoint "
-                     "(send it again to exit at once)"]
+    assert lines == [
+        "relayrl: SIGTERM received: stopping after the current step with a checkpoint (send it again to exit at once)"
+    ]
     assert signal.getsignal(signal.SIGTERM) is previous  # handlers restored after the run
 
 
@@ -48,8 +49,9 @@ def test_a_second_signal_exits_at_once():
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert result.returncode == 128 + signal.SIGTERM and "not reached" not in result.stdout
-    assert result.stderr.strip().splitlines()[-1] == ("relayrl: second signal (SIGTERM): exiting now, "
-                                                      "without a checkpoint")
+    assert result.stderr.strip().splitlines()[-1] == (
+        "relayrl: second signal (SIGTERM): exiting now, without a checkpoint"
+    )
 
 
 def test_the_interrupt_message_names_the_step_and_checkpoint():
@@ -70,12 +72,25 @@ def _start_run(tmp_path, model_dir, toy_task, *extra):
     import yaml
 
     config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"path": str(model_dir)}, "data": {"train": str(toy_task["train"]), "max_prompt_tokens": 16},
-        "rollout": {"engine": "hf", "n": 2, "prompts_per_step": 4, "max_tokens": 4}, "train": {"steps": 200},
-        "checkpoint": {"every": 50}, "log": {"dir": str(tmp_path / "run"), "progress": False, "save_model": False}}))
-    process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "train", str(config), *extra],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(model_dir)},
+                "data": {"train": str(toy_task["train"]), "max_prompt_tokens": 16},
+                "rollout": {"engine": "hf", "n": 2, "prompts_per_step": 4, "max_tokens": 4},
+                "train": {"steps": 200},
+                "checkpoint": {"every": 50},
+                "log": {"dir": str(tmp_path / "run"), "progress": False, "save_model": False},
+            }
+        )
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     return config, process
 
 
@@ -102,16 +117,17 @@ def _alive_in_session(sid):
     return alive
 
 
-def test_sigterm_writes_a_checkpoint_after_the_step_and_prints_the_resume_command(tmp_path, random_model_dir,
-                                                                                  toy_task):
+def test_sigterm_writes_a_checkpoint_after_the_step_and_prints_the_resume_command(tmp_path, random_model_dir, toy_task):
     config, process = _start_run(tmp_path, random_model_dir, toy_task, "train.seed=3")
     _, err = _signal_after_rows(process, tmp_path / "run", 2, signal.SIGTERM)
     assert process.returncode == 143 and "Traceback" not in err, err[-3000:]
     step = len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) - 1
     checkpoint = tmp_path / "run" / "checkpoints" / f"step_{step:06d}"
     assert checkpoint.is_dir()
-    assert err.strip().splitlines()[-1] == (f"relayrl: interrupted by SIGTERM at step {step}; checkpoint {checkpoint}; "
-                                            f"resume with: relayrl train {config} train.seed=3 --resume {tmp_path / 'run'}")
+    assert err.strip().splitlines()[-1] == (
+        f"relayrl: interrupted by SIGTERM at step {step}; checkpoint {checkpoint}; "
+        f"resume with: relayrl train {config} train.seed=3 --resume {tmp_path / 'run'}"
+    )
 
 
 def test_ctrl_c_with_reward_workers_stops_every_worker_without_a_traceback(tmp_path, random_model_dir, toy_task):

@@ -11,8 +11,12 @@ from relayrl.placement.reaper import raylet_processes, session_processes
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 # a session leader with a child in its session, as `ray start` leaves GCS and raylet behind
-SESSION = [sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
-           "'import time; time.sleep(120)']); time.sleep(120)"]
+SESSION = [
+    sys.executable,
+    "-c",
+    "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+    "'import time; time.sleep(120)']); time.sleep(120)",
+]
 
 
 def wait_for(predicate, timeout_s=30.0):
@@ -32,8 +36,9 @@ def test_closing_the_pipe_kills_the_session_and_the_raylets_processes_and_only_t
     try:
         assert raylet_processes(999991) == [ours.pid]
         assert wait_for(lambda: len(session_processes(head.pid)) == 2)  # the leader and its child
-        watcher = subprocess.Popen([sys.executable, "-m", "relayrl.placement.reaper", str(head.pid), "999991"],
-                                   stdin=subprocess.PIPE)
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "relayrl.placement.reaper", str(head.pid), "999991"], stdin=subprocess.PIPE
+        )
         watcher.stdin.close()  # what the kernel does when the driver dies
         watcher.wait(60)
         assert ours.wait(60) == -9 and head.wait(60) == -9

@@ -19,12 +19,21 @@ BASE_PLOTS = ["reward", "phase_times", "staleness", "mismatch", "response_length
 
 
 def _metrics_row(step: int) -> dict:
-    row = {"step": step, "reward/mean": 0.2 + 0.05 * step, "reward/std": 0.1,
-           **{f"time/{phase}": seconds for phase, seconds in PHASE_SECONDS.items()},
-           "time/step": sum(PHASE_SECONDS.values()) + 0.15,  # controller overhead on top of the phases
-           "mismatch/logprob_abs_mean": 1e-3 * (step + 1), "mismatch/logprob_abs_max": 1e-2 * (step + 1),
-           "response/length_mean": 20.0 - step, "response/length_max": 32, "stale/mean": 0.0, "stale/max": 0,
-           "actor/entropy": 1.5, "actor/clip_frac": 0.01}
+    row = {
+        "step": step,
+        "reward/mean": 0.2 + 0.05 * step,
+        "reward/std": 0.1,
+        **{f"time/{phase}": seconds for phase, seconds in PHASE_SECONDS.items()},
+        "time/step": sum(PHASE_SECONDS.values()) + 0.15,  # controller overhead on top of the phases
+        "mismatch/logprob_abs_mean": 1e-3 * (step + 1),
+        "mismatch/logprob_abs_max": 1e-2 * (step + 1),
+        "response/length_mean": 20.0 - step,
+        "response/length_max": 32,
+        "stale/mean": 0.0,
+        "stale/max": 0,
+        "actor/entropy": 1.5,
+        "actor/clip_frac": 0.01,
+    }
     if step in (3, 7):  # the controller evaluates every `eval.every` steps but not on the last (eval.json has it)
         row |= {"eval/greedy": 0.3 + 0.02 * step, "eval/sampled": 0.25 + 0.02 * step}
     return row
@@ -35,8 +44,9 @@ def run_dir(tmp_path) -> Path:
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text("".join(json.dumps(_metrics_row(step)) + "\n" for step in range(10)))
-    (run / "eval.json").write_text(json.dumps({"before": {"greedy": 0.1234, "sampled": 0.0987},
-                                               "after": {"greedy": 0.5678, "sampled": 0.4321}}))
+    (run / "eval.json").write_text(
+        json.dumps({"before": {"greedy": 0.1234, "sampled": 0.0987}, "after": {"greedy": 0.5678, "sampled": 0.4321}})
+    )
     (run / "config.yaml").write_text(yaml.safe_dump({"train": {"steps": 10, "lr": 1e-5}, "rollout": {"n": 4}}))
     return run
 
@@ -88,8 +98,9 @@ def test_missing_optional_metric_skips_its_plot_with_a_note(run_dir):
 
 
 def test_zero_mismatch_still_plots_on_a_linear_axis(run_dir):
-    rows = [_metrics_row(step) | {"mismatch/logprob_abs_mean": 0.0, "mismatch/logprob_abs_max": 0.0}
-            for step in range(3)]
+    rows = [
+        _metrics_row(step) | {"mismatch/logprob_abs_mean": 0.0, "mismatch/logprob_abs_max": 0.0} for step in range(3)
+    ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     write_report(run_dir)
     _check_page(run_dir, BASE_PLOTS)
@@ -121,10 +132,25 @@ def test_page_renders_in_headless_chromium(run_dir, tmp_path):
 
     page = write_report(run_dir)
     shot = tmp_path / "shot.png"
-    subprocess.run(["/usr/bin/chromium", "--headless", "--no-sandbox", "--disable-gpu",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}",
-                    "--window-size=1200,2000", page.as_uri()], check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [
+            "/usr/bin/chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,2000",
+            page.as_uri(),
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     assert shot.read_bytes().startswith(PNG_MAGIC)
     lo, hi = Image.open(shot).convert("L").getextrema()
     assert hi - lo > 100  # not a blank page: dark plot lines on a white background

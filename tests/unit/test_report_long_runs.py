@@ -10,19 +10,33 @@ import pytest
 from relayrl.errors import DataError
 from relayrl.metrics.report import write_report
 
-PHASE_SECONDS = {"generate": 0.12, "reward": 0.01, "logprobs": 0.03, "advantage": 0.002, "update": 0.07,
-                 "sync": 0.01}
+PHASE_SECONDS = {"generate": 0.12, "reward": 0.01, "logprobs": 0.03, "advantage": 0.002, "update": 0.07, "sync": 0.01}
 # the role each loop phase is recorded under (relayrl/metrics/timeline.py ROLE_OF_PHASE; advantage -> driver)
-ROLE = {"generate": "engines", "reward": "reward", "logprobs": "learner", "advantage": "driver",
-        "update": "learner", "sync": "sync", "wait": "learner"}
+ROLE = {
+    "generate": "engines",
+    "reward": "reward",
+    "logprobs": "learner",
+    "advantage": "driver",
+    "update": "learner",
+    "sync": "sync",
+    "wait": "learner",
+}
 
 
 def _metrics_row(step: int) -> dict:
-    return {"step": step, "reward/mean": 0.3 + 0.01 * step, "reward/std": 0.2,
-            **{f"time/{phase}": seconds for phase, seconds in PHASE_SECONDS.items()},
-            "time/step": sum(PHASE_SECONDS.values()) + 0.01, "stale/mean": 0.0, "stale/max": 0.0,
-            "mismatch/logprob_abs_mean": 1e-6, "mismatch/logprob_abs_max": 1e-5,
-            "response/length_mean": 4.0, "response/length_max": 6.0}
+    return {
+        "step": step,
+        "reward/mean": 0.3 + 0.01 * step,
+        "reward/std": 0.2,
+        **{f"time/{phase}": seconds for phase, seconds in PHASE_SECONDS.items()},
+        "time/step": sum(PHASE_SECONDS.values()) + 0.01,
+        "stale/mean": 0.0,
+        "stale/max": 0.0,
+        "mismatch/logprob_abs_mean": 1e-6,
+        "mismatch/logprob_abs_max": 1e-5,
+        "response/length_mean": 4.0,
+        "response/length_max": 6.0,
+    }
 
 
 def _timeline(schedule: str, steps: int, engines: int = 2) -> list[dict]:
@@ -40,8 +54,15 @@ def _timeline(schedule: str, steps: int, engines: int = 2) -> list[dict]:
             clock += seconds
         if schedule != "sync":  # replicas generating the next batch while this step trains
             for replica in range(engines):
-                rows.append({"step": step, "role": f"engine {replica}", "phase": "generate",
-                             "start": start + 0.01 * replica, "end": clock - 0.02})
+                rows.append(
+                    {
+                        "step": step,
+                        "role": f"engine {replica}",
+                        "phase": "generate",
+                        "start": start + 0.01 * replica,
+                        "end": clock - 0.02,
+                    }
+                )
     return rows
 
 
@@ -63,8 +84,9 @@ def test_report_of_a_50_step_run_draws_every_schedules_timeline(tmp_path, schedu
 
 def test_timeline_with_many_unknown_phases_does_not_run_out_of_colours(tmp_path):
     run = _write_run(tmp_path / "run", steps=3, schedule=None)
-    rows = [{"step": 0, "role": "learner", "phase": f"custom {i}", "start": float(i), "end": i + 0.5}
-            for i in range(40)]
+    rows = [
+        {"step": 0, "role": "learner", "phase": f"custom {i}", "start": float(i), "end": i + 0.5} for i in range(40)
+    ]
     (run / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     write_report(run)
     assert (run / "report" / "timeline.png").is_file()

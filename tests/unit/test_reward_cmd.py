@@ -51,8 +51,12 @@ def run(capsys, *argv):
 
 def test_good_rows_print_one_line_each_then_the_summary(files, capsys):
     rewards, write = files
-    data = write([{"prompt": "1+1=", "completion": "2", "answer": "2"},
-                  {"messages": [{"role": "user", "content": "2+2="}], "completion": "five", "answer": "4"}])
+    data = write(
+        [
+            {"prompt": "1+1=", "completion": "2", "answer": "2"},
+            {"messages": [{"role": "user", "content": "2+2="}], "completion": "five", "answer": "4"},
+        ]
+    )
     status, lines, err = run(capsys, data, "--reward", f"{rewards}:score")
     assert status == 0
     assert lines[0] == {"row": f"{data}:1", "reward": 1.5, "components": {"correct": 1.0, "short": 0.5}}
@@ -63,8 +67,12 @@ def test_good_rows_print_one_line_each_then_the_summary(files, capsys):
 
 def test_trl_style_function_and_kwargs_of_a_builtin(files, capsys):
     rewards, write = files
-    data = write([{"messages": [{"role": "user", "content": "q"}], "completion": "<think>x</think>y"},
-                  {"prompt": "q", "completion": "plain"}])
+    data = write(
+        [
+            {"messages": [{"role": "user", "content": "q"}], "completion": "<think>x</think>y"},
+            {"prompt": "q", "completion": "plain"},
+        ]
+    )
     status, lines, _ = run(capsys, data, "--reward", f"{rewards}:think")
     assert status == 0 and [line["reward"] for line in lines[:2]] == [1.0, 0.0]  # None: does not apply
     assert lines[2]["errors"] == 0
@@ -85,19 +93,30 @@ def test_a_raising_function_is_counted_or_named(files, capsys):
 
 def test_a_hanging_function_times_out_in_a_worker(files, capsys):
     rewards, write = files
-    data = write([{"prompt": "a", "completion": "ok"}, {"prompt": "b", "completion": "hang"},
-                  {"prompt": "c", "completion": "fine"}])
+    data = write(
+        [
+            {"prompt": "a", "completion": "ok"},
+            {"prompt": "b", "completion": "hang"},
+            {"prompt": "c", "completion": "fine"},
+        ]
+    )
     status, lines, _ = run(capsys, data, "--reward", f"{rewards}:hanging", "--workers", "1", "--timeout-s", "1")
     assert status == 0 and [line["reward"] for line in lines[:3]] == [1.0, 0.0, 1.0]
     assert lines[3] == {"reward_mean": pytest.approx(2 / 3), "n": 3, "skipped": 0, "errors": 0, "timeouts": 1}
 
 
-@pytest.mark.parametrize("row, expected", [
-    ({"prompt": "a", "answer": "1"}, "rows.jsonl:2: 'completion' must be a string"),
-    ({"prompt": "a", "completion": 7}, "rows.jsonl:2: 'completion' must be a string (the response to score), got 7"),
-    ({"completion": "x"}, "rows.jsonl:2: a row needs exactly one of 'prompt' (string) or 'messages'"),
-    ({"prompt": "a", "completion": "x", "completion_ids": "12"}, "rows.jsonl:2: 'completion_ids' must be a list"),
-])
+@pytest.mark.parametrize(
+    "row, expected",
+    [
+        ({"prompt": "a", "answer": "1"}, "rows.jsonl:2: 'completion' must be a string"),
+        (
+            {"prompt": "a", "completion": 7},
+            "rows.jsonl:2: 'completion' must be a string (the response to score), got 7",
+        ),
+        ({"completion": "x"}, "rows.jsonl:2: a row needs exactly one of 'prompt' (string) or 'messages'"),
+        ({"prompt": "a", "completion": "x", "completion_ids": "12"}, "rows.jsonl:2: 'completion_ids' must be a list"),
+    ],
+)
 def test_a_bad_row_is_named(files, capsys, row, expected):
     rewards, write = files
     data = write([{"prompt": "fine", "completion": "1", "answer": "1"}, row])
@@ -118,14 +137,23 @@ def test_verl_parquet_layout_scores_with_compute_score_unchanged(tmp_path, capsy
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (tmp_path / "verl_reward.py").write_text(textwrap.dedent("""
+    (tmp_path / "verl_reward.py").write_text(
+        textwrap.dedent("""
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
             correct = solution_str.split("####")[-1].strip() == ground_truth
             return {"score": float(correct), "acc": correct, "split": extra_info["split"]}
-    """))
-    rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": "2+2?"}],
-             "reward_model": {"style": "rule", "ground_truth": "4"}, "extra_info": {"split": "test", "index": i},
-             "completion": text} for i, text in enumerate(["so #### 4", "#### 5"])]
+    """)
+    )
+    rows = [
+        {
+            "data_source": "openai/gsm8k",
+            "prompt": [{"role": "user", "content": "2+2?"}],
+            "reward_model": {"style": "rule", "ground_truth": "4"},
+            "extra_info": {"split": "test", "index": i},
+            "completion": text,
+        }
+        for i, text in enumerate(["so #### 4", "#### 5"])
+    ]
     rows = [{**{k: v for k, v in row.items() if k != "prompt"}, "messages": row["prompt"]} for row in rows]
     path = tmp_path / "gsm8k.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)

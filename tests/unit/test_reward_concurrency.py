@@ -20,8 +20,18 @@ FNS = "tests.unit.reward_fns_for_service"
 
 def rollouts(completions: list[str], prompt_id: str) -> list[Rollout]:
     prompt = Prompt(id=prompt_id, text="Q:", token_ids=[1], columns={})
-    return [Rollout(prompt=prompt, group_index=i, response_ids=[3], response_text=c, behaviour_logprobs=[-0.5],
-                    finish_reason="stop", versions=[0]) for i, c in enumerate(completions)]
+    return [
+        Rollout(
+            prompt=prompt,
+            group_index=i,
+            response_ids=[3],
+            response_text=c,
+            behaviour_logprobs=[-0.5],
+            finish_reason="stop",
+            versions=[0],
+        )
+        for i, c in enumerate(completions)
+    ]
 
 
 def in_threads(callers: int, call) -> list[BaseException]:

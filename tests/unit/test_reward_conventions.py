@@ -16,15 +16,26 @@ from relayrl.types import Prompt, Rollout, Score
 trl_rewards = pytest.importorskip("trl.rewards")
 
 MESSAGES = [{"role": "system", "content": "Think, then answer."}, {"role": "user", "content": "What is 1/3?"}]
-COMPLETIONS = [r"<think>easy</think> \boxed{\frac{1}{3}}", r"\boxed{\frac{1}{2}}", "<think>a<think>b</think>",
-               "no answer at all"]
+COMPLETIONS = [
+    r"<think>easy</think> \boxed{\frac{1}{3}}",
+    r"\boxed{\frac{1}{2}}",
+    "<think>a<think>b</think>",
+    "no answer at all",
+]
 SOLUTIONS = [r"\frac{1}{3}", r"\frac{1}{3}", r"\frac{1}{3}", "not math"]
 
 
 def rollout(completion: str, index: int, messages=None, ids=None, **columns) -> Rollout:
     prompt = Prompt(id=f"p{index}", text="rendered prompt", token_ids=[1, 2], columns=columns, messages=messages)
-    return Rollout(prompt=prompt, group_index=0, response_ids=ids or [7] * (index + 1), response_text=completion,
-                   behaviour_logprobs=[-0.5], finish_reason="stop", versions=[0])
+    return Rollout(
+        prompt=prompt,
+        group_index=0,
+        response_ids=ids or [7] * (index + 1),
+        response_text=completion,
+        behaviour_logprobs=[-0.5],
+        finish_reason="stop",
+        versions=[0],
+    )
 
 
 def chat_batch():
@@ -49,8 +60,9 @@ def test_trl_accuracy_reward_on_messages_rows_equals_trl_called_directly():
 
 
 def test_trl_none_contributes_nothing_to_a_combined_reward():
-    config = RewardConfig(components=[{"fn": "trl.rewards:accuracy_reward", "weight": 2.0},
-                                      {"fn": "trl.rewards:think_format_reward"}])
+    config = RewardConfig(
+        components=[{"fn": "trl.rewards:accuracy_reward", "weight": 2.0}, {"fn": "trl.rewards:think_format_reward"}]
+    )
     with build_reward_service(config) as service:
         scores, metrics = service.score(chat_batch())
     assert rewards(scores) == [3.0, 0.0, 0.0, 0.0] and metrics["reward/errors"] == 0
@@ -63,13 +75,15 @@ def test_trl_think_format_reward_equals_trl_called_directly():
 
 
 def test_trl_on_plain_rows_gets_strings_like_trl(tmp_path, monkeypatch):
-    (tmp_path / "trl_style.py").write_text(textwrap.dedent("""
+    (tmp_path / "trl_style.py").write_text(
+        textwrap.dedent("""
         def length_reward(completions, answer, completion_ids, **kwargs):
             return [float(isinstance(c, str)) + len(ids) / 10 for c, ids in zip(completions, completion_ids)]
 
         def echo(prompts, completions, **kwargs):
             return [float(p == "rendered prompt" and c == "a") for p, c in zip(prompts, completions)]
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     batch = [rollout("a", 0, answer="1"), rollout("b", 1, answer="2")]
     assert rewards(score_rollouts(load_reward("trl_style:length_reward"), batch)[0]) == [1.1, 1.2]
@@ -78,12 +92,14 @@ def test_trl_on_plain_rows_gets_strings_like_trl(tmp_path, monkeypatch):
 
 
 def test_trl_continued_assistant_turn_prefixes_the_completion(tmp_path, monkeypatch):
-    (tmp_path / "trl_seen.py").write_text(textwrap.dedent("""
+    (tmp_path / "trl_seen.py").write_text(
+        textwrap.dedent("""
         SEEN = []
         def seen(prompts, completions, **kwargs):
             SEEN.append((prompts, completions))
             return [0.0] * len(completions)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "It is "}]
     score_rollouts(load_reward("trl_seen:seen", style="trl"), [rollout("4", 0, messages)])
@@ -119,14 +135,24 @@ def verl_module(tmp_path):
 
 def test_verl_dict_score_is_the_reward_and_the_rest_are_components(verl_module):
     fn = load_reward(f"{verl_module}:compute_score")
-    batch = [rollout(" 4", 0, MESSAGES, data_source="gsm8k", reward_model={"style": "rule", "ground_truth": "4"},
-                     extra_info={"bonus": 2}),
-             rollout("5", 1, ground_truth="4")]
+    batch = [
+        rollout(
+            " 4",
+            0,
+            MESSAGES,
+            data_source="gsm8k",
+            reward_model={"style": "rule", "ground_truth": "4"},
+            extra_info={"bonus": 2},
+        ),
+        rollout("5", 1, ground_truth="4"),
+    ]
     scores, errors = score_rollouts(fn, batch)
     assert scores == [Score(1.0, {"acc": 1.0, "bonus": 2.0}), Score(0.0, {"acc": 0.0, "bonus": 0.0})]  # not 2.0
     module = sys.modules["relayrl_user_reward_verl_reward"]
-    assert [module.compute_score("gsm8k", " 4", "4", {"bonus": 2})["score"], module.compute_score(None, "5", "4", {})
-            ["score"]] == rewards(scores)
+    assert [
+        module.compute_score("gsm8k", " 4", "4", {"bonus": 2})["score"],
+        module.compute_score(None, "5", "4", {})["score"],
+    ] == rewards(scores)
 
 
 def test_verl_float_and_a_raising_sample_named(verl_module):
@@ -162,10 +188,12 @@ def test_auto_keeps_relayrl_functions_plain_and_announces_the_convention_once(tm
 
 
 def test_style_reaches_worker_processes(tmp_path, monkeypatch):
-    (tmp_path / "trl_in_worker.py").write_text(textwrap.dedent("""
+    (tmp_path / "trl_in_worker.py").write_text(
+        textwrap.dedent("""
         def kind(prompts, completions, **kwargs):
             return [float(isinstance(c, list)) for c in completions]
-    """))
+    """)
+    )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path))
     config = RewardConfig(fn="trl_in_worker:kind", style="trl", workers=1, timeout_s=30)
@@ -175,17 +203,20 @@ def test_style_reaches_worker_processes(tmp_path, monkeypatch):
 
 
 def test_trl_async_function_is_awaited(tmp_path, monkeypatch):
-    (tmp_path / "trl_async.py").write_text(textwrap.dedent("""
+    (tmp_path / "trl_async.py").write_text(
+        textwrap.dedent("""
         async def lengths(completions, **kwargs):
             return [float(len(c[0]["content"])) for c in completions]
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     scores, _ = score_rollouts(load_reward("trl_async:lengths"), chat_batch()[:2])
     assert rewards(scores) == [float(len(COMPLETIONS[0])), float(len(COMPLETIONS[1]))]
 
 
 def test_verl_dict_without_score_names_the_sample_and_the_key(tmp_path):
-    (tmp_path / "no_score.py").write_text("def compute_score(data_source, solution_str, ground_truth, extra_info):\n"
-                                          "    return {'acc': 1.0}\n")
+    (tmp_path / "no_score.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info):\n    return {'acc': 1.0}\n"
+    )
     with pytest.raises(RewardError, match=r"sample p0#0 is \{'acc': 1.0\}, not .*a finite 'score'"):
         score_rollouts(load_reward(f"{tmp_path / 'no_score.py'}:compute_score"), [rollout("4", 0, ground_truth="4")])

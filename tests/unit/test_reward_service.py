@@ -21,8 +21,15 @@ FNS = "tests.unit.reward_fns_for_service"
 
 def rollout(completion: str, index: int = 0, **columns) -> Rollout:
     prompt = Prompt(id="p", text="Q:", token_ids=[1], columns=columns)
-    return Rollout(prompt=prompt, group_index=index, response_ids=[3], response_text=completion,
-                   behaviour_logprobs=[-0.5], finish_reason="stop", versions=[0])
+    return Rollout(
+        prompt=prompt,
+        group_index=index,
+        response_ids=[3],
+        response_text=completion,
+        behaviour_logprobs=[-0.5],
+        finish_reason="stop",
+        versions=[0],
+    )
 
 
 def batch(*completions: str, **columns) -> list[Rollout]:
@@ -69,8 +76,9 @@ def test_default_is_in_process_and_unchanged():
 
 
 def test_weighted_components_are_combined_and_logged():
-    config = RewardConfig(components=[{"fn": f"{FNS}:length", "weight": 0.5},
-                                      {"fn": f"{FNS}:parts", "weight": 2.0, "name": "judged"}])
+    config = RewardConfig(
+        components=[{"fn": f"{FNS}:length", "weight": 0.5}, {"fn": f"{FNS}:parts", "weight": 2.0, "name": "judged"}]
+    )
     scores, metrics = build_reward_service(config).score(batch("ab", "abcd"))
     # 0.5 * len + 2 * (1.0 + 0.5)
     assert scores[0] == Score(4.0, {"length": 2.0, "judged": 1.5, "judged.correct": 1.0, "judged.format": 0.5})
@@ -96,14 +104,18 @@ def test_in_process_errors_follow_the_policy(on_error, expected, skipped):
     scores, metrics = service.score(batch("ok", "RAISE", "NAN"))
     assert [None if s is None else s.reward for s in scores] == expected
     assert metrics["reward/errors"] == 2 and metrics["reward/skipped"] == skipped
-    assert metrics["reward/hang_on_marker"] == pytest.approx(sum(v for v in expected if v is not None)
-                                                             / sum(v is not None for v in expected))
+    assert metrics["reward/hang_on_marker"] == pytest.approx(
+        sum(v for v in expected if v is not None) / sum(v is not None for v in expected)
+    )
 
 
 def test_a_reward_failing_on_every_sample_stops_instead_of_training_on_zeros():
     service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker", on_error="zero"))
-    with pytest.raises(RewardError, match=r"reward 'hang_on_marker' \(tests.unit.reward_fns_for_service:hang_on_marker\) "
-                                          r"failed on 3 of 3 samples .*\(3 errors, 0 timeouts\).*max_error_frac=1"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward 'hang_on_marker' \(tests.unit.reward_fns_for_service:hang_on_marker\) "
+        r"failed on 3 of 3 samples .*\(3 errors, 0 timeouts\).*max_error_frac=1",
+    ):
         service.score(batch("RAISE", "NAN", "RAISE"))
 
 

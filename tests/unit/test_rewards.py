@@ -15,8 +15,15 @@ from relayrl.types import Prompt, Rollout, Score
 
 def rollout(completion: str, prompt_id: str = "p", index: int = 0, text: str = "Q:", **columns) -> Rollout:
     prompt = Prompt(id=prompt_id, text=text, token_ids=[1, 2], columns=columns)
-    return Rollout(prompt=prompt, group_index=index, response_ids=[3], response_text=completion,
-                   behaviour_logprobs=[-0.5], finish_reason="stop", versions=[0])
+    return Rollout(
+        prompt=prompt,
+        group_index=index,
+        response_ids=[3],
+        response_text=completion,
+        behaviour_logprobs=[-0.5],
+        finish_reason="stop",
+        versions=[0],
+    )
 
 
 def rewards(scores: list[Score]) -> list[float]:
@@ -40,9 +47,13 @@ def constant(values):
 
 def test_exact_match_normalises_whitespace():
     fn = load_reward("exact_match")
-    batch = [rollout(" 42\n", answer="42", index=0), rollout("4 2", answer="42", index=1),
-             rollout("a  b", answer="a b ", index=2), rollout("43", answer="42", index=3),
-             rollout("7", answer=7, index=4)]
+    batch = [
+        rollout(" 42\n", answer="42", index=0),
+        rollout("4 2", answer="42", index=1),
+        rollout("a  b", answer="a b ", index=2),
+        rollout("43", answer="42", index=3),
+        rollout("7", answer=7, index=4),
+    ]
     scores, errors = score_rollouts(fn, batch)
     assert rewards(scores) == [1.0, 0.0, 1.0, 0.0, 1.0] and errors == 0
 
@@ -54,15 +65,18 @@ def test_exact_match_without_answer_column_names_it_even_with_on_error_zero():
         assert "'answer' column" in message and "exact_match" in message and "solution" in message
 
 
-@pytest.mark.parametrize("completion, answer, expected", [
-    ("The answer is $\\frac{1}{2}$", "0.5", 1.0),
-    ("so we get \\boxed{4}", "4", 1.0),
-    ("\\boxed{4}", 4, 1.0),
-    ("The answer is $\\frac{1}{3}$", "0.5", 0.0),
-    ("\\boxed{5}", "4", 0.0),
-    ("no idea", "4", 0.0),
-    ("$x = 2$", "$2$", 1.0),
-])
+@pytest.mark.parametrize(
+    "completion, answer, expected",
+    [
+        ("The answer is $\\frac{1}{2}$", "0.5", 1.0),
+        ("so we get \\boxed{4}", "4", 1.0),
+        ("\\boxed{4}", 4, 1.0),
+        ("The answer is $\\frac{1}{3}$", "0.5", 0.0),
+        ("\\boxed{5}", "4", 0.0),
+        ("no idea", "4", 0.0),
+        ("$x = 2$", "$2$", 1.0),
+    ],
+)
 def test_math_verifier(completion, answer, expected):
     scores, errors = score_rollouts(load_reward("math"), [rollout(completion, answer=answer)])
     assert rewards(scores) == [expected] and errors == 0
@@ -70,8 +84,11 @@ def test_math_verifier(completion, answer, expected):
 
 def test_regex_with_kwargs():
     fn = load_reward("regex", {"pattern": r"<answer>\d+</answer>"})
-    batch = [rollout(" <answer>12</answer>\n"), rollout("<answer>x</answer>", index=1),
-             rollout("<answer>1</answer> and more", index=2)]
+    batch = [
+        rollout(" <answer>12</answer>\n"),
+        rollout("<answer>x</answer>", index=1),
+        rollout("<answer>1</answer> and more", index=2),
+    ]
     scores, _ = score_rollouts(fn, batch)
     assert rewards(scores) == [1.0, 0.0, 0.0]
 
@@ -92,15 +109,18 @@ def test_unknown_builtin_lists_builtins():
 
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent("""
         def length_bonus(prompts, completions, answer, scale=1.0, **_):
             return [scale * len(c) + (c == a) for c, a in zip(completions, answer)]
 
         not_a_function = 3
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_rewards"
     import sys
+
     sys.modules.pop("my_rewards", None)
 
 
@@ -119,7 +139,8 @@ def test_user_function_kwargs_are_bound(user_module):
 def test_user_function_by_file_path(tmp_path):
     path = tmp_path / "sub" / "score.py"
     path.parent.mkdir()
-    path.write_text(textwrap.dedent("""
+    path.write_text(
+        textwrap.dedent("""
         from __future__ import annotations
 
         from dataclasses import dataclass
@@ -130,7 +151,8 @@ def test_user_function_by_file_path(tmp_path):
 
         def reward(prompts, completions, **columns):
             return [Weights().hit if "yes" in c else 0.0 for c in completions]
-    """))
+    """)
+    )
     fn = load_reward(f"{path}:reward")
     scores, _ = score_rollouts(fn, [rollout("yes!"), rollout("no", index=1)])
     assert rewards(scores) == [2.0, 0.0]
@@ -294,9 +316,11 @@ def returning(values):
 
 
 def test_a_numpy_array_of_one_value_per_sample_is_accepted():
-    for values, expected in [(np.array([0.25, 1.0, 0.0]), [0.25, 1.0, 0.0]),
-                             (np.array([2, 0, 1], dtype=np.int32), [2.0, 0.0, 1.0]),
-                             (np.array([True, False, True]), [1.0, 0.0, 1.0])]:
+    for values, expected in [
+        (np.array([0.25, 1.0, 0.0]), [0.25, 1.0, 0.0]),
+        (np.array([2, 0, 1], dtype=np.int32), [2.0, 0.0, 1.0]),
+        (np.array([True, False, True]), [1.0, 0.0, 1.0]),
+    ]:
         scores, errors = score_rollouts(returning(values), [rollout(str(i), index=i) for i in range(3)])
         assert rewards(scores) == expected and errors == 0
         assert all(type(r) is float for r in rewards(scores))
@@ -305,8 +329,11 @@ def test_a_numpy_array_of_one_value_per_sample_is_accepted():
 def test_a_torch_tensor_of_one_value_per_sample_is_accepted():
     import torch
 
-    for values in [torch.tensor([0.5, 2.0]), torch.tensor([0.5, 2.0], requires_grad=True),
-                   torch.tensor([0.5, 2.0], dtype=torch.bfloat16)]:
+    for values in [
+        torch.tensor([0.5, 2.0]),
+        torch.tensor([0.5, 2.0], requires_grad=True),
+        torch.tensor([0.5, 2.0], dtype=torch.bfloat16),
+    ]:
         scores, errors = score_rollouts(returning(values), [rollout("a"), rollout("b", index=1)])
         assert rewards(scores) == [0.5, 2.0] and errors == 0
         assert all(type(r) is float for r in rewards(scores))
@@ -321,8 +348,10 @@ def test_zero_dimensional_arrays_and_tensors_are_numbers():
     assert scores[2].components == {"correct": 1.0, "format": 0.25}
 
 
-@pytest.mark.parametrize("values, got", [(np.ones(3), "got 3 values"), (np.ones((2, 1)), "got an array of shape (2, 1)"),
-                                         (np.float64(1.0), "got float64")])
+@pytest.mark.parametrize(
+    "values, got",
+    [(np.ones(3), "got 3 values"), (np.ones((2, 1)), "got an array of shape (2, 1)"), (np.float64(1.0), "got float64")],
+)
 def test_an_array_of_the_wrong_shape_is_named(values, got):
     message = reward_error(score_rollouts, returning(values), [rollout("a"), rollout("b", index=1)], "zero")
     assert "must return a list of 2 values" in message and got in message

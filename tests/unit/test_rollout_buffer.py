@@ -38,13 +38,18 @@ def simulate(buffer: RolloutBuffer, actions, updates: int):
     return handed_out
 
 
-actions = st.lists(st.tuples(st.sampled_from(["admit", "admit", "finish", "finish", "learn"]),
-                             st.integers(0, 1000)), max_size=400)
+actions = st.lists(
+    st.tuples(st.sampled_from(["admit", "admit", "finish", "finish", "learn"]), st.integers(0, 1000)), max_size=400
+)
 
 
 @settings(max_examples=200, deadline=None)
-@given(actions=actions, per_step=st.integers(1, 4), max_staleness=st.integers(0, 3),
-       on_stale=st.sampled_from(["drop", "wait"]))
+@given(
+    actions=actions,
+    per_step=st.integers(1, 4),
+    max_staleness=st.integers(0, 3),
+    on_stale=st.sampled_from(["drop", "wait"]),
+)
 def test_no_handed_out_sample_is_staler_than_the_bound(actions, per_step, max_staleness, on_stale):
     buffer = RolloutBuffer(per_step, max_staleness, on_stale)
     for version, oldest in simulate(buffer, actions, updates=50):
@@ -148,8 +153,15 @@ def test_partial_state_discards_carried_finished_groups_too_old_to_train():
     from relayrl.schedules.overlap import PartialState
 
     def sample(group, versions, finished):
-        return PartialSample(prompt=None, group=group, group_index=0, seed=None, token_ids=[1] * len(versions),
-                             versions=versions, finish_reason="stop" if finished else None)
+        return PartialSample(
+            prompt=None,
+            group=group,
+            group_index=0,
+            seed=None,
+            token_ids=[1] * len(versions),
+            versions=versions,
+            finish_reason="stop" if finished else None,
+        )
 
     state = PartialState()
     state.ready = [[sample(0, [0, 1], True)], [sample(1, [1, 1], True)]]

@@ -13,9 +13,12 @@ from relayrl.cli import main
 def _finished_run(run_dir):
     """A directory as a finished run leaves it (the parts a new run could damage)."""
     run_dir.mkdir(parents=True)
-    files = {"config.yaml": "train:\n  steps: 7\n", "metrics.jsonl": '{"step": 0, "reward/mean": 0.5}\n',
-             "timeline.jsonl": '{"step": 0, "role": "learner", "phase": "update", "start": 1.0, "end": 2.0}\n',
-             "eval.json": '{"before": {}, "after": {}}\n'}
+    files = {
+        "config.yaml": "train:\n  steps: 7\n",
+        "metrics.jsonl": '{"step": 0, "reward/mean": 0.5}\n',
+        "timeline.jsonl": '{"step": 0, "role": "learner", "phase": "update", "start": 1.0, "end": 2.0}\n',
+        "eval.json": '{"before": {}, "after": {}}\n',
+    }
     for name, text in files.items():
         (run_dir / name).write_text(text)
     return files
@@ -23,10 +26,18 @@ def _finished_run(run_dir):
 
 def _config(tmp_path, model_dir, train_file, run_dir, **extra):
     path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump({"model": {"path": str(model_dir)}, "data": {"train": str(train_file)},
-                                    "rollout": {"engine": "hf", "n": 2, "prompts_per_step": 2, "max_tokens": 2},
-                                    "train": {"steps": 1}, "log": {"dir": str(run_dir), "progress": False,
-                                                                   "save_model": False}, **extra}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(model_dir)},
+                "data": {"train": str(train_file)},
+                "rollout": {"engine": "hf", "n": 2, "prompts_per_step": 2, "max_tokens": 2},
+                "train": {"steps": 1},
+                "log": {"dir": str(run_dir), "progress": False, "save_model": False},
+                **extra,
+            }
+        )
+    )
     return str(path)
 
 
@@ -51,8 +62,9 @@ def test_a_bad_reward_spec_stops_before_the_run_directory_is_created(tmp_path, c
     assert not run_dir.exists()
 
 
-def test_a_new_run_into_a_directory_holding_a_run_stops_naming_resume_and_overwrite(tmp_path, capsys,
-                                                                                     random_model_dir, toy_task):
+def test_a_new_run_into_a_directory_holding_a_run_stops_naming_resume_and_overwrite(
+    tmp_path, capsys, random_model_dir, toy_task
+):
     run_dir = tmp_path / "run"
     files = _finished_run(run_dir)
     code = main(["train", _config(tmp_path, random_model_dir, toy_task["train"], run_dir)])
@@ -90,8 +102,9 @@ def test_resume_keeps_the_logs_up_to_the_checkpoint_step(tmp_path):
     run_dir.mkdir()
     metrics = "".join(json.dumps({"step": s, "reward/mean": s / 10}) + "\n" for s in range(4))
     (run_dir / "metrics.jsonl").write_text(metrics + '{"step": 4, "rew')  # the last row torn by a kill
-    timeline = "".join(json.dumps({"step": s, "role": "learner", "phase": "update", "start": s, "end": s + 1}) + "\n"
-                       for s in range(4))
+    timeline = "".join(
+        json.dumps({"step": s, "role": "learner", "phase": "update", "start": s, "end": s + 1}) + "\n" for s in range(4)
+    )
     (run_dir / "timeline.jsonl").write_text(timeline)
     claim(run_dir, "resolved: config\n", resume_step=1)
     assert [json.loads(r)["step"] for r in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1]
@@ -104,8 +117,14 @@ def test_the_demo_replaces_its_previous_rl_run(tmp_path, monkeypatch, capsys):
     from relayrl.demo import run_demo
 
     calls = []
-    monkeypatch.setattr(relayrl.controller, "train", lambda config, **kwargs: calls.append(kwargs) or {
-        "before": {"eval/greedy": 0.5, "eval/sampled": 0.5}, "after": {"eval/greedy": 0.6, "eval/sampled": 0.6}})
+    monkeypatch.setattr(
+        relayrl.controller,
+        "train",
+        lambda config, **kwargs: (
+            calls.append(kwargs)
+            or {"before": {"eval/greedy": 0.5, "eval/sampled": 0.5}, "after": {"eval/greedy": 0.6, "eval/sampled": 0.6}}
+        ),
+    )
     warm = tmp_path / "warmstart"
     warm.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -123,4 +142,3 @@ def test_a_timeline_appends_to_the_rows_a_resumed_run_kept(tmp_path):
     timeline.add(1, "learner", "update", 2.0, 3.0)
     timeline.flush()
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1]
-

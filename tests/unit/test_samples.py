@@ -16,8 +16,18 @@ from relayrl.types import Prompt, Rollout, Score
 def _step(rewards=(1.0, 0.0, 0.5, 0.25), texts=("11", "12", "<b>&", "9")):
     """Two groups of two; sample 2 spans versions 3 and 4; token advantages differ within sample 0."""
     prompts = [Prompt("p0", "5+6=", [5, 6, 7]), Prompt("p1", "4+5=", [4, 5, 7])]
-    rollouts = [Rollout(prompts[i // 2], i % 2, [1] * (i + 1), texts[i], [-0.5] * (i + 1),
-                        "stop" if i != 3 else "length", [3] * i + [4]) for i in range(4)]
+    rollouts = [
+        Rollout(
+            prompts[i // 2],
+            i % 2,
+            [1] * (i + 1),
+            texts[i],
+            [-0.5] * (i + 1),
+            "stop" if i != 3 else "length",
+            [3] * i + [4],
+        )
+        for i in range(4)
+    ]
     scores = [Score(r, {"correct": r, "format": 0.1}) for r in rewards]
     exp = make_experience(rollouts, scores, pad_id=0)
     exp.advantages = torch.zeros_like(exp.loss_mask)
@@ -29,9 +39,18 @@ def test_rows_hold_text_reward_components_sequence_advantage_versions_and_finish
     rollouts, scores, exp = _step()
     rows = sample_rows(7, rollouts, scores, exp, max_per_step=3)
     assert [r["sample"] for r in rows] == ["p0#0", "p0#1", "p1#0"]  # the first samples, whole groups first
-    assert rows[0] == {"step": 7, "sample": "p0#0", "prompt": "5+6=", "completion": "11", "reward": 1.0,
-                       "components": {"correct": 1.0, "format": 0.1}, "advantage": 2.0, "versions": [4],
-                       "finish_reason": "stop", "tokens": 1}
+    assert rows[0] == {
+        "step": 7,
+        "sample": "p0#0",
+        "prompt": "5+6=",
+        "completion": "11",
+        "reward": 1.0,
+        "components": {"correct": 1.0, "format": 0.1},
+        "advantage": 2.0,
+        "versions": [4],
+        "finish_reason": "stop",
+        "tokens": 1,
+    }
     assert rows[1]["advantage"] == pytest.approx(2.0)  # mean of its tokens' 1.0 and 3.0
     assert rows[2]["versions"] == [3, 4] and rows[2]["advantage"] == pytest.approx(4.0)
 
@@ -100,9 +119,20 @@ def test_report_shows_best_and_worst_of_first_middle_last_steps_escaped(tmp_path
     rows = []
     for step in (0, 10, 20, 29):
         for i in range(8):
-            rows.append({"step": step, "sample": f"p{i}#0", "prompt": "<script>alert(1)</script>",
-                         "completion": f"answer {step}-{i} & <i>", "reward": float(i), "components": {},
-                         "advantage": i - 3.5, "versions": [step], "finish_reason": "stop", "tokens": 3})
+            rows.append(
+                {
+                    "step": step,
+                    "sample": f"p{i}#0",
+                    "prompt": "<script>alert(1)</script>",
+                    "completion": f"answer {step}-{i} & <i>",
+                    "reward": float(i),
+                    "components": {},
+                    "advantage": i - 3.5,
+                    "versions": [step],
+                    "finish_reason": "stop",
+                    "tokens": 3,
+                }
+            )
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     page = write_report(tmp_path).read_text()
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page

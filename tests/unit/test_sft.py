@@ -35,13 +35,16 @@ def sft_warnings(data, out, **kwargs) -> list[str]:
 
 
 def test_characters_the_tokenizer_lacks_warn_once_naming_them_and_the_first_row(tmp_path, digits_model):
-    data = write_jsonl(tmp_path / "pairs.jsonl", [
-        {"prompt": "1+1=", "completion": "2"},
-        {"prompt": "5-3=", "completion": "2"},
-        {"prompt": "2×3=", "completion": "6"},
-        {"prompt": "9-1=", "completion": "8"},
-        {"prompt": "4+4=", "completion": "8"},
-    ])
+    data = write_jsonl(
+        tmp_path / "pairs.jsonl",
+        [
+            {"prompt": "1+1=", "completion": "2"},
+            {"prompt": "5-3=", "completion": "2"},
+            {"prompt": "2×3=", "completion": "6"},
+            {"prompt": "9-1=", "completion": "8"},
+            {"prompt": "4+4=", "completion": "8"},
+        ],
+    )
     (message,) = sft_warnings(data, tmp_path / "m", model_path=str(digits_model))
     assert "'-'" in message and "'×'" in message
     assert "3 of 5 rows" in message and f"first at {data}:2" in message
@@ -49,8 +52,9 @@ def test_characters_the_tokenizer_lacks_warn_once_naming_them_and_the_first_row(
 
 
 def test_an_unknown_character_in_a_completion_is_named(tmp_path, digits_model):
-    data = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "1+1=", "completion": "2"},
-                                                  {"prompt": "1+1=", "completion": "two"}])
+    data = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"prompt": "1+1=", "completion": "2"}, {"prompt": "1+1=", "completion": "two"}]
+    )
     (message,) = sft_warnings(data, tmp_path / "m", model_path=str(digits_model))
     assert "'t', 'w', 'o'" in message and "1 of 2 rows" in message and f"{data}:2" in message
 
@@ -72,13 +76,21 @@ def test_a_missing_model_directory_names_the_flag(tmp_path):
 
 
 def test_pairs_keep_their_location(tmp_path):
-    data = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}])
+    data = write_jsonl(
+        tmp_path / "pairs.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}]
+    )
     pairs = load_pairs(data)
     assert [(p.where, p.prompt, p.completion) for p in pairs] == [(f"{data}:1", "a", "b"), (f"{data}:2", "c", "d")]
 
 
-@pytest.mark.parametrize("row, what", [({"prompt": "a"}, "'completion'"), ({"prompt": "a", "completion": ""}, "'completion'"),
-                                       ({"messages": [{"role": "user", "content": "a"}], "completion": "b"}, "'prompt'")])
+@pytest.mark.parametrize(
+    "row, what",
+    [
+        ({"prompt": "a"}, "'completion'"),
+        ({"prompt": "a", "completion": ""}, "'completion'"),
+        ({"messages": [{"role": "user", "content": "a"}], "completion": "b"}, "'prompt'"),
+    ],
+)
 def test_bad_sft_rows_name_the_row_and_column(tmp_path, row, what):
     data = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "a", "completion": "b"}, row])
     with pytest.raises(DataError) as info:

@@ -10,14 +10,19 @@ from relayrl.sync.transports import make_receiver, make_sender
 
 def weights(seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [("embed.weight", torch.randn(50, 8, generator=g)), ("layer.0.w", torch.randn(8, 8, generator=g)),
-            ("layer.0.b", torch.randn(8, generator=g)), ("head.weight", torch.randn(8, 50, generator=g))]
+    return [
+        ("embed.weight", torch.randn(50, 8, generator=g)),
+        ("layer.0.w", torch.randn(8, 8, generator=g)),
+        ("layer.0.b", torch.randn(8, generator=g)),
+        ("head.weight", torch.randn(8, 50, generator=g)),
+    ]
 
 
 def test_layout_greedy_buckets_and_oversized_tensor():
     # 1 KiB buckets of fp32 = 256 elements: 400 alone (oversized), 64 + 8 together, 400 alone
-    layout = make_layout([("a", (50, 8)), ("b", (8, 8)), ("c", (8,)), ("d", (8, 50))], bucket_mb=1 / 1024,
-                         wire_dtype="fp32")
+    layout = make_layout(
+        [("a", (50, 8)), ("b", (8, 8)), ("c", (8,)), ("d", (8, 50))], bucket_mb=1 / 1024, wire_dtype="fp32"
+    )
     assert layout.bucket_sizes == (400, 72, 400)
     assert [s.bucket for s in layout.slots] == [0, 1, 1, 2]
     assert [s.offset for s in layout.slots] == [0, 0, 64, 0]
@@ -115,7 +120,7 @@ def test_adopted_parameters_live_in_shared_memory_and_push_without_a_copy():
     try:
         assert sender.adopt(params) == len(params)
         slot = layout.slots[1]
-        assert params[1][1].data_ptr() == sender.buckets[slot.bucket][slot.offset:].data_ptr()
+        assert params[1][1].data_ptr() == sender.buckets[slot.bucket][slot.offset :].data_ptr()
         with torch.no_grad():
             params[1][1].add_(1.0)  # an optimizer step writes straight into the segment
         got = dict(receiver.receive(sender.send(params, 1)))
@@ -197,12 +202,17 @@ def test_sweep_removes_segments_whose_owner_or_creator_is_dead(tmp_path):
 
     from relayrl.sync.transports import sweep_segments
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     live = str(os.getpid())
-    names = {f"relayrl_{dead}_{live}_ab12cd34-0": False, f"relayrl_{live}_{dead}_ab12cd34-0": False,
-             f"relayrl-{dead}-ab12cd34-3": False, f"relayrl_{live}_{live}_ab12cd34-0": True,
-             "relayrl-notes.txt": True}
+    names = {
+        f"relayrl_{dead}_{live}_ab12cd34-0": False,
+        f"relayrl_{live}_{dead}_ab12cd34-0": False,
+        f"relayrl-{dead}-ab12cd34-3": False,
+        f"relayrl_{live}_{live}_ab12cd34-0": True,
+        "relayrl-notes.txt": True,
+    }
     for name in names:
         (tmp_path / name).write_bytes(b"x")
     removed = sweep_segments(tmp_path)

@@ -36,8 +36,14 @@ def test_chunks_give_the_values_and_gradients_of_one_piece(top_k, top_p, entropy
 def test_the_head_over_hidden_states_trains_as_the_models_logits(random_model_dir, logits_chunk):
     runs = {}
     for chunk in (logits_chunk, 1024):
-        learner = PolicyLearner(_config(random_model_dir, micro_batch=8, logits_chunk=chunk,
-                                        extra=["algorithm.entropy_coef=0.01", "rollout.temperature=0.7"]))
+        learner = PolicyLearner(
+            _config(
+                random_model_dir,
+                micro_batch=8,
+                logits_chunk=chunk,
+                extra=["algorithm.entropy_coef=0.01", "rollout.temperature=0.7"],
+            )
+        )
         runs[chunk] = _grads_of_first_step(learner, _experience())
     (grads_a, stats_a), (grads_b, stats_b) = runs.values()
     for a, b in zip(grads_a, grads_b):
@@ -56,6 +62,9 @@ def test_a_model_whose_logits_are_not_its_head_is_stopped_with_one_message(rando
         return out
 
     learner.model.forward = soft_capped
-    with pytest.raises(ConfigError, match=r"padded rows, head over hidden states\) gives log-probs up to .* "
-                                          r"Set train.logits_chunk=0\.$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"padded rows, head over hidden states\) gives log-probs up to .* "
+        r"Set train.logits_chunk=0\.$",
+    ):
         learner.update(_experience())

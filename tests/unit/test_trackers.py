@@ -16,8 +16,7 @@ STEPS = [{"reward/mean": 0.25, "time/step": 0.5}, {"reward/mean": 0.75, "time/st
 
 
 def _log_all(tmp_path, backends, steps=STEPS, first_step=0):
-    config = load_config(None, [f"log.dir={tmp_path}", "log.progress=false", f"log.backends={backends}",
-                                "rollout.n=4"])
+    config = load_config(None, [f"log.dir={tmp_path}", "log.progress=false", f"log.backends={backends}", "rollout.n=4"])
     trackers = build_trackers(config, tmp_path)
     for step, metrics in enumerate(steps, start=first_step):
         trackers.log(step, metrics)
@@ -64,7 +63,9 @@ def test_mlflow_resume_continues_the_same_run(tmp_path):
     _log_all(tmp_path, "[mlflow]", STEPS[1:], first_step=1)
     client, run = _mlflow_run(tmp_path)
     assert [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward/mean")] == [
-        (0, 0.25), (1, 0.75)]
+        (0, 0.25),
+        (1, 0.75),
+    ]
 
 
 def test_wandb_offline_history_reads_back(tmp_path):
@@ -80,10 +81,13 @@ def test_wandb_offline_history_reads_back(tmp_path):
     assert run_file.name == f"run-{(tmp_path / 'wandb' / 'run_id').read_text().strip()}.wandb"
 
 
-@pytest.mark.parametrize("backend, module", [("mlflow", "sqlalchemy"), ("wandb", "wandb"),
-                                             ("tensorboard", "tensorboard")])
+@pytest.mark.parametrize(
+    "backend, module", [("mlflow", "sqlalchemy"), ("wandb", "wandb"), ("tensorboard", "tensorboard")]
+)
 def test_missing_backend_package_fails_at_config_time(monkeypatch, backend, module):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == module else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == module else real_find_spec(name, *a)
+    )
     with pytest.raises(ConfigError, match=rf"log.backends={backend} needs {module}.*pip install"):
         load_config(None, [f"log.backends=[{backend}]"])

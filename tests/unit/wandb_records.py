@@ -15,8 +15,8 @@ import zlib
 from pathlib import Path
 
 BLOCK = 32 * 1024
-FILE_HEADER = struct.Struct("<4sHB")   # ident, magic, version
-CHUNK_HEADER = struct.Struct("<IHB")   # crc32, payload length, chunk type
+FILE_HEADER = struct.Struct("<4sHB")  # ident, magic, version
+CHUNK_HEADER = struct.Struct("<IHB")  # crc32, payload length, chunk type
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
@@ -34,7 +34,7 @@ def read_records(path: Path) -> list:
             pos += BLOCK - pos % BLOCK
             continue
         crc, length, kind = CHUNK_HEADER.unpack_from(data, pos)
-        payload = data[pos + CHUNK_HEADER.size: pos + CHUNK_HEADER.size + length]
+        payload = data[pos + CHUNK_HEADER.size : pos + CHUNK_HEADER.size + length]
         if zlib.crc32(bytes([kind]) + payload) != crc:
             raise ValueError(f"{path}: checksum mismatch in the chunk at byte {pos}")
         pos += CHUNK_HEADER.size + length
@@ -52,6 +52,7 @@ def history_rows(path: Path) -> list[dict]:
     rows = []
     for record in read_records(path):
         if record.WhichOneof("record_type") == "history":
-            rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                         for item in record.history.item})
+            rows.append(
+                {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+            )
     return rows
