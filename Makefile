@@ -30,7 +30,7 @@ demo: setup
 	$(BIN)/relayrl demo
 
 test: setup lint
-	$(BIN)/python -m pytest -q -rs tests
+	$(BIN)/python -m pytest -q -rs --durations=25 tests
 
 lint: setup  # ruff's lint rules and format from pyproject.toml; `$(BIN)/ruff format` and `ruff check --fix` mend them
 	$(BIN)/ruff check relayrl tests benchmarks
