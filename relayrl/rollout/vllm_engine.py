@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 
 from relayrl.rollout.base import PartialSample, Sampling
+from relayrl.rollout.seeds import request_seed
 from relayrl.types import Prompt, Rollout
 
 
@@ -217,13 +218,6 @@ def uses_prefix_caching(setting: str, max_model_len: int, on_gpu: bool) -> bool:
     if setting != "auto":
         return setting == "on"
     return max_model_len > DEFAULT_BLOCK_SIZE["gpu" if on_gpu else "cpu"]
-
-
-def request_seed(seed: int | None, index: int, n: int) -> int | None:
-    """The seed of request `index`. vLLM seeds the j-th of a request's n samples with seed + j, so request
-    seeds are spaced n apart: every sample of the batch gets its own random stream. (One seed shared by
-    all requests would draw the same sample for every prompt.)"""
-    return None if seed is None else seed * 1_000_003 + index * n
 
 
 def _refresh_tied_lm_head(model) -> None:

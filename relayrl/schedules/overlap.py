@@ -24,7 +24,7 @@ import time
 from relayrl.errors import PlacementError
 from relayrl.rewards.service import add_counts
 from relayrl.rollout.base import PartialSample
-from relayrl.rollout.vllm_engine import request_seed
+from relayrl.rollout.seeds import request_seed
 from relayrl.schedules.buffer import Group, RolloutBuffer
 
 

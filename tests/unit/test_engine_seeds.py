@@ -1,6 +1,6 @@
 """Per-request sampling seeds: every sample of a batch gets its own random stream."""
 
-from relayrl.rollout.vllm_engine import request_seed
+from relayrl.rollout.seeds import request_seed
 
 
 def test_request_seeds_expand_to_distinct_sample_seeds():
