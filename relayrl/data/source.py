@@ -10,14 +10,14 @@ into memory whole; streaming very large files is left to the sampler's own issue
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from relayrl.errors import DataError
+from relayrl.jsonl import iter_jsonl
 from relayrl.types import Prompt
 
 
@@ -27,7 +27,7 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
     if path.suffix == ".jsonl":
-        rows = list(_read_jsonl(path))
+        rows = list(iter_jsonl(path))  # the one JSONL reader (relayrl/jsonl.py)
     elif path.suffix == ".parquet":
         rows = _read_parquet(path)
     else:
@@ -37,25 +37,6 @@ def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     for where, row in rows:
         _check_row(where, row)
     return rows
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, start=1):
-            where = f"{path}:{number}"
-            try:  # decode per line so that a bad byte is reported at its line; tolerate a leading BOM
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{where}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            yield where, row
 
 
 def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:

@@ -2,7 +2,8 @@
 
 Rows are appended one `write` per row while a run goes on, so a run killed mid-write leaves at most its last
 line cut short: readers leave that one line out (with a note), and any other malformed line is an error
-naming `file:line`. Left out: writing (each file's owner appends its own rows).
+naming `file:line`. The lines are read by relayrl/jsonl.py, the one JSONL reader (prompt files use it too).
+Left out: writing (each file's owner appends its own rows).
 """
 
 from __future__ import annotations
@@ -11,29 +12,16 @@ import json
 from pathlib import Path
 
 from relayrl.errors import DataError
+from relayrl.jsonl import iter_jsonl
 
 
 def read_jsonl(path: Path, required: dict[str, type | tuple], notes: list[str] | None = None) -> list[dict]:
     """Rows of a JSONL file, each an object whose `required` keys have the given types. A malformed line raises
     DataError naming `file:line`, except the last line when it is not valid JSON: a write cut short by a kill,
-    left out, with a note appended to `notes`. Blank lines are skipped; an empty file gives no rows."""
-    lines = path.read_bytes().decode("utf-8", errors="replace").splitlines()  # a cut can split a character
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    left out, with a note appended to `notes` (relayrl/jsonl.py reads the lines). Blank lines are skipped; an
+    empty file gives no rows."""
     rows = []
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        where = f"{path}:{index + 1}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            if index == last:
-                if notes is not None:
-                    notes.append(f"{where}: the last line is cut short (a run killed mid-write?); left out")
-                continue
-            raise DataError(f"{where}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for where, row in iter_jsonl(path, torn_tail_ok=True, notes=notes):
         for key, kind in required.items():
             if not isinstance(row.get(key), kind) or isinstance(row.get(key), bool):
                 raise DataError(f"{where}: key {key!r} missing or not {getattr(kind, '__name__', 'a number')}")
