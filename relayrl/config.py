@@ -31,6 +31,7 @@ from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported 
     CriticConfig,
     DAPOConfig,
     DataConfig,
+    EnvConfig,
     EvalConfig,
     KLConfig,
     LogConfig,
@@ -59,6 +60,7 @@ class Config(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)

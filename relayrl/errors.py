@@ -28,6 +28,10 @@ class SyncError(RelayError):
     """Weights did not reach an engine intact (checksum mismatch, layout change, transport failure)."""
 
 
+class EnvError(RelayError):
+    """An environment (env.fn) cannot be loaded, or returned something that is not an observation or a Step."""
+
+
 class PlacementError(RelayError):
     """The roles cannot be placed on the cluster, or a role's actor died or missed its deadline."""
 
