@@ -36,6 +36,14 @@ class PlacementError(RelayError):
     """The roles cannot be placed on the cluster, or a role's actor died or missed its deadline."""
 
 
+class RoleFailure(PlacementError):
+    """A role's actor died or missed its deadline (engines may be restarted; anything else ends the run)."""
+
+    def __init__(self, message: str, role: str, died: bool):
+        super().__init__(message)
+        self.role, self.died = role, died
+
+
 class RelayWarning(UserWarning):
     """A setting or input that works but probably not as meant (printed as `relayrl: warning: ...`)."""
 

@@ -30,6 +30,7 @@ class Rollout:
     behaviour_logprobs: list[float]
     finish_reason: str
     versions: list[int]  # policy version that produced each response token
+    loss_mask: list[int] | None = None  # per response token, 1 = trained (multi-turn: observation tokens are 0)
 
     @property
     def sample_id(self) -> str:
@@ -62,6 +63,7 @@ class Experience:
     values: torch.Tensor | None = None  # [B, T-1] critic values before the update (gae only)
     returns: torch.Tensor | None = None  # [B, T-1] the critic's regression targets (gae only)
     prompt_lengths: torch.Tensor | None = None  # [B] prompt tokens of each row (group packing needs them)
+    reward_penalty: torch.Tensor | None = None  # [B, T-1] per-token reward terms: the KL penalty (kl.placement=reward)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -4,12 +4,17 @@ Owns: dynamic sampling (drop groups whose rewards are all equal, collect informa
 generation rounds until a batch is full), overlong filtering (no gradient on truncated responses) and the
 soft overlong punishment (a length penalty added to the reward).
 
+`DynamicSampling` is the collector the sync schedule picks at construction when dynamic sampling is on: it
+runs the rounds through a function it is given, which generates and scores one round.
+
 Deliberately left out: Clip-Higher (the asymmetric clip range) and token-level loss aggregation, which are
-loss settings in losses.py; generating, scoring and the loop over rounds, which the controller owns.
+loss settings in losses.py; generating and scoring, which the schedules do (relayrl/schedules/overlap.py).
 Nothing here does I/O or touches a model.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -118,6 +123,32 @@ class GroupCollector:
             "dynamic/dropped_groups": float(self.dropped),
             "dynamic/filled": float(self.full),
         }
+
+
+class DynamicSampling:
+    """Collect a step's batch over generation rounds: `collect(generate_round)` calls `generate_round(0)`,
+    `generate_round(1)`, ... (each returns one round's prompt-major rollouts and scores) until
+    `target_groups` informative groups are kept or `max_rounds` have run. When no round had an informative
+    group, the last round's batch is trained as it is (a zero-signal step)."""
+
+    def __init__(self, target_groups: int, max_rounds: int):
+        self.target_groups, self.max_rounds = target_groups, max_rounds
+
+    def collect(self, generate_round: Callable[[int], Group]) -> tuple[list[Rollout], list[Score], dict[str, float]]:
+        collector = GroupCollector(self.target_groups, self.max_rounds)
+        while not (collector.full or collector.exhausted):
+            rollouts, scores = generate_round(collector.rounds)
+            collector.add(rollouts, scores)
+        kept = collector.take()
+        rollouts, scores = kept if kept[0] else (rollouts, scores)
+        return rollouts, scores, collector.metrics()
+
+
+def add_overlong_penalty(rollouts: list[Rollout], scores: list[Score], max_tokens: int, buffer: int) -> list[Score]:
+    """The scores with `soft_overlong_penalty` added to each reward (and kept as the `overlong` component).
+    Apply it after any dynamic-sampling filter, which judges the task reward alone."""
+    penalty = soft_overlong_penalty([len(r.response_ids) for r in rollouts], max_tokens, buffer)
+    return [Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)]
 
 
 def overlong_mask(rollouts: list[Rollout]) -> torch.Tensor:

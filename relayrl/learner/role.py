@@ -10,7 +10,7 @@ the weights are. The sending half of a weight transport (`WeightSource`) lives h
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import torch
 
@@ -20,6 +20,21 @@ from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
 from relayrl.sync.endpoints import WeightSource
 from relayrl.types import Experience
+
+
+class Learner(Protocol):
+    """What the controller calls on the learner, wherever it runs: a `LearnerRole` here, a proxy on one in a Ray
+    actor (relayrl/placement/roles.py), or a handle on W sharded ranks; the syncs add the `WeightSource` half."""
+
+    def prepare(self, exp: Experience) -> Experience: ...
+
+    def update(self, step: int, exp: Experience) -> dict[str, float]: ...
+
+    def checkpoint(self, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str: ...
+
+    def load_state(self, checkpoint: str | Path, state: dict) -> None: ...
+
+    def save(self, run_dir: str | Path, tokenizer=None) -> None: ...
 
 
 class LearnerRole(WeightSource):
@@ -36,14 +51,13 @@ class LearnerRole(WeightSource):
 
     # ------------------------------------------------------------------ the step
     def prepare(self, exp: Experience) -> Experience:
-        """The passes over the pre-update policy: old and reference log-probs, critic values."""
+        """The passes over the pre-update policy: old and reference log-probs, critic values; and with
+        kl.placement=reward, the per-token KL penalty the advantage estimator adds to the rewards."""
         self.policy.fill_logprobs(exp)
         if self.critic is not None:
             exp.values = self.critic.values(exp)
+        exp.reward_penalty = self.policy.objective.reward_penalty(exp)  # None unless kl.placement=reward
         return exp
-
-    def reward_penalty(self, exp: Experience) -> torch.Tensor | None:
-        return self.policy.objective.reward_penalty(exp)  # kl.placement=reward, else None
 
     def update(self, step: int, exp: Experience) -> dict[str, float]:
         """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""

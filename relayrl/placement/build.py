@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+
 import ray
 
 from relayrl.config import Config, effective_transport
 from relayrl.learner.role import LearnerRole
+from relayrl.placement import Roles
 from relayrl.placement.cluster import actor_options, reserve
 from relayrl.placement.engine_worker import EngineWorker
-from relayrl.placement.engines import EngineGroup
+from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.roles import RemoteRole
 from relayrl.sync.remote import RaySync
 
 
-def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | None = None):
-    """(learner, engines, sync), every actor started and the first weights already on the engines."""
+def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | None = None) -> Roles:
+    """Every actor started and the first weights already on the engines."""
     placement = config.placement
     group, slots = reserve(config)
     learner_slot, engine_slots = slots[0], slots[1:]
@@ -32,13 +35,13 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
         )
         return RemoteRole(actor, slot.role, timeout)
 
-    engines = EngineGroup(spawn, placement)
+    engines = RayEngineGroup(spawn, placement)
     learner = RemoteRole(learner_actor, "learner", timeout)
     learner.ping()
     engines.ready()
     sync = RaySync(config.sync, effective_transport(config), probe_ids)
     sync.setup(learner, engines)
-    return learner, engines, sync, group
+    return Roles(engines, learner, sync, close=functools.partial(shutdown, learner, engines, group))
 
 
 def shutdown(learner, engines, group) -> None:

@@ -1,4 +1,5 @@
-"""Rollout-engine replicas behind the `RolloutEngine` interface, restarted when one dies.
+"""Rollout-engine replicas in Ray actors behind the `EngineGroup` protocol (relayrl/rollout/base.py), restarted
+when one dies.
 
 A step's prompts are split into contiguous shares, one per replica, generated concurrently and joined
 in order; each share carries its offset in the batch, so every request keeps the seed it would have on a
@@ -17,12 +18,13 @@ import time
 from typing import Callable
 
 from relayrl.config import PlacementConfig
-from relayrl.placement.roles import RemoteRole, RoleFailure
+from relayrl.errors import RoleFailure
+from relayrl.placement.roles import RemoteRole
 from relayrl.rollout.base import Sampling
 from relayrl.types import Prompt, Rollout
 
 
-class EngineGroup:
+class RayEngineGroup:
     def __init__(self, spawn: Callable[[int], RemoteRole], placement: PlacementConfig):
         self.spawn, self.placement = spawn, placement
         self.replicas = [spawn(i) for i in range(placement.engines)]

@@ -12,15 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from relayrl.errors import PlacementError, RelayError
-
-
-class RoleFailure(PlacementError):
-    """A role's actor died or missed its deadline (engines may be restarted; anything else ends the run)."""
-
-    def __init__(self, message: str, role: str, died: bool):
-        super().__init__(message)
-        self.role, self.died = role, died
+from relayrl.errors import PlacementError, RelayError, RoleFailure
 
 
 def get(refs, role: str, actor_id: str, timeout_s: float, what: str = "call") -> Any:

@@ -1,9 +1,10 @@
-"""The rollout-engine seam: generate rollouts for prompts, and take new weights with a version."""
+"""The rollout-engine seams: an `Engine` generates rollouts and takes new weights; an `EngineGroup` (what the
+rest of the run holds) spreads that over replicas. `engine_from_config` is the one way an engine is built."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Any, Iterable, Protocol, Sequence
 
 import torch
 
@@ -60,15 +61,57 @@ class PartialSample:
         )
 
 
-class RolloutEngine(Protocol):
+class Engine(Protocol):
+    """One inference engine in this process (vLLM, HF generate): what an engine group drives on each replica."""
+
+    version: int  # the policy version of the weights it holds
+
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         """`sampling.n` rollouts per prompt, prompt-major, with behaviour log-probs of the sampling pass."""
+
+    def generate_until(
+        self, samples: list[PartialSample], sampling: Sampling, groups_needed: int
+    ) -> list[PartialSample]:
+        """Partial rollouts: continue `samples` until `groups_needed` groups have finished (the async schedule)."""
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the policy weights (checkpoint names) and drop any cache computed with the old ones."""
 
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the sync's parity probe)."""
 
-def engine_from_config(config, max_model_len: int, cores: str | None = None) -> RolloutEngine:
+
+class EngineGroup(Protocol):
+    """What the controller, the schedules and the sync hold: the run's engine replicas (a local engine is a
+    one-replica group, relayrl/rollout/local_group.py; Ray actors are relayrl/placement/engines.py)."""
+
+    replicas: Sequence[Any]  # one handle per replica, each with the `Engine` methods
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
+        """`submit` to every replica, then `finish`: the rollouts in prompt order."""
+
+    def submit(self, prompts: list[Prompt], sampling: Sampling, version: int, replicas: list[int] | None = None) -> Any:
+        """Start generating (the prompts split across `replicas`, default all); `finish` collects."""
+
+    def finish(self, pending: Any) -> list[Rollout]:
+        """The rollouts of a `submit`, in prompt order."""
+
+    def generate_until(
+        self, replica: int, samples: list[PartialSample], sampling: Sampling, groups_needed: int
+    ) -> list[PartialSample]:
+        """`Engine.generate_until` on one replica."""
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """`Engine.prompt_logprobs` on the first replica."""
+
+    def take_spans(self) -> list[tuple[int, float, float]]:
+        """(replica, start, end) of the generate calls since the last take, for the timeline."""
+
+    def metrics(self) -> dict[str, float]:
+        """The group's own metrics (restarts), added to every step's."""
+
+
+def engine_from_config(config, max_model_len: int, cores: str | None = None) -> Engine:
     """The run's rollout engine, from `config.rollout` (plus `model.path` and `train.seed`): the one construction
     path, used in the driver (`placement.mode=local`) and in every Ray engine actor, so no `rollout.*` setting
     can reach one and not the other. `cores`: the CPU cores a Ray actor was given (vLLM pins its threads)."""
@@ -94,7 +137,7 @@ def build_engine(
     gpu_memory_utilization: float = 0.5,
     prefix_caching: str = "auto",
     cores: str | None = None,
-) -> RolloutEngine:
+) -> Engine:
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 

@@ -12,7 +12,8 @@ from typing import Iterable
 
 import torch
 
-from relayrl.rollout.base import Sampling
+from relayrl.errors import ConfigError
+from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.types import Prompt, Rollout
 
 
@@ -91,6 +92,12 @@ class HFEngine:
             behaviour_logprobs=logprobs[: len(ids)].tolist(),
             finish_reason=finish,
             versions=[version] * len(ids),
+        )
+
+    def generate_until(self, samples: list[PartialSample], sampling: Sampling, groups_needed: int):
+        raise ConfigError(
+            "train.partial_rollouts continues responses inside the engine, which HF generate cannot: "
+            "use rollout.engine=vllm or set train.partial_rollouts=0"
         )
 
     @torch.no_grad()

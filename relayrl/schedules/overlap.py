@@ -1,6 +1,6 @@
 """Where a step's rollouts come from under each `train.schedule`.
 
-- `sync`: generated now, with the weights the learner just pushed (the trainer's own `collect`).
+- `sync`: generated now, with the weights the learner just pushed (with DAPO dynamic sampling, over rounds).
 - `one_step_off`: the batch for step k+1 is submitted to the engines before step k trains. Engine calls
   run in the order they were sent, so that generation finishes with the weights of step k before the
   push of step k+1's weights is applied: every sample is exactly one version old.
@@ -11,29 +11,46 @@
   producer starts that factor more groups than it needs, stops the engine once enough have finished and
   carries the unfinished responses into its next call, where they continue under the newest weights
   (their tokens then span versions, each tagged; groups too old to be used are discarded and counted).
-Each returns `(rollouts, scores, metrics)` from `batch(step, timer)`; `published(version)` is called
-after every push and `close()` at the end of the run.
+Each is built from a `RolloutSource` (relayrl/rollout/source.py: prompts, sampling, engines, rewards, the
+published version) and the config, and returns a `Batch` from `batch(step, timer)`; `published(version)` is
+called after every push and `close()` at the end of the run. DAPO's soft overlong punishment applies to the
+batch of every schedule.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
 
+from relayrl.algorithms.dapo import DynamicSampling, add_overlong_penalty
+from relayrl.config import Config
 from relayrl.errors import PlacementError
+from relayrl.metrics.timer import StepTimer
 from relayrl.rewards.service import add_counts
 from relayrl.rollout.base import PartialSample
 from relayrl.rollout.seeds import request_seed
+from relayrl.rollout.source import Batch, RolloutSource
 from relayrl.schedules.buffer import Group, RolloutBuffer
 
 
-class SyncSchedule:
-    def __init__(self, trainer):
-        self.trainer = trainer
+class Schedule:
+    """The part every schedule shares: DAPO's soft overlong punishment on whatever batch it hands out."""
 
-    def batch(self, step: int, timer):
-        return self.trainer.collect(step, timer)
+    def __init__(self, source: RolloutSource, config: Config):
+        self.source, self.config = source, config
+        self.overlong_buffer = config.algorithm.dapo.overlong_buffer
+
+    def batch(self, step: int, timer: StepTimer) -> Batch:
+        batch = self.collect(step, timer)
+        if self.overlong_buffer:
+            max_tokens = self.config.rollout.max_tokens
+            batch.scores = add_overlong_penalty(batch.rollouts, batch.scores, max_tokens, self.overlong_buffer)
+        return batch
+
+    def collect(self, step: int, timer: StepTimer) -> Batch:
+        raise NotImplementedError
 
     def published(self, version: int) -> None:
         pass
@@ -42,42 +59,69 @@ class SyncSchedule:
         pass
 
 
-class OneStepOff(SyncSchedule):
-    def __init__(self, trainer):
-        super().__init__(trainer)
+class SyncSchedule(Schedule):
+    """Generate and score one batch now; with DAPO dynamic sampling (the collector chosen here), keep only
+    groups with a reward signal and generate more rounds until prompts_per_step groups are collected."""
+
+    def __init__(self, source: RolloutSource, config: Config):
+        super().__init__(source, config)
+        dapo = config.algorithm.dapo
+        rounds = DynamicSampling(config.rollout.prompts_per_step, dapo.max_rounds)
+        self.rounds = rounds.collect if dapo.dynamic_sampling else one_round
+
+    def collect(self, step: int, timer: StepTimer) -> Batch:
+        reward_metrics: dict[str, float] = {}  # summed over the rounds
+        rollouts, scores, metrics = self.rounds(functools.partial(self._round, step, timer, reward_metrics))
+        return Batch(rollouts, scores, {**reward_metrics, **metrics})
+
+    def _round(self, step: int, timer: StepTimer, reward_metrics: dict, round_index: int):
+        prompts = self.source.prompts(self.config.rollout.prompts_per_step)
+        with timer("generate"):
+            rollouts = self.source.generate(prompts, self.source.sampling(step, round_index))
+        with timer("reward"):
+            scored = self.source.score(rollouts)
+        reward_metrics.update(add_counts(reward_metrics, scored.metrics))
+        return scored.rollouts, scored.scores
+
+
+def one_round(generate_round) -> tuple[list, list, dict[str, float]]:
+    """The collector without dynamic sampling: one round, trained as it is."""
+    return (*generate_round(0), {})
+
+
+class OneStepOff(Schedule):
+    def __init__(self, source: RolloutSource, config: Config):
+        super().__init__(source, config)
         self.pending = None
 
     def _submit(self, step: int):
-        t = self.trainer
-        prompts = t.sampler.next(t.config.rollout.prompts_per_step)
-        return t.engine.submit(prompts, t.sampling(step), t.sync.version)
+        s = self.source
+        return s.engines.submit(s.prompts(self.config.rollout.prompts_per_step), s.sampling(step), s.version)
 
-    def batch(self, step: int, timer):
-        t = self.trainer
+    def collect(self, step: int, timer: StepTimer) -> Batch:
         if self.pending is None:
             self.pending = self._submit(step)
         with timer("generate"):  # what is left of the generation that ran during the previous step
-            rollouts = t.engine.finish(self.pending)
-        self.pending = self._submit(step + 1) if step + 1 < t.config.train.steps else None
+            rollouts = self.source.engines.finish(self.pending)
+        self.pending = self._submit(step + 1) if step + 1 < self.config.train.steps else None
         with timer("reward"):
-            return t.score(rollouts)
+            return self.source.score(rollouts)
 
     def close(self) -> None:
         if self.pending is not None:  # drain, so no call is left running in an engine
-            self.trainer.engine.finish(self.pending)
+            self.source.engines.finish(self.pending)
             self.pending = None
 
 
-class AsyncSchedule(SyncSchedule):
-    def __init__(self, trainer):
-        super().__init__(trainer)
-        cfg = trainer.config
+class AsyncSchedule(Schedule):
+    def __init__(self, source: RolloutSource, config: Config):
+        super().__init__(source, config)
         self.buffer = RolloutBuffer(
-            cfg.rollout.prompts_per_step, cfg.train.max_staleness, cfg.train.on_stale, version=trainer.sync.version
+            config.rollout.prompts_per_step, config.train.max_staleness, config.train.on_stale, version=source.version
         )
-        replicas = len(trainer.engine.replicas)
-        self.chunk = max(1, cfg.rollout.prompts_per_step // replicas)
-        self.sampler_lock = threading.Lock()
+        replicas = len(source.engines.replicas)
+        self.chunk = max(1, config.rollout.prompts_per_step // replicas)
+        self.metrics_lock = threading.Lock()
         self.reward_metrics: dict[str, float] = {}  # summed over the chunks scored since the last batch
         self.failure = None
         self.partial_states: list[PartialState] = []
@@ -90,7 +134,7 @@ class AsyncSchedule(SyncSchedule):
 
     def _produce(self, replica: int) -> None:
         try:
-            if self.trainer.config.train.partial_rollouts:
+            if self.config.train.partial_rollouts:
                 state = PartialState()
                 self.partial_states.append(state)
                 while self._produce_partial(replica, state):
@@ -112,23 +156,21 @@ class AsyncSchedule(SyncSchedule):
         return tickets
 
     def _produce_chunk(self, replica: int) -> bool:
-        t = self.trainer
-        tickets = self._admit_chunk()
+        s, tickets = self.source, self._admit_chunk()
         if tickets is None:
             return False
-        with self.sampler_lock:
-            prompts = t.sampler.next(len(tickets))
+        prompts = s.prompts(len(tickets))
         version = self.buffer.version
-        rollouts = t.engine.finish(t.engine.submit(prompts, t.sampling(tickets[0]), version, replicas=[replica]))
+        rollouts = s.engines.finish(s.engines.submit(prompts, s.sampling(tickets[0]), version, replicas=[replica]))
         self._score_and_put(rollouts, tickets, version)
         return True
 
     def _score_and_put(self, rollouts, tickets: list[int], version: int) -> None:
         """Score as soon as generated (streaming), one group per ticket; a group with a skipped sample still
         fills its ticket, empty, so the learner never waits for it."""
-        n = self.trainer.config.rollout.n
-        scores, metrics = self.trainer.rewards.score(rollouts)
-        with self.sampler_lock:
+        n = self.config.rollout.n
+        scores, metrics = self.source.score_samples(rollouts)
+        with self.metrics_lock:
             self.reward_metrics = add_counts(self.reward_metrics, metrics)
         for i, ticket in enumerate(tickets):
             group, group_scores = rollouts[i * n : (i + 1) * n], scores[i * n : (i + 1) * n]
@@ -138,41 +180,39 @@ class AsyncSchedule(SyncSchedule):
             self.buffer.put(Group(group, group_scores, oldest, ticket))
 
     def _produce_partial(self, replica: int, state: "PartialState") -> bool:
-        t, cfg = self.trainer, self.trainer.config
-        n, tickets = cfg.rollout.n, self._admit_chunk()
+        s, train = self.source, self.config.train
+        n, tickets = self.config.rollout.n, self._admit_chunk()
         if tickets is None:
             return False
-        state.discard_older_than(self.buffer.version - cfg.train.max_staleness)
-        wanted = math.ceil(len(tickets) * cfg.train.partial_rollouts) - state.groups_started()
-        with self.sampler_lock:
-            prompts = t.sampler.next(max(0, wanted))
-        sampling = t.sampling(tickets[0])
+        state.discard_older_than(self.buffer.version - train.max_staleness)
+        wanted = math.ceil(len(tickets) * train.partial_rollouts) - state.groups_started()
+        prompts = s.prompts(max(0, wanted))
+        sampling = s.sampling(tickets[0])
         for prompt in prompts:
             state.start(prompt, n, request_seed(sampling.seed, state.next_group, n))
         needed = max(0, len(tickets) - len(state.ready))
-        state.running = t.engine.generate_until(replica, state.running, sampling, needed)  # a remote copy
+        state.running = s.engines.generate_until(replica, state.running, sampling, needed)  # a remote copy
         state.collect()
-        rollouts = [s.to_rollout() for group in state.ready[: len(tickets)] for s in group]
+        rollouts = [sample.to_rollout() for group in state.ready[: len(tickets)] for sample in group]
         self._score_and_put(rollouts, tickets[: len(state.ready)], self.buffer.version)
         state.ready = state.ready[len(tickets) :]
         return True
 
-    def batch(self, step: int, timer):
-        t = self.trainer
+    def collect(self, step: int, timer: StepTimer) -> Batch:
         with timer("wait"):  # the learner idles here when the engines are behind
             try:
-                groups = self.buffer.take(t.sync.version, t.config.placement.call_timeout_s)
+                groups = self.buffer.take(self.source.version, self.config.placement.call_timeout_s)
             except PlacementError:
                 if self.failure is not None:
                     raise self.failure from None
                 raise
         rollouts = [r for g in groups for r in g.rollouts]
         scores = [s for g in groups for s in g.scores]
-        with self.sampler_lock:
+        with self.metrics_lock:
             reward_metrics, self.reward_metrics = self.reward_metrics, {}
         spanning = sum(len(set(r.versions)) > 1 for r in rollouts) / max(1, len(rollouts))
         metrics = {**reward_metrics, **self.buffer.metrics()}
-        if t.config.train.partial_rollouts:
+        if self.config.train.partial_rollouts:
             metrics.update(
                 {
                     "partial/spanning_frac": spanning,
@@ -180,14 +220,14 @@ class AsyncSchedule(SyncSchedule):
                     "partial/discarded_groups": float(sum(p.discarded for p in self.partial_states)),
                 }
             )
-        return rollouts, scores, metrics
+        return Batch(rollouts, scores, metrics)
 
     def published(self, version: int) -> None:
         self.buffer.advance(version)
 
     def close(self) -> None:
         self.buffer.close()
-        deadline = time.monotonic() + self.trainer.config.placement.call_timeout_s
+        deadline = time.monotonic() + self.config.placement.call_timeout_s
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import time
 
+from relayrl.rollout.base import EngineGroup
+from relayrl.sync.base import LearnerWeights
+
 
 class InProcessSync:
     def __init__(self, version: int = 0, probe_ids: list[int] | None = None):
@@ -14,7 +17,7 @@ class InProcessSync:
         self.probe_ids = probe_ids
         self.last: dict[str, float] = {}
 
-    def push(self, learner, engine, version: int | None = None) -> int:
+    def push(self, learner: LearnerWeights, engines: EngineGroup, version: int | None = None) -> int:
         self.version = self.version + 1 if version is None else version
         nbytes = 0
 
@@ -25,7 +28,8 @@ class InProcessSync:
                 yield name, tensor
 
         start = time.perf_counter()
-        engine.load_weights(counted(), self.version)
+        for index, engine in enumerate(engines.replicas):  # the bytes of one copy are counted
+            engine.load_weights(counted() if index == 0 else learner.named_weights(), self.version)
         seconds = time.perf_counter() - start
         self.last = {
             "sync/bytes": float(nbytes),
@@ -35,5 +39,5 @@ class InProcessSync:
         if self.probe_ids:
             from relayrl.sync.parity import parity_gap
 
-            self.last["sync/parity_abs_max"] = parity_gap(learner, engine, self.probe_ids)
+            self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
         return self.version

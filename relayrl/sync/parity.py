@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from relayrl.rollout.base import EngineGroup
+from relayrl.sync.base import LearnerWeights
 
-def parity_gap(learner, engine, token_ids: list[int]) -> float:
+
+def parity_gap(learner: LearnerWeights, engines: EngineGroup, token_ids: list[int]) -> float:
     """Largest |engine - learner| teacher-forced log-prob on one fixed sequence."""
     ours = learner.sequence_logprobs(token_ids)
-    theirs = engine.prompt_logprobs(token_ids)
+    theirs = engines.prompt_logprobs(token_ids)
     return max(abs(a - b) for a, b in zip(ours, theirs))

@@ -15,7 +15,8 @@ import socket
 import time
 
 from relayrl.config import SyncConfig
-from relayrl.placement.roles import RoleFailure
+from relayrl.errors import RoleFailure
+from relayrl.sync.base import RestartingEngines
 from relayrl.sync.parity import parity_gap
 from relayrl.sync.transports import Manifest
 
@@ -34,7 +35,8 @@ class RaySync:
         self.learner = self.engines = None
         self.sending: int | None = None  # the version of the push in flight, if any
 
-    def setup(self, learner, engines) -> None:
+    def setup(self, learner, engines: RestartingEngines) -> None:
+        """`learner`: the learner actor's handle (relayrl/placement/roles.py), with the `WeightSource` methods."""
         o, replicas = self.options, engines.replicas
         self.learner, self.engines = learner, engines
         layout = learner.weight_layout(o.bucket_mb, o.wire_dtype)
@@ -59,7 +61,7 @@ class RaySync:
         self.setup(self.learner, self.engines)
         self.push(self.learner, self.engines, version=self.version if self.sending is None else self.sending)
 
-    def push(self, learner, engines, version: int | None = None) -> int:
+    def push(self, learner, engines: RestartingEngines, version: int | None = None) -> int:
         version = self.version + 1 if version is None else version
         previous, self.sending = self.sending, version  # a re-push after a restart nests inside a push
         try:
@@ -67,7 +69,7 @@ class RaySync:
         finally:
             self.sending = previous
 
-    def _push(self, learner, engines, version: int) -> int:
+    def _push(self, learner, engines: RestartingEngines, version: int) -> int:
         timeout, replicas = self.options.timeout_s, list(engines.replicas)  # the actors this push talks to
         start = time.perf_counter()
         if self.transport == "broadcast":  # every rank must be in the collective at once
@@ -101,7 +103,7 @@ class RaySync:
             self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
         return version
 
-    def push_in_calls(self, learner, engines, version: int | None = None) -> int:
+    def push_in_calls(self, learner, engines: RestartingEngines, version: int | None = None) -> int:
         """The same weights in one send/receive call pair per bucket (with `bucket_mb=0`, per tensor): the
         protocol of a per-parameter weight update, which `relayrl bench sync` compares a push against."""
         version = self.version + 1 if version is None else version

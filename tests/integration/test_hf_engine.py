@@ -56,6 +56,7 @@ def test_generate_leaves_the_global_rng_alone(random_model_dir):
 def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
     from relayrl.config import Config
     from relayrl.learner.role import LearnerRole
+    from relayrl.rollout.local_group import LocalEngineGroup
     from relayrl.sync.inprocess import InProcessSync
 
     config = Config.model_validate(
@@ -67,5 +68,5 @@ def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
     assert len(theirs) == len(probe) - 1
     torch.testing.assert_close(torch.tensor(theirs), torch.tensor(learner.sequence_logprobs(probe)), atol=1e-5, rtol=0)
     sync = InProcessSync(probe_ids=probe)
-    sync.push(learner, engine)
+    sync.push(learner, LocalEngineGroup(engine))
     assert sync.last["sync/parity_abs_max"] < 1e-5

@@ -1,13 +1,14 @@
-"""One construction path for rollout engines: a local run (`controller.build_roles`) and a Ray engine actor
+"""One construction path for rollout engines: a local run (`placement.build_roles`) and a Ray engine actor
 (`EngineWorker`) hand the builder the same `rollout.*` settings, so none can be dropped by placement."""
 
 import os
 
 import torch
 
-import relayrl.controller as controller
+import relayrl.placement.local as local_placement
 import relayrl.rollout.base as rollout_base
 from relayrl.config import Config
+from relayrl.placement import build_roles
 from relayrl.placement.engine_worker import EngineWorker
 
 ROLLOUT = {"engine": "vllm", "kv_cache_gib": 3.0, "gpu_memory_utilization": 0.35, "prefix_caching": "off"}
@@ -26,9 +27,9 @@ def capture(monkeypatch) -> list[dict]:
 
 def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
     calls = capture(monkeypatch)
-    monkeypatch.setattr(controller, "LearnerRole", lambda config: object())
+    monkeypatch.setattr(local_placement, "LearnerRole", lambda config: object())
     config = Config.model_validate({"model": {"path": "/models/tiny"}, "rollout": ROLLOUT, "train": {"seed": 11}})
-    controller.build_roles(config, 77, None)
+    build_roles(config, 77, None)
     threads = torch.get_num_threads()
     EngineWorker(config, 77, threads, "1")  # what build_ray_roles starts in each engine actor
     local, ray = calls

@@ -1,9 +1,9 @@
-"""`EngineGroup` against fake replicas (no Ray): the generate spans the timeline takes are recorded under the
+"""`RayEngineGroup` against fake replicas (no Ray): the generate spans the timeline takes are recorded under the
 lock `take_spans` holds, from the training loop (`finish`) and from producer threads (`generate_until`)."""
 
 from relayrl.config import PlacementConfig
-from relayrl.placement.engines import EngineGroup
-from relayrl.placement.roles import RoleFailure
+from relayrl.errors import RoleFailure
+from relayrl.placement.engines import RayEngineGroup
 from relayrl.rollout.base import Sampling
 
 
@@ -31,7 +31,7 @@ class GuardedSpans(list):
 
 
 def test_spans_are_recorded_under_the_lock_take_spans_uses():
-    group = EngineGroup(lambda index: FakeReplica(), PlacementConfig(mode="ray", engines=2))
+    group = RayEngineGroup(lambda index: FakeReplica(), PlacementConfig(mode="ray", engines=2))
     group.spans = GuardedSpans(group)
     group.finish(group.submit([object(), object()], Sampling(), version=0))
     group.generate_until(1, [], Sampling(), groups_needed=0)
@@ -64,7 +64,7 @@ def test_one_death_seen_by_two_callers_is_one_restart(monkeypatch):
         spawned.append(replica)
         return replica
 
-    group = EngineGroup(
+    group = RayEngineGroup(
         spawn, PlacementConfig(mode="ray", engines=1, on_engine_failure="restart", max_engine_restarts=1)
     )
     dead, errors = group.replicas[0], []

@@ -4,7 +4,7 @@ replica is told it holds, and when the shared-memory segments stop having names.
 from types import SimpleNamespace
 
 from relayrl.config import SyncConfig
-from relayrl.placement.roles import RoleFailure
+from relayrl.errors import RoleFailure
 from relayrl.sync.remote import RaySync
 from relayrl.sync.transports import Manifest
 
@@ -66,7 +66,7 @@ class Engines:
         self.on_restart = lambda: None
         self.restarted: list[Engine] = []
 
-    def recover(self, index, failure):
+    def recover(self, index, failure, seen=None):
         fresh = Engine()
         self.restarted.append(fresh)
         self.replicas[index] = FakeRole(fresh)

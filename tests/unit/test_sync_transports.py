@@ -165,12 +165,13 @@ def test_bench_model_size_follows_params_below_the_vocabulary():
 def test_sync_metrics_name_their_unit_gigabytes_per_second():
     from types import SimpleNamespace
 
+    from relayrl.rollout.local_group import LocalEngineGroup
     from relayrl.sync.inprocess import InProcessSync
 
     learner = SimpleNamespace(named_weights=lambda: iter(weights()))
     engine = SimpleNamespace(load_weights=lambda named, version: list(named))
     sync = InProcessSync()
-    sync.push(learner, engine)
+    sync.push(learner, LocalEngineGroup(engine))
     nbytes = sum(t.numel() * 4 for _, t in weights())
     assert sync.last["sync/bytes"] == nbytes and "sync/gbps" not in sync.last
     assert sync.last["sync/GBps"] > 0  # bytes / seconds / 1e9

@@ -1,0 +1,19 @@
+"""`placement.mode=local`: every role in this process, colocated by construction (generate, then train).
+
+The engine is built by the same function as a Ray engine actor's (`engine_from_config`), so no `rollout.*`
+setting reaches one placement and not the other, and is held as a one-replica group.
+"""
+
+from __future__ import annotations
+
+from relayrl.config import Config
+from relayrl.learner.role import LearnerRole
+from relayrl.placement import Roles
+from relayrl.rollout.base import engine_from_config
+from relayrl.rollout.local_group import LocalEngineGroup
+from relayrl.sync.inprocess import InProcessSync
+
+
+def build_local_roles(config: Config, max_len: int, probe_ids: list[int] | None) -> Roles:
+    engines = LocalEngineGroup(engine_from_config(config, max_len))
+    return Roles(engines, LearnerRole(config), InProcessSync(probe_ids=probe_ids), close=lambda: None)

@@ -1,0 +1,45 @@
+"""A local engine as a one-replica `EngineGroup`, so the controller, the schedules and the sync hold the same kind
+of object whatever the placement.
+
+The engine runs in the calling thread: `submit` generates at once (nothing overlaps in one process) and
+`finish` hands the result back. No spans are recorded: the controller's own `generate` phase is the engine's
+time on the timeline. Nothing here restarts: an engine in the driver that fails ends the run with its error.
+"""
+
+from __future__ import annotations
+
+from relayrl.rollout.base import Engine, PartialSample, Sampling
+from relayrl.types import Prompt, Rollout
+
+
+class LocalEngineGroup:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.replicas: list[Engine] = [engine]
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
+        return self.engine.generate(prompts, sampling, version)
+
+    def submit(
+        self, prompts: list[Prompt], sampling: Sampling, version: int, replicas: list[int] | None = None
+    ) -> list[Rollout]:
+        if replicas not in (None, [0]):
+            raise ValueError(f"a local engine is replica 0 only, not {replicas}")
+        return self.generate(prompts, sampling, version)
+
+    def finish(self, pending: list[Rollout]) -> list[Rollout]:
+        return pending
+
+    def generate_until(
+        self, replica: int, samples: list[PartialSample], sampling: Sampling, groups_needed: int
+    ) -> list[PartialSample]:
+        return self.engine.generate_until(samples, sampling, groups_needed)
+
+    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        return self.engine.prompt_logprobs(token_ids)
+
+    def take_spans(self) -> list[tuple[int, float, float]]:
+        return []
+
+    def metrics(self) -> dict[str, float]:
+        return {}
