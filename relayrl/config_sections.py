@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from relayrl.config_paths import warn
 
@@ -304,6 +304,12 @@ class TrainConfig(Section):
         None, ge=1, description="Responses per optimizer step; default = the whole rollout batch (one step)."
     )
     micro_batch: int = Field(16, ge=1, description="Responses per forward/backward (gradient accumulation).")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Instead of train.micro_batch: fill each micro-batch up to this many forward positions "
+        "(whole groups when packing); one sample over it gets its own (learner/over_budget_units).",
+    )
     epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
     threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
@@ -338,6 +344,17 @@ class TrainConfig(Section):
         description="async: over-provision factor for partial rollouts (APRIL): generate this many times "
         "the groups needed, stop when enough finish, continue the rest later (0 = off).",
     )
+
+    @model_validator(mode="after")
+    def _one_micro_batch_size(self) -> "TrainConfig":
+        if self.micro_batch_tokens is not None and "micro_batch" in self.model_fields_set:
+            raise ValueError("set train.micro_batch or train.micro_batch_tokens, not both")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict[str, Any]:
+        """A dump re-loads: the default micro_batch is left out beside micro_batch_tokens."""
+        return {k: v for k, v in handler(self).items() if k != "micro_batch" or self.micro_batch_tokens is None}
 
 
 class EvalConfig(Section):

@@ -1,6 +1,13 @@
-"""Rollouts + scores -> right-padded `Experience` tensors aligned to target tokens."""
+"""Rollouts + scores -> right-padded `Experience` tensors aligned to target tokens; and micro-batches.
+
+A mini-batch is split into micro-batches for gradient accumulation (`MicroBatcher`): `train.micro_batch`
+samples each, or, with `train.micro_batch_tokens`, filled up to a budget of forward positions. Every loss is
+divided by its mini-batch's normaliser, so neither split changes the loss or the gradients.
+"""
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 
@@ -48,3 +55,81 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[target] without materialising the full log-softmax: [B, T, V], [B, T] -> [B, T]."""
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+class MicroBatcher:
+    """Splits a mini-batch (sample indices into an Experience) into micro-batches.
+
+    Count (`tokens` None): `rows` samples each, in the given order. Token budget: units are samples, or whole
+    groups when the learner packs groups (the members present in the mini-batch); a unit costs its forward
+    positions (a sample its length, a packed group its prompt once plus every response). Longest first, a
+    micro-batch takes units while (units x its longest unit) stays within `tokens`: the positions its padded
+    rows compute (`train.packing=auto` may then pick the padded layout only where that is 10% cheaper, so
+    at most ~1.1x the budget). A unit over the budget alone gets a micro-batch of its own, counted in
+    `learner/over_budget_units` and warned about once.
+    """
+
+    def __init__(self, rows: int, tokens: int | None = None, whole_groups: bool = False):
+        self.rows, self.tokens, self.whole_groups = rows, tokens, whole_groups
+        self.micro_batches = self.over_budget = 0  # since the last take_counts
+        self.warned = False
+
+    def split(self, index: torch.Tensor, exp: Experience, count: bool = True) -> list[torch.Tensor]:
+        parts = list(index.split(self.rows)) if self.tokens is None else self._fill(index, exp, count)
+        self.micro_batches += len(parts) if count else 0
+        return parts
+
+    def take_counts(self) -> dict[str, float]:
+        counts = {"learner/micro_batches": float(self.micro_batches)}
+        if self.tokens is not None:
+            counts["learner/over_budget_units"] = float(self.over_budget)
+        self.micro_batches = self.over_budget = 0
+        return counts
+
+    def _fill(self, index: torch.Tensor, exp: Experience, count: bool) -> list[torch.Tensor]:
+        units = self._units(index, exp)
+        units.sort(key=lambda unit: -unit[0])  # stable: equal lengths keep their order
+        parts, current, longest = [], [], 0
+        for length, members in units:
+            if current and (len(current) + 1) * longest > self.tokens:
+                parts.append(torch.tensor([m for unit in current for m in unit], dtype=torch.long))
+                current = []
+            if not current:
+                longest = length
+                if length > self.tokens and count:
+                    self._over_budget(length)
+            current.append(members)
+        parts.append(torch.tensor([m for unit in current for m in unit], dtype=torch.long))
+        return parts
+
+    def _units(self, index: torch.Tensor, exp: Experience) -> list[tuple[int, list[int]]]:
+        """(forward positions, sample indices) per unit, in order of first appearance in `index`."""
+        lengths = exp.attention_mask.sum(dim=1).tolist()
+        samples = index.tolist()
+        if not self.whole_groups or exp.prompt_lengths is None:
+            return [(lengths[i], [i]) for i in samples]
+        groups: dict[int, tuple[int, list[int]]] = {}
+        prompt_lengths, group_ids = exp.prompt_lengths.tolist(), exp.group_ids.tolist()
+        for i in samples:
+            width, members = groups.get(group_ids[i], (prompt_lengths[i], []))
+            groups[group_ids[i]] = (width + lengths[i] - prompt_lengths[i], members + [i])
+        return list(groups.values())
+
+    def _over_budget(self, length: int) -> None:
+        self.over_budget += 1
+        if not self.warned:
+            self.warned = True
+            what = "a packed group" if self.whole_groups else "a sample"
+            warnings.warn(
+                f"{what} of {length} tokens is over train.micro_batch_tokens={self.tokens}: it gets a "
+                "micro-batch of its own (counted in learner/over_budget_units; this warning is shown once)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def packs_groups(layout) -> bool:
+    """Whether the learner's forward layout (relayrl/learner/layout.py) may pack whole groups."""
+    from relayrl.learner.layout import PACKABLE_ATTENTION  # layout imports this module (through token_stats)
+
+    return layout.packing != "none" and layout.attention in PACKABLE_ATTENTION

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from relayrl.config import Config
+from relayrl.learner.batching import MicroBatcher
 from relayrl.learner.optim import build_optimizer
 from relayrl.models.loading import check_model_dir
 from relayrl.types import Experience
@@ -60,6 +61,7 @@ class Critic:
         self.model = ValueModel(path).to(device).eval()  # eval: no dropout, as for the policy
         self.optimizer = build_optimizer(self.model, critic.lr, config.train.weight_decay, config.train.betas)
         self.generator = torch.Generator().manual_seed(config.train.seed + 1)
+        self.micro = MicroBatcher(config.train.micro_batch, config.train.micro_batch_tokens)  # padded rows
 
     def _values(self, part: Experience) -> torch.Tensor:
         out = self.model(part.input_ids.to(self.device), part.attention_mask.to(self.device))
@@ -68,7 +70,7 @@ class Critic:
     @torch.no_grad()
     def values(self, exp: Experience) -> torch.Tensor:
         out = torch.zeros_like(exp.loss_mask)
-        for index in torch.arange(len(exp)).split(self.config.train.micro_batch):
+        for index in self.micro.split(torch.arange(len(exp)), exp, count=False):
             part = exp.select(index)
             out[index, : part.loss_mask.shape[1]] = self._values(part).cpu() * part.loss_mask
         return out
@@ -82,7 +84,7 @@ class Critic:
             for mini in order.split(self.config.mini_batch):
                 normaliser = float(exp.loss_mask[mini].sum())
                 step_loss = 0.0
-                for micro in mini.split(train.micro_batch):
+                for micro in self.micro.split(mini, exp, count=False):
                     part = exp.select(micro)
                     mask = part.loss_mask.to(self.device)
                     loss, n_clipped = clipped_value_loss(

@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 
 from relayrl.config import Config
+from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
@@ -69,6 +70,7 @@ class PolicyLearner:
             self.model.config,
             self.device,
         )
+        self.micro = MicroBatcher(train.micro_batch, train.micro_batch_tokens, packs_groups(self.layout))
 
     # ------------------------------------------------------------------ log-probs
     def _token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +85,7 @@ class PolicyLearner:
         (other columns hold no meaningful value: a packed forward does not predict prompt tokens)."""
         model = model or self.model
         out = torch.zeros_like(exp.loss_mask)
-        for index in self._chunks(torch.arange(len(exp)), self.config.train.micro_batch):
+        for index in self.micro.split(torch.arange(len(exp)), exp, count=False):
             logp, _ = self._token_stats(model, exp.select(index))
             out[index, : logp.shape[1]] = logp.cpu()
         return out
@@ -108,7 +110,7 @@ class PolicyLearner:
             for mini in self._chunks(order, self.config.mini_batch):
                 totals.n_stale.append(len(totals.grad_norm))  # optimizer steps since the samples' policy
                 normaliser = self.objective.normaliser(exp.loss_mask[mini])
-                for micro in self._chunks(mini, train.micro_batch):
+                for micro in self.micro.split(mini, exp):
                     logp = self._accumulate(exp.select(micro), normaliser, totals)
                     if exp.old_logprobs is None:  # single on-policy step: these are the pre-update log-probs
                         pre_update[micro, : logp.shape[1]] = logp
@@ -127,6 +129,7 @@ class PolicyLearner:
         counts = self.layout.take_counts()
         counts["learner/positions"] /= train.epochs  # per pass over the batch
         stats.update(counts)
+        stats.update(self.micro.take_counts())
         return stats
 
     def _kl_step(self, exp: Experience, stats: dict[str, float]) -> dict[str, float]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from relayrl.config import Config
 from relayrl.errors import ConfigError
 from relayrl.planner.hardware import Hardware
-from relayrl.planner.shape import ModelShape
+from relayrl.planner.shape import ModelShape, micro_batch_rows
 
 GIB = 2**30
 INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
@@ -126,7 +126,7 @@ def workload_from_config(
         rollout_batch=config.rollout_batch,
         prompt_tokens=config.data.max_prompt_tokens,
         response_tokens=config.rollout.max_tokens,
-        micro_batch=min(config.train.micro_batch, config.mini_batch),
+        micro_batch=micro_batch_rows(config),  # from train.micro_batch_tokens when set
         optimizer_steps=config.updates_per_step,
         epochs=config.train.epochs,
         reference=config.algorithm.kl.coef > 0,

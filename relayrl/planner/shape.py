@@ -99,3 +99,14 @@ def _kv_heads(cfg) -> int:
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def micro_batch_rows(config) -> int:
+    """Rows of one micro-batch as the planner sizes activations: `train.micro_batch`, or with
+    `train.micro_batch_tokens` the longest sequences the limits allow that fit in the budget (at least one:
+    a sequence over the budget gets a micro-batch of its own)."""
+    budget = config.train.micro_batch_tokens
+    if budget is None:
+        return min(config.train.micro_batch, config.mini_batch)
+    longest = config.data.max_prompt_tokens + config.rollout.max_tokens
+    return max(1, min(config.mini_batch, budget // longest))
