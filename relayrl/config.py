@@ -31,7 +31,6 @@ from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported 
     CriticConfig,
     DAPOConfig,
     DataConfig,
-    EnvConfig,
     EvalConfig,
     KLConfig,
     LogConfig,
@@ -44,6 +43,7 @@ from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported 
     SyncConfig,
     TrainConfig,
 )
+from relayrl.envs.config import EnvConfig
 from relayrl.errors import ConfigError
 
 

@@ -39,10 +39,14 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
     # in a batch never merge into one group)
     group_ids = torch.cumsum(torch.tensor([r.group_index == 0 for r in rollouts]), 0) - 1
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+    loss_mask = response.float()
+    if any(r.loss_mask is not None for r in rollouts):  # multi-turn: observation tokens are not trained
+        masks = [m for r in rollouts for m in (r.loss_mask if r.loss_mask is not None else [1] * len(r.response_ids))]
+        loss_mask[response] = torch.tensor(masks, dtype=torch.float32)
     return Experience(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        loss_mask=response.float(),
+        loss_mask=loss_mask,
         behaviour_logprobs=behaviour,
         rewards=rewards,
         group_ids=group_ids,

@@ -1,0 +1,123 @@
+"""Turn requests: submit one trajectory's next turn to the engine and collect turns as they finish.
+
+The multi-turn driver (relayrl/rollout/multiturn.py) needs to add a request whenever a trajectory's
+environment step returns, not once per batch. Two adapters give it `submit(key, prompt_ids, sampling)`
+and `step() -> finished turns`:
+
+- `VLLMTurns`: vLLM's own request/step loop (`LLMEngine.add_request` / `step`, as `VLLMEngine.generate_until`
+  uses it for partial rollouts). vLLM 0.32's offline `LLM` has no public per-request async API; its engine
+  core's add/step is the continuous-batching loop the server runs: a request added between two steps joins
+  the running batch at the next step. This is the honest way to interleave in-process.
+- `BatchTurns`: any engine with `generate(prompts, sampling, version)` (HF generate, a Ray engine group):
+  each `step` generates every turn queued since the last one, as one batch. Environment steps still run
+  while the batch generates (they are in worker processes); a turn waits at most one batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Hashable
+
+from relayrl.rollout.base import Sampling
+from relayrl.types import Prompt
+
+
+@dataclass
+class TurnOutput:
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" or "length"
+
+
+def turn_requests(engine):
+    """The adapter for `engine`: vLLM's request loop when it has one, else batches of `generate`."""
+    return VLLMTurns(engine) if hasattr(engine, "llm") else BatchTurns(engine)
+
+
+class VLLMTurns:
+    def __init__(self, engine):
+        self.engine = engine
+        self._core = engine.llm.llm_engine
+        self._live: dict[str, Hashable] = {}
+        self._ids = itertools.count()
+
+    @property
+    def pending(self) -> int:
+        return len(self._live)
+
+    def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        number = next(self._ids)
+        params = SamplingParams(
+            n=1,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            seed=None if sampling.seed is None else sampling.seed * 1_000_003 + number,
+        )
+        request_id = f"turn{number}"
+        self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
+        self._live[request_id] = key
+
+    def step(self) -> list[tuple[Hashable, TurnOutput]]:
+        finished = []
+        for out in self._core.step():
+            if not out.finished or out.request_id not in self._live:
+                continue
+            completion = out.outputs[0]
+            tokens = list(completion.token_ids)
+            logprobs = [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
+            if len(logprobs) != len(tokens):
+                raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(tokens)} tokens of a turn")
+            output = TurnOutput(
+                tokens, logprobs, [self.engine.version] * len(tokens), completion.finish_reason or "length"
+            )
+            finished.append((self._live.pop(out.request_id), output))
+        return finished
+
+    def abort(self) -> None:
+        if self._live:
+            self._core.abort_request(list(self._live))
+            self._live.clear()
+
+
+class BatchTurns:
+    def __init__(self, engine, version: int = 0):
+        self.engine, self.version = engine, version
+        self._queued: list[tuple[Hashable, list[int], Sampling]] = []
+
+    @property
+    def pending(self) -> int:
+        return len(self._queued)
+
+    def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling) -> None:
+        self._queued.append((key, list(prompt_ids), sampling))
+
+    def step(self) -> list[tuple[Hashable, TurnOutput]]:
+        """Generate every queued turn in one call, to the longest budget; each is cut to its own budget after
+        (the same tokens as stopping there: sampling is left to right)."""
+        queued, self._queued = self._queued, []
+        if not queued:
+            return []
+        longest = max(s.max_tokens for _, _, s in queued)
+        sampling = replace(queued[0][2], n=1, max_tokens=longest)
+        prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
+        rollouts = self.engine.generate(prompts, sampling, getattr(self.engine, "version", self.version))
+        finished = []
+        for (key, _, own), rollout in zip(queued, rollouts):
+            cut = own.max_tokens
+            ids = rollout.response_ids[:cut]
+            finish = "length" if len(rollout.response_ids) > cut else rollout.finish_reason
+            finished.append((key, TurnOutput(ids, rollout.behaviour_logprobs[:cut], rollout.versions[:cut], finish)))
+        return finished
+
+    def abort(self) -> None:
+        self._queued.clear()

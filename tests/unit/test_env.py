@@ -1,0 +1,134 @@
+"""Environments: loading by spec, the built-ins, worker processes with deadlines (a hanging step costs only its
+trajectory), and a multi-turn batch through a real engine (HF generate on a tiny fp32 model): every turn's prompt
+is the concatenation of the trajectory's segments, every trained token has the engine's log-prob (matching the
+learner's forward), every observation token has mask 0."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from relayrl.envs import Step, load_env_class
+from relayrl.envs.builtins import CalculatorEnv, RetryEnv, evaluate_arithmetic
+from relayrl.envs.config import EnvConfig
+from relayrl.envs.pool import EnvPool
+from relayrl.envs.requests import BatchTurns
+from relayrl.errors import EnvError
+from relayrl.rollout.base import Sampling
+from relayrl.rollout.chat import ChatCodec
+from relayrl.rollout.multiturn import MultiTurnDriver
+from relayrl.types import Prompt
+from tests.unit.test_multiturn import ScriptedTurns
+from tests.unit.test_tito import chat_tokenizer
+
+SLOW_ENV = """
+import time
+from relayrl.envs import Step
+
+class Hangs:
+    def reset(self, row):
+        self.prompt = row["prompt"]
+        return row["prompt"]
+
+    async def step(self, action):  # async environments are accepted
+        if self.prompt == "hang":
+            time.sleep(600)
+        return Step("again", 1.0, True)
+"""
+
+
+def test_loading_by_spec(tmp_path):
+    (tmp_path / "envs.py").write_text(SLOW_ENV)
+    assert load_env_class("retry") is RetryEnv
+    assert load_env_class(f"{tmp_path / 'envs.py'}:Hangs").__name__ == "Hangs"
+    with pytest.raises(EnvError, match="has no class 'Nope'"):
+        load_env_class(f"{tmp_path / 'envs.py'}:Nope")
+    with pytest.raises(EnvError, match="not a built-in"):
+        load_env_class("nope")
+    with pytest.raises(EnvError, match="file not found"):
+        load_env_class("missing.py:X")
+
+
+def test_builtins():
+    assert evaluate_arithmetic("(2+3)*4 - 1") == 19
+    with pytest.raises(ValueError):
+        evaluate_arithmetic("__import__('os')")
+    calc = CalculatorEnv()
+    assert calc.reset({"prompt": "12*13=", "answer": "156"}) == "12*13="
+    assert calc.step("<calc>12*13</calc>") == Step({"role": "tool", "content": "156"}, 0.0, False, {"tool_calls": 1})
+    assert calc.step("156") == Step(None, 1.0, True, {"success": True})
+    retry = RetryEnv()
+    retry.reset({"prompt": "2+3=", "answer": 5})
+    assert not retry.step("6").done and retry.step(" 5 ").reward == 1.0
+
+
+def test_a_hanging_step_times_out_while_the_other_trajectories_finish(tmp_path):
+    (tmp_path / "envs.py").write_text(SLOW_ENV)
+    codec = ChatCodec(chat_tokenizer("qwen"))
+    pool = EnvPool(f"{tmp_path / 'envs.py'}:Hangs", {}, slots=3, timeout_s=1.0)
+    try:
+        settings = EnvConfig(fn="x", on_error="zero", timeout_s=1.0)
+        driver = MultiTurnDriver(ScriptedTurns(codec, ["1"]), pool, codec, settings, Sampling(max_tokens=8))
+        prompts = [Prompt(id=str(i), text=t, token_ids=[]) for i, t in enumerate(["a", "hang", "b", "c"])]
+        batch = driver.run(prompts, n=1)
+    finally:
+        pool.close()
+    assert batch.rewards == [1.0, 0.0, 1.0, 1.0]  # the hung one is scored 0 (on_error=zero), the rest finish
+    assert batch.metrics["env/timeouts"] == 1 and batch.metrics["env/errors"] == 0
+
+
+class RecordingTurns(BatchTurns):
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.prompts, self.outputs = [], []
+
+    def submit(self, key, prompt_ids, sampling):
+        self.prompts.append((key, list(prompt_ids)))
+        super().submit(key, prompt_ids, sampling)
+
+    def step(self):
+        finished = super().step()
+        self.outputs += finished
+        return finished
+
+
+def test_through_a_real_engine_prompts_are_the_segments_and_only_generated_tokens_train(random_model_dir):
+    from relayrl.learner.batching import make_experience, token_logprobs
+    from relayrl.rollout.hf_engine import HFEngine
+    from relayrl.types import Score
+
+    engine = HFEngine(str(random_model_dir))
+    codec = ChatCodec(engine.tokenizer)
+    turns = RecordingTurns(engine)
+    pool = EnvPool("retry", {"feedback": " 1+1="}, slots=4, timeout_s=30)
+    try:
+        settings = EnvConfig(fn="retry", max_turns=3, max_total_tokens=40)
+        sampling = Sampling(max_tokens=6, temperature=1.0, seed=0)
+        rows = [Prompt(id=str(i), text=f"{i}+{i}=", token_ids=[], columns={"answer": "x"}) for i in range(3)]
+        batch = MultiTurnDriver(turns, pool, codec, settings, sampling).run(rows, n=2)
+    finally:
+        pool.close()
+    assert len(batch.rollouts) == 6 and batch.metrics["env/turns_mean"] > 1
+    by_key = {}
+    for key, ids in turns.prompts:
+        by_key.setdefault(key, []).append(ids)
+    generated = {}
+    for key, output in turns.outputs:
+        generated.setdefault(key, []).append(output)
+    for key, rollout in enumerate(batch.rollouts):  # keys are handed out in batch order
+        full = rollout.prompt.token_ids + rollout.response_ids
+        first = len(rollout.prompt.token_ids)
+        for turn, (ids, output) in enumerate(zip(by_key[key], generated[key])):
+            assert ids == full[: len(ids)]  # the turn's prompt: the concatenation of everything before it
+            assert full[len(ids) : len(ids) + len(output.token_ids)] == output.token_ids
+            mask = rollout.loss_mask[len(ids) - first : len(ids) - first + len(output.token_ids)]
+            logprobs = rollout.behaviour_logprobs[len(ids) - first : len(ids) - first + len(output.token_ids)]
+            assert all(mask) and logprobs == output.logprobs
+        assert sum(rollout.loss_mask) == sum(len(o.token_ids) for o in generated[key])  # the rest are observations
+    exp = make_experience(batch.rollouts, [Score(r) for r in batch.rewards], engine.pad_id)
+    with torch.no_grad():
+        logits = engine.model(input_ids=exp.input_ids, attention_mask=exp.attention_mask).logits[:, :-1]
+    learner = token_logprobs(logits.float(), exp.input_ids[:, 1:])
+    mask = exp.loss_mask.bool()
+    assert batch.metrics["response/obs_token_frac"] > 0
+    assert (learner[mask] - exp.behaviour_logprobs[mask]).abs().max() < 1e-3  # engine vs learner, across turns

@@ -1,0 +1,185 @@
+"""The multi-turn driver with a scripted engine and in-process environments (fast): what `env.tito` does when
+the template rewrites earlier turns, overlong trajectories kept and flagged, per-turn rewards combined, a
+failing environment handled per env.on_error, and lockstep vs interleaved giving the same trajectories."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.envs.base import Step, as_messages, as_step
+from relayrl.envs.config import EnvConfig
+from relayrl.envs.requests import TurnOutput
+from relayrl.errors import EnvError
+from relayrl.rollout.base import Sampling
+from relayrl.rollout.chat import ChatCodec
+from relayrl.rollout.multiturn import MultiTurnDriver, combine_rewards
+from relayrl.types import Prompt
+from tests.unit.test_tito import chat_tokenizer
+
+
+class ScriptedTurns:
+    """An engine whose turn i of every trajectory is `script[i]` (EOS appended); records each prompt."""
+
+    def __init__(self, codec: ChatCodec, script: list[str], eos: bool = True):
+        self.codec, self.script, self.eos = codec, script, eos
+        self.queued, self.prompts = [], []
+
+    @property
+    def pending(self):
+        return len(self.queued)
+
+    def submit(self, key, prompt_ids, sampling):
+        self.queued.append((key, list(prompt_ids), sampling))
+
+    def step(self):
+        out, queued, self.queued = [], self.queued, []
+        for key, ids, sampling in queued:
+            turn = sum(1 for k, _ in self.prompts if k == key)
+            self.prompts.append((key, ids))
+            tokens = self.codec.encode(self.script[min(turn, len(self.script) - 1)])
+            tokens += [self.codec.tokenizer.eos_token_id] if self.eos else []
+            cut = tokens[: sampling.max_tokens]
+            finish = "length" if len(cut) < len(tokens) else "stop"
+            out.append((key, TurnOutput(cut, [-0.5] * len(cut), [3] * len(cut), finish)))
+        return out
+
+    def abort(self):
+        self.queued = []
+
+
+class InlinePool:
+    """EnvPool's interface, environments in this process (no deadlines): results come at the next poll."""
+
+    def __init__(self, cls, slots: int = 64):
+        self.cls, self.slots, self.envs, self.ready = cls, slots, {}, []
+
+    @property
+    def free(self):
+        return self.slots - len(self.envs)
+
+    @property
+    def busy(self):
+        return bool(self.ready)
+
+    def reset(self, key, row, where):
+        self.envs[key] = self.cls()
+        self.ready.append((key, "ok", (as_messages(self.envs[key].reset(row), where), ())))
+
+    def step(self, key, action, where):
+        try:
+            self.ready.append((key, "ok", as_step(self.envs[key].step(action), where)))
+        except Exception as err:
+            self.ready.append((key, "error", f"raised {err}"))
+
+    def release(self, key):
+        self.envs.pop(key, None)
+
+    def poll(self, timeout):
+        out, self.ready = self.ready, []
+        return out
+
+
+class Again:
+    """Always wrong: 'again' until the driver stops it."""
+
+    def reset(self, row):
+        return row["prompt"]
+
+    def step(self, action):
+        return Step("again", 0.25, False, {"success": False})
+
+
+def run(cls, script, lockstep=False, prompts=("2+3=",), n=2, style="qwen", **env):
+    codec = ChatCodec(chat_tokenizer(style))
+    turns = ScriptedTurns(codec, script)
+    settings = EnvConfig(fn="x", **env)
+    driver = MultiTurnDriver(turns, InlinePool(cls), codec, settings, Sampling(max_tokens=32), lockstep=lockstep)
+    batch = driver.run([Prompt(id=str(i), text=p, token_ids=[]) for i, p in enumerate(prompts)], n)
+    return batch, turns, codec
+
+
+def test_each_turns_prompt_is_the_concatenation_and_observations_are_masked():
+    batch, turns, codec = run(Again, ["x=1", "x=2", "x=3"], max_turns=3)
+    assert [r.group_index for r in batch.rollouts] == [0, 1]
+    for rollout in batch.rollouts:
+        full = rollout.prompt.token_ids + rollout.response_ids
+        seen = [ids for key, ids in turns.prompts if ids[: len(rollout.prompt.token_ids)] == rollout.prompt.token_ids]
+        assert all(full[: len(ids)] == ids for ids in seen)  # every turn's prompt is a prefix of the final sequence
+        generated = [t for text in ["x=1", "x=2", "x=3"] for t in codec.encode(text) + [codec.tokenizer.eos_token_id]]
+        assert [t for t, m in zip(rollout.response_ids, rollout.loss_mask) if m] == generated
+        assert all(lp == -0.5 for lp, m in zip(rollout.behaviour_logprobs, rollout.loss_mask) if m)
+        assert codec.tokenizer.decode(full).count("again") == 2  # two observations, both mask 0
+    assert batch.metrics["env/turns_mean"] == 3 and batch.metrics["response/obs_token_frac"] > 0
+    assert batch.rewards == [pytest.approx(0.75)] * 2
+
+
+def test_combined_rewards():
+    assert combine_rewards([0.0, 0.0, 1.0], "sum", 0.5) == 1.0
+    assert combine_rewards([0.5, 1.0], "final", 0.5) == 1.0
+    assert combine_rewards([0.0, 0.0, 1.0], "discounted", 0.5) == 0.25
+
+
+class Thinking(Again):
+    def step(self, action):
+        return Step("again", 1.0 if action.endswith("done") else 0.0, action.endswith("done"))
+
+
+@pytest.mark.parametrize("tito", ["strict", "fork", "retokenize"])
+def test_tito_policies_on_a_template_that_drops_earlier_thinking(tito):
+    script = ["<think>a</think>1", "<think>b</think>done"]
+    if tito == "strict":
+        with pytest.raises(EnvError, match="sample 0#0 turn 1: the chat template renders the earlier turns"):
+            run(Thinking, script, style="drops", tito=tito, n=1)
+        return
+    batch, turns, codec = run(Thinking, script, style="drops", tito=tito, n=1)
+    assert batch.metrics["tito/prefix_mismatch"] == 1
+    second_prompt = codec.tokenizer.decode(turns.prompts[1][1])
+    assert "<think>a</think>" not in second_prompt  # the next turn continues from the re-rendered history
+    last = batch.rollouts[0]  # the trajectory's sample; a fork (the part before the re-render) comes after it
+    trained = codec.tokenizer.decode([t for t, m in zip(last.response_ids, last.loss_mask) if m])
+    assert trained == "<think>b</think>done<|im_end|>"  # re-rendered earlier turns are not trained again
+    if tito == "fork":
+        assert batch.metrics["tito/forks"] == 1 and len(batch.rollouts) == 2
+        first = batch.rollouts[1]
+        assert [r.group_index for r in batch.rollouts] == [0, 1] and batch.rewards == [1.0, 1.0]
+        assert codec.tokenizer.decode([t for t, m in zip(first.response_ids, first.loss_mask) if m]).startswith(
+            "<think>a</think>1"
+        )
+    else:
+        assert len(batch.rollouts) == 1 and batch.metrics["tito/forks"] == 0
+
+
+def test_an_overlong_trajectory_is_kept_cut_at_the_limit_and_flagged():
+    batch, _, _ = run(Again, ["x=12345"], max_turns=10, max_total_tokens=30)
+    assert len(batch.rollouts) == 2 and all(len(r.response_ids) == 30 for r in batch.rollouts)
+    assert batch.metrics["env/truncated_frac"] == 1.0 and all(r.finish_reason == "length" for r in batch.rollouts)
+    dropped, _, _ = run(Again, ["x=12345"], max_turns=10, max_total_tokens=30, on_overflow="drop")
+    assert dropped.rollouts == [] and dropped.metrics["env/truncated_frac"] == 1.0
+
+
+class Breaks(Again):
+    def step(self, action):
+        raise ValueError("tool broke")
+
+
+def test_a_failing_environment_per_on_error():
+    with pytest.raises(EnvError, match="sample 0#0 turn 1: raised tool broke .*env.on_error"):
+        run(Breaks, ["x"], n=1)
+    zero, _, _ = run(Breaks, ["x"], on_error="zero")
+    assert zero.rewards == [0.0, 0.0] and zero.metrics["env/errors"] == 2
+    skip, _, _ = run(Breaks, ["x"], on_error="skip")
+    assert skip.rollouts == []
+
+
+def test_lockstep_and_interleaved_make_the_same_trajectories():
+    a, _, _ = run(Again, ["1", "2"], max_turns=3, prompts=("1+1=", "2+2="))
+    b, _, _ = run(Again, ["1", "2"], max_turns=3, prompts=("1+1=", "2+2="), lockstep=True)
+    assert [r.response_ids for r in a.rollouts] == [r.response_ids for r in b.rollouts]
+
+
+def test_env_results_are_checked():
+    with pytest.raises(EnvError, match="step must return relayrl.envs.Step"):
+        as_step("nope", "here")
+    with pytest.raises(EnvError, match="observation of None needs done=True"):
+        as_step((None, 0.0, False), "here")
+    assert as_step(("hi", 1, True), "here") == Step("hi", 1.0, True, {})
