@@ -2,6 +2,9 @@
 
 Values are aligned like the policy's log-probs: column j is the value of the state at position j, the one
 from which token j+1 is generated ([B, T-1]). Built only when `algorithm.advantage = gae`.
+
+With `model.lora` the critic trains an adapter of its own (same settings as the policy's) on its frozen copy
+of the backbone, plus the full value head; its checkpoint state is those trainable tensors only.
 """
 
 from __future__ import annotations
@@ -21,12 +24,17 @@ from relayrl.types import Experience
 class ValueModel(nn.Module):
     """A transformer body without its LM head, and a linear head reading one value per position."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, lora_settings=None):
         super().__init__()
         from transformers import AutoModel
 
         self.body = AutoModel.from_pretrained(path, dtype=torch.float32)
-        self.head = nn.Linear(self.body.config.hidden_size, 1)
+        hidden = self.body.config.hidden_size
+        if lora_settings is not None:
+            from relayrl.models.lora import add_adapter
+
+            self.body = add_adapter(self.body, lora_settings)
+        self.head = nn.Linear(hidden, 1)
         nn.init.zeros_(self.head.weight)  # start at V = 0 everywhere: GAE then begins as plain returns
         nn.init.zeros_(self.head.bias)
 
@@ -58,7 +66,8 @@ class Critic:
         path = critic.path or config.model.path
         check_model_dir(path, "critic.path" if critic.path else "model.path")
         self.config, self.device = config, device
-        self.model = ValueModel(path).to(device).eval()  # eval: no dropout, as for the policy
+        self.lora = config.model.lora
+        self.model = ValueModel(path, self.lora).to(device).eval()  # eval: no dropout, as for the policy
         self.optimizer = build_optimizer(self.model, critic.lr, config.train.weight_decay, config.train.betas)
         self.generator = torch.Generator().manual_seed(config.train.seed + 1)
         self.micro = MicroBatcher(config.train.micro_batch, config.train.micro_batch_tokens)  # padded rows
@@ -109,6 +118,16 @@ class Critic:
             "critic/values_mean": float(exp.values[exp.loss_mask.bool()].mean()),
             "critic/returns_mean": float(exp.returns[exp.loss_mask.bool()].mean()),
         }
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The tensors a checkpoint must hold: every weight, or with LoRA the adapter and the head."""
+        names = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        return {name: t for name, t in self.model.state_dict().items() if self.lora is None or name in names}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        _, unexpected = self.model.load_state_dict(state, strict=self.lora is None)
+        if unexpected:
+            raise ValueError(f"critic checkpoint holds tensors the critic does not have: {unexpected[:3]}")
 
     def save(self, out_dir: str | Path) -> None:
         out = Path(out_dir)

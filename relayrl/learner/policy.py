@@ -6,6 +6,10 @@ optimizer step, accumulated over micro-batches whose losses are divided by the m
 so the micro-batch size changes neither the loss nor the gradients. The separate old-log-prob pass runs
 only when the policy moves before the last mini-batch is seen (several mini-batches or epochs); otherwise
 the current log-probs, detached, are the old ones and the ratio starts at exactly 1.
+
+With `model.lora` the model is the base wrapped by peft: only the adapter trains (the optimizer holds
+nothing else), the reference is the same model with its adapter disabled (no second copy), and
+`named_weights` yields what `sync.lora` sends: the adapter's tensors or the merged full weights.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
+from relayrl.models import lora
 from relayrl.models.loading import load_causal_lm
+from relayrl.sync.lora import lora_sync_mode
 from relayrl.types import Experience
 
 
@@ -36,12 +42,18 @@ class PolicyLearner:
         # eval mode throughout: dropout would make the on-policy ratio differ from 1 and the log-probs
         # of the old/reference passes differ from the update's; gradients flow the same
         self.model = load_causal_lm(config.model.path, self.device).eval()
+        if config.model.lora is not None:
+            self.model = lora.add_adapter(self.model, config.model.lora).eval()
         self.model.config.use_cache = False
-        self.reference = None
-        if config.algorithm.kl.coef > 0:
+        # the HF model the forward passes run (with LoRA: peft's layers inside it, switched by disable_adapter)
+        self.network = self.model.get_base_model() if config.model.lora is not None else self.model
+        self.sync_mode = lora_sync_mode(config)  # None (full fine-tuning), "adapter" or "merged"
+        self.use_reference = config.algorithm.kl.coef > 0
+        self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference
+        if self.use_reference and config.model.lora is None:
             self.reference = load_causal_lm(config.model.path, self.device).eval().requires_grad_(False)
         rollout = config.rollout
-        self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.reference is not None)
+        self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.use_reference)
         train = config.train
         self.updates_per_step = config.updates_per_step
         self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas)
@@ -60,7 +72,7 @@ class PolicyLearner:
         self.needs_old_logprobs = (
             self.updates_per_step > 1
             or (algo.correction.mode != "none" and not self.correct_in_pass)
-            or (self.reference is not None and algo.kl.placement == "reward")
+            or (self.use_reference and algo.kl.placement == "reward")
         )
         self.generator = torch.Generator().manual_seed(train.seed)
         self.layout = ForwardLayout(
@@ -83,7 +95,7 @@ class PolicyLearner:
     def logprobs(self, exp: Experience, model=None) -> torch.Tensor:
         """Log-probs of the response tokens under `model` (the policy by default), micro-batched: [B, T-1]
         (other columns hold no meaningful value: a packed forward does not predict prompt tokens)."""
-        model = model or self.model
+        model = model or self.network
         out = torch.zeros_like(exp.loss_mask)
         for index in self.micro.split(torch.arange(len(exp)), exp, count=False):
             logp, _ = self._token_stats(model, exp.select(index))
@@ -94,8 +106,15 @@ class PolicyLearner:
         """The passes that must see the pre-update policy: old log-probs (if needed) and the reference."""
         if self.needs_old_logprobs:
             exp.old_logprobs = self.logprobs(exp)
+        if self.use_reference:
+            exp.ref_logprobs = self.reference_logprobs(exp)
+
+    def reference_logprobs(self, exp: Experience) -> torch.Tensor:
+        """The reference policy's log-probs: the frozen copy, or with LoRA the base with its adapter disabled."""
         if self.reference is not None:
-            exp.ref_logprobs = self.logprobs(exp, self.reference)
+            return self.logprobs(exp, self.reference)
+        with self.model.disable_adapter():
+            return self.logprobs(exp)
 
     # ------------------------------------------------------------------ update
     def update(self, exp: Experience) -> dict[str, float]:
@@ -123,7 +142,7 @@ class PolicyLearner:
             pre_update, exp.behaviour_logprobs, exp.loss_mask, exp.versions
         )
         stats.update(correction or totals.correction_metrics())
-        if self.reference is not None:
+        if self.use_reference:
             stats.update(self._kl_step(exp, stats))
         stats["lr"] = lr
         counts = self.layout.take_counts()
@@ -145,7 +164,7 @@ class PolicyLearner:
 
     def _accumulate(self, part: Experience, normaliser: float, totals: "_Totals") -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its detached log-probs [b, t]."""
-        logp, entropy = self._token_stats(self.model, part, entropy_grad=self.objective.entropy_in_loss)
+        logp, entropy = self._token_stats(self.network, part, entropy_grad=self.objective.entropy_in_loss)
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)
         if self.correct_in_pass:
             totals.add_correction(self.objective.correct_in_pass(part, logp))
@@ -166,14 +185,31 @@ class PolicyLearner:
 
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Checkpoint-named parameters for the engine (tied weights appear once)."""
-        for name, param in self.model.named_parameters():
-            yield name, param.detach()
+        """What a push sends the engine: checkpoint-named parameters (tied weights appear once); with LoRA the
+        adapter's tensors (`sync.lora=adapter`) or the merged weights under the base's names (`merged`)."""
+        if self.sync_mode == "adapter":
+            return lora.adapter_tensors(self.model)
+        if self.sync_mode == "merged":
+            return lora.merged_tensors(self.model)
+        return ((name, param.detach()) for name, param in self.model.named_parameters())
 
     def save(self, out_dir: str | Path, tokenizer=None) -> None:
-        self.model.save_pretrained(out_dir)
+        """save_pretrained into `out_dir`; with LoRA the merged model there (what `relayrl eval --model` and
+        vLLM load as they are) and the adapter beside it in `out_dir/adapter`."""
+        if self.config.model.lora is None:
+            self.model.save_pretrained(out_dir)
+        else:
+            lora.save_merged(self.model, out_dir)
+            self.model.save_pretrained(Path(out_dir) / lora.ADAPTER_DIR)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
+
+    def load_model(self, model_dir: str | Path) -> None:
+        """Load a checkpoint's `model/`: full weights, or with LoRA the adapter alone."""
+        if self.config.model.lora is not None:
+            lora.load_adapter(self.model, model_dir)
+            return
+        self.model.load_state_dict(load_causal_lm(model_dir, "cpu").state_dict())
 
 
 class _Totals:
