@@ -15,7 +15,7 @@ export VLLM_CPU_OMP_THREADS_BIND ?= 0-1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint browser bench clean
 
 setup: $(STAMP)
 
@@ -29,12 +29,27 @@ $(STAMP): $(LOCK) pyproject.toml
 demo: setup
 	$(BIN)/relayrl demo
 
-test: setup lint
+test: setup lint browser
 	$(BIN)/python -m pytest -q -rs --durations=25 tests
 
 lint: setup  # ruff's lint rules and format from pyproject.toml; `$(BIN)/ruff format` and `ruff check --fix` mend them
 	$(BIN)/ruff check relayrl tests benchmarks
 	$(BIN)/ruff format --check relayrl tests benchmarks
+
+# Chromium for the report's screenshot test (tests/integration/test_report_browser.py): installed from the Debian
+# packages when missing and the user is root; otherwise that test skips, saying why.
+BROWSER_LOG := /tmp/relayrl-apt-chromium.log
+HAVE_BROWSER := command -v chromium || command -v chromium-browser || command -v google-chrome
+browser:
+	@if ! { $(HAVE_BROWSER); } >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium (apt-get, log: $(BROWSER_LOG)) for the report's browser test"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    { apt-get install -y -q --no-install-recommends chromium \
+	      || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium; }; } >$(BROWSER_LOG) 2>&1 \
+	      || echo "chromium not installed (see $(BROWSER_LOG)): the report's browser test will skip"; \
+	  else echo "no chromium and not root: the report's browser test will skip"; fi; \
+	fi
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit
