@@ -5,18 +5,30 @@ is not faster here), fp32, V1 multiprocessing off so the engine's model lives in
 log-probs are `processed_logprobs`: the distribution actually sampled from (after temperature/top-p/top-k).
 Weights are replaced through the worker's `reload_weights` (a second `load_weights` fails on CPU, where
 parameters are post-processed) and the prefix cache is reset after every update (stale KV otherwise).
+
+With an `AdapterSpec` (`sync.lora=adapter`) the base weights never change: each pushed adapter is written to a
+per-version directory (tmpfs) and registered under a new name and id, never re-used; a request carries the
+adapter it started on to its end while newer ones load; the newest `keep` stay loaded and older ones are
+removed. At start every adapter key is mapped onto the engine's LoRA modules (fused qkv/gate_up included) and
+a random non-zero adapter must change the engine's log-probs, so an adapter the engine ignores stops the run.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import warnings
+import weakref
+from collections import deque
+from pathlib import Path
 from typing import Iterable
 
 import torch
 
 from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.rollout.seeds import request_seed
+from relayrl.sync.lora import AdapterSpec, map_adapter_keys
 from relayrl.types import Prompt, Rollout
 
 
@@ -44,6 +56,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.5,
         prefix_caching: str = "auto",
         cores: str | None = None,
+        adapter: AdapterSpec | None = None,
     ):
         _configure_environment(kv_cache_gib, cores)
         threads = torch.get_num_threads()
@@ -59,9 +72,14 @@ class VLLMEngine:
             seed=seed,
             gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=uses_prefix_caching(prefix_caching, max_model_len, on_gpu),
+            **({} if adapter is None else _Adapters.engine_args(adapter)),
         )
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
         self.version = 0
+        self.adapters = None
+        if adapter is not None:
+            self.adapters = _Adapters(self.llm, adapter)
+            self.adapters.check(self._worker().model_runner.get_model(), self.prompt_logprobs)
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
@@ -84,7 +102,7 @@ class VLLMEngine:
             for index in range(len(prompts))
         ]
         requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter())
         completions = [
             (prompt, index, completion)
             for prompt, output in zip(prompts, outputs)
@@ -113,6 +131,7 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         engine, live = self.llm.llm_engine, {}
+        adapter, version = self._adapter(), self.version  # each request runs to its end on this adapter
         for index, sample in enumerate(samples):
             left = sampling.max_tokens - len(sample.token_ids)
             if sample.finished:
@@ -133,7 +152,8 @@ class VLLMEngine:
                 seed=None if sample.seed is None else sample.seed + 7919 * len(sample.token_ids),
             )
             request_id = f"p{index}"
-            engine.add_request(request_id, {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}, params)
+            prompt = {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}
+            engine.add_request(request_id, prompt, params, lora_request=adapter)
             live[request_id] = sample
         groups: dict[int, list[PartialSample]] = {}
         for sample in samples:
@@ -148,7 +168,7 @@ class VLLMEngine:
                 tokens = list(completion.token_ids)
                 sample.token_ids += tokens
                 sample.logprobs += [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
-                sample.versions += [self.version] * len(tokens)
+                sample.versions += [version if adapter is not None else self.version] * len(tokens)
                 sample.text += completion.text
                 if out.finished:
                     sample.finish_reason = completion.finish_reason or "length"
@@ -159,20 +179,27 @@ class VLLMEngine:
         return samples
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        if self.adapters is not None:  # the base stays; the adapter of this version is registered beside it
+            self.adapters.register(named_tensors, version)
+            self.llm.reset_prefix_cache()  # the new adapter's name already salts the cache; free the old blocks
+            self.version = version
+            return
         worker = self._worker()
         worker.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         _refresh_tied_lm_head(worker.model_runner.get_model())
         self.llm.reset_prefix_cache()
         self.version = version
 
-    def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
-        """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe)."""
+    def prompt_logprobs(self, token_ids: list[int], adapter=None) -> list[float]:
+        """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe), or
+        under `adapter` (a vLLM `LoRARequest`)."""
         from vllm import SamplingParams
 
         out = self.llm.generate(
             [{"prompt_token_ids": token_ids}],
             SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
             use_tqdm=False,
+            lora_request=adapter or self._adapter(),
         )
         steps = out[0].prompt_logprobs[1:]
         return [step[token].logprob for step, token in zip(steps, token_ids[1:])]
@@ -183,6 +210,10 @@ class VLLMEngine:
 
         outputs = self.llm.generate(list(texts), SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
         return [output.outputs[0].text for output in outputs]
+
+    def _adapter(self):
+        """The LoRARequest of the newest pushed adapter (None: the base, which an untrained adapter equals)."""
+        return None if self.adapters is None else self.adapters.current
 
     def _worker(self):
         # Internal path (vLLM 0.32, in-process V1 engine); tested in tests/integration/test_vllm_engine.py.
@@ -236,3 +267,79 @@ def _refresh_tied_lm_head(model) -> None:
     method = getattr(head, "quant_method", None)
     if method is not None:
         method.process_weights_after_loading(head)
+
+
+# vLLM 0.32's accepted `max_lora_rank` values (vllm/config/lora.py)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class _Adapters:
+    """The LoRA adapters an engine holds: one per pushed version, each under a name and id never used before."""
+
+    def __init__(self, llm, spec: AdapterSpec):
+        self.llm, self.spec = llm, spec
+        shm = Path("/dev/shm")
+        self.root = Path(tempfile.mkdtemp(prefix="relayrl-lora-", dir=shm if shm.is_dir() else None))
+        weakref.finalize(self, shutil.rmtree, str(self.root), True)
+        self.next_id, self.loaded, self.current = 1, deque(), None
+
+    @staticmethod
+    def engine_args(spec: AdapterSpec) -> dict:
+        rank = next((r for r in LORA_RANKS if r >= spec.rank), None)
+        if rank is None:
+            raise ValueError(f"model.lora.rank={spec.rank}: vLLM serves adapters up to rank {LORA_RANKS[-1]}")
+        slots = spec.keep + 1  # the kept versions, and one loading beside them
+        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": slots, "max_cpu_loras": slots}
+
+    def request(self, tensors: dict[str, torch.Tensor], version: int):
+        """Write `tensors` as a peft adapter directory and name it: a fresh name, id and path per call."""
+        from vllm.lora.request import LoRARequest
+
+        from relayrl.models.lora import write_adapter_dir
+
+        adapter_id, self.next_id = self.next_id, self.next_id + 1
+        name = f"relayrl-v{version}-{adapter_id}"
+        path = write_adapter_dir(self.root / name, self.spec.config, tensors)
+        return LoRARequest(name, adapter_id, str(path))
+
+    def register(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        from relayrl.errors import SyncError
+
+        tensors = dict(named_tensors)
+        if tensors.keys() != self.spec.shapes.keys():
+            odd = sorted(tensors.keys() ^ self.spec.shapes.keys())
+            raise SyncError(
+                f"policy version {version}: the pushed adapter's tensors differ from the engine's ({odd[:3]})"
+            )
+        request = self.request(tensors, version)
+        self.llm.llm_engine.add_lora(request)  # loaded now, not by the first request that needs it
+        self.loaded.append(request)
+        self.current = request
+        while len(self.loaded) > self.spec.keep:
+            self.remove(self.loaded.popleft())
+
+    def remove(self, request) -> None:
+        self.llm.llm_engine.remove_lora(request.lora_int_id)
+        shutil.rmtree(request.lora_path, ignore_errors=True)
+
+    def check(self, model, prompt_logprobs) -> None:
+        """Every adapter key lands on a LoRA module of the engine, and a random non-zero adapter changes the
+        engine's log-probs (an adapter the engine silently ignores would otherwise serve the base model)."""
+        from vllm.lora.layers import BaseLayerWithLoRA
+
+        from relayrl.errors import SyncError
+
+        served = {name for name, module in model.named_modules() if isinstance(module, BaseLayerWithLoRA)}
+        map_adapter_keys(self.spec.shapes, served, getattr(model, "packed_modules_mapping", {}))
+        generator = torch.Generator().manual_seed(0)
+        noise = {k: torch.randn(shape, generator=generator) / shape[-1] ** 0.5 for k, shape in self.spec.shapes.items()}
+        probe = self.request(noise, version=-1)
+        vocab = model.config.vocab_size if hasattr(model, "config") else 16
+        token_ids = [i % vocab for i in range(3, 19)]
+        gap = max(abs(a - b) for a, b in zip(prompt_logprobs(token_ids), prompt_logprobs(token_ids, probe)))
+        self.remove(probe)
+        if gap < 1e-4:
+            raise SyncError(
+                f"a non-zero LoRA adapter changed no log-prob of the engine (largest change {gap:.2e}): its "
+                "tensors are not applied; check model.lora.target_modules against the engine's modules"
+            )
