@@ -1,7 +1,8 @@
 """Per-token log-probs and entropies from the final hidden states, without full-vocabulary logits.
 
 The learner needs, for each response token, log pi(token) and the entropy of pi at that position, where pi is
-the distribution the engine sampled from (temperature, top-k/top-p). Going through `model(...).logits` builds
+the distribution the engine sampled from (temperature, top-k/top-p); both come from one log-softmax over the
+vocabulary (`logits_stats`), never a second pass for the entropy. Going through `model(...).logits` builds
 [rows, positions, V] logits for every position, prompt and padding included, and the fp32 log-softmax over
 them: for a 150k vocabulary and 8 x 1024 positions that is 5 GB before the backward keeps its copy.
 
@@ -16,9 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from relayrl.algorithms.losses import entropy_from_logits
 from relayrl.algorithms.sampling_mask import truncate_logits
-from relayrl.learner.batching import token_logprobs
 
 
 def head_stats(
@@ -51,13 +50,23 @@ def _stats(hidden, targets, weight, bias, temperature, top_k, top_p, entropy_gra
 def logits_stats(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int, top_p: float, entropy_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same from logits [N, V] the model computed itself (train.logits_chunk=0)."""
-    logits = truncate_logits(logits.float() / temperature, top_k, top_p)
-    logp = token_logprobs(logits, targets)
+    """The same from logits [N, V] the model computed itself (train.logits_chunk=0).
+
+    One log-softmax over the vocabulary serves both: the log-prob is read from it and the entropy summed
+    over it (an entropy bonus differentiates through the same tensor). Its output is what the backward
+    keeps, one [N, V] tensor, as a logsumexp would keep its input."""
+    logp_all = torch.log_softmax(truncate_logits(logits.float() / temperature, top_k, top_p), dim=-1)  # [N, V]
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
     if entropy_grad:
-        return logp, entropy_from_logits(logits)
+        return logp, entropy_of(logp_all)
     with torch.no_grad():
-        return logp, entropy_from_logits(logits.detach())
+        return logp, entropy_of(logp_all.detach())
+
+
+def entropy_of(logp_all: torch.Tensor) -> torch.Tensor:
+    """Entropy of each row of log-probabilities: [N, V] -> [N]. -inf entries (a top-k/top-p mask) add 0."""
+    # 0 * -inf is nan: clamping -inf to the most negative float makes those terms 0 (and their gradient 0)
+    return -(logp_all.exp() * logp_all.clamp(min=torch.finfo(logp_all.dtype).min)).sum(-1)
 
 
 def output_head(model) -> torch.nn.Module:

@@ -68,3 +68,31 @@ def test_a_model_whose_logits_are_not_its_head_is_stopped_with_one_message(rando
         r"Set train.logits_chunk=0\.$",
     ):
         learner.update(_experience())
+
+
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_log_probs_and_entropy_come_from_one_pass_over_the_vocabulary(monkeypatch, entropy_grad):
+    """One log-softmax per call (there was a logsumexp for the log-probs and a second log-softmax for the
+    entropy), with the values and gradients of the two-pass formulas."""
+    from relayrl.algorithms.losses import entropy_from_logits
+    from relayrl.learner.batching import token_logprobs
+
+    gen = torch.Generator().manual_seed(1)
+    logits, targets = torch.randn(9, 13, generator=gen), torch.randint(0, 13, (9,), generator=gen)
+    passes = []
+    for name in ("log_softmax", "logsumexp", "softmax"):
+        original = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _f=original, _n=name, **k: passes.append(_n) or _f(*a, **k))
+    ours = logits.clone().requires_grad_()
+    logp, entropy = logits_stats(ours, targets, 0.7, 5, 1.0, entropy_grad)
+    assert passes == ["log_softmax"]
+    monkeypatch.undo()
+    ref = logits.clone().requires_grad_()
+    masked = torch.where(ref / 0.7 >= (ref / 0.7).topk(5, dim=-1).values[:, -1:], ref / 0.7, float("-inf"))
+    ref_logp, ref_entropy = token_logprobs(masked, targets), entropy_from_logits(masked)
+    finite = ref_logp.isfinite()
+    torch.testing.assert_close(logp[finite], ref_logp[finite])
+    torch.testing.assert_close(entropy, ref_entropy)
+    (logp[finite].sum() + (entropy.sum() if entropy_grad else 0)).backward()
+    (ref_logp[finite].sum() + (ref_entropy.sum() if entropy_grad else 0)).backward()
+    torch.testing.assert_close(ours.grad, ref.grad)
