@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 from pydantic_core import to_jsonable_python
 
 from relayrl.config_aliases import foreign_name
@@ -70,6 +70,23 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    _engine_choice: Any = PrivateAttr(None)  # what `rollout.engine: auto` chose, and why (relayrl/rollout/choice.py)
+
+    @model_validator(mode="after")
+    def _resolve_engine(self) -> "Config":
+        if self.rollout.engine == "auto":  # vllm or hf, decided here once; a dump writes `auto` back, and why
+            from relayrl.rollout.choice import resolve_auto
+
+            resolve_auto(self)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump_engine_as_asked(self, handler) -> dict:
+        """`auto` where auto chose: a reloaded dump (a resume, `relayrl.train`'s reload) chooses again, noted."""
+        tree = handler(self)
+        if self._engine_choice is not None and isinstance(tree, dict) and isinstance(tree.get("rollout"), dict):
+            tree["rollout"]["engine"] = self._engine_choice.as_asked(tree["rollout"].get("engine"))
+        return tree
 
     @property
     def rollout_batch(self) -> int:
@@ -129,7 +146,7 @@ class Config(Section):
             raise ValueError(
                 f"algorithm.dapo.dynamic_sampling works with train.schedule=sync only, not {self.train.schedule}"
             )
-        if self.placement.mode == "ray" and self.rollout.engine != "vllm":
+        if self.placement.mode == "ray" and self.rollout.engine == "hf":
             raise ValueError("placement.mode=ray runs vLLM engines; set rollout.engine=vllm")
         if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
             raise ValueError("algorithm.kl.controller=adaptive needs an initial algorithm.kl.coef > 0")
@@ -208,7 +225,8 @@ def dump_config(config: Config) -> str:
     if config.reward.components:
         for key in ("fn", "kwargs"):
             del tree["reward"][key]
-    return yaml.safe_dump(tree, sort_keys=False)
+    text = yaml.safe_dump(tree, sort_keys=False)
+    return text if config._engine_choice is None else config._engine_choice.noted(text)
 
 
 def warn_ineffective(config: Config) -> None:
@@ -244,7 +262,8 @@ def _warn_algorithm(config: Config) -> None:
     if algo.kl.coef == 0 and "estimator" in algo.kl.model_fields_set:
         warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0")
     if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
-        warn("rollout.kv_cache_gib has no effect with rollout.engine=hf")
+        chosen = " (auto's choice)" if config._engine_choice is not None else ""
+        warn(f"rollout.kv_cache_gib has no effect with rollout.engine=hf{chosen}")
     if algo.kl.coef == 0 and algo.kl.model_fields_set - {"coef", "estimator"}:
         names = ", ".join(f"algorithm.kl.{k}" for k in sorted(algo.kl.model_fields_set - {"coef", "estimator"}))
         warn(f"{names} has no effect while algorithm.kl.coef is 0")

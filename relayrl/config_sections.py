@@ -142,7 +142,11 @@ class RewardConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["vllm", "hf"] = Field("vllm", description="Inference engine: vLLM, or HF generate as a fallback.")
+    engine: Literal["auto", "vllm", "hf"] = Field(
+        "auto",
+        description="vllm, or hf (transformers generate). auto = hf under 5M params (config.json) on CPU, the measured "
+        "crossover; else vllm (GPU, Ray too). Chosen at each load (resumes too), noted in the resolved config.",
+    )
     n: int = Field(8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
     prompts_per_step: int = Field(
         16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n."

@@ -32,7 +32,7 @@ def test_train_from_a_notebook_raises_held_out_accuracy(tmp_path, warm_model_dir
     config = {
         "model": {"path": str(warm_model_dir)},
         "data": {"max_prompt_tokens": 16},
-        "rollout": {"n": 8, "prompts_per_step": 32, "max_tokens": 6},
+        "rollout": {"engine": "vllm", "n": 8, "prompts_per_step": 32, "max_tokens": 6},  # its threshold: vLLM
         "train": {"steps": 20, "lr": 5e-5, "warmup_steps": 2, "micro_batch": 128},
         "log": {"dir": str(tmp_path / "run"), "progress": False, "save_model": False},
     }

@@ -56,7 +56,7 @@ def test_the_header_example_is_a_valid_config(tmp_path):
 def test_row_shows_type_default_and_constraints():
     page = render_reference()
     assert "| `rollout.n` | int | `8` | >= 1 | Responses sampled per prompt" in page
-    assert "| `rollout.engine` | one of: vllm, hf | `vllm` |" in page
+    assert "| `rollout.engine` | one of: auto, vllm, hf | `auto` |" in page
     assert "| `data.eval` | str or null | `null` |" in page
     assert "| `train.betas` | tuple[float, float] | `[0.9, 0.999]` |" in page
     assert "| `rollout.top_p` | float | `1.0` | > 0, <= 1 |" in page
@@ -70,7 +70,7 @@ def test_explain_a_key():
 
 
 def test_explain_a_literal_lists_its_allowed_values():
-    assert "one of: vllm, hf" in explain("rollout.engine")
+    assert "one of: auto, vllm, hf" in explain("rollout.engine")
 
 
 def test_explain_a_section_lists_its_keys():
