@@ -99,6 +99,9 @@ def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tens
     for row, (ids, prompt_len) in enumerate(batch):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
+        if isinstance(prompt_len, list):  # a conversation: a trained flag per token (envs/sft_chat.py)
+            labels[row, : len(ids)] = torch.where(torch.tensor(prompt_len), torch.tensor(ids), -100)
+            continue
         labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
     return input_ids, attention, labels
 
@@ -111,20 +114,22 @@ def run_sft(
     settings: SFTSettings = SFTSettings(),
     log=print,
 ) -> Path:
+    from relayrl.envs.sft_chat import conversation_rows, conversation_texts, encode_conversations
     from relayrl.models.loading import load_causal_lm, load_tokenizer
     from relayrl.models.tiny import build_tiny
 
-    pairs = load_pairs(data)
+    conversations = conversation_rows(data)  # multi-turn `messages` rows: assistant turns trained (envs/sft_chat.py)
+    pairs = [] if conversations else load_pairs(data)
     torch.manual_seed(settings.seed)
     if model_path:
         model = load_causal_lm(model_path, key="--model")
         tokenizer = load_tokenizer(model_path, key="--model")
     elif init == "tiny":
-        texts = [pair.prompt + pair.completion for pair in pairs]
+        texts = [pair.prompt + pair.completion for pair in pairs] + conversation_texts(conversations or [])
         model, tokenizer = build_tiny(texts, seed=settings.seed, hidden=settings.hidden, layers=settings.layers)
     else:
         raise ValueError(f"unknown init {init!r}: use 'tiny' or give a model path")
-    encoded = encode(pairs, tokenizer)
+    encoded = encode_conversations(conversations, tokenizer) if conversations else encode(pairs, tokenizer)
     warn_unknown_characters(pairs, encoded, tokenizer, model_path or "--init tiny")
     steps = max(1, math.ceil(len(encoded) * settings.epochs / settings.batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
