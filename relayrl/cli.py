@@ -12,6 +12,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from relayrl.data.check import add_data_command  # stdlib imports only
+
 
 def _train(args) -> None:
     from relayrl.api import train
@@ -359,6 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
 
     _add_config(commands)
+
+    add_data_command(commands)  # relayrl/data/check.py: `relayrl data check FILE`
 
     report = commands.add_parser("report", help="write RUN_DIR/report/index.html: reward, phase times, staleness")
     report.add_argument("run_dir", metavar="RUN_DIR")

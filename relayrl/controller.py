@@ -21,7 +21,7 @@ from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, make_inpu
 from relayrl.algorithms.dapo import overlong_mask
 from relayrl.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.config import Config, dump_config
-from relayrl.data.source import PromptSampler, load_prompts, show_first_prompt
+from relayrl.data.source import PromptSampler, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
@@ -176,7 +176,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
-    max_len = max(len(p.token_ids) for p in prompts + eval_prompts) + config.rollout.max_tokens
+    max_len = longest_prompt_tokens(prompts, eval_prompts) + config.rollout.max_tokens  # a large file: its limit
     check_context(config, max_len)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)

@@ -1,12 +1,14 @@
-"""Prompt files (jsonl, parquet) -> validated rows -> rendered, tokenized `Prompt`s; and the resumable sampler.
+"""Prompt files (jsonl, parquet, `datasets` directories) -> checked rows -> rendered, tokenized `Prompt`s; and
+the resumable sampler.
 
 A row has a `prompt` (string) or `messages` (list of {role, content}) column; every other column travels
 with the prompt to the reward function. A null `prompt`/`messages`/`id` counts as absent, so a parquet table
 may mix both kinds of row. `messages` ending with an assistant turn is a prefix the model continues (as TRL
-renders a conversational prompt). A malformed row fails with `file:line` (jsonl) or `file:row N` (parquet,
-counted from 0) and what is wrong with it. Over-long prompts follow `data.on_long_prompt`. Rows are read
-into memory whole; streaming very large files is left to the sampler's own issue.
-"""
+renders a conversational prompt). A malformed row fails with `file:line` (jsonl) or `file:row N` (Arrow,
+counted from 0) and what is wrong with it. Over-long prompts follow `data.on_long_prompt`. A file of up to
+EAGER_ROWS rows is read whole at start; a larger one is a `PromptTable` over memory-mapped rows
+(relayrl/data/rows.py), each row checked and tokenised when the sampler draws it (so a bad row fails then,
+or up front with `relayrl data check`), and the dropped/truncated counts run with the rows read."""
 
 from __future__ import annotations
 
@@ -16,37 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from relayrl.data.rows import open_rows
 from relayrl.errors import DataError
-from relayrl.jsonl import iter_jsonl
 from relayrl.types import Prompt
 
 
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
-    """(location, row) pairs from a .jsonl or .parquet file; location is `file:line` or `file:row N`."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file not found: {path}")
-    if path.suffix == ".jsonl":
-        rows = list(iter_jsonl(path))  # the one JSONL reader (relayrl/jsonl.py)
-    elif path.suffix == ".parquet":
-        rows = _read_parquet(path)
-    else:
-        raise DataError(f"{path}: unsupported data format {path.suffix!r} (use .jsonl or .parquet)")
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    for where, row in rows:
-        _check_row(where, row)
-    return rows
-
-
-def _read_parquet(path: Path) -> list[tuple[str, dict[str, Any]]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # pyarrow raises several types for a bad file
-        raise DataError(f"{path}: cannot read parquet: {err}") from None
-    return [(f"{path}:row {i}", row) for i, row in enumerate(table.to_pylist())]
+    """Every (location, row) of a .jsonl or .parquet file or a `datasets` directory, each row checked;
+    the location is `file:line` or `file:row N`."""
+    rows = open_rows(path, _check_row)
+    return [rows.read(i) for i in range(len(rows))]
 
 
 def _row_kind(where: str, row: dict[str, Any]) -> str:
@@ -88,9 +69,13 @@ def _check_row(where: str, row: dict[str, Any]) -> None:
                 )
 
 
+EAGER_ROWS = 100_000  # a file of at most this many rows is read, checked and tokenised whole at start
+
+
 @dataclass
 class LoadStats:
-    """What loading a prompt file did: long prompts dropped or truncated, and where the first kept prompt is."""
+    """What loading a prompt file did: long prompts dropped or truncated, and where the first kept prompt is.
+    For a file read lazily (`PromptTable`) the counts run: the distinct rows read so far."""
 
     dropped: int = 0
     truncated: int = 0
@@ -99,50 +84,112 @@ class LoadStats:
 
 def load_prompts(
     path: str | Path, tokenizer, max_prompt_tokens: int, on_long_prompt: str = "error", chat_template: bool = True
-) -> tuple[list[Prompt], LoadStats]:
-    """Render and tokenize every row. Returns the prompts and how many were dropped or truncated."""
+) -> tuple["list[Prompt] | PromptTable", LoadStats]:
+    """The prompts of a file and how many were dropped or truncated. Up to EAGER_ROWS rows: a list, every row
+    read, checked and tokenised now (ids checked unique). More: a `PromptTable`, each row read when drawn."""
     if on_long_prompt not in ("error", "drop", "truncate"):
         raise ValueError(f"on_long_prompt must be error, drop or truncate, got {on_long_prompt!r}")
-    stats = LoadStats()
-    prompts = []
-    seen_ids: dict[str, str] = {}
-    for index, (where, row) in enumerate(read_rows(path)):
-        text = render(row, tokenizer, chat_template, where)
+    rows, stats = open_rows(path, _check_row), LoadStats()
+    maker = _PromptMaker(tokenizer, max_prompt_tokens, on_long_prompt, chat_template, stats)
+    if len(rows) > EAGER_ROWS:
+        return PromptTable(rows, maker), stats
+    prompts, seen_ids = [], {}
+    for index in range(len(rows)):
+        where, row = rows.read(index)
+        prompt = maker.make(index, where, row)
+        if prompt is None:
+            continue
+        if prompt.id in seen_ids:
+            raise DataError(f"{where}: id {prompt.id!r} is already used at {seen_ids[prompt.id]}; ids must be unique")
+        seen_ids[prompt.id] = where
+        prompts.append(prompt)
+    if not prompts:
+        raise DataError(f"{path}: every prompt was dropped as longer than {max_prompt_tokens} tokens")
+    return prompts, stats
+
+
+@dataclass
+class _PromptMaker:
+    """One checked row -> its `Prompt` (None when dropped as too long), counted in `stats`."""
+
+    tokenizer: Any
+    max_prompt_tokens: int
+    on_long_prompt: str
+    chat_template: bool
+    stats: LoadStats
+
+    def make(self, index: int, where: str, row: dict[str, Any], count: bool = True) -> Prompt | None:
+        tokenizer, limit = self.tokenizer, self.max_prompt_tokens
+        text = render(row, tokenizer, self.chat_template, where)
         # a chat template writes its own special tokens; a plain prompt gets the tokenizer's (e.g. BOS)
         token_ids = tokenizer(text, add_special_tokens=is_plain_prompt(row))["input_ids"]
         if not token_ids:
             column = "'prompt'" if is_plain_prompt(row) else "'messages' (after the chat template)"
             raise DataError(f"{where}: {column} tokenizes to no tokens")
-        prompt_id = str(index if row.get("id") is None else row["id"])  # a table's missing id is null
-        if prompt_id in seen_ids:
-            raise DataError(f"{where}: id {prompt_id!r} is already used at {seen_ids[prompt_id]}; ids must be unique")
-        seen_ids[prompt_id] = where
-        if len(token_ids) > max_prompt_tokens:
-            if on_long_prompt == "error":
+        if len(token_ids) > limit:
+            if self.on_long_prompt == "error":
                 raise DataError(
                     f"{where}: prompt has {len(token_ids)} tokens, over data.max_prompt_tokens="
-                    f"{max_prompt_tokens} (set data.on_long_prompt=drop or truncate to continue)"
+                    f"{limit} (set data.on_long_prompt=drop or truncate to continue)"
                 )
-            if on_long_prompt == "drop":
-                stats.dropped += 1
-                continue
-            stats.truncated += 1
-            token_ids = token_ids[-max_prompt_tokens:]  # keep the end, where the question usually is
+            if self.on_long_prompt == "drop":
+                self.stats.dropped += count
+                return None
+            self.stats.truncated += count
+            token_ids = token_ids[-limit:]  # keep the end, where the question usually is
             text = tokenizer.decode(token_ids)
-        columns = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
-        prompts.append(
-            Prompt(
-                id=prompt_id,
-                text=text,
-                token_ids=token_ids,
-                columns=columns,
-                messages=None if is_plain_prompt(row) else row["messages"],
-            )
+        self.stats.first_location = self.stats.first_location or where
+        return Prompt(
+            id=str(index if row.get("id") is None else row["id"]),  # a table's missing id is null
+            text=text,
+            token_ids=token_ids,
+            columns={k: v for k, v in row.items() if k not in ("prompt", "messages")},
+            messages=None if is_plain_prompt(row) else row["messages"],
         )
-        stats.first_location = stats.first_location or where
-    if not prompts:
-        raise DataError(f"{path}: every prompt was dropped as longer than {max_prompt_tokens} tokens")
-    return prompts, stats
+
+
+class PromptTable:
+    """The prompts of a large file, read, checked and tokenised when drawn (nothing is kept but one byte per
+    row saying it was read, so `LoadStats` counts each row once). `get(i)`: row i's prompt, None if dropped.
+    `table[i]`, as for the list of kept prompts: the first kept prompt from row i on (the last from the end
+    for i < 0). Ids are not checked unique here (`relayrl data check` does)."""
+
+    def __init__(self, rows, maker: _PromptMaker):
+        self.rows, self.maker = rows, maker
+        self.read = bytearray(len(rows))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, index: int) -> Prompt | None:
+        where, row = self.rows.read(index)
+        prompt = self.maker.make(index, where, row, count=not self.read[index])
+        self.read[index] = 1
+        return prompt
+
+    def __getitem__(self, index: int | slice) -> Prompt | list[Prompt]:
+        if isinstance(index, slice):
+            return [p for p in map(self.get, range(*index.indices(len(self)))) if p is not None]
+        scan = range(index, len(self)) if index >= 0 else range(len(self) + index, -1, -1)
+        for row in scan:
+            prompt = self.get(row)
+            if prompt is not None:
+                return prompt
+        raise DataError(
+            f"{self.rows.path}: every prompt was dropped as longer than {self.maker.max_prompt_tokens} tokens"
+        )
+
+    @property
+    def longest(self) -> int:
+        """A bound on any prompt's tokens: a longer one is refused, dropped or truncated when it is read."""
+        return self.maker.max_prompt_tokens
+
+
+def longest_prompt_tokens(*prompt_sets: "list[Prompt] | PromptTable") -> int:
+    """The most tokens a prompt of these sets has (for a lazy table, the limit it enforces)."""
+    return max(
+        s.longest if isinstance(s, PromptTable) else max((len(p.token_ids) for p in s), default=0) for s in prompt_sets
+    )
 
 
 def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "") -> str:
@@ -182,25 +229,28 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
 
 
 def show_first_prompt(
-    prompts: list[Prompt], stats: LoadStats, tokenizer, key: str = "data.train", width: int = 200
+    prompts: "list[Prompt] | PromptTable", stats: LoadStats, tokenizer, key: str = "data.train", width: int = 200
 ) -> None:
     """Print, on one line, the first prompt exactly as the model sees it: its tokens decoded, special ones
     included, with repr escapes so newlines and spaces show; a long one keeps its start and its end."""
-    shown = tokenizer.decode(prompts[0].token_ids, skip_special_tokens=False)
+    first = prompts[0]  # a lazy table reads its first rows here, setting stats.first_location
+    shown = tokenizer.decode(first.token_ids, skip_special_tokens=False)
     if len(repr(shown)) <= width:
         text = repr(shown)
     else:  # the end holds the generation prompt, the part most often wrong
         text = f"{shown[: width // 2]!r} ... {shown[-width // 2 :]!r} ({len(shown)} chars)"
-    print(f"relayrl: first prompt ({key}, {stats.first_location}, {len(prompts[0].token_ids)} tokens): {text}")
+    print(f"relayrl: first prompt ({key}, {stats.first_location}, {len(first.token_ids)} tokens): {text}")
 
 
 class PromptSampler:
-    """Deterministic epochs over the prompts: shuffled by (seed, epoch), resumable from `state()`."""
+    """Deterministic epochs over the prompts: shuffled by (seed, epoch), resumable from `state()`. Over a
+    `PromptTable` the order is over rows; a row dropped as too long is passed over when it is drawn."""
 
-    def __init__(self, prompts: list[Prompt], seed: int, shuffle: bool = True):
+    def __init__(self, prompts: "list[Prompt] | PromptTable", seed: int, shuffle: bool = True):
         if not prompts:
             raise ValueError("PromptSampler needs at least one prompt")  # next() would never return
         self.prompts = prompts
+        self._get = prompts.get if isinstance(prompts, PromptTable) else prompts.__getitem__
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
@@ -213,14 +263,19 @@ class PromptSampler:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))
 
     def next(self, count: int) -> list[Prompt]:
-        batch = []
+        batch, dropped = [], 0
         while len(batch) < count:
             if self.position == len(self._order):
                 self.epoch += 1
                 self.position = 0
                 self._order = self._epoch_order(self.epoch)
-            batch.append(self.prompts[self._order[self.position]])
+            prompt = self._get(int(self._order[self.position]))
             self.position += 1
+            if prompt is not None:
+                batch.append(prompt)
+                dropped = 0
+            elif (dropped := dropped + 1) > len(self._order):  # a lazy table's row dropped as too long
+                raise DataError(f"every prompt was dropped: a whole epoch of {len(self._order)} rows is too long")
         return batch
 
     def state(self) -> dict[str, int]:

@@ -179,7 +179,7 @@ def test_unsupported_extension(tmp_path):
     path = tmp_path / "d.json"
     path.write_text('[{"prompt": "a"}]')
     message = data_error(read_rows, path)
-    assert str(path) in message and "'.json'" in message and ".jsonl or .parquet" in message
+    assert str(path) in message and "'.json'" in message and ".jsonl, .parquet or a datasets directory" in message
 
 
 def test_missing_file(tmp_path):

@@ -1,0 +1,134 @@
+"""Random access to the rows of a prompt file without reading it whole: jsonl, parquet, or a `datasets` directory.
+
+- `.jsonl`: the file is memory-mapped and indexed once (where each non-blank line starts: 12 bytes a row);
+  a row is decoded by the one JSONL reader (relayrl/jsonl.py) when it is first asked for. Arrow's JSON
+  reader is not used: it loses line numbers and refuses a file whose rows differ in their columns' types.
+- `.parquet`: read by pyarrow into Arrow columns (decompressed, but no Python object per row until read).
+- a directory written by Hugging Face `Dataset.save_to_disk`: memory-mapped as it is (`load_from_disk`).
+
+`read(i)` returns (`location`, row), the row checked as relayrl/data/source.py requires; the location is
+`file:line` (jsonl, counted from 1) or `file:row N` (Arrow, counted from 0). Left out: rendering and
+tokenising (relayrl/data/source.py), and streaming from the Hub.
+"""
+
+from __future__ import annotations
+
+import mmap
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from relayrl.errors import DataError
+from relayrl.jsonl import parse_line
+
+CHUNK = 1 << 26  # bytes scanned for newlines at a time while indexing
+SHORT = 16  # a line this short may be blank (whitespace only); longer ones hold a row or a mistake
+
+
+class JsonlRows:
+    """The rows of a .jsonl file: an index of line starts over a memory map."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        with path.open("rb") as f:
+            size = path.stat().st_size
+            self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self.starts, self.ends, self.lines = _index_lines(self.data)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def read(self, i: int) -> tuple[str, dict[str, Any]]:
+        where, line = f"{self.path}:{int(self.lines[i])}", int(self.lines[i])
+        row = parse_line(self.data[int(self.starts[i]) : int(self.ends[i])], where, first=line == 1)
+        if row is None:
+            raise DataError(f"{where}: a line of only whitespace; remove it")
+        return where, row
+
+
+def _index_lines(data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, line number) of every non-blank line, as int64 / int64 / uint32 arrays."""
+    newlines = [
+        np.flatnonzero(np.frombuffer(data, np.uint8, min(CHUNK, len(data) - a), a) == 10) + a
+        for a in range(0, len(data), CHUNK)
+    ]
+    ends = np.concatenate(newlines + [np.array([len(data)], np.int64)]).astype(np.int64)
+    starts = np.concatenate([np.zeros(1, np.int64), ends[:-1] + 1])
+    if len(ends) > 1 and ends[-2] + 1 == len(data):  # the file ends with a newline: no line after it
+        starts, ends = starts[:-1], ends[:-1]
+    keep = ends - starts > SHORT
+    short = np.flatnonzero(~keep)
+    keep[short] = [bool(bytes(data[starts[i] : ends[i]]).strip()) for i in short]
+    lines = np.flatnonzero(keep).astype(np.uint32) + 1
+    return starts[keep], ends[keep], lines
+
+
+class ArrowRows:
+    """The rows of a parquet file (pyarrow, decoded columns: no Python object per row) or of a `save_to_disk`
+    directory (Hugging Face `datasets`, memory-mapped as it lies on disk)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        what = "a datasets directory (save_to_disk)" if path.is_dir() else "parquet"
+        try:
+            self.table = _load_from_disk(path) if path.is_dir() else _read_parquet(path)
+        except DataError:
+            raise
+        except Exception as err:  # datasets and pyarrow raise several types for a bad file
+            raise DataError(f"{path}: cannot read {what}: {err}") from None
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def read(self, i: int) -> tuple[str, dict[str, Any]]:
+        return f"{self.path}:row {i}", self.table.slice(int(i), 1).to_pylist()[0]
+
+
+def _read_parquet(path: Path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, memory_map=True)
+
+
+def _load_from_disk(path: Path):
+    """The memory-mapped Arrow table of a `Dataset.save_to_disk` directory."""
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        raise DataError(f"{path}: a DatasetDict (splits {', '.join(loaded)}); point at one split's directory")
+    return loaded.data.table
+
+
+def open_rows(path: str | Path, check: Callable[[str, dict[str, Any]], None]) -> "CheckedRows":
+    """The rows of a prompt file or `datasets` directory; each is checked by `check` when it is read."""
+    path = Path(path)
+    if path.is_dir():
+        rows = ArrowRows(path)
+    elif not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    elif path.suffix == ".jsonl":
+        rows = JsonlRows(path)
+    elif path.suffix == ".parquet":
+        rows = ArrowRows(path)
+    else:
+        raise DataError(
+            f"{path}: unsupported data format {path.suffix!r} (use .jsonl, .parquet or a datasets directory)"
+        )
+    if not len(rows):
+        raise DataError(f"{path}: no rows")
+    return CheckedRows(rows, check)
+
+
+class CheckedRows:
+    def __init__(self, rows, check: Callable[[str, dict[str, Any]], None]):
+        self.rows, self.check, self.path = rows, check, rows.path
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def read(self, i: int) -> tuple[str, dict[str, Any]]:
+        where, row = self.rows.read(i)
+        self.check(where, row)
+        return where, row
