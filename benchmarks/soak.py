@@ -159,12 +159,17 @@ class Soak:
 
 
 def segments(samples: list[dict]) -> list[list[dict]]:
-    """The samples of each run (before and after every SIGTERM-and-resume): a resume restarts every actor."""
+    """The samples of each run (before and after every SIGTERM-and-resume): a resume restarts every actor.
+    A run's shutdown (its actors exiting one by one after the last step) is trimmed off its end."""
     out = [[]]
     for sample in samples:
         if sample.get("segment", 0) >= len(out):
             out.append([])
         out[-1].append(sample)
+    for seg in out:
+        running = max((sample["actors"] for sample in seg), default=0)
+        while seg and seg[-1]["actors"] < running:
+            seg.pop()
     return out
 
 
