@@ -8,8 +8,8 @@ parameters are post-processed) and the prefix cache is reset after every update 
 
 With an `AdapterSpec` (`sync.lora=adapter`) the base weights never change: each pushed adapter is written to a
 per-version directory (tmpfs) and registered under a new name and id, never re-used; a request carries the
-adapter it started on to its end while newer ones load; the newest `keep` stay loaded and older ones are
-removed. At start every adapter key is mapped onto the engine's LoRA modules (fused qkv/gate_up included) and
+adapter it started on to its end while newer ones load; the newest `keep` (max_staleness + 2) stay loaded
+and older ones are removed. At start every adapter key is mapped onto the engine's LoRA modules (fused qkv/gate_up included) and
 a random non-zero adapter must change the engine's log-probs, so an adapter the engine ignores stops the run.
 """
 
@@ -184,11 +184,15 @@ class VLLMEngine:
             self.llm.reset_prefix_cache()  # the new adapter's name already salts the cache; free the old blocks
             self.version = version
             return
+        self.load_base_weights(named_tensors)
+        self.version = version
+
+    def load_base_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace the model's own weights (full or merged); an adapter engine's adapters stay registered."""
         worker = self._worker()
         worker.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         _refresh_tied_lm_head(worker.model_runner.get_model())
         self.llm.reset_prefix_cache()
-        self.version = version
 
     def prompt_logprobs(self, token_ids: list[int], adapter=None) -> list[float]:
         """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe), or
@@ -288,8 +292,7 @@ class _Adapters:
         rank = next((r for r in LORA_RANKS if r >= spec.rank), None)
         if rank is None:
             raise ValueError(f"model.lora.rank={spec.rank}: vLLM serves adapters up to rank {LORA_RANKS[-1]}")
-        slots = spec.keep + 1  # the kept versions, and one loading beside them
-        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": slots, "max_cpu_loras": slots}
+        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": spec.keep, "max_cpu_loras": spec.keep}
 
     def request(self, tensors: dict[str, torch.Tensor], version: int):
         """Write `tensors` as a peft adapter directory and name it: a fresh name, id and path per call."""

@@ -44,13 +44,13 @@ class AdapterSpec:
     config: dict
     shapes: dict[str, tuple[int, ...]]
     rank: int
-    keep: int  # versions kept loaded: max_staleness + 1 (a rollout on v finishes on v while v+1 loads)
+    keep: int  # versions kept loaded: max_staleness + 1 that samples may come from, and the one loading
 
 
 def kept_versions(config) -> int:
     train = config.train
     staleness = {"sync": 0, "one_step_off": 1}.get(train.schedule, train.max_staleness)
-    return staleness + 1
+    return staleness + 2  # a rollout started on the oldest usable version finishes on it while the next loads
 
 
 def adapter_spec(config) -> AdapterSpec | None:
