@@ -1,6 +1,6 @@
 """Random access to the rows of a prompt file without reading it whole: jsonl, parquet, or a `datasets` directory.
 
-- `.jsonl`: the file is memory-mapped and indexed once (where each non-blank line starts: 12 bytes a row);
+- `.jsonl`: the file is indexed once (where each non-blank line starts and ends: 16 bytes a row) and mapped;
   a row is decoded by the one JSONL reader (relayrl/jsonl.py) when it is first asked for. Arrow's JSON
   reader is not used: it loses line numbers and refuses a file whose rows differ in their columns' types.
 - `.parquet`: read by pyarrow into Arrow columns (decompressed, but no Python object per row until read).
@@ -22,7 +22,7 @@ import numpy as np
 from relayrl.errors import DataError
 from relayrl.jsonl import parse_line
 
-CHUNK = 1 << 26  # bytes scanned for newlines at a time while indexing
+CHUNK = 1 << 22  # bytes scanned for newlines at a time while indexing
 SHORT = 16  # a line this short may be blank (whitespace only); longer ones hold a row or a mistake
 
 
@@ -34,34 +34,43 @@ class JsonlRows:
         with path.open("rb") as f:
             size = path.stat().st_size
             self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        self.starts, self.ends, self.lines = _index_lines(self.data)
+        self.starts, self.lengths, self.lines = _index_lines(path, size)
 
     def __len__(self) -> int:
         return len(self.starts)
 
     def read(self, i: int) -> tuple[str, dict[str, Any]]:
         where, line = f"{self.path}:{int(self.lines[i])}", int(self.lines[i])
-        row = parse_line(self.data[int(self.starts[i]) : int(self.ends[i])], where, first=line == 1)
+        start = int(self.starts[i])
+        row = parse_line(self.data[start : start + int(self.lengths[i])], where, first=line == 1)
         if row is None:
             raise DataError(f"{where}: a line of only whitespace; remove it")
         return where, row
 
 
-def _index_lines(data) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(start, end, line number) of every non-blank line, as int64 / int64 / uint32 arrays."""
-    newlines = [
-        np.flatnonzero(np.frombuffer(data, np.uint8, min(CHUNK, len(data) - a), a) == 10) + a
-        for a in range(0, len(data), CHUNK)
-    ]
-    ends = np.concatenate(newlines + [np.array([len(data)], np.int64)]).astype(np.int64)
+def _index_lines(path: Path, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, line number) of every non-blank line, as int64 / uint32 / uint32 arrays (ends as offsets
+    from the start). The file is read in chunks into one buffer, so its pages are not all mapped at once."""
+    buffer, newlines = bytearray(CHUNK), []
+    with path.open("rb") as f:
+        for offset in range(0, size, CHUNK):
+            got = f.readinto(buffer)
+            newlines.append(np.flatnonzero(np.frombuffer(buffer, np.uint8, got) == 10) + offset)
+    ends = np.concatenate(newlines + [np.array([size], np.int64)])
+    del newlines
     starts = np.concatenate([np.zeros(1, np.int64), ends[:-1] + 1])
-    if len(ends) > 1 and ends[-2] + 1 == len(data):  # the file ends with a newline: no line after it
+    if len(ends) > 1 and ends[-2] + 1 == size:  # the file ends with a newline: no line after it
         starts, ends = starts[:-1], ends[:-1]
-    keep = ends - starts > SHORT
+    lengths = (ends - starts).astype(np.uint32)
+    del ends
+    keep = lengths > SHORT
     short = np.flatnonzero(~keep)
-    keep[short] = [bool(bytes(data[starts[i] : ends[i]]).strip()) for i in short]
+    with path.open("rb") as f:
+        for i in short:
+            f.seek(int(starts[i]))
+            keep[i] = bool(f.read(int(lengths[i])).strip())
     lines = np.flatnonzero(keep).astype(np.uint32) + 1
-    return starts[keep], ends[keep], lines
+    return starts[keep], lengths[keep], lines
 
 
 class ArrowRows:

@@ -69,7 +69,7 @@ def _check_row(where: str, row: dict[str, Any]) -> None:
                 )
 
 
-EAGER_ROWS = 100_000  # a file of at most this many rows is read, checked and tokenised whole at start
+EAGER_ROWS = 10_000  # a file of at most this many rows is read, checked and tokenised whole at start
 
 
 @dataclass

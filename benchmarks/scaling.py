@@ -1,0 +1,114 @@
+"""How relayrl's time and memory grow with the work (issue 18, item 6): each section a small table of ratios to
+its smallest case and the fitted exponent (the slope of log cost against log size).
+
+  (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~60 bytes). Each case runs
+      in a fresh subprocess: load the tokenizer, `load_prompts` + `show_first_prompt` (what `relayrl train`
+      does before any role is built), then the sampler's first batch of 8 prompts: the trainer's first batch.
+      Measured: seconds from the start of loading to that batch, and the process's peak RSS (ru_maxrss),
+      also less the RSS of the same process before it loaded the data (the tokenizer and imports).
+      Up to 10k rows a file is read whole (relayrl/data/source.py EAGER_ROWS); above, rows are read when
+      drawn, so the 1M-row file pays its line index (12 bytes a row) and not its rows.
+
+Simplifications, stated: a character tokenizer built here (tokenising cost per row is what a real one pays,
+scaled); the files are written once into --out and reused; the machine is shared (2 cores): the load average
+is printed with the table.
+
+Run: .venv/bin/python benchmarks/scaling.py [--section c] [--out runs/scaling] [--rows 1000,10000,100000,1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_prompts(path: Path, rows: int) -> Path:
+    """A jsonl of `rows` short arithmetic prompts (written once, reused)."""
+    if not path.is_file():
+        temp = path.with_suffix(".tmp")
+        with temp.open("w") as f:
+            for i in range(rows):
+                f.write(json.dumps({"prompt": f"{i % 997} + {i % 89} =", "answer": str(i % 997 + i % 89)}) + "\n")
+        temp.replace(path)
+    return path
+
+
+def first_batch_child(path: str) -> None:
+    """Runs in the subprocess: prints {"seconds", "rss_mb", "base_mb", "rows"} as one JSON line."""
+    import resource
+    import string
+
+    from relayrl.data.source import PromptSampler, load_prompts, show_first_prompt
+    from relayrl.models.tiny import train_char_tokenizer
+
+    tokenizer = train_char_tokenizer([string.printable])
+    base = _rss_mb()
+    start = time.perf_counter()
+    prompts, stats = load_prompts(path, tokenizer, 64, "error")
+    show_first_prompt(prompts, stats, tokenizer)
+    batch = PromptSampler(prompts, seed=0).next(8)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "rss_mb": peak, "base_mb": base, "rows": len(prompts), "batch": len(batch)}))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def fit_exponent(sizes: list[float], costs: list[float]) -> float:
+    """Least-squares slope of log(cost) on log(size)."""
+    xs, ys = [math.log(s) for s in sizes], [math.log(max(c, 1e-9)) for c in costs]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def section_c(out: Path, row_counts: list[int]) -> None:
+    results = []
+    for rows in row_counts:
+        path = write_prompts(out / f"prompts_{rows}.jsonl", rows)
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.scaling import first_batch_child; "
+        code += f"first_batch_child({str(path)!r})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result.update(file_mb=path.stat().st_size / 1e6, n=rows)
+        results.append(result)
+        print(f"  {rows:>9} rows: {result['seconds']:.3f} s, peak RSS {result['rss_mb']:.0f} MB", flush=True)
+    small = results[0]
+    print(f"\n(c) dataset rows -> trainer's first batch (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})")
+    print("| rows | file MB | s to first batch | x | peak RSS MB | x | RSS over imports MB | x |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        data_mb, small_data = r["rss_mb"] - r["base_mb"], max(small["rss_mb"] - small["base_mb"], 0.1)
+        print(
+            f"| {r['n']} | {r['file_mb']:.2f} | {r['seconds']:.3f} | {r['seconds'] / small['seconds']:.1f} "
+            f"| {r['rss_mb']:.0f} | {r['rss_mb'] / small['rss_mb']:.2f} | {data_mb:.1f} | {data_mb / small_data:.1f} |"
+        )
+    sizes = [r["n"] for r in results]
+    print(
+        f"fitted exponent: time {fit_exponent(sizes, [r['seconds'] for r in results]):.2f}, "
+        f"RSS over imports {fit_exponent(sizes, [max(r['rss_mb'] - r['base_mb'], 0.1) for r in results]):.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--section", choices=["c"], default="c")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "scaling")
+    parser.add_argument("--rows", default="1000,10000,100000,1000000")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    section_c(args.out, [int(n) for n in args.rows.split(",")])
+
+
+if __name__ == "__main__":
+    main()
