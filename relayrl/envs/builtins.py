@@ -88,13 +88,13 @@ def evaluate_arithmetic(expression: str) -> float | int:
 
 
 class CalculatorEnv:
-    """`<calc>expr</calc>` gets the value as a `tool` turn (or a user turn, `role="user"`); anything else is the
-    answer. Tool calls are counted in info["tool_calls"]."""
+    """`<calc>expr</calc>` gets the value as a `tool` turn (or a user turn, `role="user"`), written into `reply`;
+    anything else is the answer. Tool calls are counted in info["tool_calls"]."""
 
     stop = ("</calc>",)
 
-    def __init__(self, role: str = "tool", open_tag: str = "<calc>", close_tag: str = "</calc>"):
-        self.role, self.open_tag, self.close_tag = role, open_tag, close_tag
+    def __init__(self, role: str = "tool", open_tag: str = "<calc>", close_tag: str = "</calc>", reply: str = "{}"):
+        self.role, self.open_tag, self.close_tag, self.reply = role, open_tag, close_tag, reply
         self.stop = (close_tag,)
 
     def reset(self, row: dict[str, Any]):
@@ -110,7 +110,7 @@ class CalculatorEnv:
                 shown = str(int(result)) if float(result).is_integer() else f"{result:.6g}"
             except ValueError:
                 shown = "error"
-            return Step({"role": self.role, "content": shown}, 0.0, False, {"tool_calls": 1})
+            return Step({"role": self.role, "content": self.reply.format(shown)}, 0.0, False, {"tool_calls": 1})
         success = _normalise(action) == self.answer
         return Step(None, float(success), True, {"success": success})
 

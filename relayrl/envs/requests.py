@@ -31,9 +31,14 @@ class TurnOutput:
     finish_reason: str  # "stop" or "length"
 
 
-def turn_requests(engine):
-    """The adapter for `engine`: vLLM's request loop when it has one, else batches of `generate`."""
-    return VLLMTurns(engine) if hasattr(engine, "llm") else BatchTurns(engine)
+def turn_requests(engine, version: int = 0):
+    """The adapter for `engine` (an engine, or an engine group): vLLM's request loop when it is one in-process
+    vLLM engine, else batches of `generate` (HF generate; Ray engine groups, which spread a batch over
+    replicas). `version` tags the tokens of an engine that does not track its own."""
+    replicas = getattr(engine, "replicas", [engine])
+    if len(replicas) == 1 and hasattr(replicas[0], "llm"):
+        return VLLMTurns(replicas[0])
+    return BatchTurns(engine, version)
 
 
 class VLLMTurns:
@@ -110,7 +115,7 @@ class BatchTurns:
         longest = max(s.max_tokens for _, _, s in queued)
         sampling = replace(queued[0][2], n=1, max_tokens=longest)
         prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
-        rollouts = self.engine.generate(prompts, sampling, getattr(self.engine, "version", self.version))
+        rollouts = self.engine.generate(prompts, sampling, self.version)
         finished = []
         for (key, _, own), rollout in zip(queued, rollouts):
             cut = own.max_tokens

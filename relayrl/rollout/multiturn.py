@@ -267,9 +267,12 @@ class MultiTurnDriver:
             and not (t.failed and self.env.on_error == "skip")
             and not (t.truncated and self.env.on_overflow == "drop")
         ]
+        members: dict[int, int] = {}  # group -> members kept so far: a group still starts at group_index 0
         for trajectory in kept:
             reward = combine_rewards(trajectory.rewards, self.env.reward, self.env.gamma)
-            rollouts.append(self._rollout(trajectory))
+            group = id(trajectory.prompt)
+            members[group] = members.get(group, -1) + 1
+            rollouts.append(self._rollout(trajectory, members[group]))
             rewards.append(reward)
             forks += [(trajectory, fork, reward) for fork in trajectory.forks]
         for trajectory, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
@@ -287,6 +290,7 @@ class MultiTurnDriver:
             "env/turns_mean": sum(t.turns for t in order) / count,
             "env/turns_max": float(max((t.turns for t in order), default=0)),
             "env/success": sum(t.success for t in order) / count,
+            "env/first_turn_success": sum(t.success and t.turns == 1 for t in order) / count,
             "env/tool_calls": sum(t.tool_calls for t in order) / count,
             "env/errors": float(sum(t.failed == "error" for t in order)),
             "env/timeouts": float(sum(t.failed == "timeout" for t in order)),

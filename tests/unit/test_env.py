@@ -132,3 +132,43 @@ def test_through_a_real_engine_prompts_are_the_segments_and_only_generated_token
     mask = exp.loss_mask.bool()
     assert batch.metrics["response/obs_token_frac"] > 0
     assert (learner[mask] - exp.behaviour_logprobs[mask]).abs().max() < 1e-3  # engine vs learner, across turns
+
+
+def test_the_multi_turn_source_scores_with_the_environment_and_a_reward_fn(random_model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from relayrl.config import Config
+    from relayrl.envs.source import MultiTurnSource
+    from relayrl.rewards.service import build_reward_service
+    from relayrl.rollout.hf_engine import HFEngine
+    from relayrl.rollout.local_group import LocalEngineGroup
+
+    config = Config(
+        model={"path": str(random_model_dir)},
+        env={"fn": "retry", "max_turns": 2, "max_total_tokens": 24, "max_inflight": 2},
+        reward={"fn": "exact_match"},
+        rollout={"n": 2, "prompts_per_step": 2, "max_tokens": 4},
+    )
+    rewards = build_reward_service(config.reward)
+    source = MultiTurnSource(
+        config, LocalEngineGroup(HFEngine(str(random_model_dir))), rewards, None, SimpleNamespace(version=0)
+    )
+    try:
+        rows = [Prompt(id=str(i), text=f"{i}+{i}=", token_ids=[], columns={"answer": str(2 * i)}) for i in range(2)]
+        batch = source.score(source.generate(rows, source.sampling(0)))
+        greedy = source.evaluate(rows)
+    finally:
+        source.close()
+        rewards.close()
+    assert len(batch.rollouts) == 4 and all(set(s.components) == {"env", "fn"} for s in batch.scores)
+    assert all(s.reward == s.components["env"] + s.components["fn"] for s in batch.scores)
+    assert 1 <= batch.metrics["env/turns_mean"] <= 2 and "tito/prefix_mismatch" in batch.metrics
+    assert set(greedy) == {"eval/greedy", "eval/success", "eval/first_turn_success", "eval/turns_mean"}
+    with pytest.raises(Exception, match="train.schedule=sync only"):
+        MultiTurnSource(
+            config.model_copy(update={"train": config.train.model_copy(update={"schedule": "async"})}),
+            None,
+            None,
+            None,
+            None,
+        )
