@@ -183,3 +183,22 @@ def test_env_results_are_checked():
     with pytest.raises(EnvError, match="observation of None needs done=True"):
         as_step((None, 0.0, False), "here")
     assert as_step(("hi", 1, True), "here") == Step("hi", 1.0, True, {})
+
+
+class BreaksOnce(Again):
+    made = 0
+
+    def __init__(self):
+        BreaksOnce.made += 1
+        self.breaks = BreaksOnce.made == 1
+
+    def step(self, action):
+        if self.breaks:
+            raise ValueError("tool broke")
+        return Step(None, 1.0, True)
+
+
+def test_a_skipped_trajectory_leaves_its_group_starting_at_index_0():
+    BreaksOnce.made = 0
+    batch, _, _ = run(BreaksOnce, ["x"], on_error="skip", n=3)
+    assert [r.group_index for r in batch.rollouts] == [0, 1] and batch.metrics["env/errors"] == 1
