@@ -1,0 +1,133 @@
+"""The learner's process group, and how a step's work is divided among its W ranks and joined again.
+
+- `join_learner_group`: torch.distributed's default group for the learner ranks (gloo on CPU, nccl on GPU),
+  formed by a TCP rendezvous with a deadline; the same timeout bounds every collective in it afterwards
+  (FSDP's all-gathers and reduce-scatters included), so a dead or hung peer ends a call instead of hanging it.
+- `split_by_groups`: rank r takes the r-th contiguous slice of whole groups (a group never straddles two ranks,
+  so group packing and group-relative statistics still hold); every rank gets as many rows, because each
+  micro-batch is a collective that every rank must join.
+- `merge_experience` / `merge_stats`: the per-rank results put back as one batch / one metrics dict.
+
+Leaves out: the sharding itself (sharded.py) and how ranks are started (tests spawn them; placement/learner_ranks.py
+starts Ray actors).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+from relayrl.errors import PlacementError
+from relayrl.types import Experience
+
+
+def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s: float) -> None:
+    """Rendezvous at tcp://address:port within `timeout_s`; the group's collectives time out after as long."""
+    if dist.is_initialized():  # one group per process, reused by every learner built in it
+        if (dist.get_rank(), dist.get_world_size()) != (rank, world):
+            raise PlacementError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}")
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    try:
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{address}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, dist.DistStoreError) as err:
+        raise PlacementError(
+            f"learner rank {rank} of {world} could not join the learner group at {address}:{port} "
+            f"within {timeout_s:.0f} s: {err}"
+        ) from err
+
+
+def leave_learner_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(value: float) -> float:
+    """Sum of `value` over the learner ranks (fp64 so token counts stay exact)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return float(value)
+    total = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(total)
+    return float(total[0])
+
+
+def share_bounds(exp: Experience, world: int) -> list[tuple[int, int]]:
+    """[start, end) rows of each rank: contiguous whole groups, the same number of rows on every rank."""
+    rows = len(exp)
+    starts = torch.ones(rows, dtype=torch.bool)
+    starts[1:] = exp.group_ids[1:] != exp.group_ids[:-1]
+    group_starts = torch.nonzero(starts).flatten().tolist()
+    groups = len(group_starts)
+    if groups % world or rows % world:
+        raise PlacementError(
+            f"placement.learner_ranks={world} must divide the step's groups ({groups}) and rows ({rows}): "
+            "each rank takes whole groups, the same number of rows"
+        )
+    per_rank = groups // world
+    bounds = [(group_starts[r * per_rank], (group_starts + [rows])[(r + 1) * per_rank]) for r in range(world)]
+    sizes = {end - start for start, end in bounds}
+    if len(sizes) != 1:
+        raise PlacementError(
+            f"placement.learner_ranks={world}: whole groups give the ranks {[e - s for s, e in bounds]} rows; "
+            "every rank needs as many (use groups of one size)"
+        )
+    return bounds
+
+
+def split_by_groups(exp: Experience, world: int) -> list[Experience]:
+    return [exp.select(torch.arange(start, end)) for start, end in share_bounds(exp, world)]
+
+
+PREPARED = ("old_logprobs", "ref_logprobs", "values")  # what `prepare` fills in on each rank
+
+
+def merge_experience(whole: Experience, parts: list[Experience]) -> Experience:
+    """`whole` with the per-token fields the ranks filled in, padded back to its width, rows in rank order."""
+    for name in PREPARED:
+        pieces = [getattr(part, name) for part in parts]
+        if any(piece is None for piece in pieces):
+            continue
+        full = torch.zeros_like(whole.loss_mask)
+        row = 0
+        for piece in pieces:
+            full[row : row + len(piece), : piece.shape[1]] = piece
+            row += len(piece)
+        setattr(whole, name, full)
+    return whole
+
+
+SUMMED = ("loss/", "learner/positions")  # each rank's loss is its share of the global sum
+FROM_RANK_0 = ("lr", "actor/grad_norm", "actor/kl_coef", "stale/mean", "stale/max")
+
+
+def merge_stats(stats: list[dict], tokens: list[float]) -> dict:
+    """One metrics dict from the ranks': losses and counts add up, maxima take the max, values every rank
+    shares (lr, the global grad norm, the KL coefficient) come from rank 0, the rest are token-weighted means."""
+    total = max(sum(tokens), 1.0)
+    out = {}
+    for name, first in stats[0].items():
+        values = [s[name] for s in stats]
+        if isinstance(first, dict):  # mismatch/by_version: {version: (sum, max, tokens)}
+            merged: dict = {}
+            for part in values:
+                for version, (gap_sum, gap_max, n) in part.items():
+                    s, m, c = merged.get(version, (0.0, 0.0, 0))
+                    merged[version] = (s + gap_sum, max(m, gap_max), c + n)
+            out[name] = merged
+        elif name.startswith(SUMMED):
+            out[name] = float(sum(values))
+        elif name in FROM_RANK_0:
+            out[name] = first
+        elif name.endswith("_max"):
+            out[name] = max(values)
+        else:
+            out[name] = sum(v * t for v, t in zip(values, tokens)) / total
+    return out

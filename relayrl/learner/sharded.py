@@ -1,0 +1,175 @@
+"""One rank of a sharded learner: today's `LearnerRole`, with its models wrapped by FSDP2 across W ranks.
+
+Each rank loads the model, joins the learner group (ranks.py) and wraps the policy, the reference and the
+critic with `fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients
+and AdamW state. The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch
+(whole groups, as many rows on each rank). Two things make the step independent of W and of the micro-batch
+split:
+- the loss normaliser (tokens or sequences of the mini-batch) is all-reduced over the ranks before any
+  micro-batch's loss is divided by it, so each rank's loss is its part of one global sum;
+- FSDP's reduce-scatter *sums* the ranks' gradients (divide factor 1) instead of averaging them: averaging
+  would divide that global sum by W once more.
+The adaptive KL controller sees the token-weighted KL of the whole batch, so its coefficient agrees on every
+rank. Weights leave through `named_weights`, one full tensor at a time, gathered by every rank in the same
+order (the sync from shards is in relayrl/sync/gather.py). The critic's value loss divides by its rank's own
+token count (critic.py has no normaliser hook), which matches the global one only when ranks hold equal tokens.
+
+Leaves out: starting the ranks (tests spawn them, placement/learner_ranks.py makes Ray actors) and checkpoint
+files (dist_checkpoint.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from relayrl.config import Config
+from relayrl.learner.ranks import all_reduce_sum, join_learner_group
+from relayrl.learner.role import LearnerRole
+from relayrl.sync.buckets import Layout, make_layout
+from relayrl.types import Experience
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The transformer's block list (`model.layers` of an HF decoder, wherever it sits)."""
+    for name, module in model.named_modules():
+        if name.endswith("layers") and isinstance(module, nn.ModuleList):
+            return module
+    raise ValueError(f"{type(model).__name__} has no decoder-layer list to shard")
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """FSDP2 per decoder layer, then the root; gradients reduce by sum (the loss already holds the 1/N)."""
+    for layer in decoder_layers(model):
+        fully_shard(layer)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+    if hasattr(model, "base_model_prefix"):
+        model.__class__ = _rooted(type(model))
+    return model
+
+
+class _BaseThroughRoot:
+    """`model.base_model` of a sharded causal LM: calling it runs the root's forward (its FSDP hooks gather the
+    embeddings, final norm and head) and returns the decoder's output. The learner's layout applies the LM head
+    to hidden states itself (train.logits_chunk), so it calls `model.base_model(...)`; called directly, the
+    decoder would run outside the root and meet sharded embeddings."""
+
+    def __init__(self, root: nn.Module):
+        self.root = root
+
+    def __call__(self, *args, **kwargs):
+        return self.root(*args, hidden_states_only=True, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(getattr(self.root, self.root.base_model_prefix), name)
+
+
+def _rooted(cls: type) -> type:
+    class Rooted(cls):
+        @property
+        def base_model(self):
+            return _BaseThroughRoot(self)
+
+        def forward(self, *args, hidden_states_only: bool = False, **kwargs):
+            if hidden_states_only:
+                return getattr(self, self.base_model_prefix)(*args, **kwargs)
+            return super().forward(*args, **kwargs)
+
+    Rooted.__name__ = Rooted.__qualname__ = cls.__name__
+    return Rooted
+
+
+def _rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    """Point a fresh optimizer (no state yet) at the sharded parameters, which `fully_shard` created anew; its
+    schedule stays attached to it."""
+    (group,) = optimizer.param_groups
+    group["params"] = [p for p in model.parameters() if p.requires_grad]
+
+
+class _GlobalNormaliser:
+    """`Objective.normaliser` summed over the ranks: token and sequence counts add up across row shares."""
+
+    def __init__(self, local):
+        self.local = local
+
+    def __call__(self, mask: torch.Tensor) -> float:
+        return all_reduce_sum(self.local(mask))
+
+
+class ShardedLearner(LearnerRole):
+    def __init__(
+        self, config: Config, rank: int, world: int, address: str, port: int, timeout_s: float, threads: int = 0
+    ):
+        join_learner_group(rank, world, address, port, timeout_s)
+        self.rank, self.world = rank, world
+        super().__init__(config, threads)
+        policy = self.policy
+        shard_model(policy.model)
+        _rebind_optimizer(policy.optimizer, policy.model)
+        if policy.reference is not None:
+            shard_model(policy.reference)
+        if self.critic is not None:
+            shard_model(self.critic.model)
+            _rebind_optimizer(self.critic.optimizer, self.critic.model)
+        policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
+        controller = policy.objective.kl_controller
+        local_update, self.tokens = controller.update, 0.0
+
+        def global_update(kl: float, n_steps: int):
+            tokens = all_reduce_sum(self.tokens)
+            return local_update(all_reduce_sum(kl * self.tokens) / max(tokens, 1.0), int(all_reduce_sum(n_steps)))
+
+        controller.update = global_update
+
+    def update(self, step: int, exp: Experience) -> dict[str, float]:
+        self.tokens = float(exp.loss_mask.sum())
+        return super().update(step, exp)
+
+    # ------------------------------------------------------------------ weights, one full tensor at a time
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every rank must iterate this to the end, in step: each tensor is an all-gather of its shards."""
+        self.policy.model.reshard()  # a no-grad forward leaves the root's parameters gathered
+        for name, param in self.policy.model.named_parameters():
+            yield name, param.full_tensor().detach()
+
+    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
+        """From the global shapes alone: nothing is gathered."""
+        return make_layout(
+            ((n, tuple(p.shape)) for n, p in self.policy.model.named_parameters()), bucket_mb, wire_dtype
+        )
+
+    def adoptable_parameters(self):
+        return None  # shards cannot live in the engine's buckets
+
+    def open_sender(self, transport, layout, checksum, timeout_s, directory, owner=None) -> int:
+        from relayrl.sync.gather import streaming_sender
+
+        self.close_sender()
+        self.layout = layout
+        if self.rank == 0:  # only rank 0 talks to the engines
+            self.sender = streaming_sender(transport, layout, checksum, self.sync_group, timeout_s, directory, owner)
+        return 0
+
+    def send_weights(self, version: int, only: list[int] | None = None):
+        from relayrl.sync.gather import send_from_shards
+
+        return send_from_shards(self.policy.model, self.layout, self.sender, version, only)
+
+    @torch.no_grad()
+    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Every rank runs the forward (its all-gathers); each returns the same values."""
+        return super().sequence_logprobs(token_ids)
+
+    # ------------------------------------------------------------------ state
+    def save(self, run_dir: str | Path, tokenizer=None) -> None:
+        from relayrl.learner.dist_checkpoint import save_pretrained_from_shards
+
+        save_pretrained_from_shards(self, Path(run_dir) / "model", tokenizer)
