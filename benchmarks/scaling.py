@@ -1,6 +1,12 @@
 """How relayrl's time and memory grow with the work (issue 18, item 6): each section a small table of ratios to
 its smallest case and the fitted exponent (the slope of log cost against log size).
 
+  (a) response length, (b) rollout batch size: one learner update (`PolicyLearner.update`, GRPO, one
+      micro-batch, logits_chunk on) on a tiny random Llama (hidden 64, 2 layers) in a fresh subprocess per
+      case: the median seconds of 3 updates after a warm-up, the process's peak RSS, and that peak less the
+      peak before any update (imports, model, the batch). (a) 8 responses of
+      64..1024 tokens; (b) 8..128 responses of 64 tokens. Generation and sync are not in these two sections.
+
   (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~60 bytes). Each case runs
       in a fresh subprocess: load the tokenizer, `load_prompts` + `show_first_prompt` (what `relayrl train`
       does before any role is built), then the sampler's first batch of 8 prompts: the trainer's first batch.
@@ -13,7 +19,7 @@ Simplifications, stated: a character tokenizer built here (tokenising cost per r
 scaled); the files are written once into --out and reused; the machine is shared (2 cores): the load average
 is printed with the table.
 
-Run: .venv/bin/python benchmarks/scaling.py [--section c] [--out runs/scaling] [--rows 1000,10000,100000,1000000]
+Run: .venv/bin/python benchmarks/scaling.py [--section a|b|c|all] [--out runs/scaling] [--rows 1000,10000,100000,1000000]
 """
 
 from __future__ import annotations
@@ -60,6 +66,90 @@ def first_batch_child(path: str) -> None:
     print(json.dumps({"seconds": seconds, "rss_mb": peak, "base_mb": base, "rows": len(prompts), "batch": len(batch)}))
 
 
+def update_child(model_dir: str, samples: int, response_tokens: int) -> None:
+    """Runs in the subprocess: one warm-up update, then a timed one; prints {"seconds", "rss_mb"}."""
+    import resource
+
+    import torch
+
+    from relayrl.algorithms.advantages import grpo, make_inputs
+    from relayrl.config import load_config
+    from relayrl.learner.batching import make_experience
+    from relayrl.learner.policy import PolicyLearner
+    from relayrl.types import Prompt, Rollout, Score
+
+    torch.set_num_threads(2)
+    overrides = [f"model.path={model_dir}", "rollout.n=8", f"rollout.prompts_per_step={samples // 8}"]
+    overrides += [f"train.micro_batch={samples}", f"rollout.max_tokens={response_tokens}", "train.packing=none"]
+    learner = PolicyLearner(load_config(None, overrides))
+    gen = torch.Generator().manual_seed(0)
+    rollouts = []
+    for i in range(samples):
+        prompt = Prompt(id=str(i // 8), text="", token_ids=torch.randint(4, 20, (8,), generator=gen).tolist())
+        response = torch.randint(4, 20, (response_tokens,), generator=gen).tolist()
+        rollouts.append(Rollout(prompt, i % 8, response, "", [-1.0] * response_tokens, "stop", [0] * response_tokens))
+    scores = [Score(float(i % 3 == 0)) for i in range(samples)]
+    exp = make_experience(rollouts, scores, pad_id=0)
+    exp.advantages, _ = grpo(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, model, optimizer, the batch
+    learner.update(exp)  # warm-up (AdamW states are allocated here)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        learner.update(exp)
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": sorted(times)[1], "rss_mb": peak, "over_mb": peak - base}))
+
+
+def section_update(out: Path, name: str, cases: list[tuple[int, int]], size_of) -> None:
+    """Sections (a) and (b): `cases` of (samples, response tokens); `size_of` picks the swept one."""
+    model_dir = out / "model"
+    if not (model_dir / "config.json").is_file():
+        from relayrl.models.tiny import build_tiny
+
+        build_tiny(
+            [chr(c) for c in range(32, 127)],
+            model_dir,
+            hidden=64,
+            layers=2,
+            heads=2,
+            intermediate=128,
+            max_positions=2048,
+        )
+    results = []
+    for samples, tokens in cases:
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.scaling import update_child; "
+        code += f"update_child({str(model_dir)!r}, {samples}, {tokens})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            raise SystemExit(done.stderr[-2000:])
+        results.append({"n": size_of(samples, tokens), **json.loads(done.stdout.strip().splitlines()[-1])})
+        print(
+            f"  {name} {results[-1]['n']}: {results[-1]['seconds']:.3f} s, {results[-1]['rss_mb']:.0f} MB", flush=True
+        )
+    _table(name, results)
+
+
+def _table(name: str, results: list[dict]) -> None:
+    small = results[0]
+    print(f"\n{name} -> one learner update (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})")
+    print(f"| {name} | s (median of 3) | x | peak RSS MB | x | peak over the loaded model MB | x |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        over = r["over_mb"] / max(small["over_mb"], 0.1)
+        print(
+            f"| {r['n']} | {r['seconds']:.3f} | {r['seconds'] / small['seconds']:.1f} | {r['rss_mb']:.0f} "
+            f"| {r['rss_mb'] / small['rss_mb']:.2f} | {r['over_mb']:.1f} | {over:.1f} |"
+        )
+    sizes = [r["n"] for r in results]
+    print(
+        f"fitted exponent: time {fit_exponent(sizes, [r['seconds'] for r in results]):.2f}, "
+        f"peak RSS {fit_exponent(sizes, [r['rss_mb'] for r in results]):.2f}, "
+        f"over the model {fit_exponent(sizes, [max(r['over_mb'], 0.1) for r in results]):.2f}"
+    )
+
+
 def _rss_mb() -> float:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
@@ -102,12 +192,17 @@ def section_c(out: Path, row_counts: list[int]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--section", choices=["c"], default="c")
+    parser.add_argument("--section", choices=["a", "b", "c", "all"], default="all")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "scaling")
     parser.add_argument("--rows", default="1000,10000,100000,1000000")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    section_c(args.out, [int(n) for n in args.rows.split(",")])
+    if args.section in ("a", "all"):
+        section_update(args.out, "(a) response tokens", [(8, t) for t in (64, 128, 256, 512, 1024)], lambda s, t: t)
+    if args.section in ("b", "all"):
+        section_update(args.out, "(b) responses", [(s, 64) for s in (8, 16, 32, 64, 128)], lambda s, t: s)
+    if args.section in ("c", "all"):
+        section_c(args.out, [int(n) for n in args.rows.split(",")])
 
 
 if __name__ == "__main__":
