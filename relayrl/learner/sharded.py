@@ -168,7 +168,22 @@ class ShardedLearner(LearnerRole):
         """Every rank runs the forward (its all-gathers); each returns the same values."""
         return super().sequence_logprobs(token_ids)
 
-    # ------------------------------------------------------------------ state
+    # ------------------------------------------------------------------ state (relayrl/learner/dist_checkpoint.py)
+    def state(self) -> dict:
+        from relayrl.learner.dist_checkpoint import shared_state
+
+        return shared_state(self)
+
+    def checkpoint(self, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str:
+        from relayrl.learner.dist_checkpoint import save_sharded
+
+        return save_sharded(self, run_dir, step, loop_state, keep)
+
+    def load_state(self, checkpoint: str | Path, state: dict) -> None:
+        from relayrl.learner.dist_checkpoint import load_any
+
+        load_any(self, checkpoint, state)
+
     def save(self, run_dir: str | Path, tokenizer=None) -> None:
         from relayrl.learner.dist_checkpoint import save_pretrained_from_shards
 

@@ -1,0 +1,127 @@
+"""The rank side of test_sharded_learner.py (no tests here): what each spawned learner rank runs, in order, in
+one process group. Rank 0 writes each scenario's results to `{out_dir}/{name}.pt` and names it on the queue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from relayrl.algorithms.advantages import grpo, make_inputs
+from relayrl.config import load_config
+from relayrl.learner.batching import make_experience
+from relayrl.types import Prompt, Rollout, Score
+
+WORLD = 2
+OBJECTIVES = {
+    "token_mean": [],
+    "seq_mean_token_mean": ["algorithm.loss_agg=seq_mean_token_mean"],
+    "seq_mean_token_sum_norm": ["algorithm.loss_agg=seq_mean_token_sum_norm", "rollout.max_tokens=8"],
+    # the reference is sharded too; KL and entropy in the loss share the normaliser
+    "kl_entropy": ["algorithm.kl.coef=0.1", "algorithm.entropy_coef=0.01", "algorithm.kl.controller=adaptive"],
+}
+BUCKET_MB = 0.02  # ~20 KiB buckets: the tiny model (~190 KiB) spans many
+
+
+def config(model_dir, extra=()):
+    overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "train.lr=1e-3"]
+    return load_config(None, overrides + ["train.micro_batch=4", *extra])
+
+
+def experience(seed=0, groups=4, n=4, vocab=16):
+    """Ragged prompts (3..6 tokens) and responses (1..7 tokens), rewards that vary within each group."""
+    gen = torch.Generator().manual_seed(seed)
+    rollouts, scores = [], []
+    for g in range(groups):
+        prompt = Prompt(id=f"p{g}", text="", token_ids=torch.randint(4, vocab, (3 + g,), generator=gen).tolist())
+        for i in range(n):
+            length = 1 + (3 * g + 2 * i + seed) % 7
+            response = torch.randint(4, vocab, (length,), generator=gen).tolist()
+            rollouts.append(Rollout(prompt, i, response, "", [-1.5] * length, "stop", [0] * length))
+            scores.append(Score(float((g + i + seed) % 2) + 0.1 * i))
+    exp = make_experience(rollouts, scores, pad_id=0)
+    exp.advantages, _ = grpo(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))
+    return exp
+
+
+def share(seed: int, rank: int):
+    from relayrl.learner.ranks import split_by_groups
+
+    return split_by_groups(experience(seed), WORLD)[rank]
+
+
+def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
+    from relayrl.learner.ranks import leave_learner_group
+    from relayrl.learner.sharded import ShardedLearner
+
+    torch.set_num_threads(1)
+
+    def learner(objective):
+        return ShardedLearner(config(model_dir, OBJECTIVES[objective]), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+
+    def publish(name, value):
+        if rank == 0:
+            torch.save(value, f"{out_dir}/{name}.pt")  # (a queue would share memory with an exited process)
+            results.put(name)
+
+    for objective in OBJECTIVES:
+        trained = learner(objective)
+        publish(objective, step(trained, share(0, rank), "loss/policy"))
+    publish("sync", sync(trained, rank, model_dir, Path(out_dir)))
+    publish("resume", resume(learner, rank, single_checkpoint, Path(out_dir)))
+    leave_learner_group()
+    publish("end", None)
+
+
+def step(learner, part, loss_name):
+    """(full weights, global loss, grad norm) after one update on this rank's share."""
+    from relayrl.learner.ranks import all_reduce_sum
+
+    stats = learner.update(0, learner.prepare(part))
+    loss = all_reduce_sum(stats[loss_name])  # each rank's loss is its part of the global sum
+    return {n: t.clone() for n, t in learner.named_weights()}, loss, stats["actor/grad_norm"]
+
+
+def sync(learner, rank, model_dir, out_dir):
+    """Push the trained shards to an HF engine on rank 0: disk one bucket per call, shm in one call."""
+    from relayrl.rollout.hf_engine import HFEngine
+    from relayrl.sync.transports import make_receiver
+
+    layout = learner.weight_layout(BUCKET_MB, "fp32")
+    probe = [1, 5, 9, 4, 7, 12, 6, 8, 10]
+    found = {"bucket_bytes": max(layout.bucket_sizes) * 4, "model_bytes": layout.nbytes}
+    for version, transport in enumerate(("disk", "shm"), start=1):
+        engine = HFEngine(str(model_dir)) if rank == 0 else None
+        before = engine.prompt_logprobs(probe) if rank == 0 else None
+        learner.open_sender(transport, layout, True, 60.0, str(out_dir / "sync"), None)
+        receiver = make_receiver(transport, layout) if rank == 0 else None
+        calls = [[b] for b in range(len(layout.bucket_sizes))] if transport == "disk" else [None]
+        for buckets in calls:
+            manifest = learner.send_weights(version, buckets)
+            if rank == 0:
+                engine.load_weights(receiver.receive(manifest), version)
+        if transport == "disk" and rank == 0:
+            found["peak_bytes"] = learner.sender.held.peak
+        learned = learner.sequence_logprobs(probe)  # every rank runs the forward
+        if rank == 0:
+            found[transport] = (learned, engine.prompt_logprobs(probe), before)
+        learner.close_sender()
+    return found
+
+
+def resume(learner, rank, single_checkpoint, out_dir):
+    """1 -> 2: today's checkpoint into two ranks; 2 -> 2: a sharded checkpoint written and read back. Each then
+    takes the second step (the first resumed one)."""
+    resumed = learner("kl_entropy")
+    resumed.load_state(single_checkpoint, torch.load(f"{single_checkpoint}/trainer_state.pt", weights_only=False))
+    weights, loss, _ = step(resumed, share(1, rank), "loss/total")
+    found = {"1->2": (loss, weights)}
+    first = learner("kl_entropy")
+    step(first, share(0, rank), "loss/total")
+    path = first.checkpoint(out_dir / "sharded_run", 0, {"version": 1}, keep=1)
+    again = learner("kl_entropy")
+    again.load_state(path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
+    weights, loss, _ = step(again, share(1, rank), "loss/total")
+    found["2->2"] = (loss, weights)
+    found["sharded_checkpoint"] = path
+    return found
