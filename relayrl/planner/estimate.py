@@ -1,7 +1,10 @@
 """The workload a config implies, memory per role, and colocated vs disaggregated placement.
 
 The arithmetic is the seeds' (docs of issue 7): M_role = P * b_role; colocated peak = max over phases,
-disaggregated = sum of pools. The step time is `relayrl/planner/timing.py`.
+disaggregated = sum of pools. The step time is `relayrl/planner/timing.py`. With LoRA (`model.lora`) the
+policy is a frozen base at its inference bytes plus an adapter of A parameters at the trainable bytes
+(16 B/param), the reference costs nothing (the base with the adapter disabled), the critic is its own frozen
+base plus its own adapter, and `sync.lora=adapter` pushes A parameters instead of P.
 Deliberately left out: sharding overheads, fragmentation, prefix caching.
 """
 
@@ -69,6 +72,9 @@ class Workload:
     group_size: int = 1  # rollout.n
     engine: str = "vllm"  # rollout.engine
     packing: str = "none"  # train.packing
+    lora_rank: int = 0  # model.lora.rank; 0 = full fine-tuning
+    lora_targets: str | tuple[str, ...] = "all-linear"  # model.lora.target_modules
+    lora_sync: str | None = None  # "adapter" or "merged" (relayrl/sync/lora.py); None = full fine-tuning
 
     @property
     def packed(self) -> bool:
@@ -136,7 +142,54 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
+        **lora_workload(config),
     )
+
+
+def lora_workload(config: Config) -> dict:
+    from relayrl.sync.lora import lora_sync_mode
+
+    settings = config.model.lora
+    if settings is None:
+        return {}
+    targets = settings.target_modules
+    return {
+        "lora_rank": settings.rank,
+        "lora_targets": targets if isinstance(targets, str) else tuple(targets),
+        "lora_sync": lora_sync_mode(config),
+    }
+
+
+LLAMA_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def adapter_params(shape: ModelShape, rank: int, targets: str | tuple[str, ...] = "all-linear") -> int:
+    """A: LoRA parameters, r * (d_in + d_out) per adapted linear layer of a Llama-family model (`all-linear`:
+    every projection of attention and MLP, not the LM head). The MLP width, when config.json is not at hand, is
+    what the parameter count leaves after the embeddings and attention (gate, up and down: 3 x hidden x I)."""
+    h, q, kv = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim
+    attention = h * q * 2 + h * kv * 2
+    embeddings = shape.vocab * h * (1 if shape.tied in (True, None) else 2)
+    per_layer = (shape.params - embeddings - h) / shape.layers - attention - 2 * h  # less the norms (RMSNorm: h)
+    width = shape.intermediate or max(1, round(per_layer / (3 * h)))
+    dims = {
+        "q_proj": h + q,
+        "k_proj": h + kv,
+        "v_proj": h + kv,
+        "o_proj": q + h,
+        "gate_proj": h + width,
+        "up_proj": h + width,
+        "down_proj": width + h,
+    }
+    chosen = LLAMA_LINEARS if targets == "all-linear" else [t.rsplit(".", 1)[-1] for t in targets]
+    return shape.layers * rank * sum(dims[name] for name in chosen if name in dims)
+
+
+def sync_params(shape: ModelShape, work: Workload) -> int:
+    """Parameters one push moves: the adapter alone (sync.lora=adapter), else every weight."""
+    if work.lora_sync == "adapter":
+        return adapter_params(shape, work.lora_rank, work.lora_targets)
+    return shape.params
 
 
 @dataclass(frozen=True)
@@ -187,10 +240,13 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
             f"{work.seq_len} tokens; raise rollout.kv_cache_gib"
         )
     tokens = work.micro_batch * work.seq_len
+    trainable = P * precision.train_bytes  # full fine-tuning; with LoRA: a frozen base and a trained adapter
+    if work.lora_rank:
+        trainable = P * b + adapter_params(shape, work.lora_rank, work.lora_targets) * precision.train_bytes
     return Memory(
-        actor=P * precision.train_bytes,
-        critic=P * precision.train_bytes if work.critic else 0.0,
-        reference=P * b if work.reference else 0.0,
+        actor=trainable,
+        critic=trainable if work.critic else 0.0,
+        reference=P * b if work.reference and not work.lora_rank else 0.0,  # LoRA: the base, adapter disabled
         engine_weights=weights,
         kv_bytes_per_token=per_token,
         engine_devices=devices,

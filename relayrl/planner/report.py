@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from relayrl.planner import Plan
-from relayrl.planner.estimate import GIB
+from relayrl.planner.estimate import GIB, adapter_params
+from relayrl.rollout.choice import HF_BELOW_PARAMS
 
 
 def _gb(x: float) -> str:
@@ -39,10 +40,9 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         console.print(f"[bold]engine:[/] {advice}")
 
 
-# Below this size on CPU, vLLM's per-step Python work outweighs the model: with a 0.6M-param model writing
-# <= 6 tokens, HF generate in the learner's process ran the rollout in 64 vs ~100 ms and a step at 0.58x
-# TRL's vs 0.81x with vLLM (benchmarks/README.md, `make bench`)
-HF_ENGINE_BELOW_PARAMS = 5e6
+# Below this size on CPU, vLLM's per-step Python work outweighs the model (the crossover and its figures are
+# in relayrl/rollout/choice.py, which `rollout.engine: auto` uses too)
+HF_ENGINE_BELOW_PARAMS = HF_BELOW_PARAMS
 
 
 def engine_advice(plan: Plan) -> str | None:
@@ -114,10 +114,14 @@ def _memory_rows(plan: Plan) -> Rows:
         else f"{m.engine_devices} dev x {w.gpu_memory_utilization:g} x {hw.memory_gb:g} GB - weights"
     )
     c = pr.activation_c
+    trainable = f"P x {pr.train_bytes}"
+    if w.lora_rank:  # relayrl/planner/estimate.py: a frozen base, an adapter of A parameters
+        trainable = f"P x {b} + A={adapter_params(s, w.lora_rank, w.lora_targets):,} x {pr.train_bytes} (LoRA)"
+    reference = f"P x {b}" if w.reference else "none (kl.coef = 0)"
     memory = [
-        ("actor", f"P x {pr.train_bytes}", _gb(m.actor)),
-        ("critic", f"P x {pr.train_bytes}" if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
-        ("reference", f"P x {b}" if w.reference else "none (kl.coef = 0)", _gb(m.reference)),
+        ("actor", trainable, _gb(m.actor)),
+        ("critic", trainable if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
+        ("reference", "none (LoRA: the base, adapter disabled)" if w.lora_rank else reference, _gb(m.reference)),
         ("engine weights", f"P x {b}", _gb(m.engine_weights)),
         (
             "KV bytes/token",
@@ -243,7 +247,11 @@ def _time_rows(plan: Plan) -> Rows:
             _s(t.optimizer),
         ),
         ("update", "update FLOPs + optimizer", _s(t.update_phase)),
-        ("sync", f"P x {b} x r=1 / {hw.link_gbs:g} GB/s", _s(t.sync)),
+        (
+            "sync",
+            f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s",
+            _s(t.sync),
+        ),
         ("step", "sum (phases serial)", _s(t.total)),
     ]
     return time

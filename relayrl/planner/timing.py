@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from relayrl.planner.estimate import Memory, Placement, Precision, Workload
+from relayrl.planner.estimate import Memory, Placement, Precision, Workload, sync_params
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.probe import EngineOverhead, MatmulRates
 from relayrl.planner.shape import ModelShape
@@ -164,5 +164,5 @@ def estimate_time(
         critic=forward + update if work.critic else 0.0,
         update=update,
         optimizer=work.optimizer_steps * 2 * precision.train_bytes * P / (mem_bw * train_devices),
-        sync=P * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9),
+        sync=sync_params(shape, work) * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9),  # LoRA: A, not P
     )

@@ -115,6 +115,8 @@ def engine_from_config(config, max_model_len: int, cores: str | None = None) -> 
     """The run's rollout engine, from `config.rollout` (plus `model.path` and `train.seed`): the one construction
     path, used in the driver (`placement.mode=local`) and in every Ray engine actor, so no `rollout.*` setting
     can reach one and not the other. `cores`: the CPU cores a Ray actor was given (vLLM pins its threads)."""
+    from relayrl.sync.lora import adapter_spec
+
     r = config.rollout
     return build_engine(
         r.engine,
@@ -125,6 +127,7 @@ def engine_from_config(config, max_model_len: int, cores: str | None = None) -> 
         gpu_memory_utilization=r.gpu_memory_utilization,
         prefix_caching=r.prefix_caching,
         cores=cores,
+        adapter=adapter_spec(config),  # sync.lora=adapter: the engine serves LoRA adapters (relayrl/sync/lora.py)
     )
 
 
@@ -137,11 +140,14 @@ def build_engine(
     gpu_memory_utilization: float = 0.5,
     prefix_caching: str = "auto",
     cores: str | None = None,
+    adapter=None,
 ) -> Engine:
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching, cores)
+        return VLLMEngine(
+            model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching, cores, adapter
+        )
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine
 

@@ -141,3 +141,29 @@ def test_lora_at_a_full_fine_tuning_rate_warns():
         load_config(None, ["model.lora.rank=8", "train.lr=2e-4"])
     found = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
     assert len(found) == 1 and "train.lr=1e-05, a full fine-tuning rate" in found[0]
+
+
+def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
+    from dataclasses import replace
+
+    from relayrl.planner.estimate import (
+        adapter_params,
+        estimate_memory,
+        precision_for,
+        sync_params,
+        workload_from_config,
+    )
+    from relayrl.planner.hardware import Hardware
+    from relayrl.planner.shape import load_shape
+
+    config = _config(random_model_dir, ["algorithm.kl.coef=0.1", "rollout.engine=vllm"])
+    shape, hardware = load_shape(str(random_model_dir)), Hardware("cpu", "cpu", 24, 10.0, 1.0, 10.0, 0.3, 1, "test")
+    learner = PolicyLearner(config)
+    assert adapter_params(shape, 4) == lora.trainable_count(learner.model)  # counted as peft builds it
+    shape_only = replace(shape, intermediate=None)  # the MLP width inferred from the parameter count
+    assert adapter_params(shape_only, 4) == adapter_params(shape, 4)
+    work, precision = workload_from_config(config), precision_for(hardware)
+    memory = estimate_memory(shape, work, hardware, precision)
+    assert memory.reference == 0 and memory.actor == shape.params * 4 + adapter_params(shape, 4) * 16
+    assert sync_params(shape, work) == adapter_params(shape, 4)
+    assert sync_params(shape, replace(work, lora_sync="merged")) == shape.params
