@@ -42,6 +42,7 @@ from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported 
     Section,
     SyncConfig,
     TrainConfig,
+    warn_lora,
 )
 from relayrl.envs.config import EnvConfig
 from relayrl.errors import ConfigError
@@ -232,6 +233,7 @@ def dump_config(config: Config) -> str:
 def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
     _warn_algorithm(config)
+    warn_lora(config)  # relayrl/config_sections.py: a LoRA run at a full fine-tuning learning rate
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
@@ -284,9 +286,9 @@ def _warn_algorithm(config: Config) -> None:
 
 # The sync settings each transport reads: the in-process transport hands tensors over (no wire, no deadline) but
 # still runs the parity probe; only the disk transport writes into a directory.
-_WIRE = {"transport", "bucket_mb", "wire_dtype", "checksum", "parity_probe", "timeout_s"}
+_WIRE = {"transport", "bucket_mb", "wire_dtype", "checksum", "parity_probe", "timeout_s", "lora"}
 SYNC_KEYS = {
-    "inprocess": {"transport", "parity_probe"},
+    "inprocess": {"transport", "parity_probe", "lora"},
     "shm": _WIRE,
     "broadcast": _WIRE,
     "object_store": _WIRE,

@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from relayrl.config_paths import warn
+from relayrl.models.lora_settings import LoraSettings, warn_lora  # noqa: F401 - model.lora, re-exported
 
 INPUT_PATH_RULE = (
     "A relative path is taken against the config file's directory, else the working directory (an "
@@ -26,6 +27,9 @@ class ModelConfig(Section):
     path: str = Field("", description="HF model directory (config.json + weights + tokenizer). " + INPUT_PATH_RULE)
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="Learner dtype: auto = float32 on CPU, bf16 autocast with fp32 master weights on GPU."
+    )
+    lora: LoraSettings | None = Field(
+        None, description="Train a LoRA adapter (peft) on a frozen base; absent = full fine-tuning."
     )
 
 
@@ -417,8 +421,14 @@ class SyncConfig(Section):
         description="After each push, compare engine and learner log-probs on a fixed sequence (sync/parity_abs_max).",
     )
     timeout_s: float = Field(120.0, gt=0, description="Deadline for one push (every collective and wait within it).")
+    lora: Literal["auto", "adapter", "merged"] = Field(
+        "auto",
+        description="With model.lora: push only the adapter (the engine loads each version as a new adapter), "
+        "or merged full weights; auto = adapter on the vLLM engine, merged on HF.",
+    )
     directory: str = Field(
         "",
         description="disk transport: where the weights file goes ('' = a temporary "
         "directory); relative to the working directory.",
     )
+
