@@ -7,7 +7,8 @@ its smallest case and the fitted exponent (the slope of log cost against log siz
       peak before any update (imports, model, the batch). (a) 8 responses of
       64..1024 tokens; (b) 8..128 responses of 64 tokens. Generation and sync are not in these two sections.
 
-  (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~60 bytes). Each case runs
+  (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~40 bytes), or the same rows
+      as parquet or a `datasets` save_to_disk directory (--format). Each case runs
       in a fresh subprocess: load the tokenizer, `load_prompts` + `show_first_prompt` (what `relayrl train`
       does before any role is built), then the sampler's first batch of 8 prompts: the trainer's first batch.
       Measured: seconds from the start of loading to that batch, and the process's peak RSS (ru_maxrss),
@@ -19,7 +20,8 @@ Simplifications, stated: a character tokenizer built here (tokenising cost per r
 scaled); the files are written once into --out and reused; the machine is shared (2 cores): the load average
 is printed with the table.
 
-Run: .venv/bin/python benchmarks/scaling.py [--section a|b|c|all] [--out runs/scaling] [--rows 1000,10000,100000,1000000]
+Run: .venv/bin/python benchmarks/scaling.py [--section a|b|c|all] [--out runs/scaling] [--rows 1000,...,1000000]
+     [--format jsonl|parquet|datasets]
 """
 
 from __future__ import annotations
@@ -45,6 +47,25 @@ def write_prompts(path: Path, rows: int) -> Path:
                 f.write(json.dumps({"prompt": f"{i % 997} + {i % 89} =", "answer": str(i % 997 + i % 89)}) + "\n")
         temp.replace(path)
     return path
+
+
+def convert(jsonl: Path, fmt: str) -> Path:
+    """The same rows as a parquet file or a `datasets` save_to_disk directory (written once, reused)."""
+    if fmt == "jsonl":
+        return jsonl
+    target = jsonl.with_suffix(".parquet" if fmt == "parquet" else ".ds")
+    if not target.exists():
+        import pyarrow.json
+        import pyarrow.parquet as pq
+
+        table = pyarrow.json.read_json(jsonl)
+        if fmt == "parquet":
+            pq.write_table(table, target)
+        else:
+            import datasets
+
+            datasets.Dataset(table).save_to_disk(str(target))
+    return target
 
 
 def first_batch_child(path: str) -> None:
@@ -162,19 +183,22 @@ def fit_exponent(sizes: list[float], costs: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def section_c(out: Path, row_counts: list[int]) -> None:
+def section_c(out: Path, row_counts: list[int], fmt: str = "jsonl") -> None:
     results = []
     for rows in row_counts:
-        path = write_prompts(out / f"prompts_{rows}.jsonl", rows)
+        path = convert(write_prompts(out / f"prompts_{rows}.jsonl", rows), fmt)
         code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.scaling import first_batch_child; "
         code += f"first_batch_child({str(path)!r})"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        result.update(file_mb=path.stat().st_size / 1e6, n=rows)
+        size = sum(f.stat().st_size for f in path.rglob("*")) if path.is_dir() else path.stat().st_size
+        result.update(file_mb=size / 1e6, n=rows)
         results.append(result)
         print(f"  {rows:>9} rows: {result['seconds']:.3f} s, peak RSS {result['rss_mb']:.0f} MB", flush=True)
     small = results[0]
-    print(f"\n(c) dataset rows -> trainer's first batch (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})")
+    print(
+        f"\n(c) dataset rows ({fmt}) -> trainer's first batch (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})"
+    )
     print("| rows | file MB | s to first batch | x | peak RSS MB | x | RSS over imports MB | x |")
     print("|---|---|---|---|---|---|---|---|")
     for r in results:
@@ -195,6 +219,7 @@ def main() -> None:
     parser.add_argument("--section", choices=["a", "b", "c", "all"], default="all")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "scaling")
     parser.add_argument("--rows", default="1000,10000,100000,1000000")
+    parser.add_argument("--format", choices=["jsonl", "parquet", "datasets"], default="jsonl", help="section (c)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.section in ("a", "all"):
@@ -202,7 +227,7 @@ def main() -> None:
     if args.section in ("b", "all"):
         section_update(args.out, "(b) responses", [(s, 64) for s in (8, 16, 32, 64, 128)], lambda s, t: s)
     if args.section in ("c", "all"):
-        section_c(args.out, [int(n) for n in args.rows.split(",")])
+        section_c(args.out, [int(n) for n in args.rows.split(",")], args.format)
 
 
 if __name__ == "__main__":

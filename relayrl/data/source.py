@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -170,6 +170,8 @@ class PromptTable:
     def __getitem__(self, index: int | slice) -> Prompt | list[Prompt]:
         if isinstance(index, slice):
             return [p for p in map(self.get, range(*index.indices(len(self)))) if p is not None]
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"row {index} of a table of {len(self)} rows")
         scan = range(index, len(self)) if index >= 0 else range(len(self) + index, -1, -1)
         for row in scan:
             prompt = self.get(row)
@@ -178,6 +180,10 @@ class PromptTable:
         raise DataError(
             f"{self.rows.path}: every prompt was dropped as longer than {self.maker.max_prompt_tokens} tokens"
         )
+
+    def __iter__(self) -> Iterator[Prompt]:
+        """Every kept prompt, in file order (each row read now: a whole pass over the file)."""
+        return (p for p in map(self.get, range(len(self))) if p is not None)
 
     @property
     def longest(self) -> int:
@@ -240,6 +246,12 @@ def show_first_prompt(
     else:  # the end holds the generation prompt, the part most often wrong
         text = f"{shown[: width // 2]!r} ... {shown[-width // 2 :]!r} ({len(shown)} chars)"
     print(f"relayrl: first prompt ({key}, {stats.first_location}, {len(first.token_ids)} tokens): {text}")
+    if isinstance(prompts, PromptTable):
+        print(
+            f"relayrl: {key} has {len(prompts)} rows, over {EAGER_ROWS}: each is read, checked and tokenised when "
+            "first drawn, and long prompts are counted as they are read (data/prompts_* at step 0 cover the rows "
+            f"read by then); `relayrl data check {prompts.rows.path}` checks every row now"
+        )
 
 
 class PromptSampler:

@@ -41,7 +41,7 @@ def test_the_line_index_finds_the_rows_and_lines_the_streaming_reader_finds(tmp_
     assert [where for where, _ in read_rows(path)] == [f"{path}:1", f"{path}:4", f"{path}:6"]
 
 
-def test_a_lazy_table_gives_the_prompts_the_eager_list_gives(tmp_path, tokenizer, monkeypatch):
+def test_a_lazy_table_gives_the_prompts_the_eager_list_gives(tmp_path, tokenizer, monkeypatch, capsys):
     path = _jsonl(tmp_path / "d.jsonl", _rows(9))
     eager, _ = load_prompts(path, tokenizer, 12, "drop")
     monkeypatch.setattr(source, "EAGER_ROWS", 2)
@@ -49,7 +49,10 @@ def test_a_lazy_table_gives_the_prompts_the_eager_list_gives(tmp_path, tokenizer
     assert isinstance(table, PromptTable) and len(table) == 9 and stats.dropped == 0  # nothing read yet
     assert [p for p in map(table.get, range(9)) if p is not None] == eager
     assert table[0] == eager[0] and table[-1] == eager[-1]  # the first and last kept, as in the list
+    assert list(table) == eager == table[:]
     assert stats.dropped == 9 - len(eager) and table.longest == 12
+    source.show_first_prompt(table, stats, tokenizer)
+    assert "9 rows, over 2: each is read" in capsys.readouterr().out
     table.get(6)
     assert stats.dropped == 9 - len(eager)  # counted once per row
 
@@ -63,7 +66,7 @@ def test_the_sampler_over_a_table_passes_over_dropped_rows_and_resumes_exactly(t
     resumed = PromptSampler(table, seed=3)
     resumed.load_state(state)
     assert [p.id for p in resumed.next(30)] == rest
-    kept = {p.id for p in PromptTable.__getitem__(table, slice(None))}
+    kept = {p.id for p in table}
     assert set(first + rest) == kept and len(kept) < 20  # every kept row, no dropped one
 
 
