@@ -32,6 +32,12 @@ def _train(args) -> None:
 def _eval(args) -> None:
     from relayrl.evaluate import evaluate_model, parse_reward_kwargs
 
+    if args.env:  # multi-turn: the environment scores the trajectories (relayrl/envs/evaluate.py)
+        return _eval_env(args)
+    if not args.reward:
+        from relayrl.errors import ConfigError
+
+        raise ConfigError("relayrl eval: give --reward (a reward function) or --env (an environment)")
     kwargs = parse_reward_kwargs(args.reward_kwargs)
     print(
         json.dumps(
@@ -49,6 +55,31 @@ def _eval(args) -> None:
                 on_error=args.on_error,
                 reward_workers=args.reward_workers,
                 reward_timeout_s=args.reward_timeout_s,
+            )
+        )
+    )
+
+
+def _eval_env(args) -> None:
+    from relayrl.envs.evaluate import evaluate_env_model
+    from relayrl.evaluate import parse_reward_kwargs
+
+    kwargs = parse_reward_kwargs(args.env_kwargs, "relayrl eval: --env-kwargs")
+    print(
+        json.dumps(
+            evaluate_env_model(
+                args.model,
+                args.data,
+                args.env,
+                kwargs,
+                max_turns=args.max_turns,
+                max_total_tokens=args.max_total_tokens,
+                max_tokens=args.max_tokens or 64,
+                n=args.n,
+                temperature=args.temperature,
+                engine=args.engine,
+                max_prompts=args.max_prompts,
+                seed=0,
             )
         )
     )
@@ -187,7 +218,11 @@ def _add_eval(commands) -> None:
     )
     ev.add_argument("--model", required=True)
     ev.add_argument("--data", required=True)
-    ev.add_argument("--reward", required=True, help="built-in name, module:function or file.py:function")
+    ev.add_argument("--reward", help="built-in name, module:function or file.py:function")
+    ev.add_argument("--env", help="multi-turn: an environment (retry, calculator, module:Class); no --reward needed")
+    ev.add_argument("--env-kwargs", default="{}", metavar="JSON", help="with --env: keyword arguments of the class")
+    ev.add_argument("--max-turns", type=int, default=4, help="with --env: model turns per trajectory")
+    ev.add_argument("--max-total-tokens", type=int, default=512, help="with --env: tokens after the first prompt")
     ev.add_argument(
         "--reward-kwargs",
         default="{}",

@@ -172,3 +172,18 @@ def test_the_multi_turn_source_scores_with_the_environment_and_a_reward_fn(rando
             None,
             None,
         )
+
+
+def test_relayrl_eval_with_an_environment(random_model_dir, tmp_path, capsys):
+    import json
+
+    from relayrl.cli import main
+
+    data = tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
+    main(
+        ["eval", "--model", str(random_model_dir), "--data", str(data), "--env", "retry", "--engine", "hf"]
+        + ["--max-turns", "2", "--max-tokens", "3", "--env-kwargs", '{"feedback": "1+1="}']
+    )
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["n"] == 3 and 1 <= result["turns_mean"] <= 2 and result["reward_mean"] == result["success"]
