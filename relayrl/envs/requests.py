@@ -10,7 +10,8 @@ and `step() -> finished turns`:
   the running batch at the next step. This is the honest way to interleave in-process.
 - `BatchTurns`: any engine with `generate(prompts, sampling, version)` (HF generate, a Ray engine group):
   each `step` generates every turn queued since the last one, as one batch. Environment steps still run
-  while the batch generates (they are in worker processes); a turn waits at most one batch.
+  while the batch generates (they are in worker processes); a turn waits at most one batch. Stop strings
+  are left to the driver, which cuts a turn where one is completed (relayrl/rollout/multiturn.py).
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ class BatchTurns:
         if not queued:
             return []
         longest = max(s.max_tokens for _, _, s in queued)
-        sampling = replace(queued[0][2], n=1, max_tokens=longest)
+        # stop strings are matched by the driver (HF generate's matcher fails on some tokenizers)
+        sampling = replace(queued[0][2], n=1, max_tokens=longest, stop=())
         prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
         rollouts = self.engine.generate(prompts, sampling, self.version)
         finished = []

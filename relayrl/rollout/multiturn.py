@@ -150,6 +150,7 @@ class MultiTurnDriver:
         self._observe(trajectory, observation_message(step.observation))
 
     def _on_turn(self, trajectory: Trajectory, output: TurnOutput) -> None:
+        output = self._cut_at_stop(output)
         trajectory.segments.append(Segment(output.token_ids, True, output.logprobs, output.versions))
         trajectory.turns += 1
         action = self.codec.action_text(output.token_ids)
@@ -161,6 +162,24 @@ class MultiTurnDriver:
             self.held_actions.append((trajectory, action))
         else:
             self.pool.step(trajectory.key, action, trajectory.where())
+
+    def _cut_at_stop(self, output: TurnOutput) -> TurnOutput:
+        """The turn up to the token that completes a stop string (an engine that generated past it: HF generate
+        cannot match stop strings on every tokenizer, so batches are generated without them). Sampling is left
+        to right, so the cut turn is what stopping there would have sampled."""
+        ids = output.token_ids
+        if not self.stop or not any(s in self.codec.action_text(ids) for s in self.stop):
+            return output
+        low, high = 1, len(ids)  # the shortest prefix whose text holds a stop string
+        while low < high:
+            middle = (low + high) // 2
+            if any(s in self.codec.action_text(ids[:middle]) for s in self.stop):
+                high = middle
+            else:
+                low = middle + 1
+        if low == len(ids) and output.finish_reason == "stop":
+            return output
+        return TurnOutput(ids[:low], output.logprobs[:low], output.versions[:low], "stop")
 
     def _observe(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
         generated = trajectory.segments[-1].token_ids

@@ -63,7 +63,8 @@ class InlinePool:
 
     def reset(self, key, row, where):
         self.envs[key] = self.cls()
-        self.ready.append((key, "ok", (as_messages(self.envs[key].reset(row), where), ())))
+        env = self.envs[key]
+        self.ready.append((key, "ok", (as_messages(env.reset(row), where), tuple(getattr(env, "stop", ())))))
 
     def step(self, key, action, where):
         try:
@@ -202,3 +203,18 @@ def test_a_skipped_trajectory_leaves_its_group_starting_at_index_0():
     BreaksOnce.made = 0
     batch, _, _ = run(BreaksOnce, ["x"], on_error="skip", n=3)
     assert [r.group_index for r in batch.rollouts] == [0, 1] and batch.metrics["env/errors"] == 1
+
+
+def test_a_turn_is_cut_where_it_completes_the_environments_stop_string():
+    from relayrl.envs.builtins import CalculatorEnv
+
+    class Calculator(CalculatorEnv):
+        def reset(self, row):
+            return super().reset({**row, "answer": "5"})
+
+    batch, turns, codec = run(Calculator, ["<calc>2+3</calc>junk", "5"], n=1)
+    rollout = batch.rollouts[0]
+    trained = codec.tokenizer.decode([t for t, m in zip(rollout.response_ids, rollout.loss_mask) if m])
+    assert trained == "<calc>2+3</calc>5<|im_end|>" and batch.rewards == [1.0]
+    assert batch.metrics["env/tool_calls"] == 1 and batch.metrics["env/success"] == 1
+    assert "<tool_response>\n5\n</tool_response>" in codec.tokenizer.decode(turns.prompts[1][1])
