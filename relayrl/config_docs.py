@@ -56,7 +56,7 @@ def sections(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[st
     found = [(prefix, model)]
     for name, field in model.model_fields.items():
         if _is_section(field):
-            found.extend(sections(field.annotation, f"{prefix}{name}."))
+            found.extend(sections(_model_of(field), f"{prefix}{name}."))
     return [(path.rstrip("."), sub) for path, sub in found]
 
 
@@ -95,7 +95,7 @@ def explain(key: str) -> str:
         if field is None:
             raise ConfigError(f"unknown config key '{path}'{_suggest(path, part, model)}")
         if _is_section(field):
-            model = field.annotation
+            model = _model_of(field)
     if _is_section(field):
         return _explain_section(path, model)
     rows = [
@@ -177,7 +177,16 @@ def yaml_text(value: Any) -> str:
 
 
 def _is_section(field: FieldInfo) -> bool:
-    return isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
+    return _model_of(field) is not None
+
+
+def _model_of(field: FieldInfo) -> type[BaseModel] | None:
+    """The section class of a field: `X`, or `X | None` for an optional section (`model.lora`)."""
+    optional = typing.get_origin(field.annotation) in (typing.Union, types.UnionType)
+    for candidate in (field.annotation, *(typing.get_args(field.annotation) if optional else ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None
 
 
 def _leaves(model: type[BaseModel]) -> list[tuple[str, FieldInfo]]:
@@ -207,7 +216,7 @@ def _section_about(path: str) -> str:
     model, field = Config, None
     for part in path.split("."):
         field = model.model_fields[part]
-        model = field.annotation
+        model = _model_of(field)
     text = field.description or model.__dict__.get("__doc__") or ""
     return " ".join(text.split("\n\n")[0].split())
 
@@ -219,7 +228,7 @@ def _explain_section(path: str, model: type[BaseModel]) -> str:
     width = max(len(name) for name in model.model_fields)
     for name, field in model.model_fields.items():
         if _is_section(field):
-            lines.append(f"  {name:<{width}}  section: {', '.join(field.annotation.model_fields)}")
+            lines.append(f"  {name:<{width}}  section: {', '.join(_model_of(field).model_fields)}")
             continue
         facts = [type_name(field.annotation), f"default {default_text(field)}", constraints_text(field)]
         lines.append(f"  {name:<{width}}  {'; '.join(fact for fact in facts if fact)}")

@@ -1,5 +1,7 @@
 """docs/config.md is generated from the config tree and kept current by CI; `relayrl config` explains any key."""
 
+import types
+import typing
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,10 @@ def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     """Written here, not imported from config_docs, so the check does not share the code it checks."""
     paths = []
     for name, field in model.model_fields.items():
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            paths += leaf_paths(field.annotation, f"{prefix}{name}.")
+        optional = typing.get_args(field.annotation) if isinstance(field.annotation, types.UnionType) else ()
+        section = [a for a in (field.annotation, *optional) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if section:  # a section, or an optional one (`model.lora: LoraSettings | None`)
+            paths += leaf_paths(section[0], f"{prefix}{name}.")
         else:
             paths.append(f"{prefix}{name}")
     return paths
