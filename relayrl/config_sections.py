@@ -405,6 +405,22 @@ class PlacementConfig(Section):
         "restart", description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop."
     )
     max_engine_restarts: int = Field(3, ge=0, description="ray: engine restarts allowed per run before giving up.")
+    learner_ranks: int = Field(
+        1,
+        ge=1,
+        description="ray: learner ranks (W): one torch.distributed group whose ranks shard the policy, reference "
+        "and critic with FSDP2 and split each step's groups (rollout.prompts_per_step and train.mini_batch "
+        "must divide by W). 1 = one learner process.",
+    )
+
+    @model_validator(mode="after")
+    def _check_learner_ranks(self) -> "PlacementConfig":
+        if self.learner_ranks > 1 and self.mode != "ray":
+            raise ValueError(
+                f"placement.learner_ranks={self.learner_ranks} starts that many learner actors: it needs "
+                "placement.mode=ray"
+            )
+        return self
 
 
 class SyncConfig(Section):

@@ -19,7 +19,8 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from relayrl.errors import PlacementError
+from relayrl.config import Config
+from relayrl.errors import ConfigError, PlacementError
 from relayrl.types import Experience
 
 
@@ -57,6 +58,24 @@ def all_reduce_sum(value: float) -> float:
     total = torch.tensor([float(value)], dtype=torch.float64)
     dist.all_reduce(total)
     return float(total[0])
+
+
+def rank_config(config: Config, world: int) -> Config:
+    """The config one rank trains with: its share of each step's prompts and of each mini-batch, so that the
+    optimizer steps per training step (and the schedule's length) are the same at every W."""
+    ranks = "placement.learner_ranks"
+    if config.rollout.prompts_per_step % world:
+        raise ConfigError(
+            f"rollout.prompts_per_step={config.rollout.prompts_per_step} must divide by {ranks}={world} "
+            "(each rank trains on whole groups)"
+        )
+    if config.mini_batch % world:
+        raise ConfigError(f"train.mini_batch={config.mini_batch} must divide by {ranks}={world}")
+    if world == 1:
+        return config
+    rollout = config.rollout.model_copy(update={"prompts_per_step": config.rollout.prompts_per_step // world})
+    train = config.train.model_copy(update={"mini_batch": config.mini_batch // world})
+    return config.model_copy(update={"rollout": rollout, "train": train})
 
 
 def share_bounds(exp: Experience, world: int) -> list[tuple[int, int]]:

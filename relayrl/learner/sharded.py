@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from relayrl.config import Config
-from relayrl.learner.ranks import all_reduce_sum, join_learner_group
+from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
 from relayrl.learner.role import LearnerRole
 from relayrl.sync.buckets import Layout, make_layout
 from relayrl.types import Experience
@@ -110,7 +110,7 @@ class ShardedLearner(LearnerRole):
     ):
         join_learner_group(rank, world, address, port, timeout_s)
         self.rank, self.world = rank, world
-        super().__init__(config, threads)
+        super().__init__(rank_config(config, world), threads)
         policy = self.policy
         shard_model(policy.model)
         _rebind_optimizer(policy.optimizer, policy.model)

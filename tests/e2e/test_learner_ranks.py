@@ -1,0 +1,88 @@
+"""`placement.learner_ranks=2` on Ray: two learner actors in one placement group behind one handle.
+
+The handle's `prepare`/`update` split the batch by whole groups across the ranks and join the results: the
+step's loss and weights equal one plain learner's. A push from the shards over the object store (one call,
+every bucket) carries those weights. A killed rank ends the next call naming `learner rank 1` at once, not
+after a collective's timeout."""
+
+import tempfile
+import time
+
+import pytest
+import torch
+
+from relayrl.config import load_config
+from relayrl.errors import RoleFailure
+from tests.unit.test_sharded_scenarios import experience
+
+pytestmark = pytest.mark.slow
+
+CALL_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def ray_group():
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=tempfile.mkdtemp(prefix="lr", dir="/tmp"),  # short: Ray's socket paths live under it
+        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
+    )
+    group = placement_group([{"CPU": 2}])
+    assert group.wait(timeout_seconds=60)
+    yield group
+    remove_placement_group(group)
+    ray.shutdown()
+
+
+def config(model_dir, ranks):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            "rollout.n=4",
+            "rollout.prompts_per_step=4",
+            "train.lr=1e-3",
+            "train.micro_batch=4",
+            "rollout.engine=vllm",
+            "placement.mode=ray",
+            f"placement.learner_ranks={ranks}",
+            f"placement.call_timeout_s={CALL_TIMEOUT_S}",
+        ],
+    )
+
+
+def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group):
+    import ray
+
+    from relayrl.learner.role import LearnerRole
+    from relayrl.placement.cluster import Slot
+    from relayrl.placement.learner_ranks import start_learner_ranks
+    from relayrl.sync.transports import make_receiver
+
+    ranks = start_learner_ranks(config(random_model_dir, 2), ray_group, Slot("learner", 0, 2.0, 2, "0,1"))
+    exp = experience()
+    stats = ranks.update(0, ranks.prepare(exp))
+    single = LearnerRole(config(random_model_dir, 1))
+    expected = single.update(0, single.prepare(experience()))
+    assert stats["loss/policy"] == pytest.approx(expected["loss/policy"], rel=1e-5, abs=1e-7)
+    assert stats["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-5)
+
+    layout = ranks.weight_layout(0.02, "fp32")
+    ranks.open_sender("object_store", layout, True, 60.0, "", None)
+    manifest = ranks.send_weights(1)
+    assert len(manifest.handle) == len(layout.bucket_sizes) > 4
+    pushed = dict(make_receiver("object_store", layout).receive(manifest))
+    for name, param in single.policy.model.named_parameters():
+        assert torch.allclose(pushed[name], param.detach(), atol=1e-5, rtol=0), name
+
+    ray.kill(ranks.actors[1], no_restart=True)
+    start = time.monotonic()
+    with pytest.raises(RoleFailure, match=r"learner rank 1 \(actor \w+\) died during update"):
+        ranks.update(1, exp)
+    assert time.monotonic() - start < CALL_TIMEOUT_S + 30
+    for actor in ranks.actors:
+        ray.kill(actor, no_restart=True)
