@@ -79,7 +79,7 @@ class VLLMEngine:
         self.adapters = None
         if adapter is not None:
             self.adapters = _Adapters(self.llm, adapter)
-            self.adapters.check(self._worker().model_runner.get_model(), self.prompt_logprobs)
+            self.adapters.check(self._worker().model_runner.get_model(), self.prompt_logprobs, max_model_len)
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
@@ -325,7 +325,7 @@ class _Adapters:
         self.llm.llm_engine.remove_lora(request.lora_int_id)
         shutil.rmtree(request.lora_path, ignore_errors=True)
 
-    def check(self, model, prompt_logprobs) -> None:
+    def check(self, model, prompt_logprobs, max_model_len: int = 64) -> None:
         """Every adapter key lands on a LoRA module of the engine, and a random non-zero adapter changes the
         engine's log-probs (an adapter the engine silently ignores would otherwise serve the base model)."""
         from vllm.lora.layers import BaseLayerWithLoRA
@@ -338,7 +338,7 @@ class _Adapters:
         noise = {k: torch.randn(shape, generator=generator) / shape[-1] ** 0.5 for k, shape in self.spec.shapes.items()}
         probe = self.request(noise, version=-1)
         vocab = model.config.vocab_size if hasattr(model, "config") else 16
-        token_ids = [i % vocab for i in range(3, 19)]
+        token_ids = [i % vocab for i in range(3, 3 + min(16, max_model_len - 1))]
         gap = max(abs(a - b) for a, b in zip(prompt_logprobs(token_ids), prompt_logprobs(token_ids, probe)))
         self.remove(probe)
         if gap < 1e-4:

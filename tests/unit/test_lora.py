@@ -167,3 +167,21 @@ def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
     assert memory.reference == 0 and memory.actor == shape.params * 4 + adapter_params(shape, 4) * 16
     assert sync_params(shape, work) == adapter_params(shape, 4)
     assert sync_params(shape, replace(work, lora_sync="merged")) == shape.params
+
+
+def test_merged_push_reaches_the_hf_engine(random_model_dir):
+    from relayrl.rollout.hf_engine import HFEngine
+    from relayrl.rollout.local_group import LocalEngineGroup
+    from relayrl.sync.inprocess import InProcessSync
+
+    learner = PolicyLearner(_config(random_model_dir))  # rollout.engine=hf: sync.lora=auto is merged
+    assert learner.sync_mode == "merged"
+    learner.update(_experience(vocab=12))
+    engine, ids = HFEngine(str(random_model_dir)), [3, 4, 5, 6, 7, 8, 9]
+    before = torch.tensor(engine.prompt_logprobs(ids))
+    InProcessSync().push(learner, LocalEngineGroup(engine))
+    with torch.no_grad():
+        logits = learner.model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+    after = torch.tensor(engine.prompt_logprobs(ids))
+    assert (after - before).abs().max() > 1e-3 and (after - expected).abs().max() < 1e-5
