@@ -70,7 +70,8 @@ class MicroBatcher:
     micro-batch takes units while (units x its longest unit) stays within `tokens`: the positions its padded
     rows compute (`train.packing=auto` may then pick the padded layout only where that is 10% cheaper, so
     at most ~1.1x the budget). A unit over the budget alone gets a micro-batch of its own, counted in
-    `learner/over_budget_units` and warned about once.
+    `learner/over_budget_units` and warned about once. With several learner ranks, every rank runs as many
+    micro-batches (`even_out`).
     """
 
     def __init__(self, rows: int, tokens: int | None = None, whole_groups: bool = False):
@@ -79,7 +80,7 @@ class MicroBatcher:
         self.warned = False
 
     def split(self, index: torch.Tensor, exp: Experience, count: bool = True) -> list[torch.Tensor]:
-        parts = list(index.split(self.rows)) if self.tokens is None else self._fill(index, exp, count)
+        parts = list(index.split(self.rows)) if self.tokens is None else even_out(self._fill(index, exp, count))
         self.micro_batches += len(parts) if count else 0
         return parts
 
@@ -130,6 +131,28 @@ class MicroBatcher:
                 RuntimeWarning,
                 stacklevel=2,
             )
+
+
+def even_out(parts: list[torch.Tensor], target: int | None = None) -> list[torch.Tensor]:
+    """As many micro-batches on every learner rank: FSDP gathers the weights in each forward, so a rank that ran
+    fewer would leave the others waiting. `target` (by default the most of any rank, all-reduced) is reached by
+    halving the part with the most samples; a rank has as many rows as any other, so it always can."""
+    import torch.distributed as dist
+
+    if target is None:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return parts
+        most = torch.tensor([len(parts)])
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        target = int(most[0])
+    parts = list(parts)
+    while len(parts) < target:
+        widest = max(range(len(parts)), key=lambda i: len(parts[i]))
+        if len(parts[widest]) < 2:
+            raise ValueError(f"cannot make {target} micro-batches of {sum(map(len, parts))} samples")
+        half = (len(parts[widest]) + 1) // 2
+        parts[widest : widest + 1] = [parts[widest][:half], parts[widest][half:]]
+    return parts
 
 
 def packs_groups(layout) -> bool:

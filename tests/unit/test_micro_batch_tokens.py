@@ -12,7 +12,7 @@ import torch
 from relayrl.algorithms.advantages import grpo, make_inputs
 from relayrl.config import dump_config, load_config
 from relayrl.errors import ConfigError
-from relayrl.learner.batching import MicroBatcher, make_experience
+from relayrl.learner.batching import MicroBatcher, even_out, make_experience
 from relayrl.learner.policy import PolicyLearner
 from relayrl.types import Prompt, Rollout, Score
 from tests.unit.test_learner import _config, _grads_of_first_step
@@ -88,3 +88,12 @@ def test_the_planner_sizes_activations_from_the_token_budget():
     assert (count.micro_batch, budget.micro_batch) == (16, 4)  # 1024 positions hold 4 rows of 256
     longest = workload_from_config(load_config(None, base + ["train.micro_batch_tokens=100"]))
     assert longest.micro_batch == 1  # one sequence over the budget still takes a micro-batch
+
+
+def test_ranks_even_out_their_micro_batch_counts_by_halving_the_widest():
+    parts = [torch.tensor([0, 1, 2, 3, 4]), torch.tensor([5])]
+    evened = even_out(parts, target=4)
+    assert [p.tolist() for p in evened] == [[0, 1], [2], [3, 4], [5]]
+    assert even_out(parts) == parts  # one process: nothing to match
+    with pytest.raises(ValueError, match="cannot make 7 micro-batches of 6 samples"):
+        even_out(parts, target=7)
