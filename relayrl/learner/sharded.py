@@ -150,10 +150,10 @@ class ShardedLearner(LearnerRole):
         return None  # shards cannot live in the engine's buckets
 
     def open_sender(self, transport, layout, checksum, timeout_s, directory, owner=None) -> int:
-        from relayrl.sync.gather import streaming_sender
+        from relayrl.sync.gather import SyncPlan, streaming_sender
 
         self.close_sender()
-        self.layout = layout
+        self.layout, self.sync_plan = layout, SyncPlan(transport, checksum)
         if self.rank == 0:  # only rank 0 talks to the engines
             self.sender = streaming_sender(transport, layout, checksum, self.sync_group, timeout_s, directory, owner)
         return 0
@@ -161,7 +161,7 @@ class ShardedLearner(LearnerRole):
     def send_weights(self, version: int, only: list[int] | None = None):
         from relayrl.sync.gather import send_from_shards
 
-        return send_from_shards(self.policy.model, self.layout, self.sender, version, only)
+        return send_from_shards(self.policy.model, self.layout, self.sync_plan, self.sender, version, only)
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:

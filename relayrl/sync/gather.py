@@ -12,12 +12,17 @@ counts what is really alive (a tensor's bytes are released when it is freed), so
 Under `shm` the buckets are the shared segments the engines map (the whole model, as on one rank); the heap
 holds only the gathered bucket.
 
-Protocol: shm and object_store push every bucket in one `send_weights` call (one manifest). disk rewrites one
-file and broadcast sends a header per call, so they go one bucket per call (`RaySync.push_in_calls`).
+Every transport takes a whole push in one `send_weights` call, as from one learner: shm and object_store
+publish bucket by bucket (segments, refs); disk writes its safetensors file bucket by bucket; broadcast sends
+its header (the version and every bucket's checksum) first, so with checksums on, the buckets are gathered
+twice: once for the checksums, once to send.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import struct
 import time
 import weakref
 from dataclasses import dataclass
@@ -25,14 +30,14 @@ from dataclasses import dataclass
 import torch
 
 from relayrl.errors import SyncError
-from relayrl.sync.buckets import Layout
+from relayrl.sync.buckets import Layout, checksum, pack
 from relayrl.sync.transports import (
     BroadcastSender,
     DiskSender,
     Manifest,
     ObjectStoreSender,
     Sender,
-    ShmSender,
+    _broadcast,  # the one broadcast with a deadline, as BroadcastSender sends
     make_sender,
 )
 
@@ -92,27 +97,48 @@ def streaming_sender(kind, layout: Layout, checksum: bool, group, timeout_s: flo
     return _STREAMING[kind](held, *args[kind])
 
 
-def send_from_shards(model, layout: Layout, sender: Sender | None, version: int, only: list[int] | None = None):
+@dataclass(frozen=True)
+class SyncPlan:
+    """What every rank must know of a push to join its gathers in step: rank 0's transport and checksum."""
+
+    transport: str
+    checksum: bool
+
+
+def send_from_shards(
+    model, layout: Layout, plan: SyncPlan, sender: Sender | None, version: int, only: list[int] | None = None
+) -> Manifest | None:
     """Gather and send the buckets `only` (all by default), one bucket at a time. Every rank calls this (rank 0
     with its sender, the others with None, returning None); rank 0 returns one manifest for them all."""
     chosen = list(range(len(layout.bucket_sizes))) if only is None else list(only)
-    if sender is not None and len(chosen) > 1 and not isinstance(sender, (ShmSender, ObjectStoreSender)):
-        raise SyncError(
-            f"{type(sender).__name__}: from sharded learner ranks a disk or broadcast push carries one bucket per "
-            f"call (this one asked for {len(chosen)}); push one call per bucket"
-        )
     model.reshard()  # a no-grad forward leaves the root's parameters gathered
     params = dict(model.named_parameters())
-    start, manifests = time.perf_counter(), []
-    for bucket in chosen:
-        gathered = [(slot.name, params[slot.name].full_tensor().detach()) for slot in layout.bucket_slots(bucket)]
-        if sender is None:
-            continue  # this rank's part was the all-gathers
-        [sender.held.hold(tensor) for _, tensor in gathered]  # counted until freed
-        manifests.append(sender.send(gathered, version, [bucket]))
-        del gathered  # freed before the next bucket is gathered
+
+    def gathered(bucket: int) -> list[tuple[str, torch.Tensor]]:
+        return [(slot.name, params[slot.name].full_tensor().detach()) for slot in layout.bucket_slots(bucket)]
+
+    # one header carries every bucket's checksum before any bucket: a first pass computes them
+    passes = 2 if plan.transport == "broadcast" and plan.checksum and len(chosen) > 1 else 1
     if sender is None:
+        for _ in range(passes):
+            for bucket in chosen:
+                gathered(bucket)  # this rank's part is the all-gathers
         return None
+
+    def packed(bucket: int) -> torch.Tensor:
+        tensors = [(name, sender.held.hold(tensor)) for name, tensor in gathered(bucket)]  # counted until freed
+        pack(tensors, layout, sender.buckets, {bucket})
+        return sender.buckets[bucket]
+
+    start = time.perf_counter()
+    if plan.transport == "disk" and len(chosen) > 1:
+        return _stream_file(sender, chosen, packed, version, start)
+    if plan.transport == "broadcast" and len(chosen) > 1:
+        return _stream_broadcast(sender, chosen, packed, version, start)
+    manifests = [
+        sender.send([(name, sender.held.hold(tensor)) for name, tensor in gathered(bucket)], version, [bucket])
+        for bucket in chosen
+    ]
     return _joined(manifests, version, chosen, time.perf_counter() - start)
 
 
@@ -122,3 +148,47 @@ def _joined(manifests: list[Manifest], version: int, chosen: list[int], seconds:
     sums = None if first.checksums is None else [s for m in manifests for s in m.checksums]
     handle = [ref for m in manifests for ref in m.handle] if isinstance(first.handle, list) else first.handle
     return Manifest(version, sums, handle, sum(m.nbytes for m in manifests), seconds, chosen)
+
+
+def _nbytes(sender: Sender, chosen: list[int]) -> int:
+    return sum(sender.layout.bucket_sizes[i] for i in chosen) * sender.layout.dtype.itemsize
+
+
+def _stream_file(sender, chosen: list[int], packed, version: int, start: float) -> Manifest:
+    """The disk transport's safetensors file (one tensor per bucket, the version in its metadata), written
+    bucket by bucket under a temporary name and renamed into place, as DiskSender writes it whole."""
+    layout, item = sender.layout, sender.layout.dtype.itemsize
+    entries, offset = {"__metadata__": {"version": str(version)}}, 0
+    for i in chosen:
+        size = layout.bucket_sizes[i] * item
+        entries[f"bucket_{i}"] = {"dtype": _SAFETENSORS_DTYPE[layout.dtype], "shape": [layout.bucket_sizes[i]]}
+        entries[f"bucket_{i}"]["data_offsets"] = [offset, offset + size]
+        offset += size
+    header = json.dumps(entries).encode()
+    header += b" " * (-len(header) % 8)
+    tmp, sums = sender.path.with_suffix(".tmp"), []
+    with open(tmp, "wb") as out:
+        out.write(struct.pack("<Q", len(header)) + header)
+        for i in chosen:
+            bucket = packed(i)
+            if sender.verify_checksums:
+                sums.append(checksum(bucket))
+            out.write(bucket.view(torch.uint8).numpy().tobytes())
+    os.replace(tmp, sender.path)
+    sums = sums if sender.verify_checksums else None
+    return Manifest(version, sums, str(sender.path), _nbytes(sender, chosen), time.perf_counter() - start, chosen)
+
+
+_SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16"}
+
+
+def _stream_broadcast(sender, chosen: list[int], packed, version: int, start: float) -> Manifest:
+    """BroadcastSender's protocol (a header of version and checksums, then each bucket), bucket by bucket."""
+    sums = [checksum(packed(i)) for i in chosen] if sender.verify_checksums else []
+    _broadcast(sender.group, torch.tensor([version] + sums, dtype=torch.int64), sender.timeout_s)
+    for i in chosen:
+        bucket = packed(i)
+        _broadcast(
+            sender.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket, sender.timeout_s
+        )
+    return Manifest(version, sums or None, None, _nbytes(sender, chosen), time.perf_counter() - start, chosen)

@@ -83,7 +83,8 @@ def step(learner, part, loss_name):
 
 
 def sync(learner, rank, model_dir, out_dir):
-    """Push the trained shards to an HF engine on rank 0: disk one bucket per call, shm in one call."""
+    """Push the trained shards to an HF engine on rank 0, each transport in one call: disk (a safetensors file
+    written bucket by bucket), shm (segments filled bucket by bucket)."""
     from relayrl.rollout.hf_engine import HFEngine
     from relayrl.sync.transports import make_receiver
 
@@ -95,11 +96,9 @@ def sync(learner, rank, model_dir, out_dir):
         before = engine.prompt_logprobs(probe) if rank == 0 else None
         learner.open_sender(transport, layout, True, 60.0, str(out_dir / "sync"), None)
         receiver = make_receiver(transport, layout) if rank == 0 else None
-        calls = [[b] for b in range(len(layout.bucket_sizes))] if transport == "disk" else [None]
-        for buckets in calls:
-            manifest = learner.send_weights(version, buckets)
-            if rank == 0:
-                engine.load_weights(receiver.receive(manifest), version)
+        manifest = learner.send_weights(version)
+        if rank == 0:
+            engine.load_weights(receiver.receive(manifest), version)
         if transport == "disk" and rank == 0:
             found["peak_bytes"] = learner.sender.held.peak
         learned = learner.sequence_logprobs(probe)  # every rank runs the forward
