@@ -1,8 +1,8 @@
 """`placement.learner_ranks=2` on Ray: two learner actors in one placement group behind one handle.
 
 The handle's `prepare`/`update` split the batch by whole groups across the ranks and join the results: the
-step's loss and weights equal one plain learner's. A push from the shards over the object store (one call,
-every bucket) carries those weights. A killed rank ends the next call naming `learner rank 1` at once, not
+step's loss and weights equal one plain learner's. Pushes from the shards over the object store and over a
+broadcast group (one call each, every bucket) carry those weights. A killed rank ends the next call naming `learner rank 1` at once, not
 after a collective's timeout."""
 
 import tempfile
@@ -13,6 +13,9 @@ import torch
 
 from relayrl.config import load_config
 from relayrl.errors import RoleFailure
+from relayrl.sync.endpoints import WeightSink
+from relayrl.sync.remote import free_port
+from relayrl.sync.transports import Manifest
 from tests.unit.test_sharded_scenarios import experience
 
 pytestmark = pytest.mark.slow
@@ -55,6 +58,19 @@ def config(model_dir, ranks):
     )
 
 
+class Sink(WeightSink):
+    """A weight receiver that keeps what it was sent (an engine's side of the sync, without the engine)."""
+
+    def __init__(self):
+        self.loaded = {}
+
+    def load_weights(self, named_tensors, version):
+        self.loaded = {name: tensor.clone() for name, tensor in named_tensors}
+
+    def weights(self):
+        return self.loaded
+
+
 def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group):
     import ray
 
@@ -76,6 +92,20 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
     manifest = ranks.send_weights(1)
     assert len(manifest.handle) == len(layout.bucket_sizes) > 4
     pushed = dict(make_receiver("object_store", layout).receive(manifest))
+    for name, param in single.policy.model.named_parameters():
+        assert torch.allclose(pushed[name], param.detach(), atol=1e-5, rtol=0), name
+
+    sink = ray.remote(Sink).options(num_cpus=0).remote()
+    port = free_port()
+    joined = [ranks.submit("join_sync_group", "127.0.0.1", port, 2, 60.0)]
+    ray.get(sink.join_sync_group.remote("127.0.0.1", port, 1, 2, 60.0), timeout=60)
+    ranks.wait(joined[0], "joining the sync group")
+    ranks.open_sender("broadcast", layout, True, 60.0, "", None)
+    ray.get(sink.open_receiver.remote("broadcast", layout, True, 60.0), timeout=60)
+    sent, received = ranks.submit("send_weights", 2), sink.receive_weights.remote(Manifest(2, None))
+    ranks.wait(sent, "sending weights")
+    ray.get(received, timeout=60)
+    pushed = ray.get(sink.weights.remote(), timeout=60)
     for name, param in single.policy.model.named_parameters():
         assert torch.allclose(pushed[name], param.detach(), atol=1e-5, rtol=0), name
 
