@@ -105,7 +105,7 @@ def split_by_groups(exp: Experience, world: int) -> list[Experience]:
     return [exp.select(torch.arange(start, end)) for start, end in share_bounds(exp, world)]
 
 
-PREPARED = ("old_logprobs", "ref_logprobs", "values")  # what `prepare` fills in on each rank
+PREPARED = ("old_logprobs", "ref_logprobs", "values", "reward_penalty")  # what `prepare` fills in on each rank
 
 
 def merge_experience(whole: Experience, parts: list[Experience]) -> Experience:
