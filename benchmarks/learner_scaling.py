@@ -1,0 +1,162 @@
+"""W=1 vs W=2 learner ranks on the same work (issue 15): per-rank state bytes, step time, sync time.
+
+The same rollout batch (8 groups of 4 responses, 48 response tokens each, GRPO) trains a tiny random Llama
+(hidden 256, 4 layers: ~3.2M parameters) once as today's single learner (`LearnerRole`, W=1) and once as two
+FSDP2 ranks (`ShardedLearner` on gloo, W=2), each case in fresh spawned processes with one torch thread per
+rank. Measured on every rank:
+  - state: the bytes this rank holds of the trainable state: parameters + gradients (at the optimizer step)
+    + AdamW's two moments (local shards under FSDP2); the planner's figure beside it is 16 B/param (fp32
+    weight, grad, m, v: relayrl/planner/estimate.py's CPU precision) divided by W;
+  - step: seconds of one `prepare` + `update` on the rank's share, best of 3 after a warm-up;
+  - sync: seconds of one push of every weight through `shm` (W=1: the parameters live in the segments, a push
+    only checksums; W=2: every bucket gathered from the shards and packed), best of 3; and the most bytes
+    rank 0 held for it beyond the model (gathered tensors, bucket buffer), against 2 buckets.
+
+Simplifications, stated: 2 shared cores (the load average is printed), so W=2's step is two ranks on two
+cores against one rank on one; no engine receives the push (the sender's side only).
+
+Run: .venv/bin/python benchmarks/learner_scaling.py [--out runs/learner_scaling] [--bucket-mb 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+GROUPS, N, RESPONSE, PROMPT = 8, 4, 48, 12
+
+
+def build_model(out: Path) -> Path:
+    from relayrl.models.tiny import build_tiny
+
+    if not (out / "config.json").is_file():
+        texts = [f"{a}+{b}={a + b}" for a in range(10) for b in range(10)] + [" "]
+        build_tiny(texts, out, seed=0, hidden=256, layers=4, heads=4, intermediate=1024)
+    return out
+
+
+def rollout_batch():
+    from relayrl.algorithms.advantages import grpo, make_inputs
+    from relayrl.learner.batching import make_experience
+    from relayrl.types import Prompt, Rollout, Score
+
+    gen = torch.Generator().manual_seed(0)
+    rollouts, scores = [], []
+    for g in range(GROUPS):
+        prompt = Prompt(id=f"p{g}", text="", token_ids=torch.randint(4, 15, (PROMPT,), generator=gen).tolist())
+        for i in range(N):
+            response = torch.randint(4, 15, (RESPONSE,), generator=gen).tolist()
+            rollouts.append(Rollout(prompt, i, response, "", [-2.0] * RESPONSE, "stop", [0] * RESPONSE))
+            scores.append(Score(float((g + i) % 2)))
+    exp = make_experience(rollouts, scores, pad_id=0)
+    exp.advantages, _ = grpo(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))
+    return exp
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.numel() * local.element_size()
+
+
+def best_of(fn, times: int = 3) -> float:
+    fn()  # warm-up
+    seconds = []
+    for _ in range(times):
+        start = time.perf_counter()
+        fn()
+        seconds.append(time.perf_counter() - start)
+    return min(seconds)
+
+
+def rank_main(rank, world, port, model_dir, bucket_mb, results):
+    from relayrl.config import load_config
+    from relayrl.learner.ranks import split_by_groups
+
+    torch.set_num_threads(1)
+    overrides = [f"model.path={model_dir}", f"rollout.n={N}", f"rollout.prompts_per_step={GROUPS}"]
+    config = load_config(None, overrides + ["train.micro_batch=8", f"rollout.max_tokens={RESPONSE}"])
+    if world == 1:
+        from relayrl.learner.role import LearnerRole
+
+        learner = LearnerRole(config, threads=1)
+    else:
+        from relayrl.learner.sharded import ShardedLearner
+
+        learner = ShardedLearner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
+    part = split_by_groups(rollout_batch(), world)[rank]
+    grads = []
+    learner.policy.optimizer.register_step_pre_hook(
+        lambda *_: grads.append(sum(local_bytes(p.grad) for p in learner.policy.model.parameters()))
+    )
+    step_s = best_of(lambda: learner.update(1, learner.prepare(part)))
+    model = learner.policy.model
+    params = sum(local_bytes(p) for p in model.parameters())
+    moments = sum(local_bytes(t) for s in learner.policy.optimizer.state.values() for t in s.values() if t.dim())
+    layout = learner.weight_layout(bucket_mb, "fp32")
+    learner.open_sender("shm", layout, True, 300.0, "", None)
+    sync_s = best_of(lambda: learner.send_weights(1))
+    held = getattr(learner.sender, "held", None)
+    if rank == 0:
+        results.put(
+            {
+                "world": world,
+                "params": sum(p.numel() for p in model.parameters()),
+                "state": params + grads[-1] + moments,
+                "step_s": step_s,
+                "sync_s": sync_s,
+                "held": held.peak if held else 0,
+                "bucket": max(layout.bucket_sizes) * 4,
+            }
+        )
+    learner.close()
+
+
+def run_case(world: int, model_dir: Path, bucket_mb: float) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=rank_main, args=(r, world, port, str(model_dir), bucket_mb, results)) for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    found = results.get(timeout=900)
+    for p in procs:
+        p.join(timeout=120)
+    return found
+
+
+def main() -> None:
+    from relayrl.planner.estimate import precision_for
+    from relayrl.planner.hardware import PROFILES
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="runs/learner_scaling")
+    parser.add_argument("--bucket-mb", type=float, default=1.0)
+    args = parser.parse_args()
+    model_dir = build_model(Path(args.out) / "model")
+    per_param = precision_for(PROFILES["cpu"]).train_bytes
+    rows = [run_case(world, model_dir, args.bucket_mb) for world in (1, 2)]
+    base = rows[0]
+    print(f"learner ranks on {rows[0]['params'] / 1e6:.2f}M params; load average {os.getloadavg()[0]:.1f}")
+    print("| W | state/rank MB | planner MB | vs W=1 | step s | vs W=1 | sync s | sync held MB (2 buckets) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        w, mb = row["world"], 1e6
+        print(
+            f"| {w} | {row['state'] / mb:.1f} | {per_param * row['params'] / w / mb:.1f} | "
+            f"{row['state'] / base['state']:.2f} | {row['step_s']:.3f} | {row['step_s'] / base['step_s']:.2f} | "
+            f"{row['sync_s']:.4f} | {row['held'] / mb:.2f} ({2 * row['bucket'] / mb:.2f}) |"
+        )
+
+
+if __name__ == "__main__":
+    main()
