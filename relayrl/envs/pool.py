@@ -110,9 +110,16 @@ class EnvPool:
         self._by_key[key].send(("step", action, where), self.timeout_s)
 
     def release(self, key: Hashable) -> None:
+        """The trajectory is over. A worker still busy with it (the driver gave up on it) is replaced, so that
+        its late answer cannot reach the next trajectory."""
         worker = self._by_key.pop(key, None)
-        if worker is not None:
-            worker.key = None
+        if worker is None:
+            return
+        worker.key = None
+        if worker.deadline < float("inf") or worker.queued is not None:
+            index = self.workers.index(worker)
+            worker.kill()
+            self.workers[index] = _Worker(self._context, *self._args)
 
     def poll(self, timeout: float) -> list[tuple[Hashable, str, Any]]:
         """Results that arrive within `timeout` seconds (cut short at the earliest deadline)."""

@@ -115,8 +115,10 @@ class MultiTurnDriver:
                 if self.turns.pending:
                     for key, output in self.turns.step():
                         self._on_turn(self.live[key], output)
-        finally:
+        finally:  # normally nothing is left; after an error, what is in flight is dropped
             self.turns.abort()
+            for key in list(self.live):
+                self.pool.release(key)
         return self._batch(order)
 
     # ---- events ----------------------------------------------------------------------------------------

@@ -77,6 +77,27 @@ def test_a_hanging_step_times_out_while_the_other_trajectories_finish(tmp_path):
     assert batch.metrics["env/timeouts"] == 1 and batch.metrics["env/errors"] == 0
 
 
+def next_results(pool):
+    """The next non-empty poll (a worker saying it is ready ends a poll with nothing)."""
+    while not (results := pool.poll(30)):
+        pass
+    return results
+
+
+def test_a_trajectory_released_mid_step_does_not_answer_the_next(tmp_path):
+    (tmp_path / "envs.py").write_text(SLOW_ENV)
+    pool = EnvPool(f"{tmp_path / 'envs.py'}:Hangs", {}, slots=1, timeout_s=30.0)
+    try:
+        pool.reset("a", {"prompt": "hang"}, "a")
+        assert [k for k, _, _ in next_results(pool)] == ["a"]
+        pool.step("a", "x", "a")  # hangs
+        pool.release("a")  # given up (an error elsewhere ended the batch): its worker is replaced
+        pool.reset("b", {"prompt": "b"}, "b")
+        assert next_results(pool) == [("b", "ok", ([{"role": "user", "content": "b"}], ()))] and pool.free == 0
+    finally:
+        pool.close()
+
+
 class RecordingTurns(BatchTurns):
     def __init__(self, engine):
         super().__init__(engine)
