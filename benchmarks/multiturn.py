@@ -8,6 +8,10 @@ relayrl's driver: a trajectory's next turn goes to the engine as soon as its own
 same model, same work (every trajectory runs all its turns); samples/s = trajectories / wall seconds.
 
   .venv/bin/python benchmarks/multiturn.py [--engine vllm|hf] [--trajectories 32] [--turns 4] [--latency-ms 0 100 300]
+
+`--learn retry|calculator --warm-start DIR` measures instead what an example learns: held-out greedy success
+(and first-turn success) of the warm start and of the trained policy, through `relayrl eval --env`'s code,
+after `relayrl train` on examples/multiturn_<name>/config.yaml (data written by the example's prepare.py).
 """
 
 from __future__ import annotations
@@ -68,8 +72,53 @@ def run_once(engine, rows, args, lockstep: bool) -> float:
     return len(rows) / wall
 
 
+def learn(example: str, warm_start: str, out: Path, overrides: list[str]) -> None:
+    """Held-out success of the warm start, training on the example's config, held-out success after."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from relayrl.api import train
+    from relayrl.envs.evaluate import evaluate_env_model
+
+    directory = Path(__file__).resolve().parents[1] / "examples" / f"multiturn_{example}"
+    data = out / "data"
+    subprocess.run([sys.executable, str(directory / "prepare.py"), "--out", str(data)], check=True)
+    env = yaml.safe_load((directory / "config.yaml").read_text())["env"]
+    max_tokens = yaml.safe_load((directory / "config.yaml").read_text())["rollout"]["max_tokens"]
+
+    def held_out(model: str) -> dict:
+        return evaluate_env_model(
+            model,
+            str(data / "eval.jsonl"),
+            env["fn"],
+            env.get("kwargs", {}),
+            env["max_turns"],
+            env["max_total_tokens"],
+            max_tokens,
+            engine="hf",
+            reward=env.get("reward", "sum"),
+        )
+
+    before = held_out(warm_start)
+    start = time.perf_counter()
+    paths = [f"data.train={data / 'train.jsonl'}", f"data.eval={data / 'eval.jsonl'}", f"log.dir={out / 'run'}"]
+    train(str(directory / "config.yaml"), overrides=[f"model.path={warm_start}", *paths, *overrides], overwrite=True)
+    minutes = (time.perf_counter() - start) / 60
+    after = held_out(str(out / "run" / "model"))
+    print(f"load average: {os.getloadavg()}  training: {minutes:.1f} min  overrides: {overrides}")
+    print("| held-out (greedy) | warm start | after RL | change |\n|---|---|---|---|")
+    for key in ("success", "first_turn_success", "reward_mean", "turns_mean"):
+        print(f"| {key} | {before[key]:.3f} | {after[key]:.3f} | {after[key] - before[key]:+.3f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learn", choices=["retry", "calculator"], help="measure an example's learning instead")
+    parser.add_argument("--warm-start", help="--learn: the warm-start model directory (relayrl sft on its sft.jsonl)")
+    parser.add_argument("--out", default="/tmp/relayrl_bench_multiturn_learn", help="--learn: data and run directory")
+    parser.add_argument("overrides", nargs="*", help="--learn: config overrides, key=value")
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--trajectories", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4)
@@ -78,6 +127,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--model", default="/tmp/relayrl_bench_multiturn_model")
     args = parser.parse_args()
+    if args.learn:
+        return learn(args.learn, args.warm_start, Path(args.out), args.overrides)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from relayrl.rollout.base import build_engine
