@@ -33,16 +33,16 @@ def _check(args: argparse.Namespace) -> None:
 def check_file(path: str | Path, model: str | None = None, max_prompt_tokens: int = 256, chat_template=True) -> str:
     """Check every row (raises DataError at the first problem); a one-line summary of the file."""
     from relayrl.data.rows import open_rows
-    from relayrl.data.source import LoadStats, _check_row, _PromptMaker
+    from relayrl.data.source import LoadStats, PromptMaker, check_row
     from relayrl.errors import DataError
 
     start = time.perf_counter()
-    rows, seen = open_rows(path, _check_row), {}
+    rows, seen = open_rows(path, check_row), {}
     maker, lengths = None, []
     if model is not None:
         from relayrl.models.loading import load_tokenizer
 
-        maker = _PromptMaker(load_tokenizer(model), max_prompt_tokens, "truncate", chat_template, LoadStats())
+        maker = PromptMaker(load_tokenizer(model), max_prompt_tokens, "truncate", chat_template, LoadStats())
     for index in range(len(rows)):
         where, row = rows.read(index)
         prompt_id = str(index if row.get("id") is None else row["id"])

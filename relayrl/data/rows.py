@@ -27,7 +27,7 @@ SHORT = 16  # a line this short may be blank (whitespace only); longer ones hold
 
 
 class JsonlRows:
-    """The rows of a .jsonl file: an index of line starts over a memory map."""
+    """The rows of a .jsonl file: an index of its lines over a memory map of it."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -49,8 +49,8 @@ class JsonlRows:
 
 
 def _index_lines(path: Path, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(start, end, line number) of every non-blank line, as int64 / uint32 / uint32 arrays (ends as offsets
-    from the start). The file is read in chunks into one buffer, so its pages are not all mapped at once."""
+    """(start, length, line number) of every non-blank line, as int64 / uint32 / uint32 arrays. The file is read
+    in chunks into one buffer, so its pages are not all held at once."""
     buffer, newlines = bytearray(CHUNK), []
     with path.open("rb") as f:
         for offset in range(0, size, CHUNK):

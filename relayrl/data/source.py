@@ -26,7 +26,7 @@ from relayrl.types import Prompt
 def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
     """Every (location, row) of a .jsonl or .parquet file or a `datasets` directory, each row checked;
     the location is `file:line` or `file:row N`."""
-    rows = open_rows(path, _check_row)
+    rows = open_rows(path, check_row)
     return [rows.read(i) for i in range(len(rows))]
 
 
@@ -50,7 +50,7 @@ def is_plain_prompt(row: dict[str, Any]) -> bool:
     return row.get("prompt") is not None
 
 
-def _check_row(where: str, row: dict[str, Any]) -> None:
+def check_row(where: str, row: dict[str, Any]) -> None:
     kind = _row_kind(where, row)
     if kind == "prompt" and not (isinstance(row["prompt"], str) and row["prompt"]):
         raise DataError(f"{where}: 'prompt' must be a non-empty string, got {row['prompt']!r}")
@@ -89,8 +89,8 @@ def load_prompts(
     read, checked and tokenised now (ids checked unique). More: a `PromptTable`, each row read when drawn."""
     if on_long_prompt not in ("error", "drop", "truncate"):
         raise ValueError(f"on_long_prompt must be error, drop or truncate, got {on_long_prompt!r}")
-    rows, stats = open_rows(path, _check_row), LoadStats()
-    maker = _PromptMaker(tokenizer, max_prompt_tokens, on_long_prompt, chat_template, stats)
+    rows, stats = open_rows(path, check_row), LoadStats()
+    maker = PromptMaker(tokenizer, max_prompt_tokens, on_long_prompt, chat_template, stats)
     if len(rows) > EAGER_ROWS:
         return PromptTable(rows, maker), stats
     prompts, seen_ids = [], {}
@@ -109,7 +109,7 @@ def load_prompts(
 
 
 @dataclass
-class _PromptMaker:
+class PromptMaker:
     """One checked row -> its `Prompt` (None when dropped as too long), counted in `stats`."""
 
     tokenizer: Any
@@ -154,7 +154,7 @@ class PromptTable:
     `table[i]`, as for the list of kept prompts: the first kept prompt from row i on (the last from the end
     for i < 0). Ids are not checked unique here (`relayrl data check` does)."""
 
-    def __init__(self, rows, maker: _PromptMaker):
+    def __init__(self, rows, maker: PromptMaker):
         self.rows, self.maker = rows, maker
         self.read = bytearray(len(rows))
 
