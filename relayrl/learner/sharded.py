@@ -12,7 +12,10 @@ split:
 The adaptive KL controller sees the token-weighted KL of the whole batch, so its coefficient agrees on every
 rank. Weights leave through `named_weights`, one full tensor at a time, gathered by every rank in the same
 order (the sync from shards is in relayrl/sync/gather.py). The critic's value loss divides by its rank's own
-token count (critic.py has no normaliser hook), which matches the global one only when ranks hold equal tokens.
+token count (critic.py has no normaliser hook), so its gradients are averaged over the ranks: the global token
+mean only when every rank holds as many response tokens. Each rank trains with its share of
+`rollout.prompts_per_step` and `train.mini_batch` (ranks.rank_config), so the optimizer steps per training step
+and the schedule are those of W=1; with several mini-batches a rank shuffles its own rows.
 
 Leaves out: starting the ranks (tests spawn them, placement/learner_ranks.py makes Ray actors) and checkpoint
 files (dist_checkpoint.py).
@@ -42,15 +45,16 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no decoder-layer list to shard")
 
 
-def shard_model(model: nn.Module) -> nn.Module:
-    """FSDP2 per decoder layer, then the root; gradients reduce by sum (the loss already holds the 1/N)."""
+def shard_model(model: nn.Module, gradient_divide: float = 1.0) -> nn.Module:
+    """FSDP2 per decoder layer, then the root. Gradients are summed over the ranks and divided by
+    `gradient_divide`: 1 for a loss that already holds the global 1/N."""
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+            module.set_gradient_divide_factor(gradient_divide)
+            module.set_force_sum_reduction_for_comms(True)  # SUM, then a division (gloo has no PREMUL_SUM or AVG)
     if hasattr(model, "base_model_prefix"):
         model.__class__ = _rooted(type(model))
     return model
@@ -116,8 +120,8 @@ class ShardedLearner(LearnerRole):
         _rebind_optimizer(policy.optimizer, policy.model)
         if policy.reference is not None:
             shard_model(policy.reference)
-        if self.critic is not None:
-            shard_model(self.critic.model)
+        if self.critic is not None:  # its loss divides by the rank's own tokens: the mean over ranks
+            shard_model(self.critic.model, gradient_divide=world)
             _rebind_optimizer(self.critic.optimizer, self.critic.model)
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
         controller = policy.objective.kl_controller
@@ -128,6 +132,13 @@ class ShardedLearner(LearnerRole):
             return local_update(all_reduce_sum(kl * self.tokens) / max(tokens, 1.0), int(all_reduce_sum(n_steps)))
 
         controller.update = global_update
+
+    def prepare(self, exp: Experience) -> Experience:
+        exp = super().prepare(exp)
+        for model in (self.policy.model, self.policy.reference, self.critic and self.critic.model):
+            if model is not None:
+                model.reshard()  # a no-grad forward leaves the root's parameters (embeddings, head) gathered
+        return exp
 
     def update(self, step: int, exp: Experience) -> dict[str, float]:
         self.tokens = float(exp.loss_mask.sum())
