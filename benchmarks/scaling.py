@@ -172,6 +172,8 @@ def _table(name: str, results: list[dict]) -> None:
         f"peak RSS {fit_exponent(sizes, [r['rss_mb'] for r in results]):.2f}, "
         f"over the model {fit_exponent(sizes, [max(r['over_mb'], 0.1) for r in results]):.2f}"
     )
+    slope, intercept, r2 = fit_line(sizes, [r["over_mb"] for r in results])
+    print(f"peak over the model as a line: {slope:.4f} MB per unit + {intercept:.1f} MB, R^2 {r2:.3f}")
 
 
 def _rss_mb() -> float:
@@ -184,6 +186,16 @@ def fit_exponent(sizes: list[float], costs: list[float]) -> float:
     xs, ys = [math.log(s) for s in sizes], [math.log(max(c, 1e-9)) for c in costs]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def fit_line(sizes: list[float], costs: list[float]) -> tuple[float, float, float]:
+    """(slope, intercept, R^2) of the least-squares line cost = slope * size + intercept."""
+    n, mx, my = len(sizes), sum(sizes) / len(sizes), sum(costs) / len(costs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, costs)) / sum((x - mx) ** 2 for x in sizes)
+    intercept = my - slope * mx
+    total = sum((y - my) ** 2 for y in costs) or 1e-12
+    residual = sum((y - slope * x - intercept) ** 2 for x, y in zip(sizes, costs))
+    return slope, intercept, 1 - residual / total if n > 2 else 1.0
 
 
 def section_c(out: Path, row_counts: list[int], fmt: str = "jsonl") -> None:
