@@ -146,3 +146,18 @@ def save_pretrained_from_shards(learner, target: Path, tokenizer=None) -> None:
         if tokenizer is not None:
             tokenizer.save_pretrained(target)
     dist.barrier()
+
+
+def export_sharded(checkpoint: str | Path, out: str | Path, base_model: str | Path, tokenizer=None) -> Path:
+    """A sharded checkpoint's policy as a save_pretrained directory: the base model's architecture (the run's
+    model.path) filled with the checkpoint's weights, read in one plain process."""
+    model = load_causal_lm(base_model, "cpu")
+    state = {"policy": {"model": model.state_dict()}}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        dcp.load(state, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())
+    model.load_state_dict(state["policy"]["model"])
+    model.save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return Path(out)

@@ -119,3 +119,15 @@ def test_resume_at_another_world_size(random_model_dir, ranks, single_checkpoint
     stats = single_step(learner, experience(seed=1))
     assert stats["loss/total"] == pytest.approx(loss, rel=1e-5, abs=1e-7)
     assert all(torch.allclose(params(learner)[n], w, atol=1e-5, rtol=0) for n, w in weights.items())
+
+
+def test_export_of_a_sharded_checkpoint_is_the_single_learners_model(
+    random_model_dir, ranks, single_checkpoint, tmp_path
+):
+    from relayrl.learner.dist_checkpoint import export_sharded
+    from relayrl.models.loading import load_causal_lm
+
+    exported = load_causal_lm(export_sharded(ranks("resume")["sharded_checkpoint"], tmp_path, random_model_dir))
+    saved = load_causal_lm(f"{single_checkpoint[0]}/model")  # W=1 after the same first step
+    for (name, got), (_, want) in zip(exported.named_parameters(), saved.named_parameters()):
+        assert torch.allclose(got, want, atol=1e-5, rtol=0), name
