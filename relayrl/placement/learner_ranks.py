@@ -25,7 +25,7 @@ from relayrl.learner.sharded import ShardedLearner
 from relayrl.types import Experience
 
 # calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts
-RANK_0_ONLY = ("weight_layout", "join_sync_group", "unlink_segments", "state", "reward_penalty")
+RANK_0_ONLY = ("weight_layout", "join_sync_group", "unlink_segments", "state")
 
 
 class LearnerRank(ShardedLearner):
@@ -80,10 +80,11 @@ class LearnerRanks:
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                rank = min(pending.values())
+                rank, waiting = min(pending.values()), ", ".join(map(str, sorted(pending.values())))
                 raise RoleFailure(
                     f"learner rank {rank} (actor {self.actor_id(rank)}) did not finish {what} within {timeout_s:g} s "
-                    "(placement.call_timeout_s)",
+                    f"(placement.call_timeout_s; ranks still running: {waiting}, the others waiting in a "
+                    "collective for the one that hangs)",
                     f"learner rank {rank}",
                     died=False,
                 )
