@@ -100,3 +100,20 @@ def test_data_check_reads_every_row_up_front(tmp_path, capsys, random_model_dir)
     dup = _jsonl(tmp_path / "dup.jsonl", [{"id": "a", "prompt": "x"}, {"prompt": "y"}, {"id": "a", "prompt": "z"}])
     assert main(["data", "check", str(dup)]) == 2
     assert f"{dup}:3: id 'a' is already used at {dup}:1" in capsys.readouterr().err
+
+
+def test_the_trainer_loads_a_large_file_lazily_with_the_limit_as_its_longest_prompt(tmp_path, tokenizer, lazy, capsys):
+    from relayrl.config import load_config
+    from relayrl.controller import load_data
+    from relayrl.data.source import longest_prompt_tokens
+
+    train = _jsonl(tmp_path / "train.jsonl", _rows(9))
+    held_out = _jsonl(tmp_path / "eval.jsonl", _rows(5))
+    config = load_config(
+        None, [f"data.train={train}", f"data.eval={held_out}", "data.max_prompt_tokens=12", "data.on_long_prompt=drop"]
+    )
+    prompts, eval_prompts, metrics = load_data(config, tokenizer)
+    assert isinstance(prompts, PromptTable) and isinstance(eval_prompts, list)  # evaluated whole: a list
+    assert longest_prompt_tokens(prompts, eval_prompts) == 12  # the engine is sized for the limit
+    assert "first prompt (data.train, " in capsys.readouterr().out
+    assert metrics["data/prompts_dropped"] == 0  # rows 0 and 1 read so far, both kept
