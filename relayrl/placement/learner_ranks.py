@@ -83,8 +83,8 @@ class LearnerRanks:
                 rank, waiting = min(pending.values()), ", ".join(map(str, sorted(pending.values())))
                 raise RoleFailure(
                     f"learner rank {rank} (actor {self.actor_id(rank)}) did not finish {what} within {timeout_s:g} s "
-                    f"(placement.call_timeout_s; ranks still running: {waiting}, the others waiting in a "
-                    "collective for the one that hangs)",
+                    f"(placement.call_timeout_s); learner ranks {waiting} had not finished: one of them hangs and "
+                    "the others wait for it in a collective",
                     f"learner rank {rank}",
                     died=False,
                 )
