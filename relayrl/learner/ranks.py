@@ -31,6 +31,8 @@ def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s
             raise PlacementError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}")
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":  # a Ray GPU actor sees its one device; spawned ranks on one machine see them all
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     try:
         dist.init_process_group(
             backend,
