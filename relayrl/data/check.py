@@ -47,8 +47,9 @@ def check_file(path: str | Path, model: str | None = None, max_prompt_tokens: in
         where, row = rows.read(index)
         prompt_id = str(index if row.get("id") is None else row["id"])
         if prompt_id in seen:
-            raise DataError(f"{where}: id {prompt_id!r} is already used at {seen[prompt_id]}; ids must be unique")
-        seen[prompt_id] = where
+            first = rows.read(seen[prompt_id])[0]
+            raise DataError(f"{where}: id {prompt_id!r} is already used at {first}; ids must be unique")
+        seen[prompt_id] = index  # the row, not its location string: a million of those is ~100 MB
         if maker is not None:
             lengths.append(len(maker.make(index, where, row).token_ids))
     summary = f"{path}: {len(rows)} rows, all readable ({time.perf_counter() - start:.1f} s)"
