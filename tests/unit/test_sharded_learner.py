@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import queue
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,6 +107,7 @@ def test_resume_at_another_world_size(random_model_dir, ranks, single_checkpoint
     resumed step's loss and weights match the uninterrupted run's."""
     from relayrl.learner.dist_checkpoint import load_any
     from relayrl.learner.role import LearnerRole
+    from relayrl.models.loading import load_causal_lm
 
     _, loss, weights = single_checkpoint
     found = ranks("resume")
@@ -113,6 +115,8 @@ def test_resume_at_another_world_size(random_model_dir, ranks, single_checkpoint
         got_loss, got_weights = found[label]
         assert got_loss == pytest.approx(loss, rel=1e-5, abs=1e-7), label
         assert all(torch.allclose(got_weights[n], w, atol=1e-5, rtol=0) for n, w in weights.items()), label
+    final = load_causal_lm(Path(found["sharded_checkpoint"]).parents[2] / "final_run" / "model")
+    assert all(torch.allclose(p.detach(), weights[n], atol=1e-5, rtol=0) for n, p in final.named_parameters())
     learner = LearnerRole(config(random_model_dir, OBJECTIVES["kl_entropy"]))
     path = found["sharded_checkpoint"]
     load_any(learner, path, torch.load(f"{path}/trainer_state.pt", weights_only=False))

@@ -122,5 +122,6 @@ def resume(learner, rank, single_checkpoint, out_dir):
     again.load_state(path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
     weights, loss, _ = step(again, share(1, rank), "loss/total")
     found["2->2"] = (loss, weights)
+    again.save(out_dir / "final_run")  # the run's final model, gathered: <run>/model
     found["sharded_checkpoint"] = path
     return found
