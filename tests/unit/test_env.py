@@ -62,6 +62,16 @@ def test_builtins():
     assert not retry.step("6").done and retry.step(" 5 ").reward == 1.0
 
 
+def test_code_feedback_returns_the_failing_output():
+    from relayrl.envs.builtins import CodeFeedbackEnv
+
+    env = CodeFeedbackEnv(timeout_s=5.0)
+    env.reset({"prompt": "print hi", "tests": [{"stdin": "", "stdout": "hi"}]})
+    wrong = env.step("```python\nprint('ho')\n```")
+    assert not wrong.done and wrong.observation.startswith("0/1 tests pass") and "ho" in wrong.observation
+    assert env.step("```python\nprint('hi')\n```") == Step(None, 1.0, True, {"success": True})
+
+
 def test_a_hanging_step_times_out_while_the_other_trajectories_finish(tmp_path):
     (tmp_path / "envs.py").write_text(SLOW_ENV)
     codec = ChatCodec(chat_tokenizer("qwen"))
