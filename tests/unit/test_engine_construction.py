@@ -43,6 +43,7 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
         "kv_cache_gib": 3.0,
         "gpu_memory_utilization": 0.35,
         "prefix_caching": "off",
+        "adapter": None,  # sync.lora=adapter only
     }
 
 
