@@ -3,7 +3,8 @@
 - `.jsonl`: the file is indexed once (where each non-blank line starts and ends: 16 bytes a row) and mapped;
   a row is decoded by the one JSONL reader (relayrl/jsonl.py) when it is first asked for. Arrow's JSON
   reader is not used: it loses line numbers and refuses a file whose rows differ in their columns' types.
-- `.parquet`: read by pyarrow into Arrow columns (decompressed, but no Python object per row until read).
+- `.parquet`: up to CACHE_PARQUET_ROWS rows, read by pyarrow into Arrow columns; more, converted once by
+  Hugging Face `datasets` (`Dataset.from_parquet`) into its Arrow cache and memory-mapped from there.
 - a directory written by Hugging Face `Dataset.save_to_disk`: memory-mapped as it is (`load_from_disk`).
 
 `read(i)` returns (`location`, row), the row checked as relayrl/data/source.py requires; the location is
@@ -24,6 +25,7 @@ from relayrl.jsonl import parse_line
 
 CHUNK = 1 << 22  # bytes scanned for newlines at a time while indexing
 SHORT = 16  # a line this short may be blank (whitespace only); longer ones hold a row or a mistake
+CACHE_PARQUET_ROWS = 10_000  # a parquet file of more rows is read through the `datasets` cache
 
 
 class JsonlRows:
@@ -74,8 +76,8 @@ def _index_lines(path: Path, size: int) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 class ArrowRows:
-    """The rows of a parquet file (pyarrow, decoded columns: no Python object per row) or of a `save_to_disk`
-    directory (Hugging Face `datasets`, memory-mapped as it lies on disk)."""
+    """The rows of a parquet file or of a `save_to_disk` directory (memory-mapped as it lies on disk), as an
+    Arrow table: no Python object per row until a row is read."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -95,9 +97,15 @@ class ArrowRows:
 
 
 def _read_parquet(path: Path):
+    """A small file's decoded columns; a large one's Arrow table as `datasets` caches it (converted on the first
+    read, into HF_DATASETS_CACHE), memory-mapped: decoded columns would outgrow the compressed file many times."""
     import pyarrow.parquet as pq
 
-    return pq.read_table(path, memory_map=True)
+    if pq.ParquetFile(path).metadata.num_rows <= CACHE_PARQUET_ROWS:
+        return pq.read_table(path, memory_map=True)
+    import datasets
+
+    return datasets.Dataset.from_parquet(str(path)).data.table
 
 
 def _load_from_disk(path: Path):

@@ -117,3 +117,19 @@ def test_the_trainer_loads_a_large_file_lazily_with_the_limit_as_its_longest_pro
     assert longest_prompt_tokens(prompts, eval_prompts) == 12  # the engine is sized for the limit
     assert "first prompt (data.train, " in capsys.readouterr().out
     assert metrics["data/prompts_dropped"] == 0  # rows 0 and 1 read so far, both kept
+
+
+def test_a_large_parquet_file_is_read_through_the_datasets_cache(tmp_path, monkeypatch):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from relayrl.data import rows
+
+    monkeypatch.setattr(rows, "CACHE_PARQUET_ROWS", 2)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(5)[:4] + [{"prompt": None, "answer": "4"}]), path)
+    with pytest.raises(DataError, match=rf"{path}:row 4: 'prompt' must be a non-empty string"):
+        read_rows(path)
+    assert list((tmp_path / "cache").rglob("*.arrow"))  # converted once, memory-mapped from there
