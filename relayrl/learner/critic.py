@@ -105,7 +105,7 @@ class Critic:
                         normaliser,
                     )
                     loss.backward()
-                    step_loss += float(loss)
+                    step_loss += float(loss.detach())
                     clipped += float(n_clipped)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
                 self.optimizer.step()
