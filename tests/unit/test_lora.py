@@ -185,3 +185,16 @@ def test_merged_push_reaches_the_hf_engine(random_model_dir):
     expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
     after = torch.tensor(engine.prompt_logprobs(ids))
     assert (after - before).abs().max() > 1e-3 and (after - expected).abs().max() < 1e-5
+
+
+def test_adapter_keys_map_onto_fused_projections():
+    from relayrl.errors import SyncError
+    from relayrl.sync.lora import map_adapter_keys
+
+    served = {f"model.layers.0.{m}" for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj")}
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    key = "base_model.model.model.layers.0.{}.lora_{}.weight"
+    mapped = map_adapter_keys([key.format("self_attn.v_proj", "B"), key.format("mlp.up_proj", "A")], served, packed)
+    assert list(mapped.values()) == ["model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"]
+    with pytest.raises(SyncError, match=r"mlp\.down_proj.*mlp\.gate_up_proj"):  # names the key and what exists
+        map_adapter_keys([key.format("mlp.down_proj", "A")], served, packed)
