@@ -1,4 +1,5 @@
-"""Start the roles of a run on Ray: the learner actor, the engine replicas, and the weight sync between them."""
+"""Start the roles of a run on Ray: the learner actor (or its sharded ranks), the engine replicas, and the weight
+sync between them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import functools
 import ray
 
 from relayrl.config import Config, effective_transport
-from relayrl.learner.role import LearnerRole
+from relayrl.learner.role import Learner, LearnerRole
 from relayrl.placement import Roles
 from relayrl.placement.cluster import actor_options, reserve
 from relayrl.placement.engine_worker import EngineWorker
@@ -22,9 +23,7 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     group, slots = reserve(config)
     learner_slot, engine_slots = slots[0], slots[1:]
     timeout = placement.call_timeout_s
-    learner_actor = (
-        ray.remote(LearnerRole).options(**actor_options(group, learner_slot)).remote(config, learner_slot.threads)
-    )
+    learner, learner_actors = start_learner(config, group, learner_slot)
 
     def spawn(index: int) -> RemoteRole:
         slot = engine_slots[index]
@@ -36,15 +35,26 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
         return RemoteRole(actor, slot.role, timeout)
 
     engines = RayEngineGroup(spawn, placement)
-    learner = RemoteRole(learner_actor, "learner", timeout)
     learner.ping()
     engines.ready()
     sync = RaySync(config.sync, effective_transport(config), probe_ids)
     sync.setup(learner, engines)
-    return Roles(engines, learner, sync, close=functools.partial(shutdown, learner, engines, group))
+    return Roles(engines, learner, sync, close=functools.partial(shutdown, learner, learner_actors, engines, group))
 
 
-def shutdown(learner, engines, group) -> None:
+def start_learner(config: Config, group, slot) -> tuple[Learner, list]:
+    """The learner's handle and its actors: one `LearnerRole` actor, or `placement.learner_ranks` sharded rank
+    actors in the same bundle behind one handle (relayrl/placement/learner_ranks.py)."""
+    if config.placement.learner_ranks > 1:
+        from relayrl.placement.learner_ranks import start_learner_ranks
+
+        ranks = start_learner_ranks(config, group, slot)
+        return ranks, list(ranks.actors)
+    actor = ray.remote(LearnerRole).options(**actor_options(group, slot)).remote(config, slot.threads)
+    return RemoteRole(actor, "learner", config.placement.call_timeout_s), [actor]
+
+
+def shutdown(learner, learner_actors: list, engines, group) -> None:
     """Release shared memory and the placement group; the actors go with it."""
     from ray.util.placement_group import remove_placement_group
 
@@ -54,5 +64,6 @@ def shutdown(learner, engines, group) -> None:
         pass
     for replica in engines.replicas:
         ray.kill(replica._actor, no_restart=True)
-    ray.kill(learner._actor, no_restart=True)
+    for actor in learner_actors:
+        ray.kill(actor, no_restart=True)
     remove_placement_group(group)
