@@ -60,9 +60,12 @@ def evaluate_model(
     from relayrl.config import RewardConfig
     from relayrl.data.source import load_prompts
     from relayrl.errors import ConfigError
+    from relayrl.export import merged_model_dir
     from relayrl.models.loading import load_tokenizer
     from relayrl.rewards.service import build_reward_service
     from relayrl.rollout import build_engine
+
+    model = merged_model_dir(model)  # a peft adapter directory (relayrl export) is merged into its base first
 
     if (
         n < 1

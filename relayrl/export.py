@@ -5,7 +5,8 @@ the base it applies to is the run's `model.path` (from the run's config.yaml). W
 is that peft adapter, its `base_model_name_or_path` pointing at the base; with `--merge` it is the base with
 the adapter merged in, a plain `save_pretrained` model with the base's tokenizer (what `relayrl eval --model`
 and vLLM load). A full fine-tuning checkpoint is already a full model: it is copied, with the tokenizer.
-CHECKPOINT may also be a run directory: its newest intact checkpoint is exported.
+CHECKPOINT may also be a run directory: its newest intact checkpoint is exported. `relayrl eval --model` takes
+an exported adapter as it is (`merged_model_dir`).
 """
 
 from __future__ import annotations
@@ -72,3 +73,27 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, merge: bool = Fal
     lora.save_merged(model, out)
     load_tokenizer(base).save_pretrained(out)
     return f"wrote {source}'s adapter merged into {base} to {out}"
+
+
+def merged_model_dir(model: str | Path) -> str:
+    """`model` itself, or for a peft adapter directory (adapter_config.json, no config.json) the adapter merged
+    into the base its `base_model_name_or_path` names, written once to a temporary directory."""
+    import tempfile
+
+    from relayrl.models import lora
+    from relayrl.models.loading import load_causal_lm, load_tokenizer
+
+    path = Path(model)
+    if (path / "config.json").is_file() or not lora.is_adapter_dir(path):
+        return str(model)
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise RelayError(
+            f"--model {model}: a LoRA adapter whose base_model_name_or_path ({base!r}) is no model directory"
+        )
+    from peft import PeftModel
+
+    out = tempfile.mkdtemp(prefix="relayrl-merged-")
+    PeftModel.from_pretrained(load_causal_lm(base), str(path)).merge_and_unload().save_pretrained(out)
+    load_tokenizer(base).save_pretrained(out)
+    return out

@@ -58,3 +58,14 @@ def test_export_adapter_loads_with_peft_onto_its_base(lora_run, tmp_path, random
 def test_export_without_a_checkpoint_names_the_path(tmp_path):
     with pytest.raises(RelayError, match="no intact checkpoint"):
         export_checkpoint(tmp_path, tmp_path / "out")
+
+
+def test_an_exported_adapter_is_merged_for_eval(lora_run, tmp_path):
+    from relayrl.export import merged_model_dir
+
+    run, _, learner = lora_run
+    export_checkpoint(run, tmp_path / "adapter")
+    merged = merged_model_dir(tmp_path / "adapter")
+    loaded = dict(load_causal_lm(merged).named_parameters())
+    assert all(torch.allclose(loaded[k], v, atol=1e-6) for k, v in lora.merged_tensors(learner.model))
+    assert merged_model_dir(run / "checkpoints") == str(run / "checkpoints")  # anything else is passed through
