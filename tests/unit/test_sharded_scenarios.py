@@ -19,6 +19,8 @@ OBJECTIVES = {
     "seq_mean_token_sum_norm": ["algorithm.loss_agg=seq_mean_token_sum_norm", "rollout.max_tokens=8"],
     # the reference is sharded too; KL and entropy in the loss share the normaliser
     "kl_entropy": ["algorithm.kl.coef=0.1", "algorithm.entropy_coef=0.01", "algorithm.kl.controller=adaptive"],
+    # the other forward layouts: each group packed into one row, the model's own logits
+    "packed_logits": ["train.packing=groups", "train.logits_chunk=0"],
 }
 BUCKET_MB = 0.02  # ~20 KiB buckets: the tiny model (~190 KiB) spans many
 
