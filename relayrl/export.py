@@ -29,10 +29,11 @@ def register(commands) -> None:
 
 def find_checkpoint(path: str | Path) -> Path:
     """The checkpoint directory itself, or a run directory's newest intact checkpoint."""
-    from relayrl.checkpoint import checkpoint_root, verify
+    from relayrl.checkpoint import MANIFEST_FILE, checkpoint_root, verify
 
-    path = Path(path)
-    candidates = [path] if (path / "model").is_dir() else sorted(checkpoint_root(path).glob("step_*"), reverse=True)
+    path = Path(path)  # a finished run also holds a model/: a checkpoint is what has a manifest
+    is_checkpoint = (path / MANIFEST_FILE).is_file()
+    candidates = [path] if is_checkpoint else sorted(checkpoint_root(path).glob("step_*"), reverse=True)
     for candidate in candidates:
         problem = verify(candidate)
         if problem is None:

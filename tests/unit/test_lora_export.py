@@ -37,6 +37,7 @@ def test_checkpoint_holds_the_adapter_not_the_base(lora_run):
 
 def test_export_merged_is_a_plain_model_equal_to_the_merge(lora_run, tmp_path):
     run, _, learner = lora_run
+    (run / "model").mkdir(exist_ok=True)  # a finished run's merged model beside its checkpoints
     assert main(["export", str(run), "--out", str(tmp_path / "merged"), "--merge"]) == 0
     loaded = dict(load_causal_lm(tmp_path / "merged").named_parameters())
     merged = dict(lora.merged_tensors(learner.model))
