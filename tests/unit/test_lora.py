@@ -198,3 +198,8 @@ def test_adapter_keys_map_onto_fused_projections():
     assert list(mapped.values()) == ["model.layers.0.self_attn.qkv_proj", "model.layers.0.mlp.gate_up_proj"]
     with pytest.raises(SyncError, match=r"mlp\.down_proj.*mlp\.gate_up_proj"):  # names the key and what exists
         map_adapter_keys([key.format("mlp.down_proj", "A")], served, packed)
+
+
+def test_lora_on_sharded_learner_ranks_is_refused():
+    with pytest.raises(ConfigError, match="learner_ranks=2"):
+        load_config(None, ["model.lora.rank=4", "train.lr=1e-4", "placement.mode=ray", "placement.learner_ranks=2"])
