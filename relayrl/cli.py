@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from relayrl.data.check import add_data_command  # stdlib imports only
+from relayrl.export import register as add_export_command  # stdlib imports only
 
 
 def _train(args) -> None:
@@ -151,7 +152,7 @@ def _plan(args) -> None:
 
 
 def _bench_sync(args) -> None:
-    from relayrl.sync.bench import run, table
+    from relayrl.placement.sync_bench import run, table
 
     result = run(
         int(args.params),
@@ -398,6 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(commands)
 
     add_data_command(commands)  # relayrl/data/check.py: `relayrl data check FILE`
+
+    add_export_command(commands)  # relayrl/export.py: `relayrl export CHECKPOINT --out DIR [--merge]`
 
     report = commands.add_parser("report", help="write RUN_DIR/report/index.html: reward, phase times, staleness")
     report.add_argument("run_dir", metavar="RUN_DIR")

@@ -151,7 +151,7 @@ def test_one_bucket_per_call_delivers_just_that_bucket(kind, tmp_path):
 
 
 def test_bench_model_size_follows_params_below_the_vocabulary():
-    from relayrl.sync.bench import synthetic_shapes
+    from relayrl.placement.sync_bench import synthetic_shapes
 
     def total(shapes):
         return sum(torch.Size(shape).numel() for _, shape in shapes)
