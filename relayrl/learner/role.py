@@ -85,8 +85,11 @@ class LearnerRole(WeightSource):
         }
 
     def load_state(self, checkpoint: str | Path, state: dict) -> None:
+        from relayrl.learner.dist_checkpoint import is_sharded, load_any
         from relayrl.models.loading import load_causal_lm
 
+        if is_sharded(checkpoint):  # written by placement.learner_ranks > 1: resharded into this one process
+            return load_any(self, checkpoint, state)
         policy = self.policy
         policy.model.load_state_dict(load_causal_lm(Path(checkpoint) / "model", "cpu").state_dict())
         policy.optimizer.load_state_dict(state["optimizer"])
