@@ -26,6 +26,7 @@ from typing import Iterable
 
 import torch
 
+from relayrl.errors import SyncError
 from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.rollout.seeds import request_seed
 from relayrl.sync.lora import AdapterSpec, map_adapter_keys
@@ -306,8 +307,6 @@ class _Adapters:
         return LoRARequest(name, adapter_id, str(path))
 
     def register(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        from relayrl.errors import SyncError
-
         tensors = dict(named_tensors)
         if tensors.keys() != self.spec.shapes.keys():
             odd = sorted(tensors.keys() ^ self.spec.shapes.keys())
@@ -329,8 +328,6 @@ class _Adapters:
         """Every adapter key lands on a LoRA module of the engine, and a random non-zero adapter changes the
         engine's log-probs (an adapter the engine silently ignores would otherwise serve the base model)."""
         from vllm.lora.layers import BaseLayerWithLoRA
-
-        from relayrl.errors import SyncError
 
         served = {name for name, module in model.named_modules() if isinstance(module, BaseLayerWithLoRA)}
         map_adapter_keys(self.spec.shapes, served, getattr(model, "packed_modules_mapping", {}))
