@@ -65,8 +65,6 @@ def evaluate_model(
     from relayrl.rewards.service import build_reward_service
     from relayrl.rollout import build_engine
 
-    model = merged_model_dir(model)  # a peft adapter directory (relayrl export) is merged into its base first
-
     if (
         n < 1
         or (max_tokens or 1) < 1
@@ -84,6 +82,7 @@ def evaluate_model(
             f"relayrl eval: need --reward-workers >= 0, and --reward-timeout-s > 0 only with "
             f"--reward-workers (got {reward_workers}, {reward_timeout_s})"
         )
+    model = merged_model_dir(model)  # a peft adapter directory (relayrl export) is merged into its base first
     tokenizer = load_tokenizer(model, key="--model")
     prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)  # the context is checked below, in flags
     prompts = prompts[:max_prompts] if max_prompts else prompts
