@@ -17,6 +17,10 @@ mean only when every rank holds as many response tokens. Each rank trains with i
 `rollout.prompts_per_step` and `train.mini_batch` (ranks.rank_config), so the optimizer steps per training step
 and the schedule are those of W=1; with several mini-batches a rank shuffles its own rows.
 
+Not yet: every rank loads the whole model (and reference) before sharding it, so a rank's peak at start is the
+full model; loading on the meta device with rank 0 broadcasting (set_model_state_dict(broadcast_from_rank0))
+needs a loading hook in PolicyLearner.
+
 Leaves out: starting the ranks (tests spawn them, placement/learner_ranks.py makes Ray actors) and checkpoint
 files (dist_checkpoint.py).
 """
