@@ -27,13 +27,23 @@ def response_budget(config) -> int:
     return max(config.rollout.max_tokens, config.env.max_total_tokens) if config.env.fn else config.rollout.max_tokens
 
 
+def check_env(config) -> None:
+    """A run's env.* settings that cannot work, found before anything is built or written."""
+    if not config.env.fn:
+        return
+    if config.train.schedule != "sync":
+        raise ConfigError(
+            f"env.fn={config.env.fn!r} runs under train.schedule=sync only for now (got "
+            f"{config.train.schedule}): one_step_off and async submit whole batches to the engines"
+        )
+    from relayrl.envs.base import load_env_class
+
+    load_env_class(config.env.fn)
+
+
 class MultiTurnSource(RolloutSource):
     def __init__(self, config, engines, rewards, sampler, sync):
-        if config.train.schedule != "sync":
-            raise ConfigError(
-                f"env.fn={config.env.fn!r} runs under train.schedule=sync only for now (got "
-                f"{config.train.schedule}): one_step_off and async submit whole batches to the engines"
-            )
+        check_env(config)
         super().__init__(config, engines, rewards, sampler, sync)
         from relayrl.models.loading import load_tokenizer
 
