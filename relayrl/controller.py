@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ from relayrl.algorithms.dapo import overlong_mask
 from relayrl.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts, longest_prompt_tokens, show_first_prompt
-from relayrl.errors import ConfigError
+from relayrl.errors import ConfigError, RoleFailure
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import Learner
@@ -293,3 +294,14 @@ def train(config: Config, resume: str | None = None, overwrite: bool = False) ->
             if stop.checkpoint is None and found is not None:  # stopped before the resumed run's first step
                 stop.checkpoint = found[0]
             raise
+        except RoleFailure as failure:  # a role died for good: say how to continue from the last checkpoint
+            raise RoleFailure(with_resume_hint(str(failure), config.log.dir), failure.role, failure.died) from failure
+
+
+def with_resume_hint(message: str, run_dir: str) -> str:
+    """`message`, plus the command that continues the run in `run_dir` when it holds an intact checkpoint."""
+    found = latest_checkpoint(run_dir, log=lambda *_: None) if Path(run_dir, "config.yaml").exists() else None
+    if found is None:
+        return message
+    command = shlex.join(["relayrl", "train", str(Path(run_dir) / "config.yaml"), "--resume", str(run_dir)])
+    return f"{message}\nresume with: {command}"

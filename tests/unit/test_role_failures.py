@@ -22,3 +22,16 @@ def test_the_cause_ends_at_a_sentence_boundary():
 def test_a_first_sentence_longer_than_the_limit_is_kept_whole():
     sentence = "The actor died because " + "x" * 500 + "."
     assert whole_sentences(sentence + " Next.", 400) == sentence
+
+
+def test_a_run_ended_by_a_role_failure_names_the_resume_command(tmp_path, monkeypatch):
+    """A learner rank or an engine past its restarts ends the run; with an intact checkpoint in the run's
+    directory the message says how to continue, and without one it says nothing more."""
+    import relayrl.controller as controller
+
+    (tmp_path / "config.yaml").write_text("{}\n")
+    monkeypatch.setattr(controller, "latest_checkpoint", lambda run_dir, log: None)
+    assert controller.with_resume_hint("learner rank 1 died", str(tmp_path)) == "learner rank 1 died"
+    monkeypatch.setattr(controller, "latest_checkpoint", lambda run_dir, log: (tmp_path / "step_4", {}))
+    message = controller.with_resume_hint("learner rank 1 died", str(tmp_path))
+    assert message == f"learner rank 1 died\nresume with: relayrl train {tmp_path}/config.yaml --resume {tmp_path}"
