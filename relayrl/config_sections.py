@@ -447,4 +447,3 @@ class SyncConfig(Section):
         description="disk transport: where the weights file goes ('' = a temporary "
         "directory); relative to the working directory.",
     )
-
