@@ -78,7 +78,7 @@ class LearnerRole(WeightSource):
             "critic": None
             if critic is None
             else {
-                "model": critic.model.state_dict(),
+                "model": critic.trainable_state(),  # with LoRA: its adapter and value head
                 "optimizer": critic.optimizer.state_dict(),
                 "generator": critic.generator.get_state(),
             },
@@ -86,18 +86,17 @@ class LearnerRole(WeightSource):
 
     def load_state(self, checkpoint: str | Path, state: dict) -> None:
         from relayrl.learner.dist_checkpoint import is_sharded, load_any
-        from relayrl.models.loading import load_causal_lm
 
         if is_sharded(checkpoint):  # written by placement.learner_ranks > 1: resharded into this one process
             return load_any(self, checkpoint, state)
         policy = self.policy
-        policy.model.load_state_dict(load_causal_lm(Path(checkpoint) / "model", "cpu").state_dict())
+        policy.load_model(Path(checkpoint) / "model")  # full weights, or with LoRA the adapter
         policy.optimizer.load_state_dict(state["optimizer"])
         policy.scheduler.load_state_dict(state["scheduler"])
         policy.generator.set_state(state["generator"])
         policy.objective.kl_controller.coef = state["kl_coef"]
         if self.critic is not None:
-            self.critic.model.load_state_dict(state["critic"]["model"])
+            self.critic.load_trainable_state(state["critic"]["model"])
             self.critic.optimizer.load_state_dict(state["critic"]["optimizer"])
             self.critic.generator.set_state(state["critic"]["generator"])
         torch.set_rng_state(state["torch_rng"])
