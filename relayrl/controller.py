@@ -23,6 +23,7 @@ from relayrl.algorithms.dapo import overlong_mask
 from relayrl.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.config import Config, dump_config
 from relayrl.data.source import PromptSampler, load_prompts, longest_prompt_tokens, show_first_prompt
+from relayrl.envs.source import MultiTurnSource, check_env, response_budget
 from relayrl.errors import ConfigError, RoleFailure
 from relayrl.evaluate import evaluate
 from relayrl.learner.batching import make_experience
@@ -62,6 +63,7 @@ class Trainer:
     pad_id: int
     close: Callable[[], None] = lambda: None  # release actors and shared memory
     timeline: Timeline | None = None
+    multiturn: MultiTurnSource | None = None  # env.fn: held-out evaluation runs trajectories (relayrl/envs/)
     schedule: Schedule | None = None  # made when the run starts (async producers begin generating then)
     signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
 
@@ -95,6 +97,8 @@ class Trainer:
     def evaluate(self) -> dict[str, float]:
         if not self.eval_prompts:
             return {}
+        if self.multiturn is not None:
+            return self.multiturn.evaluate(self.eval_prompts)
         r = self.config.rollout
         score = functools.partial(lambda rewards, rollouts: rewards.score(rollouts)[0], self.rewards)
         # the policy's length rules (max/min tokens, stop strings) hold at evaluation as in training
@@ -177,16 +181,17 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
-    max_len = longest_prompt_tokens(prompts, eval_prompts) + config.rollout.max_tokens  # a large file: its limit
+    max_len = longest_prompt_tokens(prompts, eval_prompts) + response_budget(config)  # a large file: its limit
     check_context(config, max_len)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)
+    check_env(config)  # env.fn: multi-turn rollouts (relayrl/envs/)
     run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     roles = build_roles(config, max_len, probe_ids)
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     sampler = PromptSampler(prompts, config.train.seed, config.data.shuffle)
-    source = RolloutSource(config, roles.engines, rewards, sampler, roles.sync)
+    source = (MultiTurnSource if config.env.fn else RolloutSource)(config, roles.engines, rewards, sampler, roles.sync)
     advantage_fn = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
     return Trainer(
         config=config,
@@ -202,8 +207,9 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         run_dir=run_dir,
         data_metrics=data_metrics,
         pad_id=pad_token_id(tokenizer),
-        close=lambda: (rewards.close(), roles.close()),
+        close=lambda: (rewards.close(), roles.close(), source.close() if config.env.fn else None),
         timeline=Timeline(run_dir / "timeline.jsonl"),
+        multiturn=source if config.env.fn else None,
     )
 
 
