@@ -31,7 +31,6 @@ class Rollout:
     finish_reason: str
     versions: list[int]  # policy version that produced each response token
     loss_mask: list[int] | None = None  # per response token, 1 = trained (multi-turn: observation tokens are 0)
-    loss_mask: list[int] | None = None  # per response token, 1 = trained (multi-turn: observation tokens are 0)
 
     @property
     def sample_id(self) -> str:
