@@ -79,6 +79,10 @@ class Config(Section):
             from relayrl.rollout.choice import resolve_auto
 
             resolve_auto(self)
+        if self.model.lora is not None and self.sync.lora == "auto":  # adapter or merged, decided here once
+            from relayrl.sync.lora import resolve_lora_auto
+
+            resolve_lora_auto(self)
         return self
 
     @model_serializer(mode="wrap")

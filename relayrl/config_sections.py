@@ -440,7 +440,7 @@ class SyncConfig(Section):
     lora: Literal["auto", "adapter", "merged"] = Field(
         "auto",
         description="With model.lora: push only the adapter (the engine loads each version as a new adapter), "
-        "or merged full weights; auto = adapter on the vLLM engine, merged on HF.",
+        "or merged full weights; auto = adapter on vLLM with a GPU, merged on CPU (faster there) and on HF.",
     )
     directory: str = Field(
         "",

@@ -20,7 +20,7 @@ PROBE = [3, 4, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 12, 4]  # token ids of the tiny v
 
 def _config(model_dir, extra=()):
     overrides = [f"model.path={model_dir}", "rollout.engine=vllm", "rollout.n=4", "rollout.prompts_per_step=4"]
-    overrides += ["model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-2", "train.packing=none"]
+    overrides += ["model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-2", "train.packing=none", "sync.lora=adapter"]
     return load_config(None, overrides + list(extra))
 
 

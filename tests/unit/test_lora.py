@@ -71,7 +71,7 @@ def test_merged_weights_match_peft_merge(random_model_dir):
 
 
 def test_adapter_mode_sends_only_adapter_tensors(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, ["rollout.engine=vllm"]))
+    learner = PolicyLearner(_config(random_model_dir, ["rollout.engine=vllm", "sync.lora=adapter"]))
     assert learner.sync_mode == "adapter"
     sent = dict(learner.named_weights())
     assert sent and all(".lora_A." in n or ".lora_B." in n for n in sent)
@@ -156,7 +156,7 @@ def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
     from relayrl.planner.hardware import Hardware
     from relayrl.planner.shape import load_shape
 
-    config = _config(random_model_dir, ["algorithm.kl.coef=0.1", "rollout.engine=vllm"])
+    config = _config(random_model_dir, ["algorithm.kl.coef=0.1", "rollout.engine=vllm", "sync.lora=adapter"])
     shape, hardware = load_shape(str(random_model_dir)), Hardware("cpu", "cpu", 24, 10.0, 1.0, 10.0, 0.3, 1, "test")
     learner = PolicyLearner(config)
     assert adapter_params(shape, 4) == lora.trainable_count(learner.model)  # counted as peft builds it
@@ -203,3 +203,20 @@ def test_adapter_keys_map_onto_fused_projections():
 def test_lora_on_sharded_learner_ranks_is_refused():
     with pytest.raises(ConfigError, match="learner_ranks=2"):
         load_config(None, ["model.lora.rank=4", "train.lr=1e-4", "placement.mode=ray", "placement.learner_ranks=2"])
+
+
+def test_sync_lora_auto_is_decided_once_adapter_on_a_gpu_merged_on_cpu():
+    """vLLM's CPU LoRA kernels made generation slower than the push they save (relayrl/sync/lora.py), so `auto`
+    serves the adapter only on a GPU; the decision is written into the config the roles receive."""
+    from types import SimpleNamespace
+
+    from relayrl.sync.lora import resolve_lora_auto
+
+    def config(engine):
+        sync = SimpleNamespace(lora="auto")
+        return SimpleNamespace(rollout=SimpleNamespace(engine=engine), sync=sync)
+
+    for engine, cuda, expected in (("vllm", True, "adapter"), ("vllm", False, "merged"), ("hf", True, "merged")):
+        c = config(engine)
+        resolve_lora_auto(c, cuda=lambda: cuda)
+        assert c.sync.lora == expected, (engine, cuda)
