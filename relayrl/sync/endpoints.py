@@ -41,15 +41,14 @@ class WeightSource:
         self.close_sender()
         self.sender = make_sender(transport, layout, checksum, self.sync_group, timeout_s, directory or None, owner)
         params = self.adoptable_parameters()
-        return self.sender.adopt(params) if params is not None and hasattr(self.sender, "adopt") else 0
+        return self.sender.adopt(params) if params is not None else 0
 
     def send_weights(self, version: int, only: list[int] | None = None) -> Manifest:
         return self.sender.send(self.named_weights(), version, only)
 
     def unlink_segments(self) -> None:
         """Every receiver has mapped the shared-memory segments: drop their names (nothing to leak later)."""
-        if hasattr(self.sender, "unlink"):
-            self.sender.unlink()
+        self.sender.unlink()
 
     def close_sender(self) -> None:
         if self.sender is not None:

@@ -73,6 +73,13 @@ class Sender:
     def _publish(self, version: int, chosen: list[int]) -> Any:
         return None
 
+    def adopt(self, named_parameters: Iterable[tuple[str, torch.nn.Parameter]]) -> int:
+        """Move the learner's parameters into the transport's own memory (shm); how many moved (none here)."""
+        return 0
+
+    def unlink(self) -> None:
+        """Every receiver holds a mapping: drop what only names the weights (shm's segment names)."""
+
     def close(self) -> None:
         pass
 
