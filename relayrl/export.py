@@ -6,7 +6,9 @@ is that peft adapter, its `base_model_name_or_path` pointing at the base; with `
 the adapter merged in, a plain `save_pretrained` model with the base's tokenizer (what `relayrl eval --model`
 and vLLM load). A full fine-tuning checkpoint is already a full model: it is copied, with the tokenizer.
 CHECKPOINT may also be a run directory: its newest intact checkpoint is exported. `relayrl eval --model` takes
-an exported adapter as it is (`merged_model_dir`).
+an exported adapter as it is (`merged_model_dir`). A checkpoint of sharded learner ranks
+(`placement.learner_ranks` > 1) holds `sharded/` (torch.distributed.checkpoint files) instead of `model/`: its
+policy is read into the base's architecture in this one process (relayrl/learner/dist_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def find_checkpoint(path: str | Path) -> Path:
     candidates = [path] if is_checkpoint else sorted(checkpoint_root(path).glob("step_*"), reverse=True)
     for candidate in candidates:
         problem = verify(candidate)
+        if problem is None and not any((candidate / d).is_dir() for d in ("model", "sharded")):
+            problem = "it has neither model/ nor sharded/"
         if problem is None:
             return candidate
         print(f"checkpoint {candidate} is unusable ({problem})")
@@ -59,6 +63,11 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, merge: bool = Fal
     source = find_checkpoint(checkpoint)
     config, out = run_config(source), Path(out)
     model_dir, base = source / "model", config.model.path
+    from relayrl.learner import dist_checkpoint
+
+    if dist_checkpoint.is_sharded(source):  # written by W learner ranks
+        dist_checkpoint.export_sharded(source, out, base, load_tokenizer(base))
+        return f"wrote the full model of {source} (sharded checkpoint) to {out}"
     if not lora.is_adapter_dir(model_dir):
         shutil.copytree(model_dir, out, dirs_exist_ok=True)
         load_tokenizer(base).save_pretrained(out)
