@@ -121,34 +121,9 @@ def _report(args) -> None:
 
 
 def _plan(args) -> None:
-    from relayrl.config import load_config
-    from relayrl.planner import get_profile, load_shape, make_plan
-    from relayrl.planner.report import print_plan
+    from relayrl.planner.command import run_plan
 
-    config = load_config(args.config, args.overrides)
-    shape = load_shape(
-        config.model.path,
-        params=args.params,
-        layers=args.layers,
-        hidden=args.hidden,
-        kv_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        vocab=args.vocab,
-    )
-    hardware = get_profile(args.hardware, measure=args.measure)
-    print_plan(
-        make_plan(
-            config,
-            shape,
-            hardware,
-            fp32_master=not args.no_master,
-            infer_dtype=args.infer_dtype,
-            offload=args.offload,
-            longest_prompt_tokens=args.prompt_tokens,
-            longest_response_tokens=args.response_tokens,
-            measure=args.measure,
-        )
-    )
+    run_plan(args)
 
 
 def _bench_sync(args) -> None:
@@ -320,6 +295,7 @@ def _add_plan(commands) -> None:
         help="engine/reference weights (default: bf16 on GPU, fp32 on CPU)",
     )
     plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
+    plan.add_argument("--learner-ranks", type=int, help="W sharded learner ranks (default placement.learner_ranks)")
     plan.add_argument(
         "--prompt-tokens",
         type=float,

@@ -18,6 +18,7 @@ from relayrl.planner.estimate import (
     estimate_memory,
     place,
     precision_for,
+    smallest_ranks,
     workload_from_config,
 )
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
@@ -36,6 +37,9 @@ class Plan:
     time: StepTime
     rates: Rates
     offload: bool
+    # Per --hardware profile: the least learner ranks W whose rank fits and that rank's update phase in bytes;
+    # None and the activations + logits of one micro-batch when no W fits
+    smallest_ranks: tuple[tuple[str, int | None, float], ...] = ()
 
 
 def make_plan(
@@ -48,10 +52,12 @@ def make_plan(
     longest_prompt_tokens: float | None = None,
     longest_response_tokens: float | None = None,
     measure: bool = False,
+    learner_ranks: int | None = None,
 ) -> Plan:
     """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs on this
-    machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU."""
-    work = workload_from_config(config, longest_prompt_tokens, longest_response_tokens)
+    machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU. `learner_ranks`:
+    W sharded learner ranks in place of the config's placement.learner_ranks."""
+    work = workload_from_config(config, longest_prompt_tokens, longest_response_tokens, learner_ranks)
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     placement = place(memory, hardware, work.gpu_memory_utilization, offload)
@@ -73,7 +79,21 @@ def make_plan(
         estimate_time(shape, work, memory, placement, hardware, precision, rates),
         rates,
         offload,
+        tuple(_smallest_ranks(shape, work, fp32_master, infer_dtype)),
     )
+
+
+def _smallest_ranks(shape: ModelShape, work: Workload, fp32_master: bool, infer_dtype: str | None):
+    from relayrl.errors import ConfigError
+
+    for name, hardware in PROFILES.items():
+        try:
+            memory = estimate_memory(shape, work, hardware, precision_for(hardware, fp32_master, infer_dtype))
+        except ConfigError:  # the engine cannot run this config there at all
+            continue
+        ranks = smallest_ranks(memory, work, hardware)
+        per_rank = memory.activations + memory.logits  # with no W: what no W divides
+        yield name, ranks, per_rank + (memory.states / ranks if ranks else 0.0)
 
 
 __all__ = ["PROFILES", "Plan", "ModelShape", "count_params", "get_profile", "load_shape", "make_plan"]

@@ -4,8 +4,10 @@ The arithmetic is the seeds' (docs of issue 7): M_role = P * b_role; colocated p
 disaggregated = sum of pools. The step time is `relayrl/planner/timing.py`. With LoRA (`model.lora`) the
 policy is a frozen base at its inference bytes plus an adapter of A parameters at the trainable bytes
 (16 B/param), the reference costs nothing (the base with the adapter disabled), the critic is its own frozen
-base plus its own adapter, and `sync.lora=adapter` pushes A parameters instead of P.
-Deliberately left out: sharding overheads, fragmentation, prefix caching.
+base plus its own adapter, and `sync.lora=adapter` pushes A parameters instead of P. With W learner ranks
+(`placement.learner_ranks`, FSDP2) each rank holds 1/W of the trainable states and of the reference, and the
+activations of its own micro-batches (unchanged by W); `smallest_ranks` finds the least W whose rank fits.
+Deliberately left out: sharding overheads (FSDP2's all-gathered layer, its buffers), fragmentation, prefix caching.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Workload:
     lora_rank: int = 0  # model.lora.rank; 0 = full fine-tuning
     lora_targets: str | tuple[str, ...] = "all-linear"  # model.lora.target_modules
     lora_sync: str | None = None  # "adapter" or "merged" (relayrl/sync/lora.py); None = full fine-tuning
+    learner_ranks: int = 1  # placement.learner_ranks (W) or --learner-ranks
+    mini_batch: int = 0  # train.mini_batch (W must divide it and the groups of a step); 0 = not checked
+    gather_passes: int = 1  # the sync's all-gathers per push: 2 under broadcast with checksums (header first)
 
     @property
     def packed(self) -> bool:
@@ -124,9 +129,17 @@ class Workload:
 
 
 def workload_from_config(
-    config: Config, longest_prompt_tokens: float | None = None, longest_response_tokens: float | None = None
+    config: Config,
+    longest_prompt_tokens: float | None = None,
+    longest_response_tokens: float | None = None,
+    learner_ranks: int | None = None,
 ) -> Workload:
+    """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray)."""
+    broadcast_checks = config.sync.transport == "broadcast" and config.sync.checksum
     return Workload(
+        learner_ranks=learner_ranks or config.placement.learner_ranks,
+        mini_batch=config.train.mini_batch,
+        gather_passes=2 if broadcast_checks else 1,
         longest_prompt_tokens=longest_prompt_tokens,
         longest_response_tokens=longest_response_tokens,
         rollout_batch=config.rollout_batch,
@@ -207,6 +220,17 @@ class Memory:
     concurrent: int  # sequences in flight: min(rollout batch, kv_tokens // seq_len)
     activations: float
     logits: float
+    ranks: int = 1  # learner ranks W: the states below are split W ways, activations and logits are per rank
+
+    @property
+    def states(self) -> float:
+        """What FSDP2 shards: the trainable states and the reference."""
+        return self.actor + self.critic + self.reference
+
+    @property
+    def rank_trainer(self) -> float:
+        """One rank's update phase: 1/W of the states + its own micro-batch's activations and logits."""
+        return self.states / self.ranks + self.activations + self.logits
 
     @property
     def engine(self) -> float:
@@ -254,8 +278,22 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         kv_tokens=kv_tokens,
         concurrent=concurrent,
         activations=tokens * shape.hidden * shape.layers * precision.activation_c,
-        logits=tokens * shape.vocab * 4,
-    )  # fp32 logits for the log-softmax
+        logits=tokens * shape.vocab * 4,  # fp32 logits for the log-softmax
+        ranks=work.learner_ranks,
+    )
+
+
+def smallest_ranks(memory: Memory, work: Workload, hardware: Hardware, most: int = 1024) -> int | None:
+    """The least W whose rank's update phase fits one device, among the W that divide the step's groups and
+    the mini-batch (relayrl/learner/ranks.py splits by whole groups); None if none does (the activations and
+    logits of one micro-batch, which W does not divide, are too large alone)."""
+    per_device = hardware.memory_gb * 1e9
+    for ranks in range(1, most + 1):
+        if work.groups % ranks or (work.mini_batch and work.mini_batch % ranks):
+            continue
+        if memory.states / ranks + memory.activations + memory.logits <= per_device:
+            return ranks
+    return None
 
 
 @dataclass(frozen=True)
@@ -269,9 +307,16 @@ class Placement:
     rollout_devices: int
     group_devices: int  # one node of this hardware
     colocated: bool  # the recommendation
+    ranks: int = 1  # learner ranks W; with W > 1 the phases above are per device (one rank each)
+    rank_fits: bool = True  # W > 1: one rank's update phase fits its device
 
     @property
     def recommendation(self) -> str:
+        if not self.rank_fits:
+            return (
+                f"{self.ranks} learner ranks do not fit: one rank's update phase is {self.train_phase / 1e9:.1f} GB "
+                "per device (more ranks, see the smallest W)"
+            )
         if self.colocated:
             return (
                 f"colocated on {self.colocated_devices} device(s): the colocated peak "
@@ -288,7 +333,9 @@ def place(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, off
     the trainer and the engine hold their own devices, so it is the sum. Roles are sharded evenly (FSDP /
     tensor parallel). On GPU the engine takes `gpu_memory_utilization` of every device it shares, so while
     generating the resident trainer states must fit in the rest: n >= resident / ((1 - util) * M)."""
-    resident = 0.0 if offload else memory.actor + memory.critic + memory.reference
+    resident = 0.0 if offload else memory.states
+    if memory.ranks > 1:
+        return place_ranks(memory, hardware, gpu_memory_utilization, resident)
     generate, train = memory.engine + resident, memory.trainer
     per_device = hardware.memory_gb * 1e9
     trainer = math.ceil(train / per_device)
@@ -308,4 +355,32 @@ def place(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, off
         rollout,
         hardware.devices_per_node,
         colocated <= hardware.devices_per_node,
+    )
+
+
+def place_ranks(memory: Memory, hardware: Hardware, gpu_memory_utilization: float, resident: float) -> Placement:
+    """W learner ranks, one device each: a rank holds 1/W of the states and its own micro-batch's activations.
+    Colocated, each rank's device also hosts the engine's share while generating (on GPU the engine takes
+    `gpu_memory_utilization` of it, on CPU its bytes), so 1/W of the resident states must fit beside it."""
+    ranks, per_device = memory.ranks, hardware.memory_gb * 1e9
+    if hardware.kind == "cpu":
+        rollout = math.ceil(memory.engine / per_device)
+        beside_engine = per_device - memory.engine
+    else:
+        rollout, beside_engine = memory.engine_devices, (1 - gpu_memory_utilization) * per_device
+    generate, train = memory.engine / rollout + resident / ranks, memory.rank_trainer
+    fits = train <= per_device
+    colocated = max(ranks, rollout)
+    return Placement(
+        generate,
+        train,
+        max(generate, train),
+        memory.engine + ranks * train,
+        colocated,
+        ranks,
+        rollout,
+        hardware.devices_per_node,
+        fits and resident / ranks <= beside_engine and colocated <= hardware.devices_per_node,
+        ranks,
+        fits,
     )

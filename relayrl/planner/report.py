@@ -8,7 +8,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from relayrl.planner import Plan
+from relayrl.planner import PROFILES, Plan
 from relayrl.planner.estimate import GIB, adapter_params
 from relayrl.rollout.choice import HF_BELOW_PARAMS
 
@@ -59,13 +59,60 @@ Rows = list[tuple[str, str, str]]  # (name, formula with its inputs, value)
 
 
 def _sections(plan: Plan) -> list[tuple[str, Rows]]:
-    return [
-        ("inputs", _input_rows(plan)),
-        ("memory per role", _memory_rows(plan)),
+    sections = [("inputs", _input_rows(plan)), ("memory per role", _memory_rows(plan))]
+    if plan.workload.learner_ranks > 1 or not one_rank_fits(plan):
+        sections.append(("learner ranks (FSDP2)", _rank_rows(plan)))
+    if not one_rank_fits(plan):
+        sections.append(("smallest W that fits, per --hardware", _smallest_rows(plan)))
+    return sections + [
         ("placement", _placement_rows(plan)),
         ("rates", _rate_rows(plan)),
         ("step time", _time_rows(plan)),
     ]
+
+
+def one_rank_fits(plan: Plan) -> bool:
+    m = plan.memory
+    return m.states + m.activations + m.logits <= plan.hardware.memory_gb * 1e9
+
+
+def _rank_rows(plan: Plan) -> Rows:
+    w, m, t, hw = plan.workload, plan.memory, plan.time, plan.hardware
+    fits = "fits" if m.rank_trainer <= hw.memory_gb * 1e9 else "does not fit"
+    passes = f"{w.gather_passes} passes (broadcast + checksums) x " if w.gather_passes > 1 else ""
+    return [
+        ("W", "placement.learner_ranks, or --learner-ranks", f"{w.learner_ranks}"),
+        ("states per rank", f"(actor + critic + reference) / W={w.learner_ranks}", _gb(m.states / m.ranks)),
+        (
+            "activations per rank",
+            "activations + logits of its own micro-batch (not divided by W)",
+            _gb(m.activations + m.logits),
+        ),
+        (
+            "update phase per rank",
+            f"states / W + activations + logits; {fits} M={hw.memory_gb:g} GB",
+            _gb(m.rank_trainer),
+        ),
+        (
+            "gather per sync",
+            f"{passes}P x 4 B x (W - 1)/W = {_gb(plan.shape.params * 4 * (w.learner_ranks - 1) / w.learner_ranks)} "
+            f"per rank / {hw.link_gbs:g} GB/s",
+            _s(t.gather),
+        ),
+    ]
+
+
+def _smallest_rows(plan: Plan) -> Rows:
+    w = plan.workload
+    divides = f"W divides the {w.groups} groups" + (f" and mini_batch {w.mini_batch}" if w.mini_batch else "")
+    rows = []
+    for name, ranks, per_rank in plan.smallest_ranks:
+        memory = PROFILES[name].memory_gb
+        value = (
+            f"W={ranks} ({_gb(per_rank)} <= {memory:g} GB)" if ranks else f"none (activations + logits {_gb(per_rank)})"
+        )
+        rows.append((name, f"least W: states / W + activations + logits <= M; {divides}", value))
+    return rows
 
 
 def _input_rows(plan: Plan) -> Rows:
@@ -143,6 +190,8 @@ def _memory_rows(plan: Plan) -> Rows:
 
 def _placement_rows(plan: Plan) -> Rows:
     w, hw, m, pl = plan.workload, plan.hardware, plan.memory, plan.placement
+    if pl.ranks > 1:
+        return _rank_placement_rows(plan)
     resident = "0 (offloaded)" if plan.offload else "actor + critic + reference"
     if hw.kind == "cpu":
         colocated_rule, rollout_rule = f"ceil(peak / M={hw.memory_gb:g} GB)", "ceil(engine / M)"
@@ -165,6 +214,28 @@ def _placement_rows(plan: Plan) -> Rows:
         ),
     ]
     return placement
+
+
+def _rank_placement_rows(plan: Plan) -> Rows:
+    """relayrl/planner/estimate.py `place_ranks`: W ranks, one device each."""
+    w, hw, pl = plan.workload, plan.hardware, plan.placement
+    beside = "M - engine" if hw.kind == "cpu" else f"(1 - {w.gpu_memory_utilization:g}) x M"
+    resident = "0 (offloaded)" if plan.offload else f"states / W={pl.ranks}"
+    return [
+        (
+            "generate phase",
+            f"per device: engine / {pl.rollout_devices} device(s) + {resident} (<= {beside})",
+            _gb(pl.generate_phase),
+        ),
+        ("train phase", f"per rank: states / W + activations + logits (<= M={hw.memory_gb:g} GB)", _gb(pl.train_phase)),
+        ("colocated devices", f"max(W, engine devices {pl.rollout_devices})", f"{pl.colocated_devices}"),
+        ("disaggregated", "engine + W x train phase", _gb(pl.disaggregated)),
+        (
+            "disaggregated devices",
+            "W ranks + rollout engine devices",
+            f"{pl.trainer_devices} + {pl.rollout_devices} = {pl.trainer_devices + pl.rollout_devices}",
+        ),
+    ]
 
 
 def _flops(x: float) -> str:
@@ -254,4 +325,8 @@ def _time_rows(plan: Plan) -> Rows:
         ),
         ("step", "sum (phases serial)", _s(t.total)),
     ]
+    if w.learner_ranks > 1:  # before the step's sum
+        time.insert(
+            -1, ("gather", f"all-gathers of the W={w.learner_ranks} ranks' shards (learner ranks)", _s(t.gather))
+        )
     return time

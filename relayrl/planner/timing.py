@@ -5,7 +5,10 @@ head, not the embedding lookup) plus attention, QK^T and AV over `context` posit
 q_width x context (causal: half the sequence on average). A backward costs two forwards (dX and dW), so the
 update is 3 forwards per epoch; a log-prob pass is 1. Decode steps are bound by bytes (weights once plus the KV
 cache read) or by FLOPs at the concurrent batch, whichever is slower, plus the engine's fixed costs. The
-optimizer reads and writes every trainable state once per optimizer step (2 x b_train x P bytes).
+optimizer reads and writes every trainable state once per optimizer step (2 x b_train x P bytes). With W
+learner ranks the passes are data-parallel over the W ranks, and a sync first all-gathers every parameter from
+its shards: each rank receives the (W - 1)/W it lacks of P x 4 B (fp32 shards, `full_tensor()`) over the link,
+twice under broadcast with checksums (relayrl/sync/gather.py gathers once for the header's checksums).
 Rates (FLOP/s per device) come from a hardware profile (peak x MFU for passes, peak for decode and prefill:
 the seeds' assumptions) or, with --measure, from this machine's matmuls at the model's own shapes
 (`probe.py`). Left out: elementwise ops (norms, activations, the log-softmax over the vocabulary), data
@@ -99,6 +102,7 @@ class StepTime:
     update: float  # the update's FLOPs
     optimizer: float  # the optimizer's bytes
     sync: float
+    gather: float = 0.0  # W > 1: the all-gathers of the shards before the sync sends
 
     @property
     def generate(self) -> float:
@@ -110,7 +114,15 @@ class StepTime:
 
     @property
     def total(self) -> float:
-        return self.generate + self.old_logprobs + self.ref_logprobs + self.critic + self.update_phase + self.sync
+        return (
+            self.generate
+            + self.old_logprobs
+            + self.ref_logprobs
+            + self.critic
+            + self.update_phase
+            + self.sync
+            + self.gather
+        )
 
 
 def estimate_time(
@@ -126,6 +138,8 @@ def estimate_time(
     split over the engine replicas, and training is data-parallel over the trainer devices at ideal scaling."""
     rollout_devices = placement.colocated_devices if placement.colocated else placement.rollout_devices
     train_devices = placement.colocated_devices if placement.colocated else placement.trainer_devices
+    if work.learner_ranks > 1:
+        train_devices = work.learner_ranks
     replicas = max(1, rollout_devices // memory.engine_devices)
     per_replica = min(memory.concurrent, math.ceil(work.rollout_batch / replicas))  # sequences decoded together
     P, mem_bw = shape.params, hardware.mem_bw_gbs * 1e9
@@ -165,4 +179,15 @@ def estimate_time(
         update=update,
         optimizer=work.optimizer_steps * 2 * precision.train_bytes * P / (mem_bw * train_devices),
         sync=sync_params(shape, work) * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9),  # LoRA: A, not P
+        gather=gather_time(shape, work, hardware),
     )
+
+
+GATHER_BYTES = 4  # the shards are fp32 (FSDP2 keeps fp32 master shards; bf16 is only the compute copy)
+
+
+def gather_time(shape: ModelShape, work: Workload, hardware: Hardware) -> float:
+    """Seconds of the sync's all-gathers: P x 4 B x (W - 1)/W per rank over the link, per gather pass."""
+    ranks = work.learner_ranks
+    moved = shape.params * GATHER_BYTES * (ranks - 1) / ranks
+    return work.gather_passes * moved / (hardware.link_gbs * 1e9)

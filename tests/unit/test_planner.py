@@ -308,3 +308,56 @@ def test_plan_advises_the_hf_engine_for_a_tiny_model_on_cpu_only():
     assert engine_advice(make_plan(hf, tiny, PROFILES["cpu"])) is None
     big = ModelShape(params=27e6, layers=8, hidden=512, kv_heads=8, head_dim=64, vocab=16)
     assert engine_advice(make_plan(config, big, PROFILES["cpu"])) is None
+
+
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_learner_ranks_divide_the_states_not_the_activations(ranks):
+    one, plan = _plan_7b(), _plan_7b(learner_ranks=ranks)
+    m = plan.memory
+    assert m.states == one.memory.states == 7e9 * (16 + 2)  # actor + reference, whole
+    assert m.rank_trainer - m.activations - m.logits == pytest.approx(m.states / ranks)
+    assert (m.activations, m.logits) == (one.memory.activations, one.memory.logits)  # micro-batches are per rank
+    assert plan.placement.trainer_devices == plan.time.train_devices == ranks
+    assert plan.time.update == pytest.approx(one.time.update * one.time.train_devices / ranks)
+    # the sync first all-gathers the fp32 shards: each rank receives (W - 1)/W of P x 4 B over the link
+    assert plan.time.gather == pytest.approx(7e9 * 4 * (ranks - 1) / ranks / 450e9)
+    assert plan.time.total == pytest.approx(
+        plan.time.generate
+        + plan.time.old_logprobs
+        + plan.time.ref_logprobs
+        + plan.time.update_phase
+        + plan.time.sync
+        + plan.time.gather
+    )
+    assert one.time.gather == 0
+
+
+def test_broadcast_with_checksums_gathers_twice():
+    broadcast = ["placement.mode=ray", "placement.learner_ranks=4", "sync.transport=broadcast"]
+    gathers = []
+    for checksum in ("true", "false"):
+        config = load_config(EXAMPLE, [*broadcast, f"sync.checksum={checksum}"])
+        gathers.append(make_plan(config, SEVEN_B, PROFILES["H100-80GB"]).time.gather)  # W from the config
+    assert gathers[0] == pytest.approx(2 * gathers[1])
+
+
+def test_two_ranks_of_7b_do_not_fit_80gb_and_four_do():
+    # states 7e9 x 18 = 126 GB; activations + logits of a micro-batch of 4 x 1280 tokens ~ 20.6 GB per rank
+    two, four = _plan_7b(learner_ranks=2), _plan_7b(learner_ranks=4)
+    assert not two.placement.rank_fits and "do not fit" in two.placement.recommendation
+    assert four.placement.rank_fits and four.placement.colocated and four.placement.colocated_devices == 4
+
+
+def test_cli_plan_prints_the_smallest_learner_ranks_per_profile(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["plan", "examples/grpo_7b/config.yaml", "--hardware", "H100-80GB", "--learner-ranks", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "smallest W that fits" in out
+    rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in out.splitlines() if "least W" in line}
+    assert rows["H100-80GB"].startswith("W=4 (") and rows["A100-80GB"].startswith("W=4 (")
+    assert rows["H200"].startswith("W=2 (")
+    assert rows["cpu"].startswith("none")  # fp32 activations of one micro-batch alone exceed 24 GB
+    small = ["algorithm.kl.coef=0", "train.micro_batch=1"]  # 122 GB of states + 5 GB: one H200 holds it
+    assert main(["plan", "examples/grpo_7b/config.yaml", *small, "--hardware", "H200", "--learner-ranks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "gather per sync" in out and "smallest W" not in out

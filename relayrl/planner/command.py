@@ -1,0 +1,36 @@
+"""`relayrl plan CONFIG [overrides] --hardware H [--learner-ranks W ...]`: what relayrl/cli.py's plan subcommand runs
+(its flags are declared there; this module is imported only when `plan` runs)."""
+
+from __future__ import annotations
+
+
+def run_plan(args) -> None:
+    from relayrl.config import load_config
+    from relayrl.planner import get_profile, load_shape, make_plan
+    from relayrl.planner.report import print_plan
+
+    config = load_config(args.config, args.overrides)
+    shape = load_shape(
+        config.model.path,
+        params=args.params,
+        layers=args.layers,
+        hidden=args.hidden,
+        kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        vocab=args.vocab,
+    )
+    hardware = get_profile(args.hardware, measure=args.measure)
+    print_plan(
+        make_plan(
+            config,
+            shape,
+            hardware,
+            fp32_master=not args.no_master,
+            infer_dtype=args.infer_dtype,
+            offload=args.offload,
+            longest_prompt_tokens=args.prompt_tokens,
+            longest_response_tokens=args.response_tokens,
+            measure=args.measure,
+            learner_ranks=args.learner_ranks,
+        )
+    )
