@@ -295,7 +295,7 @@ def _add_plan(commands) -> None:
         help="engine/reference weights (default: bf16 on GPU, fp32 on CPU)",
     )
     plan.add_argument("--offload", action="store_true", help="trainer states leave the device while generating")
-    plan.add_argument("--learner-ranks", type=int, help="W sharded learner ranks (default placement.learner_ranks)")
+    plan.add_argument("--learner-ranks", type=int, metavar="W", help="learner ranks (default placement.learner_ranks)")
     plan.add_argument(
         "--prompt-tokens",
         type=float,

@@ -9,6 +9,10 @@ def run_plan(args) -> None:
     from relayrl.planner import get_profile, load_shape, make_plan
     from relayrl.planner.report import print_plan
 
+    if args.learner_ranks is not None and args.learner_ranks < 1:
+        from relayrl.errors import ConfigError
+
+        raise ConfigError(f"--learner-ranks {args.learner_ranks}: W is a number of learner ranks, 1 or more")
     config = load_config(args.config, args.overrides)
     shape = load_shape(
         config.model.path,
