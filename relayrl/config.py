@@ -46,6 +46,7 @@ from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported 
 )
 from relayrl.envs.config import EnvConfig
 from relayrl.errors import ConfigError
+from relayrl.learner.memory_settings import LearnerSettings, check_learner
 
 
 class _Loader(yaml.SafeLoader):
@@ -65,6 +66,7 @@ class Config(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    learner: LearnerSettings = Field(default_factory=LearnerSettings)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
@@ -238,6 +240,7 @@ def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
     _warn_algorithm(config)
     warn_lora(config)  # relayrl/config_sections.py: a LoRA run at a full fine-tuning learning rate
+    check_learner(config)  # relayrl/learner/memory_settings.py: an offload that cannot take effect
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))

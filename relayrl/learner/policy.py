@@ -23,6 +23,7 @@ import torch
 from relayrl.config import Config
 from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.layout import ForwardLayout, Sampled
+from relayrl.learner.memory_settings import enable_activation_checkpointing
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models import lora
@@ -47,6 +48,8 @@ class PolicyLearner:
         self.model.config.use_cache = False
         # the HF model the forward passes run (with LoRA: peft's layers inside it, switched by disable_adapter)
         self.network = self.model.get_base_model() if config.model.lora is not None else self.model
+        if config.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
+            enable_activation_checkpointing(self.network)
         self.sync_mode = lora_sync_mode(config)  # None (full fine-tuning), "adapter" or "merged"
         self.use_reference = config.algorithm.kl.coef > 0
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference

@@ -32,7 +32,7 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
 
 from relayrl.config import Config
 from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
@@ -49,12 +49,15 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no decoder-layer list to shard")
 
 
-def shard_model(model: nn.Module, gradient_divide: float = 1.0) -> nn.Module:
+def shard_model(model: nn.Module, gradient_divide: float = 1.0, offload: bool = False) -> nn.Module:
     """FSDP2 per decoder layer, then the root. Gradients are summed over the ranks and divided by
-    `gradient_divide`: 1 for a loss that already holds the global 1/N."""
+    `gradient_divide`: 1 for a loss that already holds the global 1/N. `offload` (learner.offload=params): the
+    shards, their gradients and so the optimizer state live in CPU memory (FSDP2's CPUOffloadPolicy).
+    A model built with activation checkpointing (PolicyLearner) keeps it: the wrap goes around its layers."""
+    policy = {"offload_policy": CPUOffloadPolicy()} if offload else {}
     for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, **policy)
+    fully_shard(model, **policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(gradient_divide)
@@ -119,13 +122,13 @@ class ShardedLearner(LearnerRole):
         join_learner_group(rank, world, address, port, timeout_s)
         self.rank, self.world = rank, world
         super().__init__(rank_config(config, world), threads)
-        policy = self.policy
-        shard_model(policy.model)
+        policy, offload = self.policy, config.learner.offload == "params"  # memory_settings.py refuses it on CPU
+        shard_model(policy.model, offload=offload)
         _rebind_optimizer(policy.optimizer, policy.model)
         if policy.reference is not None:
-            shard_model(policy.reference)
+            shard_model(policy.reference, offload=offload)
         if self.critic is not None:  # its loss divides by the rank's own tokens: the mean over ranks
-            shard_model(self.critic.model, gradient_divide=world)
+            shard_model(self.critic.model, gradient_divide=world, offload=offload)
             _rebind_optimizer(self.critic.optimizer, self.critic.model)
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
         controller = policy.objective.kl_controller

@@ -1,0 +1,82 @@
+"""The `learner` config section (the learner's memory options) and the activation-checkpointing switch.
+
+Its own module: relayrl/config_sections.py is at its line budget. The section is pure pydantic; the checks
+across sections (`check_learner`) import torch only when an offload is asked for, and
+`enable_activation_checkpointing` touches the model it is given, nothing else.
+
+- `learner.activation_checkpointing`: every decoder layer's activations are recomputed in the backward
+  instead of kept (HF's `gradient_checkpointing_enable`, non-reentrant `torch.utils.checkpoint`), for the
+  policy and the critic. It changes neither the loss nor the gradients.
+- `learner.offload=params`: FSDP2's `CPUOffloadPolicy` on every `fully_shard` of the learner ranks:
+  parameters, gradients and the AdamW state live in CPU memory, shards are copied to the GPU for each
+  layer's forward and backward, and the optimizer step runs on the CPU. FSDP2 has no optimizer-only
+  offload, so `optimizer` is refused with that explanation rather than silently meaning `params`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LearnerSettings(BaseModel):
+    """`learner`: memory options of the policy and critic learners."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)  # as every config section
+
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward instead of keeping them "
+        "(policy and critic): activation memory of one layer instead of all, for about one more forward.",
+    )
+    offload: Literal["none", "optimizer", "params"] = Field(
+        "none",
+        description="GPU learner ranks only: `params` = FSDP2's CPUOffloadPolicy (parameters, gradients and "
+        "AdamW state in CPU memory, the optimizer step on the CPU); needs placement.learner_ranks >= 2. "
+        "`optimizer` alone is not an FSDP2 policy and is refused.",
+    )
+
+
+def check_learner(config) -> None:
+    """Refuse an offload that cannot take effect: `optimizer`, a run without CUDA, or one learner rank."""
+    from relayrl.errors import ConfigError
+
+    offload = config.learner.offload
+    if offload == "none":
+        return
+    if offload == "optimizer":
+        raise ConfigError(
+            "learner.offload=optimizer is not available: FSDP2 has no optimizer-only offload; its CPUOffloadPolicy "
+            "(learner.offload=params) moves parameters, gradients and the optimizer state to CPU together"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"learner.offload={offload} needs a CUDA device (it moves FSDP2 shards off the GPU); this machine has "
+            "none, and on CPU the states already live in CPU memory: use learner.offload=none"
+        )
+    ranks = config.placement.learner_ranks
+    if ranks < 2:
+        raise ConfigError(
+            f"learner.offload={offload} needs FSDP2 learner ranks (placement.mode=ray, placement.learner_ranks >= 2); "
+            f"placement.learner_ranks={ranks} runs the unsharded learner, which has no offload"
+        )
+
+
+def enable_activation_checkpointing(model) -> None:
+    """HF gradient checkpointing on `model` (a PreTrainedModel; with LoRA the base inside peft, whose layers then
+    hold the adapters), non-reentrant: no input needs requires_grad, which a LoRA run's frozen embeddings lack.
+
+    HF recomputes only in layers whose `training` flag is set, and the learner runs in eval mode (no dropout, an
+    on-policy ratio of exactly 1). So the flag is set on the decoder layers themselves, not on their children:
+    every dropout and attention module inside stays in eval mode. The forward computes the same values."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} has no checkpointable decoder layers")
+    for layer in layers:
+        layer.training = True  # the layer's own flag only (nn.Module.train would recurse into dropout)
