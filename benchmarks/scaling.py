@@ -6,6 +6,10 @@ its smallest case and the fitted exponent (the slope of log cost against log siz
       case: the best seconds of 3 updates after a warm-up (the least disturbed by other processes), the process's peak RSS, and that peak less the
       peak before any update (imports, model, the batch). (a) 8 responses of
       64..1024 tokens; (b) 8..128 responses of 64 tokens. Generation and sync are not in these two sections.
+      (a) for long responses (issue 18, item 2): --lengths 1024,...,16384 [--responses 2] [--repeats 1]
+      with --activation-checkpointing and/or --logits-chunk N (0 = the model's own logits); a model whose
+      max_positions covers the longest case is built beside the default one. Time per token = seconds over the
+      update's forward positions (prompt + response, every sample).
 
   (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~40 bytes), or the same rows
       as parquet or a `datasets` save_to_disk directory (--format). Each case runs
@@ -21,7 +25,8 @@ scaled); the files are written once into --out and reused; the machine is shared
 is printed with the table.
 
 Run: .venv/bin/python benchmarks/scaling.py [--section a|b|c|all] [--out runs/scaling] [--rows 1000,...,1000000]
-     [--format jsonl|parquet|datasets]
+     [--format jsonl|parquet|datasets] [--lengths 64,...,1024] [--responses 8] [--repeats 3]
+     [--activation-checkpointing] [--logits-chunk N]
 """
 
 from __future__ import annotations
@@ -90,8 +95,9 @@ def first_batch_child(path: str) -> None:
     print(json.dumps({"seconds": seconds, "rss_mb": peak, "base_mb": base, "rows": len(prompts), "batch": len(batch)}))
 
 
-def update_child(model_dir: str, samples: int, response_tokens: int) -> None:
-    """Runs in the subprocess: one warm-up update, then a timed one; prints {"seconds", "rss_mb"}."""
+def update_child(model_dir: str, samples: int, response_tokens: int, memory: tuple = (), repeats: int = 3) -> None:
+    """Runs in the subprocess: one warm-up update, then `repeats` timed ones; prints {"seconds", "rss_mb",
+    "over_mb", "tokens"}. `memory`: extra config overrides (activation checkpointing, logits chunk)."""
     import resource
 
     import torch
@@ -105,6 +111,7 @@ def update_child(model_dir: str, samples: int, response_tokens: int) -> None:
     torch.set_num_threads(2)
     overrides = [f"model.path={model_dir}", "rollout.n=8", f"rollout.prompts_per_step={samples // 8}"]
     overrides += [f"train.micro_batch={samples}", f"rollout.max_tokens={response_tokens}", "train.packing=none"]
+    overrides += list(memory)
     learner = PolicyLearner(load_config(None, overrides))
     gen = torch.Generator().manual_seed(0)
     rollouts = []
@@ -118,17 +125,22 @@ def update_child(model_dir: str, samples: int, response_tokens: int) -> None:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # imports, model, optimizer, the batch
     learner.update(exp)  # warm-up (AdamW states are allocated here)
     times = []
-    for _ in range(3):
+    for _ in range(repeats):
         start = time.perf_counter()
         learner.update(exp)
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": min(times), "rss_mb": peak, "over_mb": peak - base}))
+    tokens = int(exp.attention_mask.sum())
+    print(json.dumps({"seconds": min(times), "rss_mb": peak, "over_mb": peak - base, "tokens": tokens}))
 
 
-def section_update(out: Path, name: str, cases: list[tuple[int, int]], size_of) -> None:
-    """Sections (a) and (b): `cases` of (samples, response tokens); `size_of` picks the swept one."""
-    model_dir = out / "model"
+def section_update(
+    out: Path, name: str, cases: list[tuple[int, int]], size_of, memory: tuple = (), repeats: int = 3
+) -> None:
+    """Sections (a) and (b): `cases` of (samples, response tokens); `size_of` picks the swept one. `memory`:
+    config overrides passed to every case (learner.activation_checkpointing, train.logits_chunk)."""
+    positions = max(2048, max(tokens for _, tokens in cases) + 64)  # prompts of 8 tokens, and room
+    model_dir = out / ("model" if positions == 2048 else f"model_{positions}")
     if not (model_dir / "config.json").is_file():
         from relayrl.models.tiny import build_tiny
 
@@ -139,12 +151,12 @@ def section_update(out: Path, name: str, cases: list[tuple[int, int]], size_of) 
             layers=2,
             heads=2,
             intermediate=128,
-            max_positions=2048,
+            max_positions=positions,
         )
     results = []
     for samples, tokens in cases:
         code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.scaling import update_child; "
-        code += f"update_child({str(model_dir)!r}, {samples}, {tokens})"
+        code += f"update_child({str(model_dir)!r}, {samples}, {tokens}, {tuple(memory)!r}, {repeats})"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
         if done.returncode:
             raise SystemExit(done.stderr[-2000:])
@@ -152,18 +164,21 @@ def section_update(out: Path, name: str, cases: list[tuple[int, int]], size_of) 
         print(
             f"  {name} {results[-1]['n']}: {results[-1]['seconds']:.3f} s, {results[-1]['rss_mb']:.0f} MB", flush=True
         )
-    _table(name, results)
+    _table(name + "".join(f", {m}" for m in memory), results, repeats)
 
 
-def _table(name: str, results: list[dict]) -> None:
+def _table(name: str, results: list[dict], repeats: int = 3) -> None:
     small = results[0]
     print(f"\n{name} -> one learner update (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})")
-    print(f"| {name} | s (best of 3) | x | peak RSS MB | x | peak over the loaded model MB | x |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {name} | s (best of {repeats}) | x | us per token | peak RSS MB | x | peak over the loaded model MB | x |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         over = r["over_mb"] / max(small["over_mb"], 0.1)
         print(
-            f"| {r['n']} | {r['seconds']:.3f} | {r['seconds'] / small['seconds']:.1f} | {r['rss_mb']:.0f} "
+            f"| {r['n']} | {r['seconds']:.3f} | {r['seconds'] / small['seconds']:.1f} "
+            f"| {1e6 * r['seconds'] / r['tokens']:.1f} | {r['rss_mb']:.0f} "
             f"| {r['rss_mb'] / small['rss_mb']:.2f} | {r['over_mb']:.1f} | {over:.1f} |"
         )
     sizes = [r["n"] for r in results]
@@ -235,12 +250,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "scaling")
     parser.add_argument("--rows", default="1000,10000,100000,1000000")
     parser.add_argument("--format", choices=["jsonl", "parquet", "datasets"], default="jsonl", help="section (c)")
+    parser.add_argument("--lengths", default="64,128,256,512,1024", help="section (a): response tokens per case")
+    parser.add_argument("--responses", type=int, default=8, help="section (a): responses per update (a multiple of 8)")
+    parser.add_argument("--repeats", type=int, default=3, help="sections (a), (b): timed updates after the warm-up")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="sections (a), (b)")
+    parser.add_argument("--logits-chunk", type=int, default=None, help="sections (a), (b); default: the config's")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    memory = ("learner.activation_checkpointing=true",) if args.activation_checkpointing else ()
+    memory += () if args.logits_chunk is None else (f"train.logits_chunk={args.logits_chunk}",)
     if args.section in ("a", "all"):
-        section_update(args.out, "(a) response tokens", [(8, t) for t in (64, 128, 256, 512, 1024)], lambda s, t: t)
+        cases = [(args.responses, int(t)) for t in args.lengths.split(",")]
+        section_update(args.out, "(a) response tokens", cases, lambda s, t: t, memory, args.repeats)
     if args.section in ("b", "all"):
-        section_update(args.out, "(b) responses", [(s, 64) for s in (8, 16, 32, 64, 128)], lambda s, t: s)
+        cases = [(s, 64) for s in (8, 16, 32, 64, 128)]
+        section_update(args.out, "(b) responses", cases, lambda s, t: s, memory, args.repeats)
     if args.section in ("c", "all"):
         section_c(args.out, [int(n) for n in args.rows.split(",")], args.format)
 
