@@ -182,6 +182,8 @@ def _table(name: str, results: list[dict], repeats: int = 3) -> None:
             f"| {r['rss_mb'] / small['rss_mb']:.2f} | {r['over_mb']:.1f} | {over:.1f} |"
         )
     sizes = [r["n"] for r in results]
+    if len(set(sizes)) < 2:
+        return  # one case: nothing to fit
     print(
         f"fitted exponent: time {fit_exponent(sizes, [r['seconds'] for r in results]):.2f}, "
         f"peak RSS {fit_exponent(sizes, [r['rss_mb'] for r in results]):.2f}, "
