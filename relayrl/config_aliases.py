@@ -38,6 +38,8 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = tuple(
         ("use_dynamic_bsz", "train.micro_batch_tokens", "verl", "set the token budget instead of a switch"),
         ("ppo_max_token_len_per_gpu", "train.micro_batch_tokens", "verl", "relayrl's budget is per learner rank"),
         ("use_dynamic_batch", "train.micro_batch_tokens", "OpenRLHF", "set the token budget instead of a switch"),
+        ("gradient_checkpointing", "learner.activation_checkpointing", "TRL, OpenRLHF, transformers"),
+        ("enable_gradient_checkpointing", "learner.activation_checkpointing", "verl"),
         ("num_iterations", "train.epochs", "TRL"),
         ("ppo_epochs", "train.epochs", "verl"),
         ("max_epochs", "train.epochs", "OpenRLHF"),
