@@ -116,8 +116,12 @@ def test_unknown_keys_inside_reward_components_are_named_with_a_suggestion():
 def _leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     paths = []
     for name, field in model.model_fields.items():
+        options = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is not list else ()
+        section = [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             paths += _leaf_paths(field.annotation, f"{prefix}{name}.")
+        elif section:  # an optional section (`model.lora: LoraSettings | None`)
+            paths += _leaf_paths(section[0], f"{prefix}{name}.")
         else:
             paths.append(f"{prefix}{name}")
     return paths
