@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_seria
 from pydantic_core import to_jsonable_python
 
 from relayrl.config_aliases import foreign_name
-from relayrl.config_paths import Bases, origins, resolve_tree, warn
+from relayrl.config_paths import Bases, origins, resolve_tree, section_model, warn
 from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported from here
     AlgorithmConfig,
     CheckpointConfig,
@@ -336,8 +336,7 @@ def _all_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
         paths.append(path)
-        sub = field.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
+        if (sub := section_model(field.annotation)) is not None:
             paths.extend(_all_paths(sub, path + "."))
     return paths
 
@@ -392,8 +391,8 @@ def _unknown_keys(tree: dict, source: str, model: type[BaseModel] = Config, pref
         if field is None:
             found.append(f"unknown config key '{path}' (in {source}){_suggest(path, key, model)}")
             continue
-        sub, items = field.annotation, _section_items(field.annotation)
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
+        sub, items = section_model(field.annotation), _section_items(field.annotation)
+        if sub is not None and value is not None:  # an optional section may be given null
             if not isinstance(value, dict):
                 found.append(
                     f"'{path}' is a section (in {source}); give it keys, e.g. {path}.{next(iter(sub.model_fields))}=..."

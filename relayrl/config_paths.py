@@ -157,3 +157,15 @@ def warn(message: str) -> None:
 
 
 _HERE = Path(__file__).parent
+
+
+def section_model(annotation: Any) -> Any:
+    """The section class of a field typed `Section` or `Section | None` (an optional section such as
+    `model.lora`), else None: the unknown-key check and its suggestions walk both alike."""
+    import typing
+
+    from pydantic import BaseModel
+
+    options = typing.get_args(annotation) if type(None) in typing.get_args(annotation) else (annotation,)
+    sections = [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
+    return sections[0] if sections else None

@@ -128,6 +128,14 @@ def test_unknown_key_in_nested_section_has_full_path():
     assert "did you mean 'algorithm.kl.estimator'?" in message
 
 
+def test_unknown_key_in_an_optional_section_is_named_with_its_nearest_key(tmp_path):
+    """`model.lora` is `LoraSettings | None`: a typo inside it gets the same message as in any section."""
+    message = config_error(None, ["model.lora.rnak=4"])
+    assert "unknown config key 'model.lora.rnak'" in message and "did you mean 'model.lora.rank'?" in message
+    message = config_error(write(tmp_path, "model:\n  lora:\n    rank: 4\n    alhpa: 8\n"))
+    assert "'model.lora.alhpa'" in message and "did you mean 'model.lora.alpha'?" in message
+
+
 def test_unknown_top_level_section():
     message = config_error(None, ["trian.lr=1e-5"])
     assert "'trian'" in message and "did you mean 'train'?" in message
