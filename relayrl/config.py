@@ -22,17 +22,13 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 from pydantic_core import to_jsonable_python
 
+from relayrl.config_algorithm import AlgorithmConfig, CorrectionConfig, CriticConfig, DAPOConfig, KLConfig  # noqa: F401 - the sections, re-exported from here
 from relayrl.config_aliases import foreign_name
 from relayrl.config_paths import Bases, origins, resolve_tree, section_model, warn
 from relayrl.config_sections import (  # noqa: F401 - the sections, re-exported from here
-    AlgorithmConfig,
     CheckpointConfig,
-    CorrectionConfig,
-    CriticConfig,
-    DAPOConfig,
     DataConfig,
     EvalConfig,
-    KLConfig,
     LogConfig,
     ModelConfig,
     PlacementConfig,
