@@ -7,21 +7,21 @@ deadline, and returns `(key, status, payload)` triples: `ok` (the messages of `r
 `timeout` or `died`. A worker past its deadline is killed (SIGKILL: a hung C call or a sleeping tool dies
 with it) and replaced by a fresh one, so a hanging step costs only its own trajectory.
 
-Why not the reward service's pool (relayrl/rewards/pool.py): its workers are stateless (a task is a batch of
-rollouts, any worker takes it), while an environment is an object with state that lives across the turns of
-one trajectory; killing a worker that held several trajectories' environments would cost all of them. The
-deadline and kill-and-replace logic is the same. Workers start with `spawn` and import only
-relayrl.envs (no torch): a start costs ~0.1 s plus the environment's own imports.
+Unlike the reward service's workers (relayrl/rewards/pool.py), which are stateless (any worker takes a batch),
+an environment is an object with state that lives across the turns of one trajectory: killing a worker that
+held several trajectories' environments would cost all of them, hence one trajectory per worker. Spawning,
+deadlines and kill-and-replace are shared (relayrl/supervised.py). Workers import only relayrl.envs (no
+torch): a start costs ~0.1 s plus the environment's own imports.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import time
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, Hashable
 
 from relayrl.errors import EnvError
+from relayrl.supervised import DIED, SupervisedPool, Worker, first_deadline
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -57,17 +57,9 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> N
             connection.send(("error", f"{cls.__name__}.{kind} raised {type(err).__name__}: {err}"))
 
 
-class _Worker:
-    def __init__(self, context, spec: str, kwargs: dict[str, Any]):
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, spec, kwargs), daemon=True)
-        self.process.start()
-        child.close()
-        self.ready = False
-        self.started = time.monotonic()
-        self.key: Hashable | None = None  # the trajectory it serves
-        self.queued: tuple | None = None  # a message waiting for the worker to be ready
-        self.deadline = float("inf")
+class _EnvWorker(Worker):
+    key: Hashable | None = None  # the trajectory it serves
+    queued: tuple | None = None  # a message waiting for the worker to be ready
 
     def send(self, message: tuple, timeout_s: float) -> None:
         if self.ready:
@@ -76,19 +68,20 @@ class _Worker:
         else:  # its deadline starts when it is ready
             self.queued = message
 
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join()
-        self.connection.close()
+    @property
+    def busy(self) -> bool:
+        return self.calling or self.queued is not None
 
 
-class EnvPool:
+class EnvPool(SupervisedPool):
+    role, loads, error = "environment worker", "env.fn", EnvError
+    startup_timeout_s = STARTUP_TIMEOUT_S
+    worker_class = _EnvWorker
+
     def __init__(self, spec: str, kwargs: dict[str, Any], slots: int, timeout_s: float):
-        self._context = multiprocessing.get_context("spawn")
-        self._args = (spec, dict(kwargs))
+        super().__init__(_worker_main, (spec, dict(kwargs)), slots)
         self.timeout_s = timeout_s
-        self.workers = [_Worker(self._context, *self._args) for _ in range(slots)]
-        self._by_key: dict[Hashable, _Worker] = {}
+        self._by_key: dict[Hashable, _EnvWorker] = {}
 
     @property
     def free(self) -> int:
@@ -96,7 +89,7 @@ class EnvPool:
 
     @property
     def busy(self) -> bool:
-        return any(w.deadline < float("inf") or w.queued is not None for w in self.workers)
+        return any(w.busy for w in self.workers)
 
     def reset(self, key: Hashable, row: dict[str, Any], where: str) -> None:
         worker = next((w for w in self.workers if w.key is None), None)
@@ -116,73 +109,29 @@ class EnvPool:
         if worker is None:
             return
         worker.key = None
-        if worker.deadline < float("inf") or worker.queued is not None:
-            index = self.workers.index(worker)
-            worker.kill()
-            self.workers[index] = _Worker(self._context, *self._args)
+        if worker.busy:
+            self._replace(self.workers.index(worker))
 
     def poll(self, timeout: float) -> list[tuple[Hashable, str, Any]]:
         """Results that arrive within `timeout` seconds (cut short at the earliest deadline)."""
-        now = time.monotonic()
-        deadline = min([w.deadline + 0.01 for w in self.workers] + [now + timeout])
         results = []
-        for connection in wait([w.connection for w in self.workers], timeout=max(0.0, deadline - now)):
-            index = next(i for i, w in enumerate(self.workers) if w.connection is connection)
-            worker = self.workers[index]
-            try:
-                kind, payload = connection.recv()
-            except (EOFError, OSError):
-                if not worker.ready:
-                    self.close()
-                    raise EnvError(
-                        f"an environment worker exited while starting (exit code {worker.process.exitcode}; its "
-                        'traceback is on stderr). Workers are spawned: a script must run under `if __name__ == "__main__":`'
-                    ) from None
-                results += self._replace(
-                    index, "died", f"environment worker died (exit code {worker.process.exitcode})"
-                )
-                continue
-            if kind == "load_error":
-                self.close()
-                raise EnvError(f"environment worker could not load env.fn: {payload}")
-            if kind == "ready":
-                worker.ready = True
-                if worker.queued is not None:
-                    worker.send(worker.queued, self.timeout_s)
-                    worker.queued = None
-                continue
-            worker.deadline = float("inf")
-            results.append((worker.key, kind, payload))
-        now = time.monotonic()
-        for index, worker in enumerate(self.workers):
-            if worker.ready and now > worker.deadline:
-                results += self._replace(
-                    index, "timeout", f"an environment step took over env.timeout_s={self.timeout_s:g} s"
-                )
-            elif not worker.ready and now - worker.started > STARTUP_TIMEOUT_S:
-                self.close()
-                raise EnvError(f"an environment worker did not start within {STARTUP_TIMEOUT_S:g} s")
+        for index, kind, payload in self._messages(min(timeout, first_deadline(self.workers, timeout) + 0.01)):
+            if kind == DIED:
+                results += self._lost(index, DIED, payload)
+            else:
+                results.append((self.workers[index].key, kind, payload))
+        for index in list(self._overdue()):
+            results += self._lost(index, "timeout", f"an environment step took over env.timeout_s={self.timeout_s:g} s")
         return results
 
-    def _replace(self, index: int, status: str, message: str) -> list[tuple[Hashable, str, Any]]:
-        worker = self.workers[index]
-        worker.kill()
-        self.workers[index] = _Worker(self._context, *self._args)
-        if worker.key is None:
-            return []
-        self._by_key.pop(worker.key, None)
-        return [(worker.key, status, message)]
+    def _on_ready(self, worker: _EnvWorker) -> None:
+        if worker.queued is not None:
+            message, worker.queued = worker.queued, None
+            worker.send(message, self.timeout_s)
 
-    def close(self) -> None:
-        for worker in self.workers:
-            if worker.process.is_alive() and worker.ready and worker.deadline == float("inf"):
-                try:
-                    worker.connection.send(None)
-                    worker.process.join(timeout=2.0)
-                except OSError:
-                    pass
-            if worker.process.is_alive():
-                worker.process.kill()
-            worker.process.join()
-            worker.connection.close()
-        self.workers = []
+    def _lost(self, index: int, status: str, message: str) -> list[tuple[Hashable, str, Any]]:
+        old = self._replace(index)
+        if old.key is None:
+            return []
+        self._by_key.pop(old.key, None)
+        return [(old.key, status, message)]

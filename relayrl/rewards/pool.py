@@ -2,9 +2,9 @@
 
 The pool owns the processes and the deadlines, nothing about policy: `step(pending)` hands tasks (a
 component index and a batch of rollouts) to idle workers with a deadline of `timeout_s` per sample, waits
-once, and returns the `(task, outcome)` pairs that finished. A worker past its deadline is killed (SIGKILL: a hung C
-call, a sleeping sandbox, a held lock all die with it) and replaced; its task comes back as `TIMEOUT`. A
-worker that dies comes back as `DIED`. The caller decides what a timeout means (service.py).
+once, and returns the `(task, outcome)` pairs that finished. A worker past its deadline is killed (SIGKILL: a
+hung C call, a sleeping sandbox, a held lock all die with it) and replaced (relayrl/supervised.py); its task
+comes back as `TIMEOUT`. A worker that dies comes back as `DIED`. The caller decides what a timeout means (service.py).
 
 Workers are started with `spawn` (no forked copy of a trainer holding threads, CUDA or vLLM state) and
 say `ready` once every reward function has loaded; a function that cannot load fails the pool with the
@@ -16,18 +16,18 @@ One thread drives a pool (the service's dispatcher, dispatch.py); only `wake` ma
 
 from __future__ import annotations
 
-import multiprocessing
 import socket
 import time
 from collections import deque
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Iterator
 
 from relayrl.errors import RewardError
+from relayrl.supervised import DIED, SupervisedPool, Worker, first_deadline
 from relayrl.types import Rollout
 
-TIMEOUT, DIED = "timeout", "died"
+TIMEOUT = "timeout"
 STARTUP_TIMEOUT_S = 300.0  # loading a reward model can take a while; a worker silent for longer is broken
 
 
@@ -70,33 +70,22 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict, str]]
             connection.send(("reward_error", str(err)))
 
 
-class _Worker:
-    def __init__(self, context, components, on_error: str):
-        self.connection, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, components, on_error), daemon=True)
-        self.process.start()
-        child.close()
-        self.ready = False
-        self.started = time.monotonic()
-        self.task: Task | None = None
-        self.deadline = float("inf")
+class _RewardWorker(Worker):
+    task: Task | None = None
 
     def send(self, task: Task, timeout_s: float) -> None:
         self.task, self.deadline = task, time.monotonic() + timeout_s * len(task.rollouts)
         self.connection.send(task)
 
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join()
-        self.connection.close()
 
+class WorkerPool(SupervisedPool):
+    role, loads, error = "reward worker", "the reward functions", RewardError
+    startup_timeout_s = STARTUP_TIMEOUT_S
+    worker_class = _RewardWorker
 
-class WorkerPool:
     def __init__(self, workers: int, components: list[tuple[str, dict]], on_error: str, timeout_s: float):
-        self._context = multiprocessing.get_context("spawn")
-        self._args = (components, on_error)
+        super().__init__(_worker_main, (components, on_error), workers)
         self.timeout_s = timeout_s
-        self.workers = [_Worker(self._context, *self._args) for _ in range(workers)]
         self._wake_receive, self._wake_send = socket.socketpair()
         self._wake_send.setblocking(False)
 
@@ -120,64 +109,23 @@ class WorkerPool:
             pass
 
     def _collect(self) -> Iterator[tuple[Task, Outcome]]:
-        now = time.monotonic()
-        deadline = min([w.deadline for w in self.workers] + [now + 1.0])
-        for connection in wait(
-            [w.connection for w in self.workers] + [self._wake_receive], timeout=max(0.0, deadline - now)
-        ):
-            if connection is self._wake_receive:
-                self._wake_receive.recv(4096)
+        for index, kind, payload in self._messages(first_deadline(self.workers, 1.0), (self._wake_receive,)):
+            if kind == DIED:
+                yield from self._lost(index, DIED, payload)
                 continue
-            index = next(i for i, w in enumerate(self.workers) if w.connection is connection)
             worker = self.workers[index]
-            try:
-                kind, payload = connection.recv()
-            except (EOFError, OSError):
-                if not worker.ready:
-                    self.close()
-                    raise RewardError(
-                        f"a reward worker exited while starting (exit code {worker.process.exitcode}; "
-                        "its traceback is on stderr). Workers are spawned: a script that builds "
-                        'the reward service must do so under `if __name__ == "__main__":`'
-                    )
-                yield from self._replace(index, DIED, f"reward worker died (exit code {worker.process.exitcode})")
-                continue
-            if kind == "ready":
-                worker.ready = True
-            elif kind == "load_error":
-                self.close()
-                raise RewardError(f"reward worker could not load the reward functions: {payload}")
-            else:
-                task, worker.task, worker.deadline = worker.task, None, float("inf")
-                scores, errors = payload if kind == "ok" else (None, 0)
-                yield task, Outcome(kind, scores, errors, payload if kind != "ok" else "")
-        now = time.monotonic()
-        for index, worker in enumerate(self.workers):
-            if worker.task is not None and now > worker.deadline:
-                yield from self._replace(index, TIMEOUT, f"timed out after {self.timeout_s:g} s per sample")
-            elif not worker.ready and now - worker.started > STARTUP_TIMEOUT_S:
-                self.close()
-                raise RewardError(f"a reward worker did not start within {STARTUP_TIMEOUT_S:g} s")
+            task, worker.task = worker.task, None
+            scores, errors = payload if kind == "ok" else (None, 0)
+            yield task, Outcome(kind, scores, errors, payload if kind != "ok" else "")
+        for index in list(self._overdue()):
+            yield from self._lost(index, TIMEOUT, f"timed out after {self.timeout_s:g} s per sample")
 
-    def _replace(self, index: int, status: str, message: str) -> Iterator[tuple[Task, Outcome]]:
-        worker = self.workers[index]
-        worker.kill()
-        self.workers[index] = _Worker(self._context, *self._args)
-        if worker.task is not None:
-            yield worker.task, Outcome(status, message=message)
+    def _lost(self, index: int, status: str, message: str) -> Iterator[tuple[Task, Outcome]]:
+        old = self._replace(index)
+        if old.task is not None:
+            yield old.task, Outcome(status, message=message)
 
     def close(self) -> None:
-        for worker in self.workers:
-            if worker.process.is_alive() and worker.ready and worker.task is None:
-                try:
-                    worker.connection.send(None)
-                    worker.process.join(timeout=2.0)
-                except OSError:
-                    pass
-            if worker.process.is_alive():
-                worker.process.kill()
-            worker.process.join()
-            worker.connection.close()
-        self.workers = []
+        super().close()
         self._wake_receive.close()
         self._wake_send.close()
