@@ -11,6 +11,8 @@ Reads from RUN_DIR:
     "start": float, "end": float}` with `start`/`end` in seconds on one clock shared by all roles (only
     differences are drawn). The timeline plot is drawn only when this file exists, over the last
     TIMELINE_STEPS steps.
+  - multi-turn runs (`env.*`) add a turns-per-trajectory plot from `env/turns_mean`, `env/turns_max`,
+    `env/success` and `env/truncated_frac`; runs without them get no turns note.
   - `samples.jsonl` (optional, `log.samples`): a table of the best and worst samples of the first, middle and
     last logged steps (relayrl/metrics/samples.py), all text HTML-escaped.
 
@@ -185,6 +187,24 @@ def plot_length(rows: list[dict]) -> Figure | str:
     return _lines(rows, ("response/length_mean", "response/length_max"), "Response length", "tokens", log=False)
 
 
+def plot_turns(rows: list[dict]) -> Figure | str:
+    """Multi-turn runs: turns per trajectory (mean and longest) and, on a second axis, the share that ended
+    in success or was truncated."""
+    fig = _lines(rows, ("env/turns_mean", "env/turns_max"), "Turns per trajectory", "turns", log=False)
+    if isinstance(fig, str):
+        return fig
+    ax = fig.axes[0]
+    ax.set_ylim(bottom=0)
+    shares = [(key, *series(rows, key)) for key in ("env/success", "env/truncated_frac")]
+    if any(steps for _, steps, _ in shares):
+        right = ax.twinx()
+        right.set(ylabel="fraction of trajectories", ylim=(-0.02, 1.02))
+        for (key, steps, values), color in zip(shares, EXTRA_COLORS):
+            right.plot(steps, values, linestyle="--", color=color, label=key)
+        right.legend(loc="lower right", fontsize="small")
+    return fig
+
+
 def _lines(rows: list[dict], keys: tuple[str, ...], title: str, ylabel: str, log: bool) -> Figure | str:
     curves = [(key, *series(rows, key)) for key in keys]
     if not any(steps for _, steps, _ in curves):
@@ -294,11 +314,11 @@ def _plots(run_dir: Path, rows: list[dict], evals: dict, notes: list[str]) -> di
     timeline_path = run_dir / "timeline.jsonl"
     if timeline_path.is_file():
         plots["timeline"] = plot_timeline(read_jsonl(timeline_path, TIMELINE_KEYS, notes))
-    return plots | {
-        "staleness": plot_staleness(rows),
-        "mismatch": plot_mismatch(rows),
-        "response_length": plot_length(rows),
-    }
+    return (
+        plots
+        | {"staleness": plot_staleness(rows), "mismatch": plot_mismatch(rows), "response_length": plot_length(rows)}
+        | ({"turns": plot_turns(rows)} if any("env/turns_mean" in row for row in rows) else {})
+    )
 
 
 def _read_eval(path: Path) -> dict:

@@ -136,3 +136,16 @@ def test_a_last_line_cut_inside_a_multibyte_character_is_left_out(tmp_path):
     with (run / "metrics.jsonl").open("ab") as f:
         f.write('{"step": 3, "note": "é'.encode()[:-1])  # half of a two-byte UTF-8 character
     assert ">3 (last step 2)<" in write_report(run).read_text()
+
+
+def test_a_multi_turn_run_draws_turns_per_trajectory_and_a_single_turn_run_has_no_turns_note(tmp_path):
+    run = _write_run(tmp_path / "multi", steps=50, schedule=None)
+    rows = [
+        _metrics_row(s) | {"env/turns_mean": 2.5 - s / 50, "env/turns_max": 3.0, "env/success": s / 50}
+        for s in range(50)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(run).read_text()
+    assert 'alt="turns"' in page and (run / "report" / "turns.png").read_bytes().startswith(b"\x89PNG")
+    single = write_report(_write_run(tmp_path / "single", steps=5, schedule=None)).read_text()
+    assert "turns" not in single
