@@ -24,7 +24,7 @@ NOT_COLUMNS = ("prompt", "messages", "completion", "completion_ids")  # what the
 
 def read_completions(path: str) -> list[Rollout]:
     """One rollout per row; a row without a string `completion` (or with bad `completion_ids`) names file:row."""
-    from relayrl.data.source import is_plain_prompt, read_rows, render
+    from relayrl.data.source import chat_messages, is_plain_prompt, read_rows, render
 
     rollouts = []
     for where, row in read_rows(path):  # checks prompt/messages, naming file:row
@@ -42,7 +42,7 @@ def read_completions(path: str) -> list[Rollout]:
             text=render(row, None, chat_template=False, where=where),
             token_ids=[],
             columns={k: v for k, v in row.items() if k not in NOT_COLUMNS},
-            messages=None if is_plain_prompt(row) else row["messages"],
+            messages=None if is_plain_prompt(row) else list(chat_messages(row)),
         )
         rollouts.append(
             Rollout(

@@ -47,26 +47,38 @@ def _row_kind(where: str, row: dict[str, Any]) -> str:
 
 
 def is_plain_prompt(row: dict[str, Any]) -> bool:
-    return row.get("prompt") is not None
+    return isinstance(row.get("prompt"), str)
+
+
+def chat_messages(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat row's messages: its `messages`, or a `prompt` that is a chat list (TRL's conversational
+    format, and verl's parquet files, keep the chat in `prompt`)."""
+    return row["messages"] if row.get("messages") is not None else row["prompt"]
 
 
 def check_row(where: str, row: dict[str, Any]) -> None:
     kind = _row_kind(where, row)
-    if kind == "prompt" and not (isinstance(row["prompt"], str) and row["prompt"]):
-        raise DataError(f"{where}: 'prompt' must be a non-empty string, got {row['prompt']!r}")
-    if kind == "messages":
-        messages = row["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise DataError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-        for i, message in enumerate(messages):
-            if not (
-                isinstance(message, dict)
-                and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)
-            ):
-                raise DataError(
-                    f"{where}: messages[{i}] must be an object with string 'role' and 'content', got {message!r}"
-                )
+    value = row[kind]
+    if kind == "messages" or isinstance(value, (list, tuple)):
+        _check_messages(where, kind, value)
+    elif not (isinstance(value, str) and value):
+        raise DataError(
+            f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages, got {value!r}"
+        )
+
+
+def _check_messages(where: str, column: str, messages: Any) -> None:
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise DataError(f"{where}: '{column}' must be a non-empty list of {{role, content}} objects")
+    for i, message in enumerate(messages):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)
+        ):
+            raise DataError(
+                f"{where}: {column}[{i}] must be an object with string 'role' and 'content', got {message!r}"
+            )
 
 
 EAGER_ROWS = 10_000  # a file of at most this many rows is read, checked and tokenised whole at start
@@ -144,7 +156,7 @@ class PromptMaker:
             text=text,
             token_ids=token_ids,
             columns={k: v for k, v in row.items() if k not in ("prompt", "messages")},
-            messages=None if is_plain_prompt(row) else row["messages"],
+            messages=None if is_plain_prompt(row) else list(chat_messages(row)),
         )
 
 
@@ -207,7 +219,7 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
     """
     if is_plain_prompt(row):
         return row["prompt"]
-    messages = row["messages"]
+    messages = list(chat_messages(row))
     if not chat_template:
         return "".join(m["content"] for m in messages)
     if tokenizer.chat_template is None:

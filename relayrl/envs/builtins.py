@@ -26,7 +26,7 @@ def _normalise(text: str) -> str:
 def _first_prompt(row: dict[str, Any], env: str) -> str | list[dict[str, Any]]:
     if row.get("messages"):
         return row["messages"]
-    if isinstance(row.get("prompt"), str):
+    if isinstance(row.get("prompt"), (str, list)):  # a list: a chat in `prompt` (TRL, verl)
         return row["prompt"]
     raise EnvError(f"env {env!r}: the row needs a 'prompt' or 'messages' column, got {sorted(row)}")
 

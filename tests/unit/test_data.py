@@ -151,11 +151,20 @@ def test_row_needs_exactly_one_of_prompt_or_messages(tmp_path, row):
     assert str(sorted(row)) in message  # shows the columns it did find
 
 
-@pytest.mark.parametrize("value", ["", 3, None, ["a"]])
+@pytest.mark.parametrize("value", ["", 3, None])
 def test_prompt_must_be_a_nonempty_string(tmp_path, value):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": value}])
     message = data_error(read_rows, path)
     assert f"{path}:1:" in message and "'prompt' must be a non-empty string" in message and repr(value) in message
+
+
+@pytest.mark.parametrize("value", [["a"], []])
+def test_a_prompt_list_must_hold_chat_messages(tmp_path, value):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": value}])
+    message = data_error(read_rows, path)
+    assert f"{path}:1:" in message and (
+        "prompt[0] must be an object" in message or "'prompt' must be a non-empty list" in message
+    )
 
 
 @pytest.mark.parametrize("messages", [[], "hi", {"role": "user", "content": "hi"}])

@@ -133,6 +133,15 @@ def test_parquet_mixing_prompt_and_messages_rows_loads(tmp_path, tokenizer):
     assert [p.columns for p in prompts] == [{"answer": "2"}, {"answer": "4"}]
 
 
+def test_a_chat_list_in_prompt_reads_as_messages_as_in_verl_parquet_and_trl(tmp_path, tokenizer):
+    chat = [{"role": "user", "content": "2+2="}]
+    verl = {"data_source": "toy", "prompt": chat, "reward_model": {"style": "rule", "ground_truth": "4"}}
+    prompts, _ = load_prompts(write_parquet(tmp_path / "verl.parquet", [verl]), tokenizer, 100)
+    (same,), _ = load_prompts(write_jsonl(tmp_path / "m.jsonl", [{"messages": chat}]), tokenizer, 100)
+    assert [p.text for p in prompts] == [same.text] == ["user: 2+2=\nassistant: "]
+    assert prompts[0].messages == chat and prompts[0].columns["reward_model"]["ground_truth"] == "4"
+
+
 def test_null_prompt_and_messages_name_the_row_and_columns(tmp_path):
     path = write_parquet(
         tmp_path / "d.parquet", [{"prompt": "a", "messages": None}, {"prompt": None, "messages": None}]
