@@ -81,6 +81,10 @@ class Config(Section):
             from relayrl.sync.lora import resolve_lora_auto
 
             resolve_lora_auto(self)
+        if self.rollout.tensor_parallel > 1:  # vLLM ranks: auto's choice, heads and cores (relayrl/rollout/vllm_tp.py)
+            from relayrl.rollout.vllm_tp import check_tensor_parallel
+
+            check_tensor_parallel(self)
         return self
 
     @model_serializer(mode="wrap")

@@ -175,6 +175,12 @@ class RolloutConfig(Section):
         "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
     )
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
+    tensor_parallel: int = Field(
+        1,
+        ge=1,
+        description="vLLM ranks per engine replica (T): each rank holds 1/T of every layer's heads; needs vLLM, "
+        "T dividing the attention heads, and T cores (CPU; placement.engine_threads under ray) or T GPUs.",
+    )
 
 
 class TrainConfig(Section):
@@ -317,6 +323,21 @@ class PlacementConfig(Section):
     engine_threads: int = Field(0, ge=0, description="ray: OpenMP threads per engine (0 = its reserved CPUs).")
     num_cpus: int = Field(0, ge=0, description="ray: CPUs Ray may use when it starts the cluster (0 = all).")
     address: str = Field("", description="ray: address of a running cluster to join ('' = start one here).")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK",
+        description="ray: the placement group's strategy across nodes: PACK fills one node first, SPREAD spreads "
+        "the bundles (learner, each engine), STRICT_* require it.",
+    )
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="ray: extra Ray resources in the learner's bundle, e.g. {learner_node: 1} pins the learner "
+        "(all its ranks) to the nodes started with that custom resource (`ray start --resources`).",
+    )
+    engine_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="ray: extra Ray resources in each engine's bundle, e.g. {engine_node: 1} per engine "
+        "(see learner_resources).",
+    )
     placement_timeout_s: float = Field(60.0, gt=0, description="ray: deadline for the placement group to be placed.")
     call_timeout_s: float = Field(
         600.0,

@@ -86,6 +86,10 @@ class EngineGroup(Protocol):
     one-replica group, relayrl/rollout/local_group.py; Ray actors are relayrl/placement/engines.py)."""
 
     replicas: Sequence[Any]  # one handle per replica, each with the `Engine` methods
+    # the in-process engine whose own request/step loop takes a new request between two steps (vLLM's), so a
+    # multi-turn trajectory's next turn joins the running batch (relayrl/envs/requests.py); None: turns go in
+    # batches through `generate` (HF generate, Ray replicas)
+    request_loop: Engine | None
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         """`submit` to every replica, then `finish`: the rollouts in prompt order."""
@@ -128,6 +132,7 @@ def engine_from_config(config, max_model_len: int, cores: str | None = None) -> 
         prefix_caching=r.prefix_caching,
         cores=cores,
         adapter=adapter_spec(config),  # sync.lora=adapter: the engine serves LoRA adapters (relayrl/sync/lora.py)
+        tensor_parallel=r.tensor_parallel,
     )
 
 
@@ -141,12 +146,21 @@ def build_engine(
     prefix_caching: str = "auto",
     cores: str | None = None,
     adapter=None,
+    tensor_parallel: int = 1,
 ) -> Engine:
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(
-            model_path, max_model_len, seed, kv_cache_gib, gpu_memory_utilization, prefix_caching, cores, adapter
+            model_path,
+            max_model_len,
+            seed,
+            kv_cache_gib,
+            gpu_memory_utilization,
+            prefix_caching,
+            cores,
+            adapter,
+            tensor_parallel=tensor_parallel,
         )
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine

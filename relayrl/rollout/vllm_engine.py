@@ -21,14 +21,17 @@ import tempfile
 import warnings
 import weakref
 from collections import deque
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from relayrl.errors import SyncError
+from relayrl.errors import ConfigError, SyncError
 from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.rollout.seeds import request_seed
+from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
+from relayrl.rollout.vllm_tp import load_weights_tp, ranks_bound
 from relayrl.sync.lora import AdapterSpec, map_adapter_keys
 from relayrl.types import Prompt, Rollout
 
@@ -58,23 +61,29 @@ class VLLMEngine:
         prefix_caching: str = "auto",
         cores: str | None = None,
         adapter: AdapterSpec | None = None,
+        tensor_parallel: int = 1,
     ):
         _configure_environment(kv_cache_gib, cores)
         threads = torch.get_num_threads()
         from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
-        self.llm = LLM(
-            model=model_path,
-            dtype="bfloat16" if on_gpu else "float32",
-            enforce_eager=not on_gpu,
-            logprobs_mode="processed_logprobs",
-            max_model_len=max_model_len,
-            seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=uses_prefix_caching(prefix_caching, max_model_len, on_gpu),
-            **({} if adapter is None else _Adapters.engine_args(adapter)),
-        )
+        self.tensor_parallel = tensor_parallel  # T > 1: T rank processes (relayrl/rollout/vllm_tp.py)
+        if adapter is not None and tensor_parallel > 1:
+            raise ConfigError(f"rollout.tensor_parallel={tensor_parallel}: no LoRA adapters; use sync.lora=merged")
+        with nullcontext() if tensor_parallel == 1 or on_gpu else ranks_bound(cores, tensor_parallel):
+            self.llm = LLM(
+                model=model_path,
+                dtype="bfloat16" if on_gpu else "float32",
+                enforce_eager=not on_gpu,
+                logprobs_mode="processed_logprobs",
+                max_model_len=max_model_len,
+                seed=seed,
+                gpu_memory_utilization=gpu_memory_utilization,
+                enable_prefix_caching=uses_prefix_caching(prefix_caching, max_model_len, on_gpu),
+                **({} if adapter is None else _Adapters.engine_args(adapter)),
+                **tp_engine_args(tensor_parallel),
+            )
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
         self.version = 0
         self.adapters = None
@@ -190,6 +199,8 @@ class VLLMEngine:
 
     def load_base_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the model's own weights (full or merged); an adapter engine's adapters stay registered."""
+        if self.tensor_parallel > 1:  # the model lives in the rank processes: streamed to each by RPC
+            return load_weights_tp(self.llm, named_tensors)
         worker = self._worker()
         worker.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
         _refresh_tied_lm_head(worker.model_runner.get_model())

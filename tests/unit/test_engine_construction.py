@@ -44,6 +44,7 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
         "gpu_memory_utilization": 0.35,
         "prefix_caching": "off",
         "adapter": None,  # sync.lora=adapter only
+        "tensor_parallel": 1,
     }
 
 

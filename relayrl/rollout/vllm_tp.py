@@ -1,0 +1,215 @@
+"""Tensor-parallel vLLM engines (`rollout.tensor_parallel` = T > 1): each replica runs T vLLM ranks.
+
+vLLM's CPU backend runs TP with the `mp` executor (one worker process per rank; the engine core stays in
+the caller's process), eager mode, and one OpenMP core list per rank in `VLLM_CPU_OMP_THREADS_BIND`
+(`"0|1"`: `|` separates the ranks). The model then lives in the worker processes, not in the caller's, so
+weights travel by `collective_rpc` to a worker extension (`TPWeightLoader`) that every rank loads: one
+layerwise reload (vLLM's own `reload_weights`, split into begin / buckets / end) takes the full tensors
+in buckets of at most `RPC_BUCKET_BYTES`, and each rank's weight loaders keep their own slice of every
+tensor (column/row-parallel shards, fused qkv and gate_up). The bytes of one bucket cross vLLM's shared
+memory queue out of band; no rank ever holds a second copy of the model.
+
+`check_tensor_parallel` is the config rule (relayrl/config.py calls it): T > 1 needs vLLM (`auto` then
+chooses vLLM; an explicit `hf` is an error), T must split the attention heads as vLLM does, and each
+replica needs T cores (CPU) or T GPUs. Every call into vLLM internals for TP lives in this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+
+from relayrl.errors import ConfigError
+
+# One RPC's worth of tensors: under vLLM's 16 MiB shared-memory chunk (VLLM_MQ_MAX_CHUNK_BYTES_MB), so a
+# bucket crosses the ring buffer instead of the overflow socket; a larger tensor travels alone.
+RPC_BUCKET_BYTES = 15 * 2**20
+EXTENSION = "relayrl.rollout.vllm_tp.TPWeightLoader"
+
+
+def engine_args(tensor_parallel: int) -> dict:
+    """`LLM(...)` arguments of a T-rank engine (none for T = 1: the in-process engine stays as it is)."""
+    if tensor_parallel == 1:
+        return {}
+    return {
+        "tensor_parallel_size": tensor_parallel,
+        "distributed_executor_backend": "mp",
+        "worker_extension_cls": EXTENSION,
+    }
+
+
+def parse_cores(cores: str) -> list[int]:
+    """'0,2-3' -> [0, 2, 3] (the `Slot.cores` form; `|` is taken as a separator too)."""
+    ids: list[int] = []
+    for part in cores.replace("|", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        ids += list(range(int(first), int(last or first) + 1))
+    return ids
+
+
+def rank_binding(cores: str | None, tensor_parallel: int) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` for T ranks: the replica's cores (default: this machine's) dealt into T
+    contiguous lists, `|` between ranks. Fewer cores than ranks is an error naming what did not fit."""
+    ids = parse_cores(cores) if cores else list(range(os.cpu_count() or 1))
+    if len(ids) < tensor_parallel:
+        where = f"the cores given to this engine ({cores})" if cores else f"this machine's {len(ids)} core(s)"
+        raise ConfigError(
+            f"rollout.tensor_parallel={tensor_parallel} needs one core per rank, but {where} are only "
+            f"{len(ids)}: raise placement.engine_threads (or placement.engine_cpus), or lower rollout.tensor_parallel"
+        )
+    size, extra = divmod(len(ids), tensor_parallel)
+    lists, start = [], 0
+    for rank in range(tensor_parallel):
+        end = start + size + (rank < extra)
+        lists.append(",".join(map(str, ids[start:end])))
+        start = end
+    return "|".join(lists)
+
+
+@contextlib.contextmanager
+def ranks_bound(cores: str | None, tensor_parallel: int) -> Iterator[None]:
+    """While an engine starts, its worker processes read the per-rank core lists from the environment: set
+    them, and put back what was there once the workers have started (another engine of this process, a
+    test's, keeps its own). vLLM caches its environment after an engine starts; the cache is dropped so
+    this engine reads the value set here."""
+    from vllm import envs
+
+    key = "VLLM_CPU_OMP_THREADS_BIND"
+    before = os.environ.get(key)
+    envs.disable_envs_cache()
+    os.environ[key] = rank_binding(cores, tensor_parallel)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+        envs.disable_envs_cache()
+
+
+class TPWeightLoader:
+    """vLLM worker extension (mixed into every rank's worker): vLLM's in-place `reload_weights`, split so the
+    tensors arrive in several calls. Each rank's weight loaders slice the full tensors it is given."""
+
+    def relayrl_reload_begin(self) -> int:
+        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model_runner.get_model())
+        return os.getpid()
+
+    def relayrl_reload_bucket(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
+        self.model_runner.get_model().load_weights(iter(named_tensors))
+        return len(named_tensors)
+
+    def relayrl_reload_end(self) -> None:
+        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
+
+        from relayrl.rollout.vllm_engine import _refresh_tied_lm_head
+
+        model = self.model_runner.get_model()
+        finalize_layerwise_reload(model, self.vllm_config.model_config)
+        _refresh_tied_lm_head(model)
+        self.model_runner.reset_lora_state()  # as the worker's own reload_weights does
+        self.model_runner.reset_encoder_cache()
+        self.model_runner.reset_mm_cache()
+
+
+def load_weights_tp(
+    llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = RPC_BUCKET_BYTES
+) -> None:
+    """Stream checkpoint-named full tensors into every rank, `bucket_bytes` per call; the prefix cache is reset
+    after. A stream that fails part-way still ends the reload (unloaded layers keep their previous values)
+    before the error goes on."""
+    llm.collective_rpc("relayrl_reload_begin")
+    try:
+        bucket, size = [], 0
+        for name, tensor in named_tensors:
+            if bucket and size + tensor.nbytes > bucket_bytes:
+                llm.collective_rpc("relayrl_reload_bucket", args=(bucket,))
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += tensor.nbytes
+        if bucket:
+            llm.collective_rpc("relayrl_reload_bucket", args=(bucket,))
+    finally:
+        llm.collective_rpc("relayrl_reload_end")
+    llm.reset_prefix_cache()
+
+
+def check_tensor_parallel(config) -> None:
+    """The config rule for `rollout.tensor_parallel` (see the module docstring); run after `auto` has chosen."""
+    tp = config.rollout.tensor_parallel
+    if tp == 1:
+        return
+    if config.rollout.engine == "hf":
+        if "engine" in config.rollout.model_fields_set:
+            raise ConfigError(
+                f"rollout.tensor_parallel={tp} splits a vLLM engine into ranks; rollout.engine=hf has none: "
+                "set rollout.engine=vllm (or auto), or rollout.tensor_parallel=1"
+            )
+        from relayrl.rollout.choice import EngineChoice
+
+        # auto chose HF for a small model on CPU; asking for ranks is asking for vLLM
+        config._engine_choice = EngineChoice("vllm", f"rollout.tensor_parallel={tp} runs vLLM ranks")
+        config.rollout.engine = "vllm"
+    check_heads(config.model.path, tp)
+    if config.model.lora is not None and config.sync.lora == "adapter":
+        raise ConfigError(
+            f"rollout.tensor_parallel={tp} with sync.lora=adapter: adapter serving on TP ranks is not wired yet; "
+            "use sync.lora=merged (the engine then takes merged full weights) or rollout.tensor_parallel=1"
+        )
+    if _on_gpu():
+        import torch
+
+        if torch.cuda.device_count() < tp:
+            raise ConfigError(
+                f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine, this machine has {torch.cuda.device_count()}"
+            )
+    elif config.placement.mode == "local" and (os.cpu_count() or 1) < tp:
+        raise ConfigError(f"rollout.tensor_parallel={tp} needs one core per rank, this machine has {os.cpu_count()}")
+    elif config.placement.mode == "ray":
+        placement = config.placement
+        threads = placement.engine_threads or max(1, int(placement.engine_cpus))
+        if threads < tp:
+            raise ConfigError(
+                f"rollout.tensor_parallel={tp} needs {tp} cores per engine (one per rank), but each engine is "
+                f"pinned to {threads} (placement.engine_threads={placement.engine_threads}, "
+                f"placement.engine_cpus={placement.engine_cpus:g}): raise placement.engine_threads to {tp}"
+            )
+
+
+def check_heads(model_path: str, tp: int) -> None:
+    """vLLM's own rule: T divides the attention heads; T divides the KV heads, or (fewer KV heads than ranks)
+    the KV heads divide T and are replicated. Skipped when the model's config.json cannot be read yet."""
+    path = Path(model_path) / "config.json" if model_path else None
+    try:
+        raw = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    except (OSError, ValueError):
+        return
+    raw = raw.get("text_config", raw)
+    heads = raw.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return
+    kv = raw.get("num_key_value_heads") or heads
+    kv_ok = kv % tp == 0 if kv >= tp else tp % kv == 0
+    if heads % tp or not kv_ok:
+        raise ConfigError(
+            f"rollout.tensor_parallel={tp} must divide the model's attention heads: {path} has "
+            f"num_attention_heads={heads} and num_key_value_heads={kv} (each rank takes heads/T query heads "
+            "and a whole share of the KV heads)"
+        )
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
