@@ -12,10 +12,15 @@ rank. Measured on every rank:
     only checksums; W=2: every bucket gathered from the shards and packed), best of 3; and the most bytes
     rank 0 held for it beyond the model (gathered tensors, bucket buffer), against 2 buckets.
 
+`--startup`: instead, the peak resident memory (ru_maxrss) of each rank while it builds a GAE learner with a KL
+reference (policy, reference and critic) of a larger random Llama (--hidden 768, --layers 6: ~57M parameters,
+~230 MB per fp32 copy), beside the same process's peak after its imports: W=1, and W=2 where only rank 0
+reads the weights (the others build on the meta device and receive their shards).
+
 Simplifications, stated: 2 shared cores (the load average is printed), so W=2's step is two ranks on two
 cores against one rank on one; no engine receives the push (the sender's side only).
 
-Run: .venv/bin/python benchmarks/learner_scaling.py [--out runs/learner_scaling] [--bucket-mb 1]
+Run: .venv/bin/python benchmarks/learner_scaling.py [--out runs/learner_scaling] [--bucket-mb 1] [--startup]
 """
 
 from __future__ import annotations
@@ -32,12 +37,12 @@ import torch.multiprocessing as mp
 GROUPS, N, RESPONSE, PROMPT = 8, 4, 48, 12
 
 
-def build_model(out: Path) -> Path:
+def build_model(out: Path, hidden: int = 256, layers: int = 4) -> Path:
     from relayrl.models.tiny import build_tiny
 
     if not (out / "config.json").is_file():
         texts = [f"{a}+{b}={a + b}" for a in range(10) for b in range(10)] + [" "]
-        build_tiny(texts, out, seed=0, hidden=256, layers=4, heads=4, intermediate=1024)
+        build_tiny(texts, out, seed=0, hidden=hidden, layers=layers, heads=4, intermediate=4 * hidden)
     return out
 
 
@@ -117,21 +122,66 @@ def rank_main(rank, world, port, model_dir, bucket_mb, results):
     learner.close()
 
 
-def run_case(world: int, model_dir: Path, bucket_mb: float) -> dict:
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def startup_main(rank, world, port, model_dir, results):
+    """Build the learner (policy, reference, critic) and report this rank's peak RSS before and after."""
+    import transformers.models.llama.modeling_llama  # noqa: F401  (imports count in the baseline)
+
+    from relayrl.config import load_config
+    from relayrl.learner.ranks import leave_learner_group
+    from relayrl.learner.role import LearnerRole
+    from relayrl.learner.sharded import ShardedLearner
+
+    torch.set_num_threads(1)
+    overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4"]
+    config = load_config(None, overrides + ["algorithm.advantage=gae", "algorithm.kl.coef=0.1"])
+    base = peak_rss_mb()
+    if world == 1:
+        learner = LearnerRole(config, threads=1)
+    else:
+        learner = ShardedLearner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
+    results.put({"world": world, "rank": rank, "base": base, "peak": peak_rss_mb()})
+    learner.close()
+    leave_learner_group()
+
+
+def run_case(world: int, model_dir: Path, bucket_mb: float, target=rank_main) -> list[dict]:
+    """Every rank's result (rank_main: rank 0's alone)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=rank_main, args=(r, world, port, str(model_dir), bucket_mb, results)) for r in range(world)
-    ]
+    extra = (bucket_mb,) if target is rank_main else ()
+    procs = [ctx.Process(target=target, args=(r, world, port, str(model_dir), *extra, results)) for r in range(world)]
     for p in procs:
         p.start()
-    found = results.get(timeout=900)
+    found = [results.get(timeout=900) for _ in range(1 if target is rank_main else world)]
     for p in procs:
         p.join(timeout=120)
     return found
+
+
+def startup_table(out: Path, hidden: int, layers: int) -> None:
+    model_dir = build_model(out / f"model_{hidden}x{layers}", hidden, layers)
+    from safetensors.torch import load_file
+
+    rows = [row for world in (1, 2) for row in run_case(world, model_dir, 0, startup_main)]
+    params = sum(t.numel() for t in load_file(model_dir / "model.safetensors").values())
+    print(
+        f"peak RSS while building policy + reference + critic ({params / 1e6:.1f}M params, "
+        f"{params * 4 / 2**20:.0f} MiB per fp32 copy); load average {os.getloadavg()[0]:.1f}"
+    )
+    print("| W | rank | after imports MiB | peak after build MiB | build adds MiB |")
+    print("|---|---|---|---|---|")
+    for row in sorted(rows, key=lambda r: (r["world"], r["rank"])):
+        added = row["peak"] - row["base"]
+        print(f"| {row['world']} | {row['rank']} | {row['base']:.0f} | {row['peak']:.0f} | {added:.0f} |")
 
 
 def main() -> None:
@@ -141,10 +191,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="runs/learner_scaling")
     parser.add_argument("--bucket-mb", type=float, default=1.0)
+    parser.add_argument("--startup", action="store_true", help="peak RSS per rank while building the learner")
+    parser.add_argument("--hidden", type=int, default=768, help="--startup's model width")
+    parser.add_argument("--layers", type=int, default=6, help="--startup's model depth")
     args = parser.parse_args()
+    if args.startup:
+        return startup_table(Path(args.out), args.hidden, args.layers)
     model_dir = build_model(Path(args.out) / "model")
     per_param = precision_for(PROFILES["cpu"]).train_bytes
-    rows = [run_case(world, model_dir, args.bucket_mb) for world in (1, 2)]
+    rows = [run_case(world, model_dir, args.bucket_mb)[0] for world in (1, 2)]
     base = rows[0]
     print(f"learner ranks on {rows[0]['params'] / 1e6:.2f}M params; load average {os.getloadavg()[0]:.1f}")
     print("| W | state/rank MB | planner MB | vs W=1 | step s | vs W=1 | sync s | sync held MB (2 buckets) |")

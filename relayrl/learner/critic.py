@@ -25,17 +25,23 @@ from relayrl.types import Experience
 class ValueModel(nn.Module):
     """A transformer body without its LM head, and a linear head reading one value per position."""
 
-    def __init__(self, path: str, lora_settings=None):
+    def __init__(self, path: str, lora_settings=None, meta: bool = False):
+        """`meta`: built on the meta device without reading the weights (sharded ranks other than 0)."""
         super().__init__()
         from transformers import AutoModel
 
-        self.body = AutoModel.from_pretrained(path, dtype=torch.float32)
+        if meta:
+            from relayrl.learner.sharded_init import empty_value_body
+
+            self.body = empty_value_body(path)
+        else:
+            self.body = AutoModel.from_pretrained(path, dtype=torch.float32)
         hidden = self.body.config.hidden_size
         if lora_settings is not None:
             from relayrl.models.lora import add_adapter
 
             self.body = add_adapter(self.body, lora_settings)
-        self.head = nn.Linear(hidden, 1)
+        self.head = nn.Linear(hidden, 1, device="meta" if meta else None)
         nn.init.zeros_(self.head.weight)  # start at V = 0 everywhere: GAE then begins as plain returns
         nn.init.zeros_(self.head.bias)
 
@@ -61,14 +67,21 @@ def clipped_value_loss(
     return loss, ((clipped_error > unclipped_error) & mask.bool()).sum().detach()
 
 
+def token_count(mask: torch.Tensor) -> float:
+    """The value loss's normaliser: the mini-batch's response tokens (sharded.py sums it over the ranks)."""
+    return float(mask.sum())
+
+
 class Critic:
-    def __init__(self, config: Config, device: str):
+    def __init__(self, config: Config, device: str, meta: bool = False):
         critic = config.critic
         path = critic.path or config.model.path
         check_model_dir(path, "critic.path" if critic.path else "model.path")
         self.config, self.device = config, device
         self.lora = config.model.lora
-        self.model = ValueModel(path, self.lora).to(device).eval()  # eval: no dropout, as for the policy
+        model = ValueModel(path, self.lora, meta)
+        self.model = (model if meta else model.to(device)).eval()  # eval: no dropout, as for the policy
+        self.normaliser = token_count
         if config.learner.activation_checkpointing:
             body = self.model.body
             enable_activation_checkpointing(body.get_base_model() if self.lora is not None else body)
@@ -91,11 +104,11 @@ class Critic:
     def update(self, exp: Experience) -> dict[str, float]:
         """Epochs of shuffled mini-batches regressing values on the GAE returns, as the actor's update."""
         train, clip = self.config.train, self.config.critic.value_clip
-        losses, clipped, tokens = [], 0.0, 0.0
+        losses, clipped, tokens, grad_norms = [], 0.0, 0.0, []
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
             for mini in order.split(self.config.mini_batch):
-                normaliser = float(exp.loss_mask[mini].sum())
+                normaliser = self.normaliser(exp.loss_mask[mini])
                 step_loss = 0.0
                 for micro in self.micro.split(mini, exp, count=False):
                     part = exp.select(micro)
@@ -111,13 +124,14 @@ class Critic:
                     loss.backward()
                     step_loss += float(loss.detach())
                     clipped += float(n_clipped)
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
+                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)))
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 losses.append(step_loss)
-                tokens += normaliser
+                tokens += float(exp.loss_mask[mini].sum())
         return {
-            "critic/value_loss": sum(losses) / len(losses),
+            "critic/value_loss": sum(losses) / len(losses),  # on a sharded rank: its part of the global loss
+            "critic/grad_norm": sum(grad_norms) / len(grad_norms),
             "critic/clip_frac": clipped / max(tokens, 1.0),
             "critic/values_mean": float(exp.values[exp.loss_mask.bool()].mean()),
             "critic/returns_mean": float(exp.returns[exp.loss_mask.bool()].mean()),

@@ -33,7 +33,9 @@ from relayrl.types import Experience
 
 
 class PolicyLearner:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, load=load_causal_lm):
+        """`load(path, device)` builds the policy and the reference: `load_causal_lm`, or on sharded learner ranks
+        other than 0 `sharded_init.empty_causal_lm` (meta device, filled from rank 0 once sharded)."""
         self.config = config
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         use_bf16 = self.device == "cuda" and config.model.dtype in ("auto", "bfloat16")
@@ -42,7 +44,7 @@ class PolicyLearner:
         torch.manual_seed(config.train.seed)
         # eval mode throughout: dropout would make the on-policy ratio differ from 1 and the log-probs
         # of the old/reference passes differ from the update's; gradients flow the same
-        self.model = load_causal_lm(config.model.path, self.device).eval()
+        self.model = load(config.model.path, self.device).eval()
         if config.model.lora is not None:
             self.model = lora.add_adapter(self.model, config.model.lora).eval()
         self.model.config.use_cache = False
@@ -54,7 +56,7 @@ class PolicyLearner:
         self.use_reference = config.algorithm.kl.coef > 0
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference
         if self.use_reference and config.model.lora is None:
-            self.reference = load_causal_lm(config.model.path, self.device).eval().requires_grad_(False)
+            self.reference = load(config.model.path, self.device).eval().requires_grad_(False)
         rollout = config.rollout
         self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.use_reference)
         train = config.train

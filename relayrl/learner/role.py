@@ -38,13 +38,20 @@ class Learner(Protocol):
 
 
 class LearnerRole(WeightSource):
-    def __init__(self, config: Config, threads: int = 0):
+    def __init__(self, config: Config, threads: int = 0, meta: bool = False):
+        """`meta` (sharded learner ranks other than 0): the models are built on the meta device, without reading
+        their weights; sharded.py fills their shards from rank 0."""
         if threads:
             torch.set_num_threads(threads)
         self.config = config
-        self.policy = PolicyLearner(config)
+        if meta:
+            from relayrl.learner.sharded_init import empty_causal_lm
+
+            self.policy = PolicyLearner(config, empty_causal_lm)
+        else:
+            self.policy = PolicyLearner(config)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.critic = Critic(config, device) if config.algorithm.advantage == "gae" else None
+        self.critic = Critic(config, device, meta) if config.algorithm.advantage == "gae" else None
 
     def ping(self) -> int:
         return torch.get_num_threads()

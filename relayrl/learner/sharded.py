@@ -1,8 +1,10 @@
 """One rank of a sharded learner: today's `LearnerRole`, with its models wrapped by FSDP2 across W ranks.
 
-Each rank loads the model, joins the learner group (ranks.py) and wraps the policy, the reference and the
-critic with `fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients
-and AdamW state. The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch
+Each rank joins the learner group (ranks.py) and wraps the policy, the reference and the critic with
+`fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients and AdamW
+state. Only rank 0 reads the weights; the other ranks build the models on the meta device and receive their
+shards from rank 0 (sharded_init.py), so their peak at start is their share, not the model. On GPU, FSDP2's
+mixed-precision policy runs the passes in bf16 over fp32 master shards (sharded_init.mixed_precision). The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch
 (whole groups, as many rows on each rank). Two things make the step independent of W and of the micro-batch
 split:
 - the loss normaliser (tokens or sequences of the mini-batch) is all-reduced over the ranks before any
@@ -11,15 +13,11 @@ split:
   would divide that global sum by W once more.
 The adaptive KL controller sees the token-weighted KL of the whole batch, so its coefficient agrees on every
 rank. Weights leave through `named_weights`, one full tensor at a time, gathered by every rank in the same
-order (the sync from shards is in relayrl/sync/gather.py). The critic's value loss divides by its rank's own
-token count (critic.py has no normaliser hook), so its gradients are averaged over the ranks: the global token
-mean only when every rank holds as many response tokens. Each rank trains with its share of
+order (the sync from shards is in relayrl/sync/gather.py). The critic's value loss divides by the same global
+token count (its `normaliser`), its gradients are summed likewise, and each rank reports the global loss. Each
+rank trains with its share of
 `rollout.prompts_per_step` and `train.mini_batch` (ranks.rank_config), so the optimizer steps per training step
 and the schedule are those of W=1; with several mini-batches a rank shuffles its own rows.
-
-Not yet: every rank loads the whole model (and reference) before sharding it, so a rank's peak at start is the
-full model; loading on the meta device with rank 0 broadcasting (set_model_state_dict(broadcast_from_rank0))
-needs a loading hook in PolicyLearner.
 
 Leaves out: starting the ranks (tests spawn them, placement/learner_ranks.py makes Ray actors) and checkpoint
 files (dist_checkpoint.py).
@@ -32,11 +30,12 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from relayrl.config import Config
 from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
 from relayrl.learner.role import LearnerRole
+from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.sync.buckets import Layout, make_layout
 from relayrl.types import Experience
 
@@ -49,12 +48,17 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no decoder-layer list to shard")
 
 
-def shard_model(model: nn.Module, gradient_divide: float = 1.0, offload: bool = False) -> nn.Module:
+def shard_model(
+    model: nn.Module, gradient_divide: float = 1.0, offload: bool = False, precision: MixedPrecisionPolicy | None = None
+) -> nn.Module:
     """FSDP2 per decoder layer, then the root. Gradients are summed over the ranks and divided by
     `gradient_divide`: 1 for a loss that already holds the global 1/N. `offload` (learner.offload=params): the
     shards, their gradients and so the optimizer state live in CPU memory (FSDP2's CPUOffloadPolicy).
+    `precision`: FSDP2's mixed-precision policy (None: the parameters' own dtype throughout).
     A model built with activation checkpointing (PolicyLearner) keeps it: the wrap goes around its layers."""
     policy = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+    if precision is not None:
+        policy["mp_policy"] = precision
     for layer in decoder_layers(model):
         fully_shard(layer, **policy)
     fully_shard(model, **policy)
@@ -121,15 +125,14 @@ class ShardedLearner(LearnerRole):
     ):
         join_learner_group(rank, world, address, port, timeout_s)
         self.rank, self.world = rank, world
-        super().__init__(rank_config(config, world), threads)
-        policy, offload = self.policy, config.learner.offload == "params"  # memory_settings.py refuses it on CPU
-        shard_model(policy.model, offload=offload)
-        _rebind_optimizer(policy.optimizer, policy.model)
+        super().__init__(rank_config(config, world), threads, meta=rank > 0)  # only rank 0 reads the weights
+        policy = self.policy
+        self._shard(policy.model, policy.optimizer)
         if policy.reference is not None:
-            shard_model(policy.reference, offload=offload)
-        if self.critic is not None:  # its loss divides by the rank's own tokens: the mean over ranks
-            shard_model(self.critic.model, gradient_divide=world, offload=offload)
-            _rebind_optimizer(self.critic.optimizer, self.critic.model)
+            self._shard(policy.reference, None)
+        if self.critic is not None:
+            self._shard(self.critic.model, self.critic.optimizer)
+            self.critic.normaliser = _GlobalNormaliser(self.critic.normaliser)
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
         controller = policy.objective.kl_controller
         local_update, self.tokens = controller.update, 0.0
@@ -140,6 +143,16 @@ class ShardedLearner(LearnerRole):
 
         controller.update = global_update
 
+    def _shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+        """Shard one model (built on rank 0, empty elsewhere), fill every rank's shards from rank 0, and point
+        its optimizer at them. offload=params on CPU is refused by memory_settings.py."""
+        full = full_state_on_rank0(model, self.rank)
+        device, offload = self.policy.device, self.config.learner.offload == "params"
+        shard_model(model, offload=offload, precision=mixed_precision(self.config, device))
+        fill_from_rank0(model, full, device, offload)
+        if optimizer is not None:
+            _rebind_optimizer(optimizer, model)
+
     def prepare(self, exp: Experience) -> Experience:
         exp = super().prepare(exp)
         for model in (self.policy.model, self.policy.reference, self.critic and self.critic.model):
@@ -149,7 +162,10 @@ class ShardedLearner(LearnerRole):
 
     def update(self, step: int, exp: Experience) -> dict[str, float]:
         self.tokens = float(exp.loss_mask.sum())
-        return super().update(step, exp)
+        stats = super().update(step, exp)
+        if self.critic is not None:  # each rank's value loss is its part of the global token mean
+            stats["critic/value_loss"] = all_reduce_sum(stats["critic/value_loss"])
+        return stats
 
     # ------------------------------------------------------------------ weights, one full tensor at a time
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
