@@ -221,6 +221,7 @@ def load_data(config: Config, tokenizer) -> tuple[list[Prompt], list[Prompt], di
     )
     show_first_prompt(prompts, long_stats, tokenizer)  # what the model is shown, before any time is spent
     data_metrics = {"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated}
+    data_metrics["data/prompts_unknown_chars"] = long_stats.unknown
     eval_prompts = []
     if data.eval:
         eval_prompts, eval_stats = load_prompts(
