@@ -52,6 +52,10 @@ class ConfigWarning(RelayWarning):
     """A config setting that has no effect in the chosen mode, or a path that exists nowhere it was looked for."""
 
 
+class DataWarning(RelayWarning):
+    """Input data that loads but loses something (characters the tokenizer cannot write)."""
+
+
 def install_warning_format() -> None:
     """Print relayrl's warnings as one line, `relayrl: warning: MESSAGE`, on stderr (other warnings unchanged).
 

@@ -12,6 +12,7 @@ or up front with `relayrl data check`), and the dropped/truncated counts run wit
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -19,7 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from relayrl.data.rows import open_rows
-from relayrl.errors import DataError
+from relayrl.errors import DataError, DataWarning
 from relayrl.types import Prompt
 
 
@@ -92,6 +93,7 @@ class LoadStats:
     dropped: int = 0
     truncated: int = 0
     first_location: str = ""
+    unknown: int = 0  # prompts with a token the tokenizer could only write as its unk token
 
 
 def load_prompts(
@@ -151,12 +153,30 @@ class PromptMaker:
             token_ids = token_ids[-limit:]  # keep the end, where the question usually is
             text = tokenizer.decode(token_ids)
         self.stats.first_location = self.stats.first_location or where
+        if tokenizer.unk_token_id is not None and tokenizer.unk_token_id in token_ids:
+            self._warn_unknown(where, text, count)
         return Prompt(
             id=str(index if row.get("id") is None else row["id"]),  # a table's missing id is null
             text=text,
             token_ids=token_ids,
             columns={k: v for k, v in row.items() if k not in ("prompt", "messages")},
             messages=None if is_plain_prompt(row) else list(chat_messages(row)),
+        )
+
+    def _warn_unknown(self, where: str, text: str, count: bool) -> None:
+        """Say once (at the first such prompt) that characters become the unk token: the model never sees
+        them. A byte-level tokenizer has no unk token and never gets here."""
+        first, self.stats.unknown = self.stats.unknown == 0, self.stats.unknown + count
+        if not first:
+            return
+        unk = self.tokenizer.unk_token_id
+        missing = sorted({c for c in text if unk in self.tokenizer(c, add_special_tokens=False)["input_ids"]})
+        shown = ", ".join(repr(c) for c in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        warnings.warn(
+            f"{where}: {shown or 'some text'} not in the tokenizer's vocabulary: the prompt holds its unk token "
+            f"{self.tokenizer.unk_token!r} instead (later prompts like it are counted in data/prompts_unknown_chars)",
+            DataWarning,
+            stacklevel=2,
         )
 
 

@@ -181,3 +181,15 @@ def test_a_prompt_with_no_tokens_names_the_column(tmp_path, tokenizer):
     with pytest.raises(DataError) as info:
         load_prompts(path, tokenizer, 100)
     assert f"{path}:2:" in str(info.value) and "'messages'" in str(info.value) and "no tokens" in str(info.value)
+
+
+def test_characters_the_tokenizer_lacks_are_named_once_and_counted(tmp_path):
+    from relayrl.errors import DataWarning
+
+    tok = train_char_tokenizer(["0123456789+="])  # a character vocabulary: '½' and '€' become its unk token
+    rows = [{"prompt": "1+1="}, {"prompt": "½+1="}, {"prompt": "2€="}, {"prompt": "½="}]
+    with pytest.warns(DataWarning) as record:
+        prompts, stats = load_prompts(write_jsonl(tmp_path / "d.jsonl", rows), tok, 100)
+    assert len(record) == 1 and stats.unknown == 3 and len(prompts) == 4
+    message = str(record[0].message)
+    assert f"{tmp_path / 'd.jsonl'}:2:" in message and "'½'" in message and repr(tok.unk_token) in message
