@@ -14,6 +14,7 @@ from relayrl.placement.cluster import actor_options, reserve
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.roles import RemoteRole
+from relayrl.rollout.vllm_tp import engine_actor_options
 from relayrl.sync.remote import RaySync
 
 
@@ -29,7 +30,7 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
         slot = engine_slots[index]
         actor = (
             ray.remote(EngineWorker)
-            .options(**actor_options(group, slot))
+            .options(**actor_options(group, slot), **engine_actor_options(config))  # + T GPUs of a TP engine
             .remote(config, max_model_len, slot.threads, slot.cores)
         )
         return RemoteRole(actor, slot.role, timeout)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -167,24 +168,46 @@ def check_tensor_parallel(config) -> None:
             f"rollout.tensor_parallel={tp} with sync.lora=adapter: adapter serving on TP ranks is not wired yet; "
             "use sync.lora=merged (the engine then takes merged full weights) or rollout.tensor_parallel=1"
         )
-    if _on_gpu():
-        import torch
+    check_devices(config, tp)
 
-        if torch.cuda.device_count() < tp:
+
+def check_devices(config, tp: int) -> None:
+    """T cores (CPU) or T GPUs per engine. Under Ray the engine bundles must reserve them: an engine size the
+    user left unset is raised to T (the resolved config shows it); one set below T is an error naming it."""
+    placement, ray = config.placement, config.placement.mode == "ray"
+    if _on_gpu():
+        have = torch.cuda.device_count()
+        if have < tp:
+            raise ConfigError(f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine, this machine has {have}")
+        if ray:
+            asked = placement.engine_resources.setdefault("GPU", float(tp))
+            if asked < tp:
+                raise ConfigError(
+                    f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine bundle, "
+                    f"placement.engine_resources gives GPU: {asked:g}"
+                )
+        return
+    if not ray:
+        if (os.cpu_count() or 1) < tp:
             raise ConfigError(
-                f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine, this machine has {torch.cuda.device_count()}"
+                f"rollout.tensor_parallel={tp} needs one core per rank, this machine has {os.cpu_count()}"
             )
-    elif config.placement.mode == "local" and (os.cpu_count() or 1) < tp:
-        raise ConfigError(f"rollout.tensor_parallel={tp} needs one core per rank, this machine has {os.cpu_count()}")
-    elif config.placement.mode == "ray":
-        placement = config.placement
-        threads = placement.engine_threads or max(1, int(placement.engine_cpus))
-        if threads < tp:
-            raise ConfigError(
-                f"rollout.tensor_parallel={tp} needs {tp} cores per engine (one per rank), but each engine is "
-                f"pinned to {threads} (placement.engine_threads={placement.engine_threads}, "
-                f"placement.engine_cpus={placement.engine_cpus:g}): raise placement.engine_threads to {tp}"
-            )
+        return
+    if "engine_cpus" not in placement.model_fields_set:
+        placement.engine_cpus = max(placement.engine_cpus, float(tp))
+    threads = placement.engine_threads or max(1, math.floor(placement.engine_cpus))
+    if placement.engine_cpus < tp or threads < tp:
+        raise ConfigError(
+            f"rollout.tensor_parallel={tp} needs {tp} cores per engine (one per rank), but each engine reserves "
+            f"placement.engine_cpus={placement.engine_cpus:g} and is pinned to {threads} "
+            f"(placement.engine_threads={placement.engine_threads}): set both to at least {tp}, or unset them"
+        )
+
+
+def engine_actor_options(config) -> dict:
+    """Ray options of a T-rank engine actor beyond its CPUs: its T GPUs (the bundle reserves them)."""
+    gpus = config.placement.engine_resources.get("GPU", 0) if config.rollout.tensor_parallel > 1 else 0
+    return {"num_gpus": gpus} if gpus else {}
 
 
 def check_heads(model_path: str, tp: int) -> None:
@@ -210,6 +233,4 @@ def check_heads(model_path: str, tp: int) -> None:
 
 
 def _on_gpu() -> bool:
-    import torch
-
     return torch.cuda.is_available()

@@ -70,12 +70,28 @@ def test_ranks_must_split_the_heads_as_vllm_does(tmp_path, heads, kv_heads, tp, 
 
 def test_each_rank_needs_a_core(tmp_path):
     model = write_model(tmp_path / "m", heads=8, kv_heads=8)
-    with pytest.raises(ConfigError, match=r"needs 2 cores per engine .* pinned to 1 .*placement.engine_threads"):
-        load(model, "rollout.tensor_parallel=2", "placement.mode=ray")
-    config = load(model, "rollout.tensor_parallel=2", "placement.mode=ray", "placement.engine_threads=2")
-    assert config.placement.engine_threads == 2
+    ray = ["rollout.tensor_parallel=2", "placement.mode=ray"]
+    assert load(model, *ray).placement.engine_cpus == 2  # unset: each engine bundle reserves a core per rank
+    assert load(model, *ray, "placement.engine_cpus=3").placement.engine_cpus == 3
+    for setting in ("placement.engine_cpus=1", "placement.engine_threads=1"):
+        with pytest.raises(ConfigError, match=r"needs 2 cores per engine .*placement.engine_cpus=.*engine_threads="):
+            load(model, *ray, setting)
     with pytest.raises(ConfigError, match=r"rollout.tensor_parallel=8 needs one core per rank, this machine has 4"):
         load(model, "rollout.tensor_parallel=8")
+
+
+def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch):
+    from relayrl.rollout.vllm_tp import engine_actor_options
+
+    monkeypatch.setattr(vllm_tp, "_on_gpu", lambda: True)
+    monkeypatch.setattr(vllm_tp.torch.cuda, "device_count", lambda: 2)
+    model = write_model(tmp_path / "m", heads=8, kv_heads=8)
+    config = load(model, "rollout.tensor_parallel=2", "placement.mode=ray")
+    assert config.placement.engine_resources == {"GPU": 2.0} and engine_actor_options(config) == {"num_gpus": 2.0}
+    with pytest.raises(ConfigError, match=r"needs 2 GPUs per engine bundle, placement.engine_resources gives GPU: 1"):
+        load(model, "rollout.tensor_parallel=2", "placement.mode=ray", "placement.engine_resources={GPU: 1}")
+    with pytest.raises(ConfigError, match=r"rollout.tensor_parallel=4 needs 4 GPUs per engine, this machine has 2"):
+        load(model, "rollout.tensor_parallel=4")
 
 
 def test_adapter_serving_on_ranks_is_refused(tmp_path):
