@@ -18,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from relayrl.algorithms.advantages import ADVANTAGES, AdvantageInputs, make_inputs
+from relayrl.algorithms.advantages import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, make_inputs, turn_reward_tensor
 from relayrl.algorithms.dapo import overlong_mask
 from relayrl.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.config import Config, dump_config
@@ -181,11 +181,12 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
-    max_len = longest_prompt_tokens(prompts, eval_prompts) + response_budget(config)  # a large file: its limit
+    longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
+    check_env(config, longest)  # env.fn: multi-turn rollouts (relayrl/envs/), a whole trajectory in the context
+    max_len = longest + response_budget(config)
     check_context(config, max_len)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)
-    check_env(config)  # env.fn: multi-turn rollouts (relayrl/envs/)
     run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
     probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
     roles = build_roles(config, max_len, probe_ids)
@@ -201,7 +202,12 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         rewards=rewards,
         sampler=sampler,
         make_schedule=functools.partial(SCHEDULES[config.train.schedule], source, config),
-        advantages=functools.partial(estimate_advantages, advantage_fn, config.algorithm.dapo.overlong_filter),
+        advantages=functools.partial(
+            estimate_advantages,
+            advantage_fn,
+            config.algorithm.dapo.overlong_filter,
+            per_turn=config.algorithm.advantage in TOKEN_LEVEL,
+        ),
         eval_prompts=eval_prompts,
         tokenizer=tokenizer,
         run_dir=run_dir,
@@ -239,10 +245,13 @@ def estimate_advantages(
     overlong_filter: bool,
     exp: Experience,
     rollouts: list[Rollout],
+    per_turn: bool = False,
 ) -> Experience:
     """Advantages and returns from the rewards (plus the learner's per-token KL penalty when it is in the
-    reward); with DAPO's overlong filter, truncated responses count in their group but train nothing."""
-    inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values)
+    reward); with DAPO's overlong filter, truncated responses count in their group but train nothing.
+    `per_turn` (token-level estimators): a multi-turn trajectory's turns' rewards sit on their turns' ends."""
+    placed = turn_reward_tensor(rollouts, exp.prompt_lengths, exp.loss_mask.shape[1]) if per_turn else None
+    inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values, placed)
     if exp.reward_penalty is not None:
         inputs.token_rewards = inputs.token_rewards + exp.reward_penalty
     exp.advantages, exp.returns = advantage_fn(inputs)

@@ -31,6 +31,9 @@ class Rollout:
     finish_reason: str
     versions: list[int]  # policy version that produced each response token
     loss_mask: list[int] | None = None  # per response token, 1 = trained (multi-turn: observation tokens are 0)
+    # multi-turn: (index in response_ids of a turn's last generated token, the turn's reward), per turn; the
+    # token-level estimators put each there (relayrl/algorithms/advantages.py `turn_reward_tensor`)
+    turn_rewards: list[tuple[int, float]] | None = None
 
     @property
     def sample_id(self) -> str:

@@ -18,6 +18,9 @@ import torch
 
 Estimator = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
 ADVANTAGES: dict[str, Estimator] = {}
+# the estimators that read where in a response a reward sits: a multi-turn trajectory's turns' rewards go on
+# their turns' last tokens for these (`turn_reward_tensor`), the group estimators take the sequence's total
+TOKEN_LEVEL = frozenset({"gae", "reinforce_pp", "reinforce_pp_baseline"})
 
 
 def register(name: str):
@@ -37,13 +40,37 @@ class AdvantageInputs:
 
 
 def make_inputs(
-    rewards: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor, values: torch.Tensor | None = None
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    values: torch.Tensor | None = None,
+    turn_rewards: torch.Tensor | None = None,
 ) -> AdvantageInputs:
-    """rewards [B], mask [B, T], group_ids [B] -> inputs with each reward on its row's last response token."""
+    """rewards [B], mask [B, T], group_ids [B] -> inputs with each reward on its row's last response token.
+
+    turn_rewards [B, T] (multi-turn, token-level estimators): parts of each row's reward placed earlier (each
+    turn's on the turn's last token); what they leave of the row's reward (a reward.fn's score, a length
+    penalty) stays on the last token, so every row's token rewards still sum to its reward."""
     last = last_response_token(mask)  # [B]
+    rest = rewards if turn_rewards is None else rewards - turn_rewards.sum(dim=1)
     token_rewards = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
-    token_rewards[torch.arange(len(rewards), device=rewards.device), last] = rewards
+    token_rewards[torch.arange(len(rewards), device=rewards.device), last] = rest
+    if turn_rewards is not None:
+        token_rewards = token_rewards + turn_rewards.to(rewards.dtype)
     return AdvantageInputs(token_rewards, mask.to(rewards.dtype), group_ids, values)
+
+
+def turn_reward_tensor(rollouts: list, prompt_lengths: torch.Tensor, width: int) -> torch.Tensor | None:
+    """The turns' rewards of multi-turn rollouts (`Rollout.turn_rewards`) at their target columns, [B, width]
+    (the Experience layout: response token i of row b is column prompt_lengths[b] - 1 + i); None when no
+    rollout has any."""
+    if all(not r.turn_rewards for r in rollouts):
+        return None
+    placed = torch.zeros((len(rollouts), width))
+    for row, rollout in enumerate(rollouts):
+        for index, reward in rollout.turn_rewards or ():
+            placed[row, int(prompt_lengths[row]) - 1 + index] += reward
+    return placed
 
 
 def last_response_token(mask: torch.Tensor) -> torch.Tensor:
@@ -102,6 +129,8 @@ def rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
 def reinforce_pp(inputs: AdvantageInputs, gamma: float = 1.0, eps: float = 1e-8) -> tuple[torch.Tensor, None]:
     """REINFORCE++ (Hu 2025, OpenRLHF `reinforce`): G_t = sum_{s>=t} gamma^(s-t) r_s, then whitened.
 
+    s - t counts trained tokens: a multi-turn trajectory's observation tokens (mask 0) pass the return through.
+
     Whitening is over all response tokens of the batch: (G_t - mean) / sqrt(max(var, eps)) with the
     population variance, as OpenRLHF does.
     """
@@ -133,16 +162,17 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016): d_t = r_t + gamma V_{t+1} - V_t, A_t = d_t + gamma lam A_{t+1}.
 
-    Returns = A + V (before any whitening). V after the last response token is 0, and the recursion
-    stops at the mask, so padding and prompt columns never reach a response token. RLHF usually runs
+    Returns = A + V (before any whitening). V after the last response token is 0. Masked columns are skipped:
+    padding and prompt columns never reach a response token, and across a multi-turn trajectory's observation
+    tokens V_{t+1} is the value of the next trained token and A flows through unchanged. RLHF usually runs
     gamma=1, lam=0.95. whiten=True whitens A over all response tokens of the batch like `reinforce_pp`.
     """
     if inputs.values is None:
         raise ValueError("the gae advantage needs critic values, but AdvantageInputs.values is None")
     mask = inputs.mask
     values = inputs.values * mask  # [B, T]
-    next_values = torch.cat([values[:, 1:], torch.zeros_like(values[:, :1])], dim=1)  # [B, T]
-    deltas = inputs.token_rewards * mask + gamma * next_values - values  # [B, T]
+    next_values = _next_trained(values, mask)  # [B, T]
+    deltas = (inputs.token_rewards + gamma * next_values - values) * mask  # [B, T]
     advantages = _discounted_cumsum(deltas, mask, gamma * lam)
     returns = (advantages + values) * mask
     if whiten:
@@ -182,11 +212,21 @@ def _group_spread(x: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.
 
 
 def _discounted_cumsum(x: torch.Tensor, mask: torch.Tensor, discount: float) -> torch.Tensor:
-    """out_t = (x_t + discount * out_{t+1}) * mask_t over [B, T]: a masked column cuts the sum."""
+    """out_t = x_t + discount * out_{t'} over the masked entries of [B, T], t' the next masked column after t:
+    unmasked columns (a multi-turn observation, padding) pass the sum through untouched and get 0."""
     out, running = torch.zeros_like(x), torch.zeros_like(x[:, 0])
     for t in reversed(range(x.shape[1])):
-        running = (x[:, t] + discount * running) * mask[:, t]
-        out[:, t] = running
+        running = torch.where(mask[:, t] > 0, x[:, t] + discount * running, running)
+        out[:, t] = running * mask[:, t]
+    return out
+
+
+def _next_trained(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values [B, T] -> [B, T]: at t, the value of the next masked column after t (0 after the last one)."""
+    out, following = torch.zeros_like(values), torch.zeros_like(values[:, 0])
+    for t in reversed(range(values.shape[1])):
+        out[:, t] = following
+        following = torch.where(mask[:, t] > 0, values[:, t], following)
     return out
 
 

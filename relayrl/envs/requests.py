@@ -12,6 +12,8 @@ and `step() -> finished turns`:
   each `step` generates every turn queued since the last one, as one batch. Environment steps still run
   while the batch generates (they are in worker processes); a turn waits at most one batch. Stop strings
   are left to the driver, which cuts a turn where one is completed (relayrl/rollout/multiturn.py).
+
+`turn_requests` picks one by what the engine group declares (`EngineGroup.request_loop`, relayrl/rollout/base.py).
 """
 
 from __future__ import annotations
@@ -32,14 +34,19 @@ class TurnOutput:
     finish_reason: str  # "stop" or "length"
 
 
-def turn_requests(engine, version: int = 0):
-    """The adapter for `engine` (an engine, or an engine group): vLLM's request loop when it is one in-process
-    vLLM engine, else batches of `generate` (HF generate; Ray engine groups, which spread a batch over
-    replicas). `version` tags the tokens of an engine that does not track its own."""
-    replicas = getattr(engine, "replicas", [engine])
-    if len(replicas) == 1 and hasattr(replicas[0], "llm"):
-        return VLLMTurns(replicas[0])
-    return BatchTurns(engine, version)
+def turn_requests(engines, version: int = 0, replicas: list[int] | None = None):
+    """The adapter for an engine group (a bare engine is taken as a one-replica group): vLLM's request loop when the
+    group declares one (`EngineGroup.request_loop`: one in-process vLLM engine), else batches of `generate` on
+    `replicas` (default all; HF generate, Ray replicas, which tag each token with the version they hold when
+    they run it, so a trajectory that spans a weight push records both). `version` tags the tokens of a local
+    engine that does not track its own."""
+    if not hasattr(engines, "replicas"):  # relayrl eval --env and the benchmark hold a bare engine
+        from relayrl.rollout.local_group import LocalEngineGroup
+
+        engines = LocalEngineGroup(engines)
+    if engines.request_loop is not None:
+        return VLLMTurns(engines.request_loop)
+    return BatchTurns(engines, version, replicas)
 
 
 class VLLMTurns:
@@ -96,8 +103,8 @@ class VLLMTurns:
 
 
 class BatchTurns:
-    def __init__(self, engine, version: int = 0):
-        self.engine, self.version = engine, version
+    def __init__(self, engine, version: int = 0, replicas: list[int] | None = None):
+        self.engine, self.version, self.replicas = engine, version, replicas
         self._queued: list[tuple[Hashable, list[int], Sampling]] = []
 
     @property
@@ -117,7 +124,10 @@ class BatchTurns:
         # stop strings are matched by the driver (HF generate's matcher fails on some tokenizers)
         sampling = replace(queued[0][2], n=1, max_tokens=longest, stop=())
         prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
-        rollouts = self.engine.generate(prompts, sampling, self.version)
+        if self.replicas is None:  # a bare engine (tests) has no submit
+            rollouts = self.engine.generate(prompts, sampling, self.version)
+        else:  # an async producer's own replica
+            rollouts = self.engine.finish(self.engine.submit(prompts, sampling, self.version, self.replicas))
         finished = []
         for (key, _, own), rollout in zip(queued, rollouts):
             cut = own.max_tokens

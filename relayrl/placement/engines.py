@@ -28,6 +28,7 @@ class RayEngineGroup:
     def __init__(self, spawn: Callable[[int], RemoteRole], placement: PlacementConfig):
         self.spawn, self.placement = spawn, placement
         self.replicas = [spawn(i) for i in range(placement.engines)]
+        self.request_loop = None  # no in-process engine: multi-turn turns go in batches (relayrl/envs/requests.py)
         self.on_restart: Callable[[], None] = lambda: None  # set by the sync: re-attach and push weights
         self.restarts = 0
         self.lock = threading.RLock()  # one restart at a time

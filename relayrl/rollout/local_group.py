@@ -3,10 +3,13 @@ of object whatever the placement.
 
 The engine runs in the calling thread: `submit` generates at once (nothing overlaps in one process) and
 `finish` hands the result back. No spans are recorded: the controller's own `generate` phase is the engine's
-time on the timeline. Nothing here restarts: an engine in the driver that fails ends the run with its error.
+time on the timeline. `request_loop` is the engine itself when it is vLLM (multi-turn turns then join its
+running batch). Nothing here restarts: an engine in the driver that fails ends the run with its error.
 """
 
 from __future__ import annotations
+
+import sys
 
 from relayrl.rollout.base import Engine, PartialSample, Sampling
 from relayrl.types import Prompt, Rollout
@@ -16,6 +19,7 @@ class LocalEngineGroup:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.replicas: list[Engine] = [engine]
+        self.request_loop = engine if is_vllm(engine) else None
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         return self.engine.generate(prompts, sampling, version)
@@ -43,3 +47,10 @@ class LocalEngineGroup:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+
+def is_vllm(engine: Engine) -> bool:
+    """Whether `engine` is relayrl's in-process vLLM engine. Its module is imported wherever one was built, so
+    looking it up never imports vLLM."""
+    module = sys.modules.get("relayrl.rollout.vllm_engine")
+    return module is not None and isinstance(engine, module.VLLMEngine)

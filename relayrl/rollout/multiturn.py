@@ -10,7 +10,8 @@ Token in, token out (relayrl/rollout/chat.py): a trajectory is a list of segment
 the engine sampled them (loss mask 1, behaviour log-probs, versions) and observation tokens (mask 0); every
 turn's prompt is the concatenation of the segments. The output is one `Rollout` per trajectory (more under
 `env.tito=fork`): its `response_ids` are every token after the first prompt, with `loss_mask`. Its reward
-is the turns' rewards combined per `env.reward`. `lockstep=True` is the baseline the benchmark compares
+is the turns' rewards combined per `env.reward`; `turn_rewards` keeps each turn's reward with the index of the
+turn's last token, for the token-level estimators. `lockstep=True` is the baseline the benchmark compares
 with: every trajectory's turn waits for the whole batch's generation, and every step for the slowest step.
 """
 
@@ -53,6 +54,7 @@ class Trajectory:
     truncated: bool = False
     failed: str = ""  # "", "error" or "timeout"
     forks: list[Rollout] = field(default_factory=list)
+    rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
 
     @property
     def response_length(self) -> int:
@@ -71,6 +73,19 @@ class MultiTurnBatch:
     rollouts: list[Rollout]
     rewards: list[float]  # per rollout, combined per env.reward
     metrics: dict[str, float]
+
+
+def turn_ends(segments: list[Segment], rewards: list[float]) -> list[tuple[int, float]]:
+    """(index of each model turn's last token, that turn's reward) over a trajectory's response tokens. A turn
+    without tokens, or without a reward (cut by max_total_tokens before its step), has no pair."""
+    pairs, end, turn = [], -1, 0
+    for segment in segments:
+        end += len(segment.token_ids)
+        if segment.trained:
+            if segment.token_ids and turn < len(rewards):
+                pairs.append((end, rewards[turn]))
+            turn += 1
+    return pairs
 
 
 def combine_rewards(rewards: list[float], how: str, gamma: float) -> float:
@@ -212,6 +227,7 @@ class MultiTurnDriver:
                 "observation is added (it rewrites or drops earlier content), so the trajectory's tokens cannot "
                 "continue unchanged; set env.tito=fork (a new sample from here) or env.tito=retokenize"
             )
+        trajectory.rerendered = True
         ids = self.codec.encode(full_text)
         first = trajectory.first.token_ids
         if ids[: len(first)] != first:
@@ -277,6 +293,9 @@ class MultiTurnDriver:
             finish_reason="length" if trajectory.truncated else "stop",
             versions=[v for s in segments for v in s.versions],
             loss_mask=[int(s.trained) for s in segments for _ in s.token_ids],
+            turn_rewards=None
+            if trajectory.rerendered or trajectory.failed
+            else turn_ends(segments, trajectory.rewards),
         )
 
     def _batch(self, order: list[Trajectory]) -> MultiTurnBatch:

@@ -3,14 +3,15 @@ reward service, and the policy version the engines hold. The schedules decide wh
 object is what they call, so they never see the trainer.
 
 This is the single-turn source (one prompt, one response). A multi-turn source (environments stepping each
-trajectory, relayrl/envs/) offers the same methods and returns the same `Batch`.
+trajectory, relayrl/envs/source.py) offers the same methods and returns the same `Batch`: the schedules call
+`generate` (sync), or `submit` then `finish` (one_step_off, async), never the engines themselves.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relayrl.rollout.base import EngineGroup, Sampling
 from relayrl.types import Prompt, Rollout, Score
@@ -64,6 +65,14 @@ class RolloutSource:
 
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[Rollout]:
         return self.engines.generate(prompts, sampling, self.version)
+
+    def submit(self, prompts: list[Prompt], sampling: Sampling, version: int, replicas: list[int] | None = None) -> Any:
+        """Start generating `prompts` (on `replicas`, default all) and return at once where the engines run
+        elsewhere (Ray actors): the overlapped schedules train meanwhile. `finish` collects the rollouts."""
+        return self.engines.submit(prompts, sampling, version, replicas)
+
+    def finish(self, pending: Any) -> list[Rollout]:
+        return self.engines.finish(pending)
 
     def score_samples(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
         """One score per rollout (None: skipped under reward.on_error=skip) and the reward service's metrics."""

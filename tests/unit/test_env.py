@@ -195,14 +195,6 @@ def test_the_multi_turn_source_scores_with_the_environment_and_a_reward_fn(rando
     assert all(s.reward == s.components["env"] + s.components["fn"] for s in batch.scores)
     assert 1 <= batch.metrics["env/turns_mean"] <= 2 and "tito/prefix_mismatch" in batch.metrics
     assert set(greedy) == {"eval/greedy", "eval/success", "eval/first_turn_success", "eval/turns_mean"}
-    with pytest.raises(Exception, match="train.schedule=sync only"):
-        MultiTurnSource(
-            config.model_copy(update={"train": config.train.model_copy(update={"schedule": "async"})}),
-            None,
-            None,
-            None,
-            None,
-        )
 
 
 def test_relayrl_eval_with_an_environment(random_model_dir, tmp_path, capsys):
