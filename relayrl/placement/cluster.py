@@ -1,8 +1,12 @@
 """Ray placement: start or join the cluster, reserve bundles for the roles, start the role actors in them.
 
-Disaggregated: a bundle per role (learner, each engine), packed on one node; each role is pinned to its own
-cores and runs while the others run. Colocated: one bundle that every role shares (fractional CPUs), roles
-take turns. Every bundle holds CPU (an actor in a CPU-less bundle cannot start), thread counts are set
+Disaggregated: a bundle per role (learner, each engine), packed on one node unless `placement.strategy` says
+otherwise; each role is pinned to its own cores and runs while the others run. Colocated: one bundle that every
+role shares (fractional CPUs), roles take turns. Which node a role lands on is Ray's choice under the strategy,
+or the user's: `placement.learner_resources` / `engine_resources` add custom resources to the role's bundles, so
+only the nodes started with them (`ray start --resources`) can hold it. Once placed, a transport that cannot
+cross nodes (`shm`, `disk` in a private temporary directory) is refused naming the roles and their nodes, before
+any actor starts. Every bundle holds CPU (an actor in a CPU-less bundle cannot start), thread counts are set
 explicitly in every actor, and the placement group is awaited with a deadline: a placement that cannot
 fit fails naming the roles, what they asked for and what the cluster has.
 """
@@ -13,7 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from relayrl.config import Config, PlacementConfig
+from relayrl.config import Config, PlacementConfig, effective_transport
 from relayrl.errors import PlacementError
 
 # Every actor: offline, quiet tokenizers, every line of its log, no progress bars (Ray forwards an actor's output
@@ -44,14 +48,16 @@ def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dic
     n = placement.engines
     learner_threads = placement.learner_threads or max(1, math.floor(placement.learner_cpus))
     engine_threads = placement.engine_threads or max(1, math.floor(placement.engine_cpus))
+    learner_extra, engine_extra = dict(placement.learner_resources), dict(placement.engine_resources)
     if placement.layout == "colocated":
         size = max(placement.learner_cpus, placement.engine_cpus)
         share = size / (n + 1)
         every = f"0-{max(0, min(machine_cores, math.ceil(size)) - 1)}"
         slots = [Slot("learner", 0, share, learner_threads, every)]
         slots += [Slot(f"engine {i}", 0, share, engine_threads, every) for i in range(n)]
-        return [{"CPU": size}], slots
-    bundles = [{"CPU": placement.learner_cpus}] + [{"CPU": placement.engine_cpus} for _ in range(n)]
+        return [{"CPU": size, **engine_extra, **learner_extra}], slots
+    bundles = [{"CPU": placement.learner_cpus, **learner_extra}]
+    bundles += [{"CPU": placement.engine_cpus, **engine_extra} for _ in range(n)]
     slots, first = [], 0
     for index, (role, threads) in enumerate(
         [("learner", learner_threads)] + [(f"engine {i}", engine_threads) for i in range(n)]
@@ -99,20 +105,42 @@ def reserve(config: Config):
         check_fits(placement, bundles, {"CPU": cpus}, {"CPU": cpus})
     start_ray(placement)
     check_fits(placement, bundles, ray.cluster_resources(), ray.available_resources())
-    group = placement_group(bundles, strategy="PACK")
+    group = placement_group(bundles, strategy=placement.strategy)
     if not group.wait(timeout_seconds=placement.placement_timeout_s):
         remove_placement_group(group)
         raise PlacementError(
             unplaceable_message(placement, bundles, ray.cluster_resources(), ray.available_resources())
         )
+    try:
+        check_transport_nodes(config, slots, bundle_nodes(group))
+    except PlacementError:
+        remove_placement_group(group)
+        raise
     return group, slots
 
 
 def check_fits(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> None:
-    """Raise at once when the bundles ask for more CPUs than the cluster has in all: waiting for the placement
-    group could only end at its deadline with the same message."""
+    """Raise at once when the bundles ask for more CPUs, or more of a resource, than the cluster has in all:
+    waiting for the placement group could only end at its deadline with the same message."""
     if sum(b["CPU"] for b in bundles) > total.get("CPU", 0) + 1e-9:
         raise PlacementError(unplaceable_message(placement, bundles, total, free))
+    for key, extra in (
+        ("learner_resources", placement.learner_resources),
+        ("engine_resources", placement.engine_resources),
+    ):
+        for name in extra:
+            asked = sum(b.get(name, 0) for b in bundles)
+            if asked > total.get(name, 0) + 1e-9:
+                custom = sorted(
+                    k
+                    for k in total
+                    if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
+                )
+                raise PlacementError(
+                    f"placement.{key} asks for {name}: {asked:g} in all, but the cluster has "
+                    f"{total.get(name, 0):g} (its custom resources: {', '.join(custom) or 'none'}); start the nodes "
+                    f"that should hold the role with `ray start --resources '{{\"{name}\": N}}'`"
+                )
 
 
 def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> str:
@@ -124,12 +152,51 @@ def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: 
             f"learner {{CPU: {placement.learner_cpus:g}}} + {placement.engines} engine(s) "
             f"{{CPU: {placement.engine_cpus:g}}} each"
         )
+    if placement.strategy != "PACK" or placement.learner_resources or placement.engine_resources:
+        roles += f" (bundles {bundles}, placement.strategy={placement.strategy})"
     return (
         f"placement.layout={placement.layout} could not be placed within {placement.placement_timeout_s:g} s: "
         f"{roles} = {asked:g} CPUs, but the cluster has {total.get('CPU', 0):g} CPUs "
         f"({free.get('CPU', 0):g} free). Lower placement.engines, placement.engine_cpus or "
         "placement.learner_cpus, or use placement.layout=colocated"
     )
+
+
+def bundle_nodes(group) -> dict[int, str]:
+    """The node id of each bundle of a placed group."""
+    from ray.util import placement_group_table
+
+    return {int(index): node for index, node in placement_group_table(group)["bundles_to_node_id"].items()}
+
+
+def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, str]) -> None:
+    """Refuse a weight transport that cannot reach an engine on another node than the learner's: `shm` (one
+    node's memory), or `disk` in a private temporary directory (one node's file system)."""
+    transport = effective_transport(config)
+    learner_node = nodes[slots[0].bundle]
+    away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node]
+    if not away or transport not in ("shm", "disk") or (transport == "disk" and config.sync.directory):
+        return
+    where = "; ".join(f"{slot.role} on {node_name(nodes[slot.bundle])}" for slot in away)
+    why = {
+        "shm": "shared memory does not cross nodes",
+        "disk": "sync.directory is '' (a temporary directory on the learner's node)",
+    }[transport]
+    auto = " (sync.transport=auto is shm under placement.mode=ray)" if config.sync.transport == "auto" else ""
+    raise PlacementError(
+        f"sync.transport={transport}{auto} cannot reach engines on other nodes than the learner's ({why}): "
+        f"learner on {node_name(learner_node)}; {where}. Use sync.transport=broadcast or object_store (or disk "
+        "with sync.directory on a file system every node mounts), or place the roles on one node "
+        "(placement.strategy=STRICT_PACK, or placement.learner_resources / engine_resources)"
+    )
+
+
+def node_name(node_id: str) -> str:
+    """`node 1a2b3c4d5e6f (10.0.0.2)`: Ray's node id, shortened, and the node's IP."""
+    import ray
+
+    ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?")
+    return f"node {node_id[:12]} ({ip})"
 
 
 def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:

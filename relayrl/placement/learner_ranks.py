@@ -5,27 +5,41 @@ rank 0 names a rendezvous address on its own node, and every rank then builds it
 once (the rendezvous has the call deadline). The controller and the weight sync hold a `LearnerRanks`: the
 same methods as a `LearnerRole` handle, each call sent to every rank that takes part in it, with the step's
 batch split by whole groups (`prepare`, `update`) and the results joined (rank 0's where they agree). The
-ranks are awaited together with one deadline (`placement.call_timeout_s`): the first rank to fail ends the
-call as `learner rank r`, with the actor and Ray's root cause, even while its peers still wait for it in a
-collective (they are released by the process group's own timeout, or killed with the run).
+ranks are awaited together with one deadline (`placement.call_timeout_s`), and a failure names the rank that
+caused it, not the peers it held up:
+- a rank that dies ends the call as `learner rank r` with the actor and Ray's root cause;
+- a rank whose call fails inside a collective (gloo/nccl: a peer left, or the group's timeout, which equals the
+  call's, ran out) was waiting for a peer: its error is held while the others are awaited;
+- at the deadline, every rank still running is asked where it is (`where`, in a thread of its own, so it
+  answers while the call runs): ranks inside torch.distributed wait in a collective; the others hang, and the
+  error names them with the line they are stuck on. After a failure `close` does not wait on the ranks (a hung
+  one never answers); the run's shutdown kills them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
 import time
+import traceback
 from typing import Any
 
+import ray
 import torch
 
 from relayrl.config import Config
-from relayrl.errors import RoleFailure
+from relayrl.errors import PlacementError, RoleFailure
 from relayrl.learner.ranks import merge_experience, merge_stats, split_by_groups
 from relayrl.learner.sharded import ShardedLearner
+from relayrl.placement.roles import get
 from relayrl.types import Experience
 
-# calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts
-RANK_0_ONLY = ("weight_layout", "join_sync_group", "unlink_segments", "state")
+# calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts; Ray's
+# `__ray_call__` runs a function in the actor (the weight sync asks rank 0 for an address on its node)
+RANK_0_ONLY = ("weight_layout", "join_sync_group", "unlink_segments", "state", "__ray_call__")
+PROBE_TIMEOUT_S = 5.0  # a rank that cannot say where it is within this is busy outside Python: hung too
+COLLECTIVES = "torch/distributed/"  # a frame here: the rank waits for its peers (c10d, FSDP's collectives)
 
 
 class LearnerRank(ShardedLearner):
@@ -33,18 +47,26 @@ class LearnerRank(ShardedLearner):
 
     def __init__(self, config: Config, rank: int, world: int, threads: int):
         self._pending = (config, rank, world, threads)
+        self._caller = threading.get_ident()  # the thread every call but `where` runs in (one, Ray's default group)
 
     def rendezvous_address(self) -> tuple[str, int]:
-        import ray
+        from relayrl.sync.remote import node_address
 
-        from relayrl.sync.remote import free_port
-
-        return ray.util.get_node_ip_address(), free_port()
+        return node_address()
 
     def start(self, address: str, port: int, timeout_s: float) -> int:
         config, rank, world, threads = self._pending
+        self._caller = threading.get_ident()
         ShardedLearner.__init__(self, config, rank, world, address, port, timeout_s, threads)
         return torch.get_num_threads()
+
+    @ray.method(concurrency_group="probe")
+    def where(self) -> list[str]:
+        """The stack of the call running now, innermost frame last, as `file:line in function: code` lines."""
+        frame = sys._current_frames().get(self._caller)
+        if frame is None:
+            return []
+        return [f"{f.filename}:{f.lineno} in {f.name}: {f.line}" for f in traceback.extract_stack(frame)]
 
 
 class _Calls:
@@ -57,9 +79,13 @@ class _Calls:
 class LearnerRanks:
     def __init__(self, actors: list, timeout_s: float):
         self.actors, self.timeout_s = actors, timeout_s
+        self.failed = False  # set by the first failed call: `close` then leaves the ranks to be killed
 
     def actor_id(self, rank: int) -> str:
         return self.actors[rank]._actor_id.hex()[:12]
+
+    def name(self, rank: int) -> str:
+        return f"learner rank {rank} (actor {self.actor_id(rank)})"
 
     # ------------------------------------------------------------------ the fan-out
     def submit(self, method: str, *args, per_rank: list[tuple] | None = None) -> _Calls:
@@ -68,32 +94,79 @@ class LearnerRanks:
         return _Calls(refs, ranks)
 
     def wait_all(self, calls: _Calls, what: str, timeout_s: float | None = None) -> list[Any]:
-        """Every rank's result, in rank order; the first rank to fail or miss the deadline raises, named."""
-        import ray
+        """Every rank's result, in rank order; a failure raises naming the rank that caused it."""
+        try:
+            return self._wait_all(calls, what, timeout_s or self.timeout_s)
+        except Exception:
+            self.failed = True
+            raise
 
-        from relayrl.placement.roles import get
-
-        timeout_s = timeout_s or self.timeout_s
+    def _wait_all(self, calls: _Calls, what: str, timeout_s: float) -> list[Any]:
         deadline = time.monotonic() + timeout_s
         pending = dict(zip(calls.refs, calls.ranks))
         results: dict[int, Any] = {}
+        held: dict[int, str] = {}  # ranks whose call failed in a collective: they waited for a peer
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
-                rank, waiting = min(pending.values()), ", ".join(map(str, sorted(pending.values())))
-                raise RoleFailure(
-                    f"learner rank {rank} (actor {self.actor_id(rank)}) did not finish {what} within {timeout_s:g} s "
-                    f"(placement.call_timeout_s); learner ranks {waiting} had not finished: one of them hangs and "
-                    "the others wait for it in a collective",
-                    f"learner rank {rank}",
-                    died=False,
-                )
+                raise self.hung(sorted(pending.values()), held, what, timeout_s)
             rank = pending.pop(ready[0])
-            results[rank] = get(ready[0], f"learner rank {rank}", self.actor_id(rank), 1.0, what)
+            try:
+                results[rank] = get(ready[0], f"learner rank {rank}", self.actor_id(rank), 1.0, what)
+            except RoleFailure:
+                raise
+            except PlacementError as err:
+                if COLLECTIVES in str(getattr(err.__cause__, "traceback_str", "")):
+                    held[rank] = str(err)
+                    continue
+                raise RoleFailure(str(err), f"learner rank {rank}", died=False) from err
+        if held:  # every rank returned, some from a failed collective and none otherwise
+            rank = min(held)
+            raise RoleFailure("; ".join(held.values()), f"learner rank {rank}", died=False)
         return [results[r] for r in calls.ranks]
+
+    def hung(self, pending: list[int], held: dict[int, str], what: str, timeout_s: float) -> RoleFailure:
+        """The error for a call that missed its deadline: the ranks that hang outside a collective, with the line
+        they are on; else the held error of a rank that failed in one (the others wait for it there)."""
+        probes = {rank: self.actors[rank].where.remote() for rank in pending}
+        ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=PROBE_TIMEOUT_S)
+        stacks = {rank: ray.get(ref) if ref in ready else None for rank, ref in probes.items()}
+        waiting = [r for r, stack in stacks.items() if stack and COLLECTIVES in stack[-1]]  # innermost frame
+        culprits = [r for r in pending if r not in waiting]
+        late = f"did not finish {what} within {timeout_s:g} s (placement.call_timeout_s)"
+        if not culprits and held:
+            rank = min(held)
+            return RoleFailure(
+                f"{held[rank]}; learner ranks {_listed(pending)} still wait in a collective",
+                f"learner rank {rank}",
+                died=False,
+            )
+        culprits = culprits or pending  # every rank waits in a collective: none of them can be singled out
+        lines = []
+        for rank in culprits:
+            stack = stacks[rank]
+            if stack is None:
+                at = f"it did not say where it is within {PROBE_TIMEOUT_S:g} s (busy outside Python)"
+            elif rank in waiting:
+                at = f"it waits in a collective at {stack[-1]}"
+            else:
+                at = f"it hangs at {_innermost(stack)}"
+            lines.append(f"{self.name(rank)} {late}: {at}")
+        peers = [r for r in waiting if r not in culprits]
+        if peers:
+            lines.append(
+                f"learner rank{'s' * (len(peers) > 1)} {_listed(peers)} wait{'s' * (len(peers) == 1)} "
+                "for it in a collective"
+            )
+        return RoleFailure("; ".join(lines), f"learner rank {culprits[0]}", died=False)
 
     def wait(self, calls: _Calls, what: str, timeout_s: float | None = None) -> Any:
         return self.wait_all(calls, what, timeout_s)[0]  # rank 0's
+
+    def close(self) -> None:
+        """Every rank releases what it holds; after a failed call, nothing is awaited (the ranks are killed)."""
+        if not self.failed:
+            self.wait_all(self.submit("close"), "close")
 
     def __getattr__(self, method: str):
         if method.startswith("_"):
@@ -116,19 +189,31 @@ class LearnerRanks:
         return merge_stats(stats, [float(p.loss_mask.sum()) for p in parts])
 
 
-def start_learner_ranks(config: Config, group, slot) -> LearnerRanks:
-    """W rank actors in the learner's bundle, joined into one process group within placement.call_timeout_s."""
-    import ray
-
+def start_learner_ranks(config: Config, group, slot, actor_class: type = LearnerRank) -> LearnerRanks:
+    """W rank actors in the learner's bundle, joined into one process group within placement.call_timeout_s.
+    `actor_class`: LearnerRank or a subclass (tests inject faults with one)."""
     from relayrl.placement.cluster import actor_options
 
     world, timeout = config.placement.learner_ranks, config.placement.call_timeout_s
     share = dataclasses.replace(slot, cpus=slot.cpus / world, threads=max(1, slot.threads // world))
+    remote = ray.remote(concurrency_groups={"probe": 1})(actor_class)  # `where` answers while a call runs
     actors = [
-        ray.remote(LearnerRank).options(**actor_options(group, share)).remote(config, rank, world, share.threads)
+        remote.options(**actor_options(group, share)).remote(config, rank, world, share.threads)
         for rank in range(world)
     ]
     ranks = LearnerRanks(actors, timeout)
     address, port = ranks.wait(_Calls([actors[0].rendezvous_address.remote()], [0]), "choosing an address")
     ranks.wait_all(ranks.submit("start", address, port, timeout), "joining the learner group")
     return ranks
+
+
+def _listed(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def _innermost(stack: list[str]) -> str:
+    """The innermost frame outside torch's own modules (the line that hangs), else the innermost."""
+    for line in reversed(stack):
+        if "/torch/" not in line:
+            return line
+    return stack[-1]

@@ -22,9 +22,19 @@ from relayrl.sync.transports import Manifest
 
 
 def free_port() -> int:
+    """A TCP port free on every interface of this node (a process group's store listens on all of them)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
+
+
+def node_address(_actor=None) -> tuple[str, int]:
+    """This node's IP, as Ray reports it, and a free port there: the rendezvous of a process group whose store
+    this process hosts, reachable from the other nodes. Run in the learner's actor (`__ray_call__` passes the
+    actor instance first); never 127.0.0.1, which on another node is that node."""
+    import ray
+
+    return ray.util.get_node_ip_address(), free_port()
 
 
 class RaySync:
@@ -40,12 +50,13 @@ class RaySync:
         o, replicas = self.options, engines.replicas
         self.learner, self.engines = learner, engines
         layout = learner.weight_layout(o.bucket_mb, o.wire_dtype)
-        if self.transport == "broadcast":
-            port, world = free_port(), 1 + len(replicas)
-            refs = [learner.submit("join_sync_group", "127.0.0.1", port, world, o.timeout_s)]
+        if self.transport == "broadcast":  # the learner (rank 0) hosts the group's store, on its own node
+            where = learner.submit("__ray_call__", node_address)
+            address, port = learner.wait(where, "choosing the weight-sync group's address", o.timeout_s)
+            world = 1 + len(replicas)
+            refs = [learner.submit("join_sync_group", address, port, world, o.timeout_s)]
             refs += [
-                r.submit("join_sync_group", "127.0.0.1", port, i + 1, world, o.timeout_s)
-                for i, r in enumerate(replicas)
+                r.submit("join_sync_group", address, port, i + 1, world, o.timeout_s) for i, r in enumerate(replicas)
             ]
             for role, ref in zip([learner, *replicas], refs):
                 role.wait(ref, "joining the weight-sync group", o.timeout_s)
