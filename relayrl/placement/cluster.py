@@ -163,21 +163,24 @@ def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: 
 
 
 def bundle_nodes(group) -> dict[int, str]:
-    """The node id of each bundle of a placed group."""
+    """Where each bundle of a placed group is: `node 1a2b3c4d5e6f (10.0.0.2)`, Ray's node id (shortened) and IP."""
+    import ray
     from ray.util import placement_group_table
 
-    return {int(index): node for index, node in placement_group_table(group)["bundles_to_node_id"].items()}
+    ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    placed = placement_group_table(group)["bundles_to_node_id"]
+    return {int(index): f"node {node[:12]} ({ips.get(node, '?')})" for index, node in placed.items()}
 
 
 def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, str]) -> None:
     """Refuse a weight transport that cannot reach an engine on another node than the learner's: `shm` (one
-    node's memory), or `disk` in a private temporary directory (one node's file system)."""
+    node's memory), or `disk` in a private temporary directory (one node's file system). `nodes`: bundle_nodes."""
     transport = effective_transport(config)
     learner_node = nodes[slots[0].bundle]
     away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node]
     if not away or transport not in ("shm", "disk") or (transport == "disk" and config.sync.directory):
         return
-    where = "; ".join(f"{slot.role} on {node_name(nodes[slot.bundle])}" for slot in away)
+    where = "; ".join(f"{slot.role} on {nodes[slot.bundle]}" for slot in away)
     why = {
         "shm": "shared memory does not cross nodes",
         "disk": "sync.directory is '' (a temporary directory on the learner's node)",
@@ -185,18 +188,10 @@ def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, st
     auto = " (sync.transport=auto is shm under placement.mode=ray)" if config.sync.transport == "auto" else ""
     raise PlacementError(
         f"sync.transport={transport}{auto} cannot reach engines on other nodes than the learner's ({why}): "
-        f"learner on {node_name(learner_node)}; {where}. Use sync.transport=broadcast or object_store (or disk "
+        f"learner on {learner_node}; {where}. Use sync.transport=broadcast or object_store (or disk "
         "with sync.directory on a file system every node mounts), or place the roles on one node "
         "(placement.strategy=STRICT_PACK, or placement.learner_resources / engine_resources)"
     )
-
-
-def node_name(node_id: str) -> str:
-    """`node 1a2b3c4d5e6f (10.0.0.2)`: Ray's node id, shortened, and the node's IP."""
-    import ray
-
-    ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), "?")
-    return f"node {node_id[:12]} ({ip})"
 
 
 def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:

@@ -126,39 +126,12 @@ class LearnerRanks:
         return [results[r] for r in calls.ranks]
 
     def hung(self, pending: list[int], held: dict[int, str], what: str, timeout_s: float) -> RoleFailure:
-        """The error for a call that missed its deadline: the ranks that hang outside a collective, with the line
-        they are on; else the held error of a rank that failed in one (the others wait for it there)."""
+        """The error for a call that missed its deadline, once every rank still running said where it is."""
         probes = {rank: self.actors[rank].where.remote() for rank in pending}
         ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=PROBE_TIMEOUT_S)
         stacks = {rank: ray.get(ref) if ref in ready else None for rank, ref in probes.items()}
-        waiting = [r for r, stack in stacks.items() if stack and COLLECTIVES in stack[-1]]  # innermost frame
-        culprits = [r for r in pending if r not in waiting]
         late = f"did not finish {what} within {timeout_s:g} s (placement.call_timeout_s)"
-        if not culprits and held:
-            rank = min(held)
-            return RoleFailure(
-                f"{held[rank]}; learner ranks {_listed(pending)} still wait in a collective",
-                f"learner rank {rank}",
-                died=False,
-            )
-        culprits = culprits or pending  # every rank waits in a collective: none of them can be singled out
-        lines = []
-        for rank in culprits:
-            stack = stacks[rank]
-            if stack is None:
-                at = f"it did not say where it is within {PROBE_TIMEOUT_S:g} s (busy outside Python)"
-            elif rank in waiting:
-                at = f"it waits in a collective at {stack[-1]}"
-            else:
-                at = f"it hangs at {_innermost(stack)}"
-            lines.append(f"{self.name(rank)} {late}: {at}")
-        peers = [r for r in waiting if r not in culprits]
-        if peers:
-            lines.append(
-                f"learner rank{'s' * (len(peers) > 1)} {_listed(peers)} wait{'s' * (len(peers) == 1)} "
-                "for it in a collective"
-            )
-        return RoleFailure("; ".join(lines), f"learner rank {culprits[0]}", died=False)
+        return blame(stacks, held, late, {rank: self.name(rank) for rank in pending})
 
     def wait(self, calls: _Calls, what: str, timeout_s: float | None = None) -> Any:
         return self.wait_all(calls, what, timeout_s)[0]  # rank 0's
@@ -189,14 +162,13 @@ class LearnerRanks:
         return merge_stats(stats, [float(p.loss_mask.sum()) for p in parts])
 
 
-def start_learner_ranks(config: Config, group, slot, actor_class: type = LearnerRank) -> LearnerRanks:
-    """W rank actors in the learner's bundle, joined into one process group within placement.call_timeout_s.
-    `actor_class`: LearnerRank or a subclass (tests inject faults with one)."""
+def start_learner_ranks(config: Config, group, slot) -> LearnerRanks:
+    """W rank actors in the learner's bundle, joined into one process group within placement.call_timeout_s."""
     from relayrl.placement.cluster import actor_options
 
     world, timeout = config.placement.learner_ranks, config.placement.call_timeout_s
     share = dataclasses.replace(slot, cpus=slot.cpus / world, threads=max(1, slot.threads // world))
-    remote = ray.remote(concurrency_groups={"probe": 1})(actor_class)  # `where` answers while a call runs
+    remote = ray.remote(concurrency_groups={"probe": 1})(LearnerRank)  # `where` answers while a call runs
     actors = [
         remote.options(**actor_options(group, share)).remote(config, rank, world, share.threads)
         for rank in range(world)
@@ -205,6 +177,36 @@ def start_learner_ranks(config: Config, group, slot, actor_class: type = Learner
     address, port = ranks.wait(_Calls([actors[0].rendezvous_address.remote()], [0]), "choosing an address")
     ranks.wait_all(ranks.submit("start", address, port, timeout), "joining the learner group")
     return ranks
+
+
+def blame(stacks: dict[int, list[str] | None], held: dict[int, str], late: str, names: dict[int, str]) -> RoleFailure:
+    """Whom a missed deadline is down to. `stacks`: each rank still running, with where it is (None: it did not
+    answer). The ranks outside a collective hang, named with the line they are on; if every one waits in a
+    collective, the held error of a rank that failed in one is the cause; else no rank can be singled out."""
+    pending = sorted(stacks)
+    waiting = [r for r in pending if stacks[r] and COLLECTIVES in stacks[r][-1]]  # by the innermost frame
+    culprits = [r for r in pending if r not in waiting]
+    if not culprits and held:
+        rank = min(held)
+        return RoleFailure(
+            f"{held[rank]}; learner ranks {_listed(pending)} still wait in a collective", f"learner rank {rank}", False
+        )
+    culprits = culprits or pending
+    lines = []
+    for rank in culprits:
+        stack = stacks[rank]
+        if stack is None:
+            at = f"it did not say where it is within {PROBE_TIMEOUT_S:g} s (busy outside Python)"
+        elif rank in waiting:
+            at = f"it waits in a collective at {stack[-1]}"
+        else:
+            at = f"it hangs at {_innermost(stack)}"
+        lines.append(f"{names[rank]} {late}: {at}")
+    peers = [r for r in waiting if r not in culprits]
+    if peers:
+        many = len(peers) > 1
+        lines.append(f"learner rank{'s' * many} {_listed(peers)} wait{'s' * (not many)} for it in a collective")
+    return RoleFailure("; ".join(lines), f"learner rank {culprits[0]}", died=False)
 
 
 def _listed(ranks: list[int]) -> str:

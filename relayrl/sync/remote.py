@@ -31,7 +31,7 @@ def free_port() -> int:
 def node_address(_actor=None) -> tuple[str, int]:
     """This node's IP, as Ray reports it, and a free port there: the rendezvous of a process group whose store
     this process hosts, reachable from the other nodes. Run in the learner's actor (`__ray_call__` passes the
-    actor instance first); never 127.0.0.1, which on another node is that node."""
+    actor instance first); never the loopback address, which on another node is that node."""
     import ray
 
     return ray.util.get_node_ip_address(), free_port()
