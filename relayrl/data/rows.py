@@ -52,12 +52,16 @@ class JsonlRows:
 
 def _index_lines(path: Path, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start, length, line number) of every non-blank line, as int64 / uint32 / uint32 arrays. The file is read
-    in chunks into one buffer, so its pages are not all held at once."""
-    buffer, newlines = bytearray(CHUNK), []
+    in chunks into one buffer, so its pages are not all held at once. A line that is short or starts with
+    whitespace may be blank: those few are read back and checked (a row starts with `{`)."""
+    buffer, newlines, firsts = bytearray(CHUNK), [], []
     with path.open("rb") as f:
         for offset in range(0, size, CHUNK):
             got = f.readinto(buffer)
-            newlines.append(np.flatnonzero(np.frombuffer(buffer, np.uint8, got) == 10) + offset)
+            chunk = np.frombuffer(buffer, np.uint8, got)
+            found = np.flatnonzero(chunk == 10)
+            newlines.append(found + offset)
+            firsts.append(np.append(chunk[:1], chunk[np.minimum(found + 1, got - 1)]))  # byte after each newline
     ends = np.concatenate(newlines + [np.array([size], np.int64)])
     del newlines
     starts = np.concatenate([np.zeros(1, np.int64), ends[:-1] + 1])
@@ -65,14 +69,31 @@ def _index_lines(path: Path, size: int) -> tuple[np.ndarray, np.ndarray, np.ndar
         starts, ends = starts[:-1], ends[:-1]
     lengths = (ends - starts).astype(np.uint32)
     del ends
-    keep = lengths > SHORT
-    short = np.flatnonzero(~keep)
+    maybe_blank = (lengths <= SHORT) | np.isin(_first_bytes(firsts, starts, path), WHITESPACE)
+    keep = ~maybe_blank
     with path.open("rb") as f:
-        for i in short:
+        for i in np.flatnonzero(maybe_blank):
             f.seek(int(starts[i]))
             keep[i] = bool(f.read(int(lengths[i])).strip())
     lines = np.flatnonzero(keep).astype(np.uint32) + 1
     return starts[keep], lengths[keep], lines
+
+
+WHITESPACE = np.frombuffer(b" \t\r\x0b\x0c", np.uint8)
+
+
+def _first_bytes(firsts: list[np.ndarray], starts: np.ndarray, path: Path) -> np.ndarray:
+    """The first byte of every line. Each chunk gave its first byte and the byte after each of its newlines
+    (the newline's own byte when it ends the chunk: those lines, one per chunk at most, are read here)."""
+    if not firsts:
+        return np.zeros(len(starts), np.uint8)
+    candidates = np.concatenate([chunk[1:] for chunk in firsts])[: len(starts) - 1]
+    result = np.concatenate([firsts[0][:1], candidates])
+    with path.open("rb") as f:
+        for i in np.flatnonzero(result == 10):  # a line starting at a chunk's boundary, or an empty one
+            f.seek(int(starts[i]))
+            result[i] = (f.read(1) or b"\n")[0]
+    return result
 
 
 class ArrowRows:

@@ -41,6 +41,20 @@ def test_the_line_index_finds_the_rows_and_lines_the_streaming_reader_finds(tmp_
     assert [where for where, _ in read_rows(path)] == [f"{path}:1", f"{path}:4", f"{path}:6"]
 
 
+@pytest.mark.parametrize("chunk", [7, 16, 1 << 22])  # chunk boundaries inside, at and after lines
+def test_long_whitespace_lines_and_indented_rows_are_indexed_as_the_streaming_reader_reads_them(
+    tmp_path, monkeypatch, chunk
+):
+    from relayrl.data import rows
+
+    monkeypatch.setattr(rows, "CHUNK", chunk)
+    path = tmp_path / "d.jsonl"
+    text = " " * 40 + '\n  {"prompt": "indented"}\n\t\t\r\n{"prompt": "a"}\n' + "\t" * 30 + '\n{"prompt": "b"}\n'
+    path.write_text(text)
+    assert read_rows(path) == list(iter_jsonl(path))
+    assert [where.rsplit(":", 1)[1] for where, _ in read_rows(path)] == ["2", "4", "6"]
+
+
 def test_a_lazy_table_gives_the_prompts_the_eager_list_gives(tmp_path, tokenizer, monkeypatch, capsys):
     path = _jsonl(tmp_path / "d.jsonl", _rows(9))
     eager, _ = load_prompts(path, tokenizer, 12, "drop")
