@@ -95,9 +95,36 @@ def first_batch_child(path: str) -> None:
     print(json.dumps({"seconds": seconds, "rss_mb": peak, "base_mb": base, "rows": len(prompts), "batch": len(batch)}))
 
 
+PROMPT_TOKENS = 8  # every prompt of sections (a) and (b)
+
+
+def update_overrides(model_dir: str, samples: int, response_tokens: int, memory: tuple = ()) -> list[str]:
+    """The config of one case; `memory` may hold train.micro_batch_tokens, else one micro-batch of every sample."""
+    overrides = [f"model.path={model_dir}", "rollout.n=8", f"rollout.prompts_per_step={samples // 8}"]
+    overrides += [f"rollout.max_tokens={response_tokens}", "train.packing=none"]
+    overrides += [f"data.max_prompt_tokens={PROMPT_TOKENS}", *memory]
+    if not any(m.startswith("train.micro_batch_tokens=") for m in memory):
+        overrides.append(f"train.micro_batch={samples}")
+    return overrides
+
+
+def predicted_over_mb(model_dir: str, samples: int, response_tokens: int, memory: tuple = ()) -> float:
+    """The planner's update peak beyond the loaded model and batch: gradients and AdamW (12 B/param on CPU) and
+    one micro-batch's activations and logits (relayrl/planner/learner_memory.py)."""
+    from relayrl.config import load_config
+    from relayrl.planner import PROFILES, load_shape
+    from relayrl.planner.estimate import estimate_memory, precision_for, workload_from_config
+
+    config = load_config(None, update_overrides(model_dir, samples, response_tokens, memory))
+    shape = load_shape(model_dir)
+    memory = estimate_memory(shape, workload_from_config(config), PROFILES["cpu"], precision_for(PROFILES["cpu"]))
+    return (shape.params * 12 + memory.activations + memory.logits) / 1e6
+
+
 def update_child(model_dir: str, samples: int, response_tokens: int, memory: tuple = (), repeats: int = 3) -> None:
     """Runs in the subprocess: one warm-up update, then `repeats` timed ones; prints {"seconds", "rss_mb",
-    "over_mb", "tokens"}. `memory`: extra config overrides (activation checkpointing, logits chunk)."""
+    "over_mb", "tokens"}. `memory`: extra config overrides (activation checkpointing, logits chunk, a token
+    budget)."""
     import resource
 
     import torch
@@ -109,14 +136,12 @@ def update_child(model_dir: str, samples: int, response_tokens: int, memory: tup
     from relayrl.types import Prompt, Rollout, Score
 
     torch.set_num_threads(2)
-    overrides = [f"model.path={model_dir}", "rollout.n=8", f"rollout.prompts_per_step={samples // 8}"]
-    overrides += [f"train.micro_batch={samples}", f"rollout.max_tokens={response_tokens}", "train.packing=none"]
-    overrides += list(memory)
-    learner = PolicyLearner(load_config(None, overrides))
+    learner = PolicyLearner(load_config(None, update_overrides(model_dir, samples, response_tokens, memory)))
     gen = torch.Generator().manual_seed(0)
     rollouts = []
     for i in range(samples):
-        prompt = Prompt(id=str(i // 8), text="", token_ids=torch.randint(4, 20, (8,), generator=gen).tolist())
+        ids = torch.randint(4, 20, (PROMPT_TOKENS,), generator=gen).tolist()
+        prompt = Prompt(id=str(i // 8), text="", token_ids=ids)
         response = torch.randint(4, 20, (response_tokens,), generator=gen).tolist()
         rollouts.append(Rollout(prompt, i % 8, response, "", [-1.0] * response_tokens, "stop", [0] * response_tokens))
     scores = [Score(float(i % 3 == 0)) for i in range(samples)]
@@ -131,15 +156,37 @@ def update_child(model_dir: str, samples: int, response_tokens: int, memory: tup
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tokens = int(exp.attention_mask.sum())
-    print(json.dumps({"seconds": min(times), "rss_mb": peak, "over_mb": peak - base, "tokens": tokens}))
+    micro = learner.micro.micro_batches  # since the last update's take_counts: none counted after it
+    stats = learner.update(exp)
+    micro = int(stats["learner/micro_batches"]) if micro == 0 else micro
+    row = {"seconds": min(times), "rss_mb": peak, "over_mb": peak - base, "tokens": tokens, "micro_batches": micro}
+    print(json.dumps(row))
 
 
-def section_update(
-    out: Path, name: str, cases: list[tuple[int, int]], size_of, memory: tuple = (), repeats: int = 3
-) -> None:
-    """Sections (a) and (b): `cases` of (samples, response tokens); `size_of` picks the swept one. `memory`:
-    config overrides passed to every case (learner.activation_checkpointing, train.logits_chunk)."""
-    positions = max(2048, max(tokens for _, tokens in cases) + 64)  # prompts of 8 tokens, and room
+def run_cases(model_dir: Path, cases: list[tuple[int, int]], memory: tuple, repeats: int, label: str) -> list[dict]:
+    """Each case in a fresh subprocess (its own peak RSS), with the planner's prediction beside it."""
+    results = []
+    for samples, tokens in cases:
+        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.scaling import update_child; "
+        code += f"update_child({str(model_dir)!r}, {samples}, {tokens}, {tuple(memory)!r}, {repeats})"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+        if done.returncode:
+            raise SystemExit(done.stderr[-2000:])
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result.update(samples=samples, response=tokens)
+        result["predicted_mb"] = predicted_over_mb(str(model_dir), samples, tokens, memory)
+        results.append(result)
+        print(
+            f"  {label} {samples} x {tokens}: {result['seconds']:.3f} s, {result['rss_mb']:.0f} MB, over "
+            f"{result['over_mb']:.0f} MB (predicted {result['predicted_mb']:.0f}), load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+    return results
+
+
+def tiny_model(out: Path, longest: int) -> Path:
+    """The sections' tiny random Llama (hidden 64, 2 layers), with positions for the longest case."""
+    positions = max(2048, longest + 64)  # prompts of 8 tokens, and room
     model_dir = out / ("model" if positions == 2048 else f"model_{positions}")
     if not (model_dir / "config.json").is_file():
         from relayrl.models.tiny import build_tiny
@@ -153,33 +200,69 @@ def section_update(
             intermediate=128,
             max_positions=positions,
         )
-    results = []
-    for samples, tokens in cases:
-        code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from benchmarks.scaling import update_child; "
-        code += f"update_child({str(model_dir)!r}, {samples}, {tokens}, {tuple(memory)!r}, {repeats})"
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-        if done.returncode:
-            raise SystemExit(done.stderr[-2000:])
-        results.append({"n": size_of(samples, tokens), **json.loads(done.stdout.strip().splitlines()[-1])})
-        print(
-            f"  {name} {results[-1]['n']}: {results[-1]['seconds']:.3f} s, {results[-1]['rss_mb']:.0f} MB", flush=True
-        )
+    return model_dir
+
+
+def section_update(
+    out: Path, name: str, cases: list[tuple[int, int]], size_of, memory: tuple = (), repeats: int = 3
+) -> list[dict]:
+    """Sections (a) and (b): `cases` of (samples, response tokens); `size_of` picks the swept one. `memory`:
+    config overrides passed to every case (learner.activation_checkpointing, train.logits_chunk)."""
+    model_dir = tiny_model(out, max(tokens for _, tokens in cases))
+    results = run_cases(model_dir, cases, memory, repeats, name)
+    for r in results:
+        r["n"] = size_of(r["samples"], r["response"])
     _table(name + "".join(f", {m}" for m in memory), results, repeats)
+    return results
+
+
+def section_budget(out: Path, cases: list[tuple[int, int]], counted: list[dict], memory: tuple, repeats: int) -> None:
+    """Section (a) again with train.micro_batch_tokens = the positions of the shortest case's one micro-batch:
+    the memory count-based micro-batching (`counted`) used there. Beside it: where the count runs past it."""
+    samples, shortest = cases[0]
+    budget = samples * (PROMPT_TOKENS + shortest)
+    model_dir = tiny_model(out, max(tokens for _, tokens in cases))
+    results = run_cases(model_dir, cases, (*memory, f"train.micro_batch_tokens={budget}"), repeats, "budget")
+    limit = max(r["over_mb"] for r in results)
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "unset")
+    print(
+        f"\n(a) token budget {budget} vs count-based micro_batch {samples} (the same memory at {shortest} tokens)"
+        f"{''.join(f', {m}' for m in memory)}; MALLOC_MMAP_THRESHOLD_={threshold}"
+        f" (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})"
+    )
+    print(
+        "| response tokens | budget: micro-batches | s | peak over MB | predicted | x "
+        f"| count: micro-batches | s | peak over MB | predicted | within the budget's {limit:.0f} MB? |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for b, c in zip(results, counted):
+        fits = "yes" if c["over_mb"] <= limit * 1.05 else f"no: {c['over_mb'] / limit:.1f}x, runs out"
+        print(
+            f"| {b['response']} | {b['micro_batches']} | {b['seconds']:.2f} | {b['over_mb']:.0f} | {b['predicted_mb']:.0f} "
+            f"| {b['predicted_mb'] / max(b['over_mb'], 0.1):.2f} | {c['micro_batches']} | {c['seconds']:.2f} "
+            f"| {c['over_mb']:.0f} | {c['predicted_mb']:.0f} | {fits} |"
+        )
 
 
 def _table(name: str, results: list[dict], repeats: int = 3) -> None:
     small = results[0]
-    print(f"\n{name} -> one learner update (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})")
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "unset")
     print(
-        f"| {name} | s (best of {repeats}) | x | us per token | peak RSS MB | x | peak over the loaded model MB | x |"
+        f"\n{name} -> one learner update (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}, "
+        f"MALLOC_MMAP_THRESHOLD_={threshold})"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        f"| {name} | s (best of {repeats}) | x | us per token | peak RSS MB | x | peak over the loaded model MB | x "
+        "| predicted MB | predicted / measured |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         over = r["over_mb"] / max(small["over_mb"], 0.1)
         print(
             f"| {r['n']} | {r['seconds']:.3f} | {r['seconds'] / small['seconds']:.1f} "
             f"| {1e6 * r['seconds'] / r['tokens']:.1f} | {r['rss_mb']:.0f} "
-            f"| {r['rss_mb'] / small['rss_mb']:.2f} | {r['over_mb']:.1f} | {over:.1f} |"
+            f"| {r['rss_mb'] / small['rss_mb']:.2f} | {r['over_mb']:.1f} | {over:.1f} "
+            f"| {r['predicted_mb']:.1f} | {r['predicted_mb'] / max(r['over_mb'], 0.1):.2f} |"
         )
     sizes = [r["n"] for r in results]
     if len(set(sizes)) < 2:
@@ -257,13 +340,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="sections (a), (b): timed updates after the warm-up")
     parser.add_argument("--activation-checkpointing", action="store_true", help="sections (a), (b)")
     parser.add_argument("--logits-chunk", type=int, default=None, help="sections (a), (b); default: the config's")
+    parser.add_argument(
+        "--token-budget",
+        action="store_true",
+        help="section (a): also with train.micro_batch_tokens at the shortest case's memory, beside the count",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     memory = ("learner.activation_checkpointing=true",) if args.activation_checkpointing else ()
     memory += () if args.logits_chunk is None else (f"train.logits_chunk={args.logits_chunk}",)
     if args.section in ("a", "all"):
         cases = [(args.responses, int(t)) for t in args.lengths.split(",")]
-        section_update(args.out, "(a) response tokens", cases, lambda s, t: t, memory, args.repeats)
+        counted = section_update(args.out, "(a) response tokens", cases, lambda s, t: t, memory, args.repeats)
+        if args.token_budget:
+            section_budget(args.out, cases, counted, memory, args.repeats)
     if args.section in ("b", "all"):
         cases = [(s, 64) for s in (8, 16, 32, 64, 128)]
         section_update(args.out, "(b) responses", cases, lambda s, t: s, memory, args.repeats)

@@ -22,6 +22,7 @@ from relayrl.planner.estimate import (
     workload_from_config,
 )
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
+from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
 from relayrl.planner.shape import ModelShape, count_params, load_shape
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 
@@ -40,6 +41,7 @@ class Plan:
     # Per --hardware profile: the least learner ranks W whose rank fits and that rank's update phase in bytes;
     # None and the activations + logits of one micro-batch when no W fits
     smallest_ranks: tuple[tuple[str, int | None, float], ...] = ()
+    prompts: PromptLengths | str = "not read"  # prompt lengths sampled from data.train, or why not
 
 
 def make_plan(
@@ -53,11 +55,20 @@ def make_plan(
     longest_response_tokens: float | None = None,
     measure: bool = False,
     learner_ranks: int | None = None,
+    read_prompts: bool = True,
 ) -> Plan:
     """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs on this
     machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU. `learner_ranks`:
-    W sharded learner ranks in place of the config's placement.learner_ranks."""
-    work = workload_from_config(config, longest_prompt_tokens, longest_response_tokens, learner_ranks)
+    W sharded learner ranks in place of the config's placement.learner_ranks. `read_prompts`: sample data.train
+    for its prompt lengths (the expected longest of a batch sizes the learner's width unless
+    `longest_prompt_tokens` is given; the mean sizes prefill)."""
+    prompts = sample_prompt_lengths(config) if read_prompts else "not read"
+    read = isinstance(prompts, PromptLengths)
+    if longest_prompt_tokens is None and read:
+        longest_prompt_tokens = prompts.batch_longest
+    work = workload_from_config(
+        config, longest_prompt_tokens, longest_response_tokens, learner_ranks, prompts.mean if read else None
+    )
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     placement = place(memory, hardware, work.gpu_memory_utilization, offload)
@@ -80,6 +91,7 @@ def make_plan(
         rates,
         offload,
         tuple(_smallest_ranks(shape, work, fp32_master, infer_dtype)),
+        prompts,
     )
 
 

@@ -18,21 +18,18 @@ from dataclasses import dataclass
 from relayrl.config import Config
 from relayrl.errors import ConfigError
 from relayrl.planner.hardware import Hardware
+from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak
 from relayrl.planner.shape import ModelShape, micro_batch_rows
 
 GIB = 2**30
 INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
-# Activation bytes per token per layer per hidden unit, in units of the activation dtype's bytes / 2:
-# Korthikanti et al. 2022 give 34 * s * b * h bytes per layer for bf16 with flash attention and no
-# recomputation (the 5*a*s/h attention-score term is gone with flash attention). fp32 doubles it.
-ACTIVATION_C_BF16 = 34
 
 
 @dataclass(frozen=True)
 class Precision:
     train_terms: tuple[tuple[str, int], ...]  # (what, bytes/param) for one trainable copy
     infer_bytes: int  # bytes/param of an inference-only copy
-    activation_c: int  # bytes per (token * hidden * layer) of activations
+    activation_bytes: int  # bytes of one activation value (relayrl/planner/learner_memory.py counts the values)
 
     @property
     def train_bytes(self) -> int:
@@ -44,13 +41,13 @@ def precision_for(hardware: Hardware, fp32_master: bool = True, infer_dtype: str
     CPU (relayrl trains in fp32 there): fp32 weight 4 + fp32 grad 4 + Adam m 4 + v 4 = 16."""
     if hardware.kind == "cpu":
         terms = (("fp32 weight", 4), ("fp32 grad", 4), ("Adam m", 4), ("Adam v", 4))
-        return Precision(terms, INFER_BYTES[infer_dtype or "fp32"], 2 * ACTIVATION_C_BF16)
+        return Precision(terms, INFER_BYTES[infer_dtype or "fp32"], 4)
     terms = (
         (("bf16 weight", 2), ("bf16 grad", 2))
         + ((("fp32 master", 4),) if fp32_master else ())
         + (("Adam m", 4), ("Adam v", 4))
     )
-    return Precision(terms, INFER_BYTES[infer_dtype or "bf16"], ACTIVATION_C_BF16)
+    return Precision(terms, INFER_BYTES[infer_dtype or "bf16"], 2)  # bf16 under autocast
 
 
 @dataclass(frozen=True)
@@ -71,6 +68,7 @@ class Workload:
     # the longest response ends; the learner pads every row to the batch's longest sequence.
     longest_prompt_tokens: float | None = None
     longest_response_tokens: float | None = None
+    prompt_mean_tokens: float | None = None  # the mean prompt, read from data.train (relayrl/planner/prompts.py)
     group_size: int = 1  # rollout.n
     engine: str = "vllm"  # rollout.engine
     packing: str = "none"  # train.packing
@@ -80,6 +78,9 @@ class Workload:
     learner_ranks: int = 1  # placement.learner_ranks (W) or --learner-ranks
     mini_batch: int = 0  # train.mini_batch (W must divide it and the groups of a step); 0 = not checked
     gather_passes: int = 1  # the sync's all-gathers per push: 2 under broadcast with checksums (header first)
+    micro_batch_tokens: int | None = None  # train.micro_batch_tokens: micro-batches filled up to this many positions
+    checkpointing: bool = False  # learner.activation_checkpointing
+    logits_chunk: int = 0  # train.logits_chunk (0: the model's own logits over every position)
 
     @property
     def packed(self) -> bool:
@@ -102,6 +103,24 @@ class Workload:
         """A packed row: the prompt once, then every response of the group (at their longest)."""
         return self.prompt + self.group_size * self.response
 
+    def micro_positions(self) -> tuple[int, int]:
+        """(forward positions, response positions) of the largest micro-batch, at the limits (memory is sized
+        for the longest sequences the config allows). A token budget takes units (whole groups when the learner
+        packs, relayrl/learner/batching.py) while they fit, at least one; a count takes micro_batch rows (one
+        packed row per group when the learner packs the whole batch)."""
+        prompt, response, n = self.prompt_tokens, self.response_tokens, self.group_size
+        mini = self.mini_batch or self.rollout_batch
+        if self.micro_batch_tokens is not None:
+            groups = self.packing != "none" and n > 1
+            unit, answer = (prompt + n * response, n * response) if groups else (prompt + response, response)
+            units = max(1, mini // n) if groups else mini
+            count = max(1, min(units, self.micro_batch_tokens // unit))
+            return count * unit, count * answer
+        if self.packed:
+            groups = max(1, self.micro_batch // n)
+            return groups * (prompt + n * response), groups * n * response
+        return self.micro_batch * (prompt + response), self.micro_batch * response
+
     @property
     def seq_len(self) -> int:
         """The longest sequence the limits allow: memory is sized for it."""
@@ -110,6 +129,11 @@ class Workload:
     @property
     def prompt(self) -> float:
         return self.prompt_tokens if self.longest_prompt_tokens is None else self.longest_prompt_tokens
+
+    @property
+    def prompt_mean(self) -> float:
+        """The mean prompt (what the engine prefills); the longest when the data was not read."""
+        return self.prompt if self.prompt_mean_tokens is None else self.prompt_mean_tokens
 
     @property
     def response(self) -> float:
@@ -133,8 +157,10 @@ def workload_from_config(
     longest_prompt_tokens: float | None = None,
     longest_response_tokens: float | None = None,
     learner_ranks: int | None = None,
+    prompt_mean_tokens: float | None = None,
 ) -> Workload:
-    """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray)."""
+    """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray);
+    `prompt_mean_tokens`: the mean prompt read from data.train."""
     broadcast_checks = config.sync.transport == "broadcast" and config.sync.checksum
     return Workload(
         learner_ranks=learner_ranks or config.placement.learner_ranks,
@@ -142,10 +168,14 @@ def workload_from_config(
         gather_passes=2 if broadcast_checks else 1,
         longest_prompt_tokens=longest_prompt_tokens,
         longest_response_tokens=longest_response_tokens,
+        prompt_mean_tokens=prompt_mean_tokens,
         rollout_batch=config.rollout_batch,
         prompt_tokens=config.data.max_prompt_tokens,
         response_tokens=config.rollout.max_tokens,
         micro_batch=micro_batch_rows(config),  # from train.micro_batch_tokens when set
+        micro_batch_tokens=config.train.micro_batch_tokens,
+        checkpointing=config.learner.activation_checkpointing,
+        logits_chunk=config.train.logits_chunk,
         optimizer_steps=config.updates_per_step,
         epochs=config.train.epochs,
         reference=config.algorithm.kl.coef > 0,
@@ -181,10 +211,7 @@ def adapter_params(shape: ModelShape, rank: int, targets: str | tuple[str, ...] 
     every projection of attention and MLP, not the LM head). The MLP width, when config.json is not at hand, is
     what the parameter count leaves after the embeddings and attention (gate, up and down: 3 x hidden x I)."""
     h, q, kv = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim
-    attention = h * q * 2 + h * kv * 2
-    embeddings = shape.vocab * h * (1 if shape.tied in (True, None) else 2)
-    per_layer = (shape.params - embeddings - h) / shape.layers - attention - 2 * h  # less the norms (RMSNorm: h)
-    width = shape.intermediate or max(1, round(per_layer / (3 * h)))
+    width = intermediate_size(shape)
     dims = {
         "q_proj": h + q,
         "k_proj": h + kv,
@@ -221,6 +248,7 @@ class Memory:
     activations: float
     logits: float
     ranks: int = 1  # learner ranks W: the states below are split W ways, activations and logits are per rank
+    learner: LearnerPeak | None = None  # the parts of activations and logits (relayrl/planner/learner_memory.py)
 
     @property
     def states(self) -> float:
@@ -263,7 +291,9 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
             f"the KV cache ({kv_capacity / GIB:.2f} GiB, {kv_tokens} tokens) cannot hold one sequence of "
             f"{work.seq_len} tokens; raise rollout.kv_cache_gib"
         )
-    tokens = work.micro_batch * work.seq_len
+    peak = learner_peak(
+        shape, *work.micro_positions(), precision.activation_bytes, work.checkpointing, work.logits_chunk
+    )
     trainable = P * precision.train_bytes  # full fine-tuning; with LoRA: a frozen base and a trained adapter
     if work.lora_rank:
         trainable = P * b + adapter_params(shape, work.lora_rank, work.lora_targets) * precision.train_bytes
@@ -277,9 +307,10 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         kv_capacity=kv_capacity,
         kv_tokens=kv_tokens,
         concurrent=concurrent,
-        activations=tokens * shape.hidden * shape.layers * precision.activation_c,
-        logits=tokens * shape.vocab * 4,  # fp32 logits for the log-softmax
+        activations=peak.activations,
+        logits=peak.logits,
         ranks=work.learner_ranks,
+        learner=peak,
     )
 
 

@@ -10,6 +10,8 @@ rollout engine's fixed costs. Measured on this machine, nothing assumed.
   model (one layer, hidden 64: its compute is negligible) on a grid of batch sizes and lengths. A least-squares
   fit of `time = per_call + per_step x decode steps + per_token x generated tokens + per_sequence x sequences`
   over the grid separates what an engine iteration, a sampled token and a request cost apart from the model.
+  Then `load_weights` of the null model's own weights, best of 3: what a weight sync costs apart from its
+  bytes (vLLM's reload path, the prefix-cache reset; on HF a copy per tensor).
 Left out: attention kernels and elementwise ops (norms, activations, softmax), counted at the matmul rate or
 not at all; the training loop's Python overhead.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relayrl.planner.hardware import best_time, warm_up
 from relayrl.planner.shape import ModelShape
@@ -48,6 +50,7 @@ class EngineOverhead:
     per_token: float  # one sampled token of one sequence: sampling, its log-prob, detokenising
     per_sequence: float  # one sequence: request set-up and the returned Rollout
     engine: str
+    reload: float = 0.0  # one `load_weights` of the null model: the sync's fixed cost (engine reload, caches reset)
 
 
 def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
@@ -118,6 +121,7 @@ def measure_engine_overhead(kind: str, seed: int = 0) -> EngineOverhead:
 
 def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
     """Fit the engine's fixed costs on ENGINE_GRID with a null model built in a temporary directory."""
+    from relayrl.models.loading import load_causal_lm
     from relayrl.models.tiny import build_tiny
     from relayrl.rollout.base import Sampling, build_engine
     from relayrl.types import Prompt
@@ -141,8 +145,14 @@ def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
             lengths = [len(r.response_ids) for r in rollouts]
             rows.append([1.0, max(lengths), sum(lengths), len(rollouts)])
             seconds.append(best)
+        reload = time_reload(engine, load_causal_lm(model_dir, "cpu"))
         del engine
-    return fit_engine_overhead(rows[1:], seconds[1:], kind)
+    return replace(fit_engine_overhead(rows[1:], seconds[1:], kind), reload=reload)
+
+
+def time_reload(engine, model, repeats: int = 3) -> float:
+    """Best seconds of `engine.load_weights` with `model`'s weights: what a push costs apart from its bytes."""
+    return best_time(lambda: engine.load_weights(model.named_parameters(), version=1), repeats)
 
 
 def fit_engine_overhead(counts: list[list[float]], seconds: list[float], kind: str) -> EngineOverhead:

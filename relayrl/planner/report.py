@@ -10,6 +10,7 @@ from rich.table import Table
 
 from relayrl.planner import PROFILES, Plan
 from relayrl.planner.estimate import GIB, adapter_params
+from relayrl.planner.prompts import PromptLengths
 from relayrl.rollout.choice import HF_BELOW_PARAMS
 
 
@@ -133,10 +134,24 @@ def _input_rows(plan: Plan) -> Rows:
         ),
         ("rollout batch", "prompts_per_step x n", f"{w.rollout_batch}"),
         ("sequence", "max_prompt_tokens + max_tokens", f"{w.prompt_tokens} + {w.response_tokens} = {w.seq_len}"),
+        _prompt_row(plan),
+        (
+            "response tokens",
+            "--response-tokens (e.g. a previous run's response/length_max)"
+            if w.longest_response_tokens is not None
+            else "assumed: rollout.max_tokens (every response as long as allowed)",
+            f"{w.response:g}",
+        ),
         (
             "batch width",
-            "longest prompt + longest response expected in a batch (--prompt/--response-tokens)",
+            "longest prompt + longest response expected in a batch",
             f"{w.prompt:g} + {w.response:g} = {w.width:g}",
+        ),
+        (
+            "packing",
+            f"train.packing={w.packing}: whole groups in one row when one micro-batch holds the batch "
+            "(auto: when that computes >= 10% fewer positions)",
+            "on" if w.packed else "off",
         ),
         (
             "tokens per pass",
@@ -152,6 +167,20 @@ def _input_rows(plan: Plan) -> Rows:
     return inputs
 
 
+def _prompt_row(plan: Plan) -> tuple[str, str, str]:
+    """What the planner read from data.train (relayrl/planner/prompts.py), or why it did not."""
+    p, w = plan.prompts, plan.workload
+    if isinstance(p, PromptLengths):
+        return (
+            "prompt tokens",
+            f"{p.sampled} of {p.rows:,} rows of {p.source} through the tokenizer and template: mean, p95, "
+            f"longest; expected longest of {p.batch} prompts (the {p.batch}/{p.batch + 1} quantile)",
+            f"{p.mean:.1f}, {p.p95:g}, {p.longest}; {p.batch_longest:g}",
+        )
+    given = "--prompt-tokens" if w.longest_prompt_tokens is not None else "data.max_prompt_tokens"
+    return ("prompt tokens", f"data.train {p}: {given}", f"{w.prompt:g}")
+
+
 def _memory_rows(plan: Plan) -> Rows:
     s, w, hw, pr, m = plan.shape, plan.workload, plan.hardware, plan.precision, plan.memory
     b = pr.infer_bytes
@@ -160,7 +189,6 @@ def _memory_rows(plan: Plan) -> Rows:
         if hw.kind == "cpu"
         else f"{m.engine_devices} dev x {w.gpu_memory_utilization:g} x {hw.memory_gb:g} GB - weights"
     )
-    c = pr.activation_c
     trainable = f"P x {pr.train_bytes}"
     if w.lora_rank:  # relayrl/planner/estimate.py: a frozen base, an adapter of A parameters
         trainable = f"P x {b} + A={adapter_params(s, w.lora_rank, w.lora_targets):,} x {pr.train_bytes} (LoRA)"
@@ -178,14 +206,41 @@ def _memory_rows(plan: Plan) -> Rows:
         ("KV capacity", kv_budget, f"{m.kv_capacity / GIB:,.2f} GiB"),
         ("tokens that fit", "KV capacity / KV bytes per token", f"{m.kv_tokens:,}"),
         ("concurrent seqs", f"min(rollout batch {w.rollout_batch}, tokens / {w.seq_len})", f"{m.concurrent:,}"),
-        (
-            "activations",
-            f"micro_batch {w.micro_batch} x seq {w.seq_len} x hidden x layers x c={c} B",
-            _gb(m.activations),
-        ),
-        ("logits", "micro_batch x seq x vocab x 4 B (fp32)", _gb(m.logits)),
+        *_learner_rows(plan),
     ]
     return memory
+
+
+def _micro_batch_rule(w) -> str:
+    """How the largest micro-batch is sized (relayrl/planner/estimate.py `Workload.micro_positions`)."""
+    sequence = f"prompt {w.prompt_tokens} + response {w.response_tokens}"
+    if w.micro_batch_tokens is not None:
+        unit = f"whole groups (prompt + {w.group_size} x response)" if w.packing != "none" else "samples"
+        return f"train.micro_batch_tokens {w.micro_batch_tokens:,}: {unit} of {sequence} while they fit, at least one"
+    if w.packed:
+        return f"train.micro_batch {w.micro_batch} rows as packed groups of {sequence} each"
+    return f"train.micro_batch {w.micro_batch} rows x ({sequence})"
+
+
+def _learner_rows(plan: Plan) -> Rows:
+    """The update's activations and logits (relayrl/planner/learner_memory.py)."""
+    s, w, m, pr = plan.shape, plan.workload, plan.memory, plan.precision
+    peak, b = m.learner, pr.activation_bytes
+    kept = f"{s.layers} x h" if peak.checkpointing else f"{s.layers} x (4h + 4q + 4kv + 4I + heads)"
+    rebuilt = " + one layer rebuilt (activation checkpointing)" if peak.checkpointing else ""
+    if peak.chunk > 0:
+        logits = f"5 x min(train.logits_chunk {peak.chunk}, response positions) x vocab {s.vocab:,} x 4 B"
+    else:
+        logits = f"(positions + 5 x response positions) x vocab {s.vocab:,} x 4 B (logits_chunk 0)"
+    return [
+        ("micro-batch", _micro_batch_rule(w), f"{peak.positions:,} positions ({peak.response_positions:,} response)"),
+        (
+            "activations",
+            f"positions x (kept {kept} + 2h; backward 3h + 3I{rebuilt}) x {b} B + 32 B (batch copy)",
+            _gb(m.activations),
+        ),
+        ("logits", logits, _gb(m.logits)),
+    ]
 
 
 def _placement_rows(plan: Plan) -> Rows:
@@ -260,8 +315,8 @@ def _rate_rows(plan: Plan) -> Rows:
         rows.append(
             (
                 "engine fixed costs",
-                f"{e.engine}, null model: per call + per step + per token + per sequence",
-                f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}",
+                f"{e.engine}, null model: per call + per step + per token + per sequence; reload per sync",
+                f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}; {_s(e.reload)}",
             )
         )
     return rows
@@ -282,7 +337,7 @@ def _time_rows(plan: Plan) -> Rows:
     time = [
         (
             "prefill",
-            f"{fwd} ctx={w.prompt / 2:g} x {w.rollout_batch} x {w.prompt:g} prompt tokens / forward rate",
+            f"{fwd} ctx={w.prompt_mean / 2:.3g} x {w.rollout_batch} x {w.prompt_mean:.3g} mean prompt tokens / forward rate",
             _s(t.prefill),
         ),
         (
@@ -320,7 +375,8 @@ def _time_rows(plan: Plan) -> Rows:
         ("update", "update FLOPs + optimizer", _s(t.update_phase)),
         (
             "sync",
-            f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s",
+            f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s"
+            + (f" + engine reload {_s(plan.rates.engine.reload)}" if plan.rates.engine else ""),
             _s(t.sync),
         ),
         ("step", "sum (phases serial)", _s(t.total)),

@@ -3,7 +3,8 @@
 FLOPs per token of a forward: 2 per matmul weight (`ModelShape.matmul_params`: every linear layer and the LM
 head, not the embedding lookup) plus attention, QK^T and AV over `context` positions: 2 x 2 x layers x
 q_width x context (causal: half the sequence on average). A backward costs two forwards (dX and dW), so the
-update is 3 forwards per epoch; a log-prob pass is 1. Decode steps are bound by bytes (weights once plus the KV
+update is 3 forwards per epoch; a log-prob pass is 1. Prefill counts the mean prompt (the engine does not pad),
+the learner's passes the padded width (the longest prompt and response of a batch) or packed groups. Decode steps are bound by bytes (weights once plus the KV
 cache read) or by FLOPs at the concurrent batch, whichever is slower, plus the engine's fixed costs. The
 optimizer reads and writes every trainable state once per optimizer step (2 x b_train x P bytes). With W
 learner ranks the passes are data-parallel over the W ranks, and a sync first all-gathers every parameter from
@@ -11,7 +12,8 @@ its shards: each rank receives the (W - 1)/W it lacks of P x 4 B (fp32 shards, `
 twice under broadcast with checksums (relayrl/sync/gather.py gathers once for the header's checksums).
 Rates (FLOP/s per device) come from a hardware profile (peak x MFU for passes, peak for decode and prefill:
 the seeds' assumptions) or, with --measure, from this machine's matmuls at the model's own shapes
-(`probe.py`). Left out: elementwise ops (norms, activations, the log-softmax over the vocabulary), data
+(`probe.py`), which also gives the engine's fixed costs per call, step, token and sequence and its reload
+cost per sync. Left out: elementwise ops (norms, activations, the log-softmax over the vocabulary), data
 movement between phases, overlap of phases.
 """
 
@@ -157,12 +159,12 @@ def estimate_time(
     pass_flops = forward_flops_per_token(shape, work.width / 2) * work.tokens  # one forward over the batch
     forward = pass_flops / (rates.forward * train_devices)
     update = 3 * pass_flops * work.epochs / (rates.update * train_devices)
-    prompts = work.rollout_batch * work.prompt
+    prompts = work.rollout_batch * work.prompt_mean  # the engine does not pad prompts
     return StepTime(
         replicas=replicas,
         concurrent=per_replica,
         train_devices=train_devices,
-        prefill=forward_flops_per_token(shape, work.prompt / 2)
+        prefill=forward_flops_per_token(shape, work.prompt_mean / 2)
         * prompts
         / (rates.prefill * replicas * memory.engine_devices),
         decode_step=step,
@@ -178,7 +180,9 @@ def estimate_time(
         critic=forward + update if work.critic else 0.0,
         update=update,
         optimizer=work.optimizer_steps * 2 * precision.train_bytes * P / (mem_bw * train_devices),
-        sync=sync_params(shape, work) * precision.infer_bytes * 1 / (hardware.link_gbs * 1e9),  # LoRA: A, not P
+        # LoRA: A, not P; measured engines add their reload's fixed cost
+        sync=sync_params(shape, work) * precision.infer_bytes / (hardware.link_gbs * 1e9)
+        + (rates.engine.reload if rates.engine else 0.0),
         gather=gather_time(shape, work, hardware),
     )
 

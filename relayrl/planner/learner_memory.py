@@ -1,0 +1,97 @@
+"""The learner's peak memory in an update, beyond its states: what one micro-batch's forward keeps for the
+backward, what the backward adds at its peak, and the LM head's logits (issue 18: long responses, token
+budgets). Counted from what a Hugging Face Llama-family decoder saves, not fitted to a measurement.
+
+Values kept per token by one decoder layer (`layer_values`; fp32 on CPU, bf16 under autocast on GPU):
+  the residual stream before and after attention (2h), the two RMSNorm outputs (2h), q and k, their
+  rotate_half and their rotary-embedded copies (3q + 3kv), v (kv), the attention output (q) and its
+  log-sum-exp (heads), the MLP's gate, SiLU(gate), up and their product (4I)
+  = 4h + 4q + 4kv + 4I + heads
+(checked with `torch.autograd.graph.saved_tensors_hooks` on two shapes: within 8%). The final norm keeps 2h.
+- Plain: every layer's values are kept; the backward adds, at the last layer, the incoming gradient of the
+  residual stream (h), the MLP's gradients in flight (3I), and the response positions' hidden states and the
+  gradient scattered back over every position (2h).
+- `learner.activation_checkpointing`: a layer keeps only its input (h); the backward rebuilds one layer at a
+  time, so it adds one layer's values on top of the same gradients in flight.
+- Logits (`train.logits_chunk` C > 0): the head runs over C response positions at a time and is recomputed in
+  the backward: up to 5 [C, V] fp32 tensors alive (the logits, logits / T, their log-softmax kept for the
+  backward, the entropy's two temporaries). C = 0: the model's logits over every position [positions, V] plus
+  those 5 over all the response positions (the backward's gradient takes the place of the temporaries).
+- The micro-batch's copied tensors (`Experience.select`): ~32 B a position (ids, masks, log-probs).
+Left out: allocator slack (glibc keeps freed blocks under its mmap threshold, up to 32 MiB each, in its heap:
+benchmarks/scaling.py measures with MALLOC_MMAP_THRESHOLD_ set and without), attention kernels' workspace,
+FSDP2's gathered layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from relayrl.planner.shape import ModelShape
+
+LOGITS_ALIVE = 5  # [C, V] fp32 tensors of one head chunk alive at once (see the module docstring)
+BATCH_BYTES_PER_POSITION = 32  # a micro-batch's copy of its rows: int64 ids and versions, masks, log-probs
+
+
+def intermediate_size(shape: ModelShape) -> int:
+    """The MLP width: config.json's, or what the parameter count leaves after embeddings and attention."""
+    if shape.intermediate:
+        return shape.intermediate
+    h, q, kv = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim
+    embeddings = shape.vocab * h * (1 if shape.tied in (True, None) else 2)
+    per_layer = (shape.params - embeddings - h) / shape.layers - (2 * h * q + 2 * h * kv) - 2 * h
+    return max(1, round(per_layer / (3 * h)))
+
+
+def layer_values(shape: ModelShape) -> int:
+    """Values one decoder layer keeps per token for its backward: 4h + 4q + 4kv + 4I + heads."""
+    h, q, kv = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim
+    return 4 * h + 4 * q + 4 * kv + 4 * intermediate_size(shape) + (shape.heads or q // shape.head_dim)
+
+
+@dataclass(frozen=True)
+class LearnerPeak:
+    """Bytes of one micro-batch's update beyond the states (weights, gradients, optimizer)."""
+
+    positions: int  # forward positions of the largest micro-batch
+    response_positions: int  # of them, those predicting a response token (where the LM head runs)
+    kept: float  # activations the forward keeps for the backward
+    backward: float  # what the backward adds at its peak: a rebuilt layer (checkpointing), gradients in flight
+    logits: float
+    batch: float  # the micro-batch's copied tensors
+    checkpointing: bool
+    chunk: int
+
+    @property
+    def activations(self) -> float:
+        return self.kept + self.backward + self.batch
+
+
+def learner_peak(
+    shape: ModelShape,
+    positions: int,
+    response_positions: int,
+    value_bytes: int,
+    checkpointing: bool = False,
+    logits_chunk: int = 0,
+) -> LearnerPeak:
+    """`value_bytes`: bytes of an activation (4 fp32, 2 bf16); the logits are fp32 whatever it is."""
+    h, layers = shape.hidden, shape.layers
+    per_layer = layer_values(shape)
+    in_flight = 3 * h + 3 * intermediate_size(shape)  # residual gradient, MLP gradients, head input + its gradient
+    kept = layers * (h if checkpointing else per_layer) + 2 * h
+    backward = in_flight + (per_layer if checkpointing else 0)
+    if logits_chunk > 0:
+        logits = LOGITS_ALIVE * min(logits_chunk, response_positions) * shape.vocab * 4
+    else:
+        logits = (positions + LOGITS_ALIVE * response_positions) * shape.vocab * 4
+    return LearnerPeak(
+        positions=positions,
+        response_positions=response_positions,
+        kept=positions * kept * value_bytes,
+        backward=positions * backward * value_bytes,
+        logits=float(logits),
+        batch=float(positions * BATCH_BYTES_PER_POSITION),
+        checkpointing=checkpointing,
+        chunk=logits_chunk,
+    )

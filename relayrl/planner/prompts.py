@@ -1,0 +1,76 @@
+"""Prompt lengths the planner reads from `data.train` before a run: a sample of rows rendered and tokenised
+exactly as training does (relayrl/data: `open_rows`, the chat template, `PromptMaker`), never the whole file.
+
+A batch pads its rows to its longest prompt, and a batch of k prompts drawn from the file has as its longest,
+on average, about the k/(k+1) quantile of the prompt lengths: that is the `batch_longest` the learner's
+width is sized with. The engine does not pad: prefill counts the mean. Rows over data.max_prompt_tokens are
+counted as the run would keep them (truncated to the limit; dropped ones left out). Left out: reading every
+row of a large file (`relayrl data check` does), response lengths (no model has answered yet: the report
+says which it assumed).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SAMPLE_ROWS = 512  # rows read, spread evenly over the file
+
+
+@dataclass(frozen=True)
+class PromptLengths:
+    rows: int  # rows in data.train
+    sampled: int  # rows read
+    mean: float
+    p95: float
+    longest: int  # the longest sampled prompt
+    batch_longest: float  # expected longest prompt of a batch of `batch` prompts
+    batch: int  # prompts_per_step
+    source: str  # data.train
+
+
+def quantile(sorted_lengths: list[int], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), on a sorted list."""
+    position = q * (len(sorted_lengths) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(sorted_lengths) - 1)
+    return sorted_lengths[low] + (sorted_lengths[high] - sorted_lengths[low]) * (position - low)
+
+
+def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | str:
+    """Prompt lengths of `data.train` through the model's tokenizer, or the reason they could not be read."""
+    from relayrl.data.rows import open_rows
+    from relayrl.data.source import LoadStats, PromptMaker, check_row
+    from relayrl.errors import DataError, ModelError
+    from relayrl.models.loading import load_tokenizer
+
+    data = config.data
+    if not data.train:
+        return "no data.train"
+    try:
+        tokenizer = load_tokenizer(config.model.path)
+        rows = open_rows(data.train, check_row)
+    except (ModelError, DataError, OSError) as err:
+        return f"not read ({str(err).splitlines()[0][:120]})"
+    on_long = "truncate" if data.on_long_prompt == "error" else data.on_long_prompt
+    maker = PromptMaker(tokenizer, data.max_prompt_tokens, on_long, data.chat_template, LoadStats())
+    step = max(1, len(rows) // sample)
+    lengths = []
+    for index in range(0, len(rows), step)[:sample]:
+        prompt = maker.make(index, *rows.read(index))
+        if prompt is not None:
+            lengths.append(len(prompt.token_ids))
+    if not lengths:
+        return f"not read (every sampled prompt of {data.train} is over data.max_prompt_tokens)"
+    lengths.sort()
+    batch = config.rollout.prompts_per_step
+    return PromptLengths(
+        rows=len(rows),
+        sampled=len(lengths),
+        mean=sum(lengths) / len(lengths),
+        p95=quantile(lengths, 0.95),
+        longest=lengths[-1],
+        batch_longest=quantile(lengths, batch / (batch + 1)),
+        batch=batch,
+        source=str(data.train),
+    )
