@@ -27,7 +27,8 @@ from pathlib import Path
 from relayrl.errors import PlacementError
 from relayrl.placement.reaper import session_processes, watch
 
-LOOPBACK = "127.0.0.1"  # the driver reaches its GCS here (the head's own node IP is Ray's to pick)
+LOOPBACK = "127.0.0.1"  # the driver reaches its own head here: on this machine, this run's alone (other nodes join a
+# cluster of the user's, `placement.address`, never this one; the head's node IP is Ray's to pick)
 START_TIMEOUT_S = 300
 STOP_GRACE_S = 2  # SIGTERM first: workers and agents leave within ~1 s; GCS and raylet linger 10 s+, so SIGKILL
 
