@@ -14,7 +14,7 @@ rank. Measured on every rank:
 
 `--startup`: instead, the peak resident memory (ru_maxrss) of each rank while it builds a GAE learner with a KL
 reference (policy, reference and critic) of a larger random Llama (--hidden 768, --layers 6: ~57M parameters,
-~230 MB per fp32 copy), beside the same process's peak after its imports: W=1, and W=2 where only rank 0
+~230 MB per fp32 copy, saved in bf16 as published checkpoints are), beside the resident set after its imports: W=1, and W=2 where only rank 0
 reads the weights (the others build on the meta device and receive their shards).
 
 Simplifications, stated: 2 shared cores (the load average is printed), so W=2's step is two ranks on two
@@ -128,6 +128,22 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
+def rss_mb() -> float:
+    """The resident set now (VmRSS)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def touch(models) -> None:
+    """Read every byte of every parameter this rank holds: weights loaded from a memory-mapped file count in
+    the resident set only once read, as they are by the first forward."""
+    for model in models:
+        for p in model.parameters():
+            float((p.to_local() if hasattr(p, "to_local") else p).detach().sum())
+
+
 def startup_main(rank, world, port, model_dir, results):
     """Build the learner (policy, reference, critic) and report this rank's peak RSS before and after."""
     import transformers.models.llama.modeling_llama  # noqa: F401  (imports count in the baseline)
@@ -140,12 +156,13 @@ def startup_main(rank, world, port, model_dir, results):
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4"]
     config = load_config(None, overrides + ["algorithm.advantage=gae", "algorithm.kl.coef=0.1"])
-    base = peak_rss_mb()
+    base = rss_mb()
     if world == 1:
         learner = LearnerRole(config, threads=1)
     else:
         learner = ShardedLearner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
-    results.put({"world": world, "rank": rank, "base": base, "peak": peak_rss_mb()})
+    touch((learner.policy.model, learner.policy.reference, learner.critic.model))
+    results.put({"world": world, "rank": rank, "base": base, "rss": rss_mb(), "peak": peak_rss_mb()})
     learner.close()
     leave_learner_group()
 
@@ -167,21 +184,35 @@ def run_case(world: int, model_dir: Path, bucket_mb: float, target=rank_main) ->
     return found
 
 
+def bf16_checkpoint(model_dir: Path) -> Path:
+    """The model saved in bf16, as published checkpoints are: loading it into fp32 allocates every weight (an
+    fp32 file would be memory-mapped and read lazily, which hides part of a full load)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = model_dir.with_name(model_dir.name + "_bf16")
+    if not (out / "config.json").is_file():
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).save_pretrained(out)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
+
+
 def startup_table(out: Path, hidden: int, layers: int) -> None:
-    model_dir = build_model(out / f"model_{hidden}x{layers}", hidden, layers)
+    model_dir = bf16_checkpoint(build_model(out / f"model_{hidden}x{layers}", hidden, layers))
     from safetensors.torch import load_file
 
     rows = [row for world in (1, 2) for row in run_case(world, model_dir, 0, startup_main)]
     params = sum(t.numel() for t in load_file(model_dir / "model.safetensors").values())
     print(
         f"peak RSS while building policy + reference + critic ({params / 1e6:.1f}M params, "
-        f"{params * 4 / 2**20:.0f} MiB per fp32 copy); load average {os.getloadavg()[0]:.1f}"
+        f"{params * 4 / 2**20:.0f} MiB per fp32 copy, bf16 on disk); load average {os.getloadavg()[0]:.1f}"
     )
-    print("| W | rank | after imports MiB | peak after build MiB | build adds MiB |")
-    print("|---|---|---|---|---|")
+    print("| W | rank | RSS after imports MiB | RSS after build MiB | peak RSS MiB | peak - imports MiB |")
+    print("|---|---|---|---|---|---|")
     for row in sorted(rows, key=lambda r: (r["world"], r["rank"])):
         added = row["peak"] - row["base"]
-        print(f"| {row['world']} | {row['rank']} | {row['base']:.0f} | {row['peak']:.0f} | {added:.0f} |")
+        print(
+            f"| {row['world']} | {row['rank']} | {row['base']:.0f} | {row['rss']:.0f} | {row['peak']:.0f} | {added:.0f} |"
+        )
 
 
 def main() -> None:
