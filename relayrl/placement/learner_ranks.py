@@ -63,10 +63,13 @@ class LearnerRank(ShardedLearner):
     @ray.method(concurrency_group="probe")
     def where(self) -> list[str]:
         """The stack of the call running now, innermost frame last, as `file:line in function: code` lines."""
-        frame = sys._current_frames().get(self._caller)
-        if frame is None:
-            return []
-        return [f"{f.filename}:{f.lineno} in {f.name}: {f.line}" for f in traceback.extract_stack(frame)]
+        frames = sys._current_frames()
+        stacks = {ident: traceback.extract_stack(frame) for ident, frame in frames.items()}
+        if self._caller not in stacks:  # not the thread `start` ran in: the other one running relayrl's code
+            me = threading.get_ident()
+            busy = [i for i, stack in stacks.items() if i != me and any("/relayrl/" in f.filename for f in stack)]
+            self._caller = busy[0] if busy else self._caller
+        return [f"{f.filename}:{f.lineno} in {f.name}: {f.line}" for f in stacks.get(self._caller, [])]
 
 
 class _Calls:
@@ -197,6 +200,8 @@ def blame(stacks: dict[int, list[str] | None], held: dict[int, str], late: str, 
         stack = stacks[rank]
         if stack is None:
             at = f"it did not say where it is within {PROBE_TIMEOUT_S:g} s (busy outside Python)"
+        elif not stack:
+            at = "its call's thread was not found"
         elif rank in waiting:
             at = f"it waits in a collective at {stack[-1]}"
         else:

@@ -91,6 +91,7 @@ def test_a_rank_that_cannot_answer_is_blamed_and_a_failed_collective_is_the_caus
     held = {1: "learner rank 1 (actor a1) raised during update: RuntimeError: Connection closed by peer"}
     failed = blame({0: STACK_0}, held, LATE, NAMES)
     assert failed.role == "learner rank 1" and str(failed).endswith("learner ranks 0 still wait in a collective")
+    assert "its call's thread was not found" in str(blame({0: STACK_0, 1: []}, {}, LATE, NAMES))
     stuck = blame({0: STACK_0, 1: STACK_0}, {}, LATE, NAMES)  # a mismatched collective: nobody to single out
     assert stuck.role == "learner rank 0" and str(stuck).count("it waits in a collective at") == 2
 
