@@ -5,6 +5,8 @@ is not faster here), fp32, V1 multiprocessing off so the engine's model lives in
 log-probs are `processed_logprobs`: the distribution actually sampled from (after temperature/top-p/top-k).
 Weights are replaced through the worker's `reload_weights` (a second `load_weights` fails on CPU, where
 parameters are post-processed) and the prefix cache is reset after every update (stale KV otherwise).
+With `tensor_parallel` T > 1 the model lives in T rank processes instead (relayrl/rollout/vllm_tp.py: their core
+lists, and weights streamed to every rank by RPC).
 
 With an `AdapterSpec` (`sync.lora=adapter`) the base weights never change: each pushed adapter is written to a
 per-version directory (tmpfs) and registered under a new name and id, never re-used; a request carries the

