@@ -77,7 +77,9 @@ class VLLMTurns:
             seed=None if sampling.seed is None else sampling.seed * 1_000_003 + number,
         )
         request_id = f"turn{number}"
-        self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params)
+        # under sync.lora=adapter the newest pushed adapter, as the engine's own generate uses
+        adapter = self.engine._adapter()
+        self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params, lora_request=adapter)
         self._live[request_id] = key
 
     def step(self) -> list[tuple[Hashable, TurnOutput]]:
