@@ -6,7 +6,9 @@
 #   3. ranks    two devices: benchmarks/learner_scaling.py (W=1 vs W=2 FSDP2 ranks, NCCL: step and sync seconds);
 #               one device: the single learner on it (tests/unit/test_memory_options.py: activation checkpointing
 #               gives the same gradients, now on CUDA under bf16 autocast) -- two ranks cannot share one device
-#               under NCCL
+#               under NCCL -- and one FSDP2 rank on it (learner_scaling.py --worlds 1 --sharded). Either way an
+#               FSDP2 rank must run its passes in bf16 over fp32 master shards (MixedPrecisionPolicy), or the
+#               step fails; its key figure ends with the pass/master dtypes
 #   4. lora     benchmarks/lora_sync.py: adapter vs merged vs full pushes into a vLLM engine serving adapters
 # and prints one table: step | status | seconds | key figure. Each step's full output is in $OUT/<step>.log.
 #
@@ -81,6 +83,8 @@ if [ "$DEVICES" -ge 2 ]; then
 else
   run_step learner_1dev "grep -E 'passed|failed'" \
     "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_memory_options.py
+  run_step fsdp2_1dev "grep -E '^\\| 1 \\|'" \
+    "$PY" benchmarks/learner_scaling.py --worlds 1 --sharded --out "$OUT/learner_scaling"
 fi
 if [ "$VLLM_PLATFORM" = "cuda" ]; then
   run_step lora_sync "grep -E 'ratio LoRA / full|^\\| adapter'" "$PY" benchmarks/lora_sync.py --repeats 3

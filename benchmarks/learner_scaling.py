@@ -1,7 +1,7 @@
 """W=1 vs W=2 learner ranks on the same work (issue 15): per-rank state bytes, step time, sync time.
 
 The same rollout batch (8 groups of 4 responses, 48 response tokens each, GRPO) trains a tiny random Llama
-(hidden 256, 4 layers: ~3.2M parameters) once as today's single learner (`LearnerRole`, W=1) and once as two
+(hidden 256, 4 layers: ~4.2M parameters) once as today's single learner (`LearnerRole`, W=1) and once as two
 FSDP2 ranks (`ShardedLearner` on gloo, W=2), each case in fresh spawned processes with one torch thread per
 rank. Measured on every rank:
   - state: the bytes this rank holds of the trainable state: parameters + gradients (at the optimizer step)
@@ -10,7 +10,10 @@ rank. Measured on every rank:
   - step: seconds of one `prepare` + `update` on the rank's share, best of 3 after a warm-up;
   - sync: seconds of one push of every weight through `shm` (W=1: the parameters live in the segments, a push
     only checksums; W=2: every bucket gathered from the shards and packed), best of 3; and the most bytes
-    rank 0 held for it beyond the model (gathered tensors, bucket buffer), against 2 buckets.
+    rank 0 held for it beyond the model (gathered tensors, bucket buffer), against 2 buckets;
+  - pass/master dtype: the first decoder layer's weights while it runs / the parameters the optimizer steps
+    (on CUDA an FSDP2 rank must show bfloat16/float32, MixedPrecisionPolicy, or the run fails: gpu_check.sh).
+`--worlds 1 --sharded` runs one FSDP2 rank (a one-device GPU check of the sharded path).
 
 `--startup`: instead, the peak resident memory (ru_maxrss) of each rank while it builds a GAE learner with a KL
 reference (policy, reference and critic) of a larger random Llama (--hidden 768, --layers 6: ~57M parameters,
@@ -79,22 +82,25 @@ def best_of(fn, times: int = 3) -> float:
     return min(seconds)
 
 
-def rank_main(rank, world, port, model_dir, bucket_mb, results):
+def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
     from relayrl.config import load_config
     from relayrl.learner.ranks import split_by_groups
 
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", f"rollout.n={N}", f"rollout.prompts_per_step={GROUPS}"]
     config = load_config(None, overrides + ["train.micro_batch=8", f"rollout.max_tokens={RESPONSE}"])
-    if world == 1:
+    from relayrl.learner.sharded import ShardedLearner, decoder_layers
+
+    if world == 1 and not sharded:
         from relayrl.learner.role import LearnerRole
 
         learner = LearnerRole(config, threads=1)
     else:
-        from relayrl.learner.sharded import ShardedLearner
-
         learner = ShardedLearner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
     part = split_by_groups(rollout_batch(), world)[rank]
+    passes = set()  # the dtype of the first layer's weights while it runs (FSDP2 gathers them in param_dtype)
+    layer = decoder_layers(learner.policy.model)[0]
+    layer.register_forward_pre_hook(lambda module, _: passes.add(str(next(module.parameters()).dtype)[6:]))
     grads = []
     learner.policy.optimizer.register_step_pre_hook(
         lambda *_: grads.append(sum(local_bytes(p.grad) for p in learner.policy.model.parameters()))
@@ -107,6 +113,10 @@ def rank_main(rank, world, port, model_dir, bucket_mb, results):
     learner.open_sender("shm", layout, True, 300.0, "", None)
     sync_s = best_of(lambda: learner.send_weights(1))
     held = getattr(learner.sender, "held", None)
+    masters = {str(p.dtype)[6:] for p in model.parameters()}
+    precision = f"{'+'.join(sorted(passes))}/{'+'.join(sorted(masters))}"
+    if isinstance(learner, ShardedLearner) and torch.cuda.is_available() and precision != "bfloat16/float32":
+        raise SystemExit(f"FSDP2 on CUDA should pass bfloat16 over float32 master shards, found {precision}")
     if rank == 0:
         results.put(
             {
@@ -117,6 +127,8 @@ def rank_main(rank, world, port, model_dir, bucket_mb, results):
                 "sync_s": sync_s,
                 "held": held.peak if held else 0,
                 "bucket": max(layout.bucket_sizes) * 4,
+                "precision": precision,
+                "sharded": isinstance(learner, ShardedLearner),
             }
         )
     learner.close()
@@ -167,14 +179,14 @@ def startup_main(rank, world, port, model_dir, results):
     leave_learner_group()
 
 
-def run_case(world: int, model_dir: Path, bucket_mb: float, target=rank_main) -> list[dict]:
+def run_case(world: int, model_dir: Path, bucket_mb: float, target=rank_main, sharded: bool = False) -> list[dict]:
     """Every rank's result (rank_main: rank 0's alone)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    extra = (bucket_mb,) if target is rank_main else ()
+    extra = (bucket_mb, sharded) if target is rank_main else ()
     procs = [ctx.Process(target=target, args=(r, world, port, str(model_dir), *extra, results)) for r in range(world)]
     for p in procs:
         p.start()
@@ -225,22 +237,29 @@ def main() -> None:
     parser.add_argument("--startup", action="store_true", help="peak RSS per rank while building the learner")
     parser.add_argument("--hidden", type=int, default=768, help="--startup's model width")
     parser.add_argument("--layers", type=int, default=6, help="--startup's model depth")
+    parser.add_argument("--worlds", default="1,2", help="the numbers of ranks to run, comma-separated")
+    parser.add_argument("--sharded", action="store_true", help="W=1 as one FSDP2 rank (ShardedLearner) too")
     args = parser.parse_args()
     if args.startup:
         return startup_table(Path(args.out), args.hidden, args.layers)
     model_dir = build_model(Path(args.out) / "model")
     per_param = precision_for(PROFILES["cpu"]).train_bytes
-    rows = [run_case(world, model_dir, args.bucket_mb)[0] for world in (1, 2)]
+    worlds = [int(w) for w in args.worlds.split(",")]
+    rows = [run_case(world, model_dir, args.bucket_mb, rank_main, args.sharded)[0] for world in worlds]
     base = rows[0]
     print(f"learner ranks on {rows[0]['params'] / 1e6:.2f}M params; load average {os.getloadavg()[0]:.1f}")
-    print("| W | state/rank MB | planner MB | vs W=1 | step s | vs W=1 | sync s | sync held MB (2 buckets) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| W | state/rank MB | planner MB | vs W=1 | step s | vs W=1 | sync s | sync held MB (2 buckets) "
+        "| pass/master dtype |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         w, mb = row["world"], 1e6
         print(
             f"| {w} | {row['state'] / mb:.1f} | {per_param * row['params'] / w / mb:.1f} | "
             f"{row['state'] / base['state']:.2f} | {row['step_s']:.3f} | {row['step_s'] / base['step_s']:.2f} | "
-            f"{row['sync_s']:.4f} | {row['held'] / mb:.2f} ({2 * row['bucket'] / mb:.2f}) |"
+            f"{row['sync_s']:.4f} | {row['held'] / mb:.2f} ({2 * row['bucket'] / mb:.2f}) | "
+            f"{row['precision']}{' FSDP2' if row['sharded'] else ''} |"
         )
 
 
