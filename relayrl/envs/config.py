@@ -21,7 +21,10 @@ class EnvConfig(Section):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
     max_turns: int = Field(4, ge=1, description="Model turns per trajectory at most; the trajectory then ends.")
     max_total_tokens: int = Field(
-        512, ge=1, description="Tokens after the first prompt (model and observation turns) per trajectory at most."
+        512,
+        ge=1,
+        description="Tokens after the first prompt (model and observation turns) per trajectory at most; with "
+        "the longest prompt it must fit the model's context (checked at start).",
     )
     max_tokens_per_turn: int = Field(0, ge=0, description="Tokens one model turn may generate; 0 = rollout.max_tokens.")
     on_overflow: Literal["truncate", "drop"] = Field(
@@ -39,12 +42,16 @@ class EnvConfig(Section):
     )
     reward: Literal["sum", "final", "discounted"] = Field(
         "sum",
-        description="A trajectory's reward from its turns' rewards: their sum, the last one, or "
-        "sum of gamma^t * r_t (earlier success is worth more). A reward.fn set as well is added.",
+        description="A trajectory's reward from its turns' rewards for the group estimators: their sum, the last "
+        "one, or sum of gamma^t * r_t (earlier success is worth more). A reward.fn set as well is added. gae and "
+        "reinforce_pp(_baseline) put each turn's reward on the turn's last token instead (discounted by algorithm.gamma).",
     )
     gamma: float = Field(0.9, gt=0, le=1, description="Discount per turn of env.reward=discounted.")
     max_inflight: int = Field(
-        16, ge=1, description="Trajectories in flight at once (one environment worker process each)."
+        16,
+        ge=1,
+        description="Trajectories in flight at once (one environment worker process each), per driver: under "
+        "one_step_off and async the background trajectories (one set per async producer) have workers of their own.",
     )
     tito: Literal["strict", "fork", "retokenize"] = Field(
         "strict",
