@@ -83,6 +83,7 @@ class LearnerRanks:
     def __init__(self, actors: list, timeout_s: float):
         self.actors, self.timeout_s = actors, timeout_s
         self.failed = False  # set by the first failed call: `close` then leaves the ranks to be killed
+        self.abandoned: list = []  # the refs a failed call left pending: `close` reads those that ended since
 
     def actor_id(self, rank: int) -> str:
         return self.actors[rank]._actor_id.hex()[:12]
@@ -109,20 +110,24 @@ class LearnerRanks:
         pending = dict(zip(calls.refs, calls.ranks))
         results: dict[int, Any] = {}
         held: dict[int, str] = {}  # ranks whose call failed in a collective: they waited for a peer
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise self.hung(sorted(pending.values()), held, what, timeout_s)
-            rank = pending.pop(ready[0])
-            try:
-                results[rank] = get(ready[0], f"learner rank {rank}", self.actor_id(rank), 1.0, what)
-            except RoleFailure:
-                raise
-            except PlacementError as err:
-                if COLLECTIVES in str(getattr(err.__cause__, "traceback_str", "")):
-                    held[rank] = str(err)
-                    continue
-                raise RoleFailure(str(err), f"learner rank {rank}", died=False) from err
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise self.hung(sorted(pending.values()), held, what, timeout_s)
+                rank = pending.pop(ready[0])
+                try:
+                    results[rank] = get(ready[0], f"learner rank {rank}", self.actor_id(rank), 1.0, what)
+                except RoleFailure:
+                    raise
+                except PlacementError as err:
+                    if COLLECTIVES in str(getattr(err.__cause__, "traceback_str", "")):
+                        held[rank] = str(err)
+                        continue
+                    raise RoleFailure(str(err), f"learner rank {rank}", died=False) from err
+        except Exception:
+            self.abandoned += list(pending)
+            raise
         if held:  # every rank returned, some from a failed collective and none otherwise
             rank = min(held)
             raise RoleFailure("; ".join(held.values()), f"learner rank {rank}", died=False)
@@ -140,9 +145,18 @@ class LearnerRanks:
         return self.wait_all(calls, what, timeout_s)[0]  # rank 0's
 
     def close(self) -> None:
-        """Every rank releases what it holds; after a failed call, nothing is awaited (the ranks are killed)."""
+        """Every rank releases what it holds; after a failed call, nothing is awaited (the ranks are killed), but
+        the peers' results that came in since are read: an error never read (a collective that timed out after
+        ours was raised) would be printed by Ray as an "unhandled error" below the run's own message."""
         if not self.failed:
             self.wait_all(self.submit("close"), "close")
+            return
+        ended, _ = ray.wait(self.abandoned, num_returns=len(self.abandoned), timeout=0) if self.abandoned else ([], [])
+        for ref in ended:
+            try:
+                ray.get(ref, timeout=0)
+            except Exception:  # the error of a peer of the rank already named
+                pass
 
     def __getattr__(self, method: str):
         if method.startswith("_"):
