@@ -79,7 +79,7 @@ def make_plan(
         matmul = measure_matmul_rates(
             shape, update_rows=int(work.micro_batch * work.width), decode_rows=memory.concurrent
         )
-        rates = measured_rates(matmul, measure_engine_overhead(config.rollout.engine))
+        rates = measured_rates(matmul, *measure_engine_overhead(config.rollout.engine))
     return Plan(
         shape,
         work,

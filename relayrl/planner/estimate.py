@@ -122,6 +122,16 @@ class Workload:
         return self.micro_batch * (prompt + response), self.micro_batch * response
 
     @property
+    def micro_batches(self) -> int:
+        """Micro-batches in one pass over the rollout batch: whole mini-batches of micro_batch rows, or with a
+        token budget the positions of a pass over it (at least one per mini-batch)."""
+        mini = self.mini_batch or self.rollout_batch
+        minis = max(1, self.rollout_batch // mini)
+        if self.micro_batch_tokens is not None:
+            return max(minis, math.ceil(self.tokens / self.micro_batch_tokens))
+        return minis * math.ceil(mini / self.micro_batch)
+
+    @property
     def seq_len(self) -> int:
         """The longest sequence the limits allow: memory is sized for it."""
         return self.prompt_tokens + self.response_tokens

@@ -12,6 +12,7 @@ rollout engine's fixed costs. Measured on this machine, nothing assumed.
   over the grid separates what an engine iteration, a sampled token and a request cost apart from the model.
   Then `load_weights` of the null model's own weights, best of 3: what a weight sync costs apart from its
   bytes (vLLM's reload path, the prefix-cache reset; on HF a copy per tensor).
+- The learner's fixed costs per update and per micro-batch: relayrl/planner/learner_probe.py, same null model.
 Left out: attention kernels and elementwise ops (norms, activations, softmax), counted at the matmul rate or
 not at all; the training loop's Python overhead.
 """
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass, replace
 
 from relayrl.planner.hardware import best_time, warm_up
+from relayrl.planner.learner_probe import LearnerOverhead
 from relayrl.planner.shape import ModelShape
 
 # (batch of prompts x n=8, max_tokens): a grid whose rows are linearly independent in (1, steps, tokens, seqs)
@@ -104,9 +106,10 @@ def _rate(shape: ModelShape, rows: int, backward: bool, repeats: int) -> float:
     return flops / seconds
 
 
-def measure_engine_overhead(kind: str, seed: int = 0) -> EngineOverhead:
-    """Fit the engine's fixed costs in a child process: an in-process vLLM engine keeps threads spinning after
-    it is dropped, which slows every later measurement in the process (a 1024^3 matmul 177 -> 71 GFLOP/s)."""
+def measure_engine_overhead(kind: str, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
+    """Fit the engine's fixed costs, and the learner's (relayrl/planner/learner_probe.py, first), in a child
+    process: an in-process vLLM engine keeps threads spinning after it is dropped, which slows every later
+    measurement in the process (a 1024^3 matmul 177 -> 71 GFLOP/s)."""
     import json
     import subprocess
     import sys
@@ -116,13 +119,16 @@ def measure_engine_overhead(kind: str, seed: int = 0) -> EngineOverhead:
     )
     if done.returncode != 0:
         raise RuntimeError(f"the {kind} engine probe failed:\n{done.stderr[-2000:]}")
-    return EngineOverhead(**json.loads(done.stdout.strip().splitlines()[-1]))
+    costs = json.loads(done.stdout.strip().splitlines()[-1])
+    return EngineOverhead(**costs["engine"]), LearnerOverhead(**costs["learner"])
 
 
-def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
-    """Fit the engine's fixed costs on ENGINE_GRID with a null model built in a temporary directory."""
+def probe_engine_here(kind: str, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
+    """Fit the engine's fixed costs on ENGINE_GRID with a null model built in a temporary directory; the
+    learner's fixed costs on the same model first (before the engine's threads start)."""
     from relayrl.models.loading import load_causal_lm
     from relayrl.models.tiny import build_tiny
+    from relayrl.planner.learner_probe import probe_update_here
     from relayrl.rollout.base import Sampling, build_engine
     from relayrl.types import Prompt
 
@@ -132,6 +138,7 @@ def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
         _, tokenizer = build_tiny(
             ["".join(alphabet)], model_dir, seed=seed, hidden=64, layers=1, heads=2, intermediate=64
         )
+        learner = probe_update_here(model_dir)
         engine = build_engine(kind, model_dir, max_model_len=64, seed=seed, kv_cache_gib=1.0)
         prompt_ids = tokenizer("0123456789")["input_ids"]
         for batch, max_tokens in (ENGINE_GRID[0], *ENGINE_GRID):  # the first call warms up and is dropped
@@ -147,7 +154,7 @@ def probe_engine_here(kind: str, seed: int = 0) -> EngineOverhead:
             seconds.append(best)
         reload = time_reload(engine, load_causal_lm(model_dir, "cpu"))
         del engine
-    return replace(fit_engine_overhead(rows[1:], seconds[1:], kind), reload=reload)
+    return replace(fit_engine_overhead(rows[1:], seconds[1:], kind), reload=reload), learner
 
 
 def time_reload(engine, model, repeats: int = 3) -> float:
@@ -170,4 +177,5 @@ if __name__ == "__main__":  # the child process of measure_engine_overhead; vLLM
     import sys
     from dataclasses import asdict
 
-    print(json.dumps(asdict(probe_engine_here(sys.argv[1], int(sys.argv[2])))))
+    engine, learner = probe_engine_here(sys.argv[1], int(sys.argv[2]))
+    print(json.dumps({"engine": asdict(engine), "learner": asdict(learner)}))

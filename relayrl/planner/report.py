@@ -319,6 +319,14 @@ def _rate_rows(plan: Plan) -> Rows:
                 f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}; {_s(e.reload)}",
             )
         )
+    if r.learner is not None:
+        rows.append(
+            (
+                "learner fixed costs",
+                "relayrl's learner, null model: per update + per micro-batch",
+                f"{_s(r.learner.per_update)} + {_s(r.learner.per_micro_batch)}",
+            )
+        )
     return rows
 
 
@@ -372,7 +380,15 @@ def _time_rows(plan: Plan) -> Rows:
             f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
             _s(t.optimizer),
         ),
-        ("update", "update FLOPs + optimizer", _s(t.update_phase)),
+        (
+            "learner fixed costs",
+            f"{w.optimizer_steps} updates x {_s(plan.rates.learner.per_update)} + {w.micro_batches * w.epochs} "
+            f"micro-batches x {_s(plan.rates.learner.per_micro_batch)}"
+            if plan.rates.learner
+            else "not measured (--measure)",
+            _s(t.update_fixed),
+        ),
+        ("update", "update FLOPs + optimizer + learner fixed costs", _s(t.update_phase)),
         (
             "sync",
             f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s"

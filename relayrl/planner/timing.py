@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from relayrl.planner.estimate import Memory, Placement, Precision, Workload, sync_params
 from relayrl.planner.hardware import Hardware
+from relayrl.planner.learner_probe import LearnerOverhead
 from relayrl.planner.probe import EngineOverhead, MatmulRates
 from relayrl.planner.shape import ModelShape
 
@@ -38,6 +39,7 @@ class Rates:
     prefill: float
     engine: EngineOverhead | None
     source: str
+    learner: LearnerOverhead | None = None  # the learner's fixed costs per update and micro-batch (measured)
 
 
 def profile_rates(hardware: Hardware) -> Rates:
@@ -54,7 +56,7 @@ def profile_rates(hardware: Hardware) -> Rates:
     )
 
 
-def measured_rates(matmul: MatmulRates, engine: EngineOverhead | None) -> Rates:
+def measured_rates(matmul: MatmulRates, engine: EngineOverhead | None, learner: LearnerOverhead | None = None) -> Rates:
     return Rates(
         matmul.update,
         matmul.forward,
@@ -62,7 +64,10 @@ def measured_rates(matmul: MatmulRates, engine: EngineOverhead | None) -> Rates:
         matmul.forward,
         engine,
         f"measured here: matmuls at {matmul.update_rows:,} rows (passes) and {matmul.decode_rows:,} rows "
-        "(decode)" + (f", {engine.engine} engine fixed costs" if engine else ""),
+        "(decode)"
+        + (f", {engine.engine} engine fixed costs" if engine else "")
+        + (", learner fixed costs" if learner else ""),
+        learner,
     )
 
 
@@ -105,6 +110,7 @@ class StepTime:
     optimizer: float  # the optimizer's bytes
     sync: float
     gather: float = 0.0  # W > 1: the all-gathers of the shards before the sync sends
+    update_fixed: float = 0.0  # measured: per update x optimizer steps + per micro-batch x micro-batches
 
     @property
     def generate(self) -> float:
@@ -112,7 +118,7 @@ class StepTime:
 
     @property
     def update_phase(self) -> float:
-        return self.update + self.optimizer
+        return self.update + self.optimizer + self.update_fixed
 
     @property
     def total(self) -> float:
@@ -184,7 +190,14 @@ def estimate_time(
         sync=sync_params(shape, work) * precision.infer_bytes / (hardware.link_gbs * 1e9)
         + (rates.engine.reload if rates.engine else 0.0),
         gather=gather_time(shape, work, hardware),
+        update_fixed=learner_fixed_time(rates.learner, work),
     )
+
+
+def learner_fixed_time(learner: LearnerOverhead | None, work: Workload) -> float:
+    if learner is None:
+        return 0.0
+    return learner.per_update * work.optimizer_steps + learner.per_micro_batch * work.micro_batches * work.epochs
 
 
 GATHER_BYTES = 4  # the shards are fp32 (FSDP2 keeps fp32 master shards; bf16 is only the compute copy)
