@@ -77,14 +77,14 @@ class Config(Section):
             from relayrl.rollout.choice import resolve_auto
 
             resolve_auto(self)
-        if self.model.lora is not None and self.sync.lora == "auto":  # adapter or merged, decided here once
-            from relayrl.sync.lora import resolve_lora_auto
-
-            resolve_lora_auto(self)
         if self.rollout.tensor_parallel > 1:  # vLLM ranks: auto's choice, heads and cores (relayrl/rollout/vllm_tp.py)
             from relayrl.rollout.vllm_tp import check_tensor_parallel
 
             check_tensor_parallel(self)
+        if self.model.lora is not None and self.sync.lora == "auto":  # adapter or merged, decided here once
+            from relayrl.sync.lora import resolve_lora_auto
+
+            resolve_lora_auto(self)
         return self
 
     @model_serializer(mode="wrap")

@@ -150,7 +150,8 @@ def load_weights_tp(
 
 
 def check_tensor_parallel(config) -> None:
-    """The config rule for `rollout.tensor_parallel` (see the module docstring); run after `auto` has chosen."""
+    """The config rule for `rollout.tensor_parallel` (see the module docstring); run after `rollout.engine: auto`
+    has chosen and before `sync.lora: auto` does (T ranks take merged weights: `auto` becomes `merged`)."""
     tp = config.rollout.tensor_parallel
     if tp == 1:
         return
@@ -166,6 +167,8 @@ def check_tensor_parallel(config) -> None:
         config._engine_choice = EngineChoice("vllm", f"rollout.tensor_parallel={tp} runs vLLM ranks")
         config.rollout.engine = "vllm"
     check_heads(config.model.path, tp)
+    if config.model.lora is not None and config.sync.lora == "auto":
+        config.sync.lora = "merged"  # what auto would choose on CPU; on GPU its adapter serving is not on ranks yet
     if config.model.lora is not None and config.sync.lora == "adapter":
         raise ConfigError(
             f"rollout.tensor_parallel={tp} with sync.lora=adapter: adapter serving on TP ranks is not wired yet; "

@@ -21,10 +21,7 @@ def engines(random_model_dir):
     one = VLLMEngine(str(random_model_dir), max_model_len=64, seed=0)
     two = VLLMEngine(str(random_model_dir), max_model_len=64, seed=0, tensor_parallel=2)
     yield one, two
-    executor = two.llm.llm_engine.engine_core.engine_core.model_executor
-    for worker in executor.workers:  # the rank processes end with this module (a graceful exit waits 5 s)
-        worker.proc.terminate()
-    executor.shutdown()
+    two.llm.llm_engine.engine_core.shutdown()  # the rank processes (and their KV caches) end with this module
 
 
 @pytest.fixture(scope="module")

@@ -84,6 +84,8 @@ def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch
     from relayrl.rollout.vllm_tp import engine_actor_options
 
     monkeypatch.setattr(vllm_tp, "_on_gpu", lambda: True)
+    monkeypatch.setattr(choice, "_cuda_available", lambda: True)
+    monkeypatch.setattr(vllm_tp.torch.cuda, "is_available", lambda: True)  # sync.lora: auto asks torch
     monkeypatch.setattr(vllm_tp.torch.cuda, "device_count", lambda: 2)
     model = write_model(tmp_path / "m", heads=8, kv_heads=8)
     config = load(model, "rollout.tensor_parallel=2", "placement.mode=ray")
@@ -92,6 +94,9 @@ def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch
         load(model, "rollout.tensor_parallel=2", "placement.mode=ray", "placement.engine_resources={GPU: 1}")
     with pytest.raises(ConfigError, match=r"rollout.tensor_parallel=4 needs 4 GPUs per engine, this machine has 2"):
         load(model, "rollout.tensor_parallel=4")
+    lora = ["model.lora.rank=8", "train.lr=1e-4"]
+    assert load(model, *lora).sync.lora == "adapter"  # a GPU's choice for one rank
+    assert load(model, "rollout.tensor_parallel=2", *lora).sync.lora == "merged"  # ranks take merged weights
 
 
 def test_adapter_serving_on_ranks_is_refused(tmp_path):
