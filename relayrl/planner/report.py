@@ -370,25 +370,7 @@ def _time_rows(plan: Plan) -> Rows:
         ),
         ("ref log-probs", "as old log-probs" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
         ("critic", f"(1 + 3 x {w.epochs}) x forward" if w.critic else "no critic", _s(t.critic)),
-        (
-            "update FLOPs",
-            f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / update rate{dev}",
-            _s(t.update),
-        ),
-        (
-            "optimizer",
-            f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
-            _s(t.optimizer),
-        ),
-        (
-            "learner fixed costs",
-            f"{w.optimizer_steps} updates x {_s(plan.rates.learner.per_update)} + {w.micro_batches * w.epochs} "
-            f"micro-batches x {_s(plan.rates.learner.per_micro_batch)}"
-            if plan.rates.learner
-            else "not measured (--measure)",
-            _s(t.update_fixed),
-        ),
-        ("update", "update FLOPs + optimizer + learner fixed costs", _s(t.update_phase)),
+        *_update_rows(plan, fwd, dev),
         (
             "sync",
             f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s"
@@ -402,3 +384,28 @@ def _time_rows(plan: Plan) -> Rows:
             -1, ("gather", f"all-gathers of the W={w.learner_ranks} ranks' shards (learner ranks)", _s(t.gather))
         )
     return time
+
+
+def _update_rows(plan: Plan, fwd: str, dev: str) -> Rows:
+    """The update phase: FLOPs, the optimizer's bytes, the learner's measured fixed costs."""
+    w, t, hw, learner = plan.workload, plan.time, plan.hardware, plan.rates.learner
+    fixed = (
+        f"{w.optimizer_steps} updates x {_s(learner.per_update)} + {w.micro_batches * w.epochs} micro-batches x "
+        f"{_s(learner.per_micro_batch)}"
+        if learner
+        else "not measured (--measure)"
+    )
+    return [
+        (
+            "update FLOPs",
+            f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / update rate{dev}",
+            _s(t.update),
+        ),
+        (
+            "optimizer",
+            f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
+            _s(t.optimizer),
+        ),
+        ("learner fixed costs", fixed, _s(t.update_fixed)),
+        ("update", "update FLOPs + optimizer + learner fixed costs", _s(t.update_phase)),
+    ]
