@@ -272,6 +272,7 @@ def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: 
             "update": t.update_phase,
             "update_flops": t.update,
             "optimizer": t.optimizer,
+            "update_fixed": t.update_fixed,
             "sync": t.sync,
             "reload": plan.rates.engine.reload if plan.rates.engine else 0.0,
         },
@@ -279,6 +280,7 @@ def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: 
             "update_gflops": plan.rates.update / 1e9,
             "decode_gflops": plan.rates.decode / 1e9,
             "engine": vars(plan.rates.engine),
+            "learner": vars(plan.rates.learner) if plan.rates.learner else {},
             "peak_gflops": plan.hardware.peak_tflops * 1e3,
             "mem_bw_gbs": plan.hardware.mem_bw_gbs,
         },
@@ -289,7 +291,7 @@ def parts(r: dict) -> dict[str, str]:
     p = r["predicted"]
     return {
         "generate": f"prefill {p['prefill']:.3f} + decode {p['decode']:.3f} + engine fixed {p['engine_fixed']:.3f}",
-        "update": f"FLOPs {p['update_flops']:.3f} + optimizer {p['optimizer']:.3f}",
+        "update": f"FLOPs {p['update_flops']:.3f} + optimizer {p['optimizer']:.3f} + fixed {p.get('update_fixed', 0):.3f}",
         "sync": f"bytes {p['sync'] - p.get('reload', 0.0):.4f} + engine reload {p.get('reload', 0.0):.4f}",
     }
 
