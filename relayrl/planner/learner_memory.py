@@ -8,11 +8,13 @@ Values kept per token by one decoder layer (`layer_values`; fp32 on CPU, bf16 un
   log-sum-exp (heads), the MLP's gate, SiLU(gate), up and their product (4I)
   = 4h + 4q + 4kv + 4I + heads
 (checked with `torch.autograd.graph.saved_tensors_hooks` on two shapes: within 8%). The final norm keeps 2h.
-- Plain: every layer's values are kept; the backward adds, at the last layer, the incoming gradient of the
-  residual stream (h), the MLP's gradients in flight (3I), and the response positions' hidden states and the
-  gradient scattered back over every position (2h).
+- The backward frees what a node saved as that node finishes, and the gradients it makes are about the size of
+  what it frees; so at its peak it adds only the gradient of the residual stream (h) and, in a plain run, the
+  response positions' hidden states with their gradient scattered back over every position (2h): 3h.
 - `learner.activation_checkpointing`: a layer keeps only its input (h); the backward rebuilds one layer at a
-  time, so it adds one layer's values on top of the same gradients in flight.
+  time (its values) beside the residual stream's gradient (h); the head is done with by then.
+(The in-flight terms were first written as 3h + 3I, the MLP's gradients counted on top of its saved values;
+the first three points of the checkpointed sweep measured with MALLOC_MMAP_THRESHOLD_ set showed them freed.)
 - Logits (`train.logits_chunk` C > 0): the head runs over C response positions at a time and is recomputed in
   the backward: up to 5 [C, V] fp32 tensors alive (the logits, logits / T, their log-softmax kept for the
   backward, the entropy's two temporaries). C = 0: the model's logits over every position [positions, V] plus
@@ -78,9 +80,8 @@ def learner_peak(
     """`value_bytes`: bytes of an activation (4 fp32, 2 bf16); the logits are fp32 whatever it is."""
     h, layers = shape.hidden, shape.layers
     per_layer = layer_values(shape)
-    in_flight = 3 * h + 3 * intermediate_size(shape)  # residual gradient, MLP gradients, head input + its gradient
     kept = layers * (h if checkpointing else per_layer) + 2 * h
-    backward = in_flight + (per_layer if checkpointing else 0)
+    backward = per_layer + h if checkpointing else 3 * h  # a rebuilt layer + the residual's gradient, or the head's
     if logits_chunk > 0:
         logits = LOGITS_ALIVE * min(logits_chunk, response_positions) * shape.vocab * 4
     else:

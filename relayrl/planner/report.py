@@ -227,7 +227,7 @@ def _learner_rows(plan: Plan) -> Rows:
     s, w, m, pr = plan.shape, plan.workload, plan.memory, plan.precision
     peak, b = m.learner, pr.activation_bytes
     kept = f"{s.layers} x h" if peak.checkpointing else f"{s.layers} x (4h + 4q + 4kv + 4I + heads)"
-    rebuilt = " + one layer rebuilt (activation checkpointing)" if peak.checkpointing else ""
+    backward = "one layer rebuilt + h (activation checkpointing)" if peak.checkpointing else "3h"
     if peak.chunk > 0:
         logits = f"5 x min(train.logits_chunk {peak.chunk}, response positions) x vocab {s.vocab:,} x 4 B"
     else:
@@ -236,7 +236,7 @@ def _learner_rows(plan: Plan) -> Rows:
         ("micro-batch", _micro_batch_rule(w), f"{peak.positions:,} positions ({peak.response_positions:,} response)"),
         (
             "activations",
-            f"positions x (kept {kept} + 2h; backward 3h + 3I{rebuilt}) x {b} B + 32 B (batch copy)",
+            f"positions x (kept {kept} + 2h; backward {backward}) x {b} B + 32 B (batch copy)",
             _gb(m.activations),
         ),
         ("logits", logits, _gb(m.logits)),

@@ -46,7 +46,7 @@ def test_counted_activations_match_what_torch_saves(random_model_dir, checkpoint
     per_layer = 4 * 64 + 4 * 64 + 4 * 64 + 4 * 128 + 2  # h=q=kv=64, I=128, 2 heads
     assert layer_values(shape) == per_layer
     assert peak.kept == 256 * 4 * (2 * (64 if checkpointing else per_layer) + 2 * 64)
-    assert peak.backward == 256 * 4 * (3 * 64 + 3 * 128 + (per_layer if checkpointing else 0))
+    assert peak.backward == 256 * 4 * (per_layer + 64 if checkpointing else 3 * 64)
 
 
 SHAPE = ModelShape(params=100_000, layers=2, hidden=64, kv_heads=2, head_dim=32, vocab=100, heads=2, intermediate=128)
