@@ -41,7 +41,7 @@ class Plan:
     # Per --hardware profile: the least learner ranks W whose rank fits and that rank's update phase in bytes;
     # None and the activations + logits of one micro-batch when no W fits
     smallest_ranks: tuple[tuple[str, int | None, float], ...] = ()
-    prompts: PromptLengths | str = "not read"  # prompt lengths sampled from data.train, or why not
+    prompts: PromptLengths | str = "not asked to"  # prompt lengths sampled from data.train, or why not
 
 
 def make_plan(
@@ -62,7 +62,7 @@ def make_plan(
     W sharded learner ranks in place of the config's placement.learner_ranks. `read_prompts`: sample data.train
     for its prompt lengths (the expected longest of a batch sizes the learner's width unless
     `longest_prompt_tokens` is given; the mean sizes prefill)."""
-    prompts = sample_prompt_lengths(config) if read_prompts else "not read"
+    prompts = sample_prompt_lengths(config) if read_prompts else "not asked to"
     read = isinstance(prompts, PromptLengths)
     if longest_prompt_tokens is None and read:
         longest_prompt_tokens = prompts.batch_longest

@@ -38,7 +38,7 @@ def quantile(sorted_lengths: list[int], q: float) -> float:
 
 
 def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | str:
-    """Prompt lengths of `data.train` through the model's tokenizer, or the reason they could not be read."""
+    """Prompt lengths of `data.train` through the model's tokenizer, or why they could not be read."""
     from relayrl.data.rows import open_rows
     from relayrl.data.source import LoadStats, PromptMaker, check_row
     from relayrl.errors import DataError, ModelError
@@ -51,7 +51,7 @@ def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | 
         tokenizer = load_tokenizer(config.model.path)
         rows = open_rows(data.train, check_row)
     except (ModelError, DataError, OSError) as err:
-        return f"not read ({str(err).splitlines()[0][:120]})"
+        return str(err).splitlines()[0][:120]
     on_long = "truncate" if data.on_long_prompt == "error" else data.on_long_prompt
     maker = PromptMaker(tokenizer, data.max_prompt_tokens, on_long, data.chat_template, LoadStats())
     step = max(1, len(rows) // sample)
@@ -61,7 +61,7 @@ def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | 
         if prompt is not None:
             lengths.append(len(prompt.token_ids))
     if not lengths:
-        return f"not read (every sampled prompt of {data.train} is over data.max_prompt_tokens)"
+        return f"every sampled prompt of {data.train} is over data.max_prompt_tokens"
     lengths.sort()
     batch = config.rollout.prompts_per_step
     return PromptLengths(

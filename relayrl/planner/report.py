@@ -178,7 +178,7 @@ def _prompt_row(plan: Plan) -> tuple[str, str, str]:
             f"{p.mean:.1f}, {p.p95:g}, {p.longest}; {p.batch_longest:g}",
         )
     given = "--prompt-tokens" if w.longest_prompt_tokens is not None else "data.max_prompt_tokens"
-    return ("prompt tokens", f"data.train {p}: {given}", f"{w.prompt:g}")
+    return ("prompt tokens", f"{given} (data.train not read: {p})", f"{w.prompt:g}")
 
 
 def _memory_rows(plan: Plan) -> Rows:
