@@ -29,11 +29,11 @@ from typing import Iterable
 
 import torch
 
-from relayrl.errors import ConfigError, SyncError
+from relayrl.errors import SyncError
 from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.rollout.seeds import request_seed
+from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, ranks_bound
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
-from relayrl.rollout.vllm_tp import load_weights_tp, ranks_bound
 from relayrl.sync.lora import AdapterSpec, map_adapter_keys
 from relayrl.types import Prompt, Rollout
 
@@ -71,8 +71,6 @@ class VLLMEngine:
 
         on_gpu = torch.cuda.is_available()
         self.tensor_parallel = tensor_parallel  # T > 1: T rank processes (relayrl/rollout/vllm_tp.py)
-        if adapter is not None and tensor_parallel > 1:
-            raise ConfigError(f"rollout.tensor_parallel={tensor_parallel}: no LoRA adapters; use sync.lora=merged")
         with nullcontext() if tensor_parallel == 1 or on_gpu else ranks_bound(cores, tensor_parallel):
             self.llm = LLM(
                 model=model_path,
@@ -91,7 +89,8 @@ class VLLMEngine:
         self.adapters = None
         if adapter is not None:
             self.adapters = _Adapters(self.llm, adapter)
-            self.adapters.check(self._worker().model_runner.get_model(), self.prompt_logprobs, max_model_len)
+            model = self._worker().model_runner.get_model() if tensor_parallel == 1 else rank_lora_view(self.llm)
+            self.adapters.check(model, self.prompt_logprobs, max_model_len)
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
@@ -339,16 +338,14 @@ class _Adapters:
 
     def check(self, model, prompt_logprobs, max_model_len: int = 64) -> None:
         """Every adapter key lands on a LoRA module of the engine, and a random non-zero adapter changes the
-        engine's log-probs (an adapter the engine silently ignores would otherwise serve the base model)."""
-        from vllm.lora.layers import BaseLayerWithLoRA
-
-        served = {name for name, module in model.named_modules() if isinstance(module, BaseLayerWithLoRA)}
-        map_adapter_keys(self.spec.shapes, served, getattr(model, "packed_modules_mapping", {}))
+        engine's log-probs (an adapter the engine silently ignores would otherwise serve the base model).
+        `model`: the engine's model, or a T-rank engine's `LoraView` of it."""
+        view = model if isinstance(model, LoraView) else LoraView.of(model)
+        map_adapter_keys(self.spec.shapes, set(view.served), view.packed)
         generator = torch.Generator().manual_seed(0)
         noise = {k: torch.randn(shape, generator=generator) / shape[-1] ** 0.5 for k, shape in self.spec.shapes.items()}
         probe = self.request(noise, version=-1)
-        vocab = model.config.vocab_size if hasattr(model, "config") else 16
-        token_ids = [i % vocab for i in range(3, 3 + min(16, max_model_len - 1))]
+        token_ids = [i % view.vocab for i in range(3, 3 + min(16, max_model_len - 1))]
         gap = max(abs(a - b) for a, b in zip(prompt_logprobs(token_ids), prompt_logprobs(token_ids, probe)))
         self.remove(probe)
         if gap < 1e-4:

@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -126,6 +127,32 @@ class TPWeightLoader:
         self.model_runner.reset_encoder_cache()
         self.model_runner.reset_mm_cache()
 
+    def relayrl_lora_view(self) -> LoraView:
+        return LoraView.of(self.model_runner.get_model())
+
+
+@dataclass(frozen=True)
+class LoraView:
+    """What the LoRA start-up check needs of an engine's model (relayrl/rollout/vllm_engine.py, `_Adapters.check`):
+    the modules that serve adapters, the fused-projection map and the vocabulary size. A T-rank engine's model
+    is in its rank processes: rank 0 reports this instead."""
+
+    served: frozenset[str]
+    packed: dict[str, list[str]]
+    vocab: int
+
+    @classmethod
+    def of(cls, model) -> "LoraView":
+        from vllm.lora.layers import BaseLayerWithLoRA
+
+        served = frozenset(name for name, module in model.named_modules() if isinstance(module, BaseLayerWithLoRA))
+        vocab = model.config.vocab_size if hasattr(model, "config") else 16
+        return cls(served, dict(getattr(model, "packed_modules_mapping", {})), vocab)
+
+
+def rank_lora_view(llm) -> LoraView:
+    return llm.collective_rpc("relayrl_lora_view")[0]
+
 
 def load_weights_tp(
     llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = RPC_BUCKET_BYTES
@@ -151,7 +178,7 @@ def load_weights_tp(
 
 def check_tensor_parallel(config) -> None:
     """The config rule for `rollout.tensor_parallel` (see the module docstring); run after `rollout.engine: auto`
-    has chosen and before `sync.lora: auto` does (T ranks take merged weights: `auto` becomes `merged`)."""
+    has chosen (and before `sync.lora: auto`, which then sees the engine T ranks need)."""
     tp = config.rollout.tensor_parallel
     if tp == 1:
         return
@@ -167,13 +194,6 @@ def check_tensor_parallel(config) -> None:
         config._engine_choice = EngineChoice("vllm", f"rollout.tensor_parallel={tp} runs vLLM ranks")
         config.rollout.engine = "vllm"
     check_heads(config.model.path, tp)
-    if config.model.lora is not None and config.sync.lora == "auto":
-        config.sync.lora = "merged"  # what auto would choose on CPU; on GPU its adapter serving is not on ranks yet
-    if config.model.lora is not None and config.sync.lora == "adapter":
-        raise ConfigError(
-            f"rollout.tensor_parallel={tp} with sync.lora=adapter: adapter serving on TP ranks is not wired yet; "
-            "use sync.lora=merged (the engine then takes merged full weights) or rollout.tensor_parallel=1"
-        )
     check_devices(config, tp)
 
 

@@ -2,7 +2,9 @@
 tokens and log-probs as one rank, and weight pushes that reach both ranks' shards (relayrl/rollout/vllm_tp.py).
 
 The tiny model has 2 attention and 2 KV heads, so each rank holds one head, half of every MLP and half of
-the (tied) vocabulary: a rank that kept its old shard would change every log-prob checked here.
+the (tied) vocabulary: a rank that kept its old shard would change every log-prob checked here. One
+two-rank engine for the module (its start is the cost); it also serves LoRA adapters, which its start-up
+check (a random adapter must change its log-probs) and the last test exercise through the ranks.
 """
 
 import pytest
@@ -13,13 +15,25 @@ from relayrl.types import Prompt
 
 pytestmark = pytest.mark.vllm
 
+IDS = [3, 4, 5, 6, 7, 8, 9, 10]
+
 
 @pytest.fixture(scope="module")
-def engines(random_model_dir):
-    from relayrl.rollout.vllm_engine import VLLMEngine
+def config(random_model_dir):
+    from relayrl.config import load_config
 
-    one = VLLMEngine(str(random_model_dir), max_model_len=64, seed=0)
-    two = VLLMEngine(str(random_model_dir), max_model_len=64, seed=0, tensor_parallel=2)
+    lora = ["model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-2", "sync.lora=adapter"]
+    return load_config(None, [f"model.path={random_model_dir}", "rollout.tensor_parallel=2", *lora])
+
+
+@pytest.fixture(scope="module")
+def engines(config):
+    from relayrl.rollout.vllm_engine import VLLMEngine
+    from relayrl.sync.lora import adapter_spec
+
+    path = str(config.model.path)
+    one = VLLMEngine(path, max_model_len=64, seed=0)
+    two = VLLMEngine(path, max_model_len=64, seed=0, adapter=adapter_spec(config), tensor_parallel=2)
     yield one, two
     two.llm.llm_engine.engine_core.shutdown()  # the rank processes (and their KV caches) end with this module
 
@@ -71,17 +85,16 @@ def test_pushed_weights_reach_every_rank(engines, hf_model, prompts):
     from relayrl.rollout.vllm_tp import load_weights_tp
 
     one, two = engines
-    ids = [3, 4, 5, 6, 7, 8, 9, 10]
-    before = torch.tensor(two.prompt_logprobs(ids))
-    torch.testing.assert_close(before, hf_logprobs(hf_model, ids), atol=1e-4, rtol=0)
+    before = torch.tensor(two.prompt_logprobs(IDS))
+    torch.testing.assert_close(before, hf_logprobs(hf_model, IDS), atol=1e-4, rtol=0)
 
     new = perturbed(hf_model, 1.3)
     named = [(n, p.detach()) for n, p in new.named_parameters()]
-    two.load_weights(iter(named), version=1)
+    two.load_base_weights(iter(named))  # what a full or merged push runs (this engine also serves adapters)
     one.load_weights(iter(named), version=1)
-    after = torch.tensor(two.prompt_logprobs(ids))
-    assert (after - before).abs().max() > 0.05 and two.version == 1
-    torch.testing.assert_close(after, hf_logprobs(new, ids), atol=1e-4, rtol=0)
+    after = torch.tensor(two.prompt_logprobs(IDS))
+    assert (after - before).abs().max() > 0.05
+    torch.testing.assert_close(after, hf_logprobs(new, IDS), atol=1e-4, rtol=0)
     greedy = Sampling.greedy(max_tokens=8)
     assert [r.response_ids for r in two.generate(prompts, greedy, 1)] == [
         r.response_ids for r in one.generate(prompts, greedy, 1)
@@ -89,4 +102,25 @@ def test_pushed_weights_reach_every_rank(engines, hf_model, prompts):
 
     newer = perturbed(hf_model, 0.7)
     load_weights_tp(two.llm, ((n, p.detach()) for n, p in newer.named_parameters()), bucket_bytes=4096)
-    torch.testing.assert_close(torch.tensor(two.prompt_logprobs(ids)), hf_logprobs(newer, ids), atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(two.prompt_logprobs(IDS)), hf_logprobs(newer, IDS), atol=1e-4, rtol=0)
+    two.load_base_weights((n, p.detach()) for n, p in hf_model.named_parameters())  # the base back
+
+
+def test_an_adapter_on_two_ranks_serves_what_its_merged_weights_do(engines, hf_model, config):
+    from relayrl.models import lora
+
+    one, two = engines
+    copy = type(hf_model)(hf_model.config)
+    copy.load_state_dict(hf_model.state_dict())  # the base both engines hold now
+    peft = lora.add_adapter(copy, config.model.lora)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_B" in name:
+                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+    base = torch.tensor(two.prompt_logprobs(IDS))
+    two.load_weights(lora.adapter_tensors(peft), version=3)  # a new adapter, registered on both ranks
+    one.load_weights(lora.merged_tensors(peft), version=3)  # the same update as full weights, on one rank
+    served = torch.tensor(two.prompt_logprobs(IDS))
+    assert (served - base).abs().max() > 0.05 and two.version == 3
+    torch.testing.assert_close(served, torch.tensor(one.prompt_logprobs(IDS)), atol=1e-3, rtol=0)

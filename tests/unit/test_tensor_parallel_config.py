@@ -95,16 +95,7 @@ def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch
     with pytest.raises(ConfigError, match=r"rollout.tensor_parallel=4 needs 4 GPUs per engine, this machine has 2"):
         load(model, "rollout.tensor_parallel=4")
     lora = ["model.lora.rank=8", "train.lr=1e-4"]
-    assert load(model, *lora).sync.lora == "adapter"  # a GPU's choice for one rank
-    assert load(model, "rollout.tensor_parallel=2", *lora).sync.lora == "merged"  # ranks take merged weights
-
-
-def test_adapter_serving_on_ranks_is_refused(tmp_path):
-    model = write_model(tmp_path / "m", heads=4, kv_heads=4)
-    lora = ["model.lora.rank=8", "train.lr=1e-4"]
-    with pytest.raises(ConfigError, match=r"rollout.tensor_parallel=2 with sync.lora=adapter"):
-        load(model, "rollout.tensor_parallel=2", "sync.lora=adapter", *lora)
-    assert load(model, "rollout.tensor_parallel=2", "sync.lora=merged", *lora).sync.lora == "merged"
+    assert load(model, "rollout.tensor_parallel=2", *lora).sync.lora == "adapter"  # ranks serve adapters too
 
 
 def test_cores_are_dealt_to_ranks():
