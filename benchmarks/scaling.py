@@ -9,7 +9,13 @@ its smallest case and the fitted exponent (the slope of log cost against log siz
       (a) for long responses (issue 18, item 2): --lengths 1024,...,16384 [--responses 2] [--repeats 1]
       with --activation-checkpointing and/or --logits-chunk N (0 = the model's own logits); a model whose
       max_positions covers the longest case is built beside the default one. Time per token = seconds over the
-      update's forward positions (prompt + response, every sample).
+      update's forward positions (prompt + response, every sample). Beside each measured peak: the planner's
+      (relayrl/planner/learner_memory.py: gradients + AdamW + one micro-batch's activations and logits).
+      --token-budget runs the lengths again with train.micro_batch_tokens = the shortest case's positions (the
+      memory count micro-batching used there) and shows the count beside it: where the count runs past it.
+      glibc's malloc keeps freed blocks below its mmap threshold, which rises with every large free up to
+      32 MiB: peak RSS then holds more than the live tensors. MALLOC_MMAP_THRESHOLD_=65536 in the environment
+      fixes the threshold (every block of 64 KiB and more is mapped and unmapped): RSS follows the live bytes.
 
   (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~40 bytes), or the same rows
       as parquet or a `datasets` save_to_disk directory (--format). Each case runs
@@ -26,7 +32,7 @@ is printed with the table.
 
 Run: .venv/bin/python benchmarks/scaling.py [--section a|b|c|all] [--out runs/scaling] [--rows 1000,...,1000000]
      [--format jsonl|parquet|datasets] [--lengths 64,...,1024] [--responses 8] [--repeats 3]
-     [--activation-checkpointing] [--logits-chunk N]
+     [--activation-checkpointing] [--logits-chunk N] [--token-budget]; [MALLOC_MMAP_THRESHOLD_=65536 before it]
 """
 
 from __future__ import annotations
