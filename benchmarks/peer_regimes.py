@@ -22,6 +22,9 @@ regime's settings (each overridable on peer_trl.py's command line):
                the same function on both sides; the held-out score is its greedy mean over the first 64
                held-out prompts, 128 tokens (`relayrl eval --min-tokens 128 --max-prompts 64`), plus the
                temperature-1 mean of one sample per prompt, which keeps moving where the greedy one saturates.
+  c            small batch (issue 18): regime a's warm start and score, 30 steps x 8 prompts x n=8, completions
+               of at most 8 tokens; fixed per-step costs dominate. Its runs default to relayrl's own default
+               engine, `rollout.engine=auto` (`--engine auto`), which is what a new user's config gets.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Regime:
     sampled_eval: bool  # also score one temperature-1 sample per held-out prompt
     warm_start: bool  # False: a random init of MODEL_B
     held_out: str  # what the held-out number is, for the table and the JSON
+    engine: str = "vllm"  # relayrl's rollout.engine unless --engine says otherwise
 
 
 REGIMES = {
@@ -73,6 +77,22 @@ REGIMES = {
         sampled_eval=False,
         warm_start=True,
         held_out="greedy exact match on the 500 held-out problems",
+    ),
+    "c": Regime(
+        "c",
+        steps=30,
+        quick_steps=3,
+        prompts_per_step=8,
+        n=8,
+        max_tokens=8,
+        min_tokens=0,
+        lr=1e-4,
+        reward="exact_match",
+        eval_prompts=0,
+        sampled_eval=False,
+        warm_start=True,
+        held_out="greedy exact match on the 500 held-out problems",
+        engine="auto",
     ),
     "b": Regime(
         "b",
@@ -99,8 +119,8 @@ def regime_of(args: argparse.Namespace) -> Regime:
 
 
 def engine_of(args: argparse.Namespace) -> str:
-    """relayrl's rollout engine of a namespace (vllm unless --engine says otherwise)."""
-    return getattr(args, "engine", None) or "vllm"
+    """relayrl's rollout engine of a namespace (--engine, else the regime's; `auto`: relayrl decides)."""
+    return getattr(args, "engine", None) or regime_of(args).engine
 
 
 def regime_dir(args: argparse.Namespace) -> Path:

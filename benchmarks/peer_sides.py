@@ -46,7 +46,7 @@ import time
 import warnings
 from pathlib import Path
 
-from peer_regimes import Regime, engine_of, regime_notes, regime_of
+from peer_regimes import Regime, regime_notes, regime_of
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
@@ -363,7 +363,7 @@ def trl_differences(config, rows_path: Path, regime: Regime, args: argparse.Name
     if is_conversational(first):
         raise RuntimeError("TRL would apply a chat template to these prompts; the benchmark expects plain strings")
     notes = [
-        generation_note(engine_of(args)),
+        generation_note(config.rollout.engine),  # `auto` is resolved by now
         "advantages: TRL divides by (group std + 1e-4), relayrl by (group std + 1e-6)",
         "prompt order and sampling RNG differ (TRL RepeatSampler vs relayrl PromptSampler, same seed value per "
         "run): different prompts/completions per step",

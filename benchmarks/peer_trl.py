@@ -66,14 +66,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--regime",
         choices=sorted(REGIMES),
         default="a",
-        help="a: tiny arithmetic (default); b: decode-heavy, 27M model, 128-token completions",
+        help="a: tiny arithmetic (default); b: decode-heavy, 27M model, 128-token completions; c: small batch "
+        "(8 x 8, <= 8 tokens), relayrl's default engine",
     )
     parser.add_argument("--seeds", type=int, default=1, help="train each framework with seeds 0..N-1 (default 1)")
     parser.add_argument(
         "--engine",
-        choices=("vllm", "hf"),
-        default="vllm",
-        help="relayrl's rollout.engine (default vllm; hf = transformers generate)",
+        choices=("vllm", "hf", "auto"),
+        default=None,
+        help="relayrl's rollout.engine (default: the regime's, vllm for a and b, auto for c; hf = transformers "
+        "generate; auto = relayrl's default, chosen by model size)",
     )
     parser.add_argument("--steps", type=int, help="default: the regime's (a 20, b 8)")
     parser.add_argument("--prompts-per-step", type=int, help="default: the regime's (a 32, b 8)")
@@ -88,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
     regime = REGIMES[args.regime]
+    args.engine = args.engine or regime.engine
     for key in ("steps", "prompts_per_step", "n", "max_tokens", "lr"):
         if getattr(args, key) is None:
             setattr(args, key, getattr(regime, key))
@@ -96,8 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.min_tokens = min(regime.min_tokens, args.max_tokens)
     if args.out is None:
         suffix = (
-            ("_b" if args.regime == "b" else "")
-            + ("_hf" if args.engine == "hf" else "")
+            ("" if args.regime == "a" else f"_{args.regime}")
+            + ("" if args.engine == regime.engine else f"_{args.engine}")
             + ("_quick" if args.quick else "")
         )
         args.out = str(Path(args.dir) / f"peer_trl{suffix}.json")
@@ -234,6 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
     work = work_dir(args)
     paths = prepare_inputs(args)
     config, _ = build_config(args, paths, work / "relayrl" / "seed0")
+    if engine == "auto":  # what relayrl chose for this model (config validation resolved it)
+        engine = f"auto: {config.rollout.engine}"
     differences = trl_differences(config, paths["train"], regime, args)
     print(
         f"regime {regime.name}, relayrl engine {engine}, seeds 0..{args.seeds - 1}; settings: "
@@ -252,6 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
         row.update(greedy_before=before["score"], sampled_before=before["sampled"])
     ratio, ratios = step_ratios(rows)
     print("\n" + table(rows, ratio, regime.held_out, engine))
+    print(
+        "relayrl phases (median s, seed 0): "
+        + "  ".join(f"{phase} {seconds:.4f}" for phase, seconds in per_seed["relayrl"][0]["phase_median_s"].items())
+    )
     if before["sampled"] is not None:
         print(
             f"held-out sampled (temperature 1, one per prompt, mean over seeds): initial {before['sampled']:.3f}, "
