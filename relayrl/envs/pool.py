@@ -109,7 +109,7 @@ class EnvPool(SupervisedPool):
         if worker is None:
             return
         worker.key = None
-        if worker.busy:
+        if worker.busy and worker in self.workers:  # not after `close` (a failed start closes the pool)
             self._replace(self.workers.index(worker))
 
     def poll(self, timeout: float) -> list[tuple[Hashable, str, Any]]:
