@@ -8,6 +8,11 @@ coefficient and the RNG. Loading goes through `set_state_dict`, which reshards t
 is: W ranks, or one plain process (so 2 -> 1 and 1 -> 2 resume). A W=1 checkpoint (`model/` and the
 optimizer in `trainer_state.pt`) loads into W ranks through the same call, as a full state dict.
 
+With `model.lora` only the trainable tensors are saved (the adapters, and the critic's value head): the frozen
+base is the run's model.path, loaded again on resume; loading then fills what was saved and leaves the base
+(`ignore_frozen_params`, non-strict). The final model of a LoRA run is the merged base plus `adapter/` beside
+it, as a single learner writes it, and `export_sharded` merges the saved adapter into the base.
+
 Rank 0 runs `save_checkpoint` and the others write their shards into the same temporary directory between
 two barriers, so the rename still happens once every shard is on disk.
 """
@@ -39,10 +44,16 @@ def _trained(learner) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer]
     return models
 
 
+def _options(learner, **full) -> StateDictOptions:
+    """With LoRA the frozen base is neither saved nor expected on load."""
+    lora = learner.config.model.lora is not None
+    return StateDictOptions(ignore_frozen_params=lora, strict=not lora, **full)
+
+
 def _sharded_state(learner) -> dict:
     state = {}
     for name, model, optimizer in _trained(learner):
-        model_state, optimizer_state = get_state_dict(model, optimizer)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=_options(learner))
         state[name] = {"model": model_state, "optimizer": optimizer_state}
     return state
 
@@ -94,8 +105,9 @@ def load_any(learner, checkpoint: str | Path, state: dict) -> None:
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
             dcp.load(saved, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())
         for name, model, optimizer in _trained(learner):
+            model_state, optim_state = saved[name]["model"], saved[name]["optimizer"]
             set_state_dict(
-                model, optimizer, model_state_dict=saved[name]["model"], optim_state_dict=saved[name]["optimizer"]
+                model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state, options=_options(learner)
             )
         critic_generator = state["critic_generator"]
     else:
@@ -112,8 +124,11 @@ def load_any(learner, checkpoint: str | Path, state: dict) -> None:
 
 def _load_full(learner, checkpoint: str | Path, state: dict) -> None:
     """A single-process checkpoint (save_pretrained model, optimizer by parameter index) into sharded ranks."""
-    full = StateDictOptions(full_state_dict=True)
-    policy_state = load_causal_lm(Path(checkpoint) / "model", "cpu").state_dict()
+    full = _options(learner, full_state_dict=True)
+    if learner.config.model.lora is not None:  # model/ holds the adapter alone, under peft's saved names
+        policy_state = _adapter_state(Path(checkpoint) / "model")
+    else:
+        policy_state = load_causal_lm(Path(checkpoint) / "model", "cpu").state_dict()
     models = [(learner.policy.model, learner.policy.optimizer, policy_state, state["optimizer"])]
     if learner.critic is not None:
         critic = state["critic"]
@@ -121,6 +136,16 @@ def _load_full(learner, checkpoint: str | Path, state: dict) -> None:
     for model, optimizer, model_state, optimizer_state in models:
         named = _by_name(model, optimizer_state)
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=named, options=full)
+
+
+def _adapter_state(adapter_dir: Path) -> dict[str, torch.Tensor]:
+    """A saved peft adapter under the parameter names of the model it was trained in."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    return {
+        n.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default."): t for n, t in saved.items()
+    }
 
 
 def _by_name(model: torch.nn.Module, optimizer_state: dict) -> dict:
@@ -138,6 +163,8 @@ def save_pretrained_from_shards(learner, target: Path, tokenizer=None) -> None:
     """The final policy as a save_pretrained directory: gathered to full tensors, written by rank 0."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+    if learner.config.model.lora is not None:
+        return _save_lora_from_shards(learner, target, tokenizer)
     full = get_model_state_dict(learner.policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
         plain = load_causal_lm(learner.config.model.path, "cpu")
@@ -148,16 +175,63 @@ def save_pretrained_from_shards(learner, target: Path, tokenizer=None) -> None:
     dist.barrier()
 
 
+def _save_lora_from_shards(learner, target: Path, tokenizer=None) -> None:
+    """A LoRA run's final model as a single learner writes it: the merged base, and its adapter in `adapter/`.
+    Every rank joins each gather; rank 0 keeps the tensors (the whole merged model, as without LoRA)."""
+    from relayrl.learner.sharded_lora import adapter_entries, merged_entries
+    from relayrl.models import lora
+
+    policy = learner.policy
+    policy.network.reshard()
+    merged, adapter = _on_rank0(merged_entries(policy.model)), _on_rank0(adapter_entries(policy.model))
+    if dist.get_rank() == 0:
+        load_causal_lm(learner.config.model.path, "cpu").save_pretrained(target, state_dict=merged)
+        lora.write_adapter_dir(Path(target) / lora.ADAPTER_DIR, lora.resolved_config(policy.model), adapter)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(target)
+    dist.barrier()
+
+
+def _on_rank0(entries: dict) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, entry in entries.items():
+        tensor = entry.full_tensor().detach().cpu()  # a collective on every rank
+        if dist.get_rank() == 0:
+            out[name] = tensor
+    return out
+
+
 def export_sharded(checkpoint: str | Path, out: str | Path, base_model: str | Path, tokenizer=None) -> Path:
     """A sharded checkpoint's policy as a save_pretrained directory: the base model's architecture (the run's
-    model.path) filled with the checkpoint's weights, read in one plain process."""
-    model = load_causal_lm(base_model, "cpu")
-    state = {"policy": {"model": model.state_dict()}}
+    model.path) filled with the checkpoint's weights, read in one plain process; a LoRA run's saved adapter is
+    merged into the base (its settings from the run's config.yaml)."""
+    from relayrl.models import lora
+
+    model, lora_settings = load_causal_lm(base_model, "cpu"), _run_lora(Path(checkpoint))
+    if lora_settings is None:
+        tensors = model.state_dict()
+    else:  # the adapter alone was saved; these tensors share the parameters' storage: dcp.load fills them
+        model = lora.add_adapter(model, lora_settings)
+        tensors = {n: p.detach() for n, p in model.named_parameters() if ".lora_" in n}
+    state = {"policy": {"model": tensors}}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
         dcp.load(state, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())
-    model.load_state_dict(state["policy"]["model"])
-    model.save_pretrained(out)
+    if lora_settings is None:
+        model.load_state_dict(state["policy"]["model"])
+        model.save_pretrained(out)
+    else:
+        lora.save_merged(model, out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return Path(out)
+
+
+def _run_lora(checkpoint: Path):
+    """The run's `model.lora` (from its config.yaml) when its sharded checkpoint holds adapter tensors; else None."""
+    metadata = dcp.FileSystemReader(str(checkpoint / SHARDED_DIR)).read_metadata()
+    if not any(".lora_" in key for key in metadata.state_dict_metadata):
+        return None
+    from relayrl.export import run_config
+
+    return run_config(checkpoint).model.lora

@@ -36,6 +36,7 @@ from relayrl.config import Config
 from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
 from relayrl.learner.role import LearnerRole
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
+from relayrl.learner.sharded_lora import push_view
 from relayrl.sync.buckets import Layout, make_layout
 from relayrl.types import Experience
 
@@ -127,7 +128,7 @@ class ShardedLearner(LearnerRole):
         self.rank, self.world = rank, world
         super().__init__(rank_config(config, world), threads, meta=rank > 0)  # only rank 0 reads the weights
         policy = self.policy
-        self._shard(policy.model, policy.optimizer)
+        self._shard(policy.network, policy.optimizer)  # with LoRA the HF model inside peft: the forward enters there
         if policy.reference is not None:
             self._shard(policy.reference, None)
         if self.critic is not None:
@@ -151,11 +152,11 @@ class ShardedLearner(LearnerRole):
         shard_model(model, offload=offload, precision=mixed_precision(self.config, device))
         fill_from_rank0(model, full, device, offload)
         if optimizer is not None:
-            _rebind_optimizer(optimizer, model)
+            _rebind_optimizer(optimizer, self.policy.model if optimizer is self.policy.optimizer else model)
 
     def prepare(self, exp: Experience) -> Experience:
         exp = super().prepare(exp)
-        for model in (self.policy.model, self.policy.reference, self.critic and self.critic.model):
+        for model in (self.policy.network, self.policy.reference, self.critic and self.critic.model):
             if model is not None:
                 model.reshard()  # a no-grad forward leaves the root's parameters (embeddings, head) gathered
         return exp
@@ -170,15 +171,15 @@ class ShardedLearner(LearnerRole):
     # ------------------------------------------------------------------ weights, one full tensor at a time
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every rank must iterate this to the end, in step: each tensor is an all-gather of its shards."""
-        self.policy.model.reshard()  # a no-grad forward leaves the root's parameters gathered
-        for name, param in self.policy.model.named_parameters():
+        view = push_view(self.policy)  # with LoRA: what sync.lora sends
+        view.reshard()
+        for name, param in view.named_parameters():
             yield name, param.full_tensor().detach()
 
     def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
         """From the global shapes alone: nothing is gathered."""
-        return make_layout(
-            ((n, tuple(p.shape)) for n, p in self.policy.model.named_parameters()), bucket_mb, wire_dtype
-        )
+        shapes = ((n, tuple(p.shape)) for n, p in push_view(self.policy).named_parameters())
+        return make_layout(shapes, bucket_mb, wire_dtype)
 
     def adoptable_parameters(self):
         return None  # shards cannot live in the engine's buckets
@@ -195,7 +196,7 @@ class ShardedLearner(LearnerRole):
     def send_weights(self, version: int, only: list[int] | None = None):
         from relayrl.sync.gather import send_from_shards
 
-        return send_from_shards(self.policy.model, self.layout, self.sync_plan, self.sender, version, only)
+        return send_from_shards(push_view(self.policy), self.layout, self.sync_plan, self.sender, version, only)
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:

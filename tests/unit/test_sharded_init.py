@@ -1,16 +1,19 @@
 """Sharded learner ranks built without loading the model on ranks > 0, the critic's global normaliser, and
-FSDP2's mixed-precision policy (CPU/gloo, a tiny fp32 model).
+FSDP2's mixed-precision policy, and LoRA on sharded ranks (CPU/gloo, a tiny fp32 model).
 
 Two ranks are spawned once and, in one process group: build a GAE learner with a KL reference (policy,
 reference and critic all sharded) while rank 1 cannot read any weights file; gather its weights; take one
-step; then take a step with bf16 parameters in the passes (FSDP2's MixedPrecisionPolicy over gloo). Rank 0
-writes the results; the W=1 learner runs here. Token counts differ between the ranks (30 and 36), so a critic
+step; then take a step with bf16 parameters in the passes (FSDP2's MixedPrecisionPolicy over gloo); then LoRA
+learners (the base and adapter sharded, the reference the base with the adapter disabled) resume a W=1
+checkpoint (1 -> 2) and their own sharded one (2 -> 2) and push what sync.lora sends. Rank 0 writes the
+results; the W=1 learners run here. Token counts differ between the ranks (30 and 36), so a critic
 loss averaged per rank instead of divided by the global count gives another loss and other gradients.
 """
 
 from __future__ import annotations
 
 import queue
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from tests.unit.test_sharded_learner import free_port
 from tests.unit.test_sharded_scenarios import WORLD, config, experience
 
 GAE = ["algorithm.advantage=gae", "algorithm.kl.coef=0.1", "critic.lr=1e-2"]
+LORA = ["model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-2", "algorithm.kl.coef=0.1", "sync.lora=merged"]
 
 
 def gae_experience():
@@ -43,7 +47,7 @@ def step(learner, exp) -> dict[str, float]:
     return learner.update(0, learner.prepare(exp))
 
 
-def rank_main(rank, port, model_dir, out_dir, results):
+def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
     from transformers import PreTrainedModel
 
     from relayrl.learner import sharded
@@ -63,6 +67,7 @@ def rank_main(rank, port, model_dir, out_dir, results):
     found["loss"] = all_reduce_sum(stats["loss/policy"])  # each rank's loss is its part of the global sum
     found["critic"] = (stats["critic/value_loss"], stats["critic/grad_norm"], full_weights(learner)["critic"])
     found["mixed"] = mixed_precision_step(sharded, rank, port, model_dir, part)
+    found["lora"] = lora_scenarios(sharded, rank, port, model_dir, lora_checkpoint, out_dir)
     if rank == 0:
         torch.save(found, f"{out_dir}/found.pt")
     leave_learner_group()
@@ -73,8 +78,12 @@ def mixed_precision_step(sharded, rank, port, model_dir, part) -> dict:
     """One step with FSDP2 all-gathering bf16 parameters (what sharded_init.mixed_precision gives a GPU run)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    sharded.mixed_precision = lambda *_: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    gpu_policy, sharded.mixed_precision = (
+        sharded.mixed_precision,
+        lambda *_: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
     learner = sharded.ShardedLearner(config(model_dir, GAE), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+    sharded.mixed_precision = gpu_policy
     seen = []
     layer = sharded.decoder_layers(learner.policy.model)[0]
     layer.register_forward_pre_hook(lambda module, _: seen.append(module.mlp.up_proj.weight.dtype))
@@ -85,11 +94,65 @@ def mixed_precision_step(sharded, rank, port, model_dir, part) -> dict:
     return {"pass_dtypes": set(seen), "master_dtypes": masters, "grad_norm": stats["actor/grad_norm"]}
 
 
+def lora_scenarios(sharded, rank, port, model_dir, checkpoint, out_dir) -> dict:
+    """1 -> 2: the W=1 LoRA checkpoint into two ranks; 2 -> 2: a sharded one written and read back. Each then
+    takes the second step; the 2 -> 2 learner also writes the run's final model."""
+    from relayrl.learner.ranks import split_by_groups
+
+    def learner():
+        return sharded.ShardedLearner(config(model_dir, LORA), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+
+    def resumed(path):
+        loaded = learner()
+        loaded.load_state(path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
+        return lora_step(loaded, split_by_groups(experience(seed=1), WORLD)[rank])
+
+    found = {"1->2": resumed(checkpoint)}
+    first = learner()
+    lora_step(first, split_by_groups(experience(seed=0), WORLD)[rank])
+    found["path"] = first.checkpoint(f"{out_dir}/lora_run", 0, {"version": 1}, keep=1)
+    found["2->2"] = resumed(found["path"])
+    return found
+
+
+def lora_step(learner, part) -> tuple[float, dict, dict]:
+    """(global loss, what sync.lora=merged sends, what sync.lora=adapter would send) after one step."""
+    from relayrl.learner.ranks import all_reduce_sum
+
+    loss = all_reduce_sum(learner.update(1, learner.prepare(part))["loss/total"])
+    merged = dict(learner.named_weights())
+    learner.policy.sync_mode = "adapter"
+    adapter = dict(learner.named_weights())
+    learner.policy.sync_mode = "merged"
+    return loss, merged, adapter
+
+
+def pushed(learner) -> tuple[dict, dict]:
+    """A W=1 LoRA learner's merged and adapter pushes."""
+    merged = {n: t.clone() for n, t in learner.named_weights()}
+    learner.policy.sync_mode = "adapter"
+    adapter = {n: t.clone() for n, t in learner.named_weights()}
+    learner.policy.sync_mode = "merged"
+    return merged, adapter
+
+
 @pytest.fixture(scope="module")
-def found(random_model_dir, tmp_path_factory):
+def single_lora(random_model_dir, tmp_path_factory):
+    """W=1 LoRA: a step, a checkpoint, and the uninterrupted second step (loss, merged and adapter pushes)."""
+    from relayrl.learner.role import LearnerRole
+
+    learner = LearnerRole(config(random_model_dir, LORA))
+    step(learner, experience(seed=0))
+    path = learner.checkpoint(tmp_path_factory.mktemp("lora_single"), 0, {"version": 1}, keep=1)
+    loss = learner.update(1, learner.prepare(experience(seed=1)))["loss/total"]
+    return path, loss, *pushed(learner)
+
+
+@pytest.fixture(scope="module")
+def found(random_model_dir, single_lora, tmp_path_factory):
     ctx = mp.get_context("spawn")
     results, out_dir = ctx.Queue(), tmp_path_factory.mktemp("sharded_init")
-    args = (free_port(), str(random_model_dir), str(out_dir), results)
+    args = (free_port(), str(random_model_dir), str(single_lora[0]), str(out_dir), results)
     procs = [ctx.Process(target=rank_main, args=(r, *args)) for r in range(WORLD)]
     for p in procs:
         p.start()
@@ -156,3 +219,44 @@ def test_mixed_precision_policy_is_gpu_only():
     assert mixed_precision(load_config(None, ["model.dtype=bfloat16"]), "cuda").param_dtype == torch.bfloat16
     assert mixed_precision(load_config(None, ["model.dtype=float32"]), "cuda") is None
     assert mixed_precision(load_config(None, []), "cpu") is None
+
+
+def assert_close(got: dict, want: dict, label: str) -> None:
+    """Within 2e-4 (2% of one AdamW step at lr 1e-2): LoRA's A gradients start near 0 (B = 0), where a sum
+    in another order can move one element's m / sqrt(v) by a few percent; a wrong normaliser or a lost
+    gradient moves whole tensors by about the lr."""
+    assert got.keys() == want.keys(), label
+    for name, tensor in want.items():
+        assert torch.allclose(got[name], tensor, atol=2e-4, rtol=0), f"{label} {name}"
+
+
+def test_lora_ranks_resume_train_and_push_like_one_learner(found, single_lora):
+    _, loss, merged, adapter = single_lora
+    assert any(".lora_A." in n for n in adapter) and not any(".lora_" in n for n in merged)
+    for label in ("1->2", "2->2"):
+        got_loss, got_merged, got_adapter = found["lora"][label]
+        assert got_loss == pytest.approx(loss, rel=1e-5, abs=1e-7), label
+        assert_close(got_merged, merged, f"{label} merged")
+        assert_close(got_adapter, adapter, f"{label} adapter")
+
+
+def test_lora_sharded_checkpoint_resumes_in_one_process_and_exports(random_model_dir, found, single_lora, tmp_path):
+    """2 -> 1: the sharded LoRA checkpoint (adapter and optimizer, no base) into one plain LoRA learner; and
+    its export is the base with the adapter merged in."""
+    from relayrl.config import dump_config
+    from relayrl.learner.dist_checkpoint import export_sharded
+    from relayrl.learner.role import LearnerRole
+    from relayrl.models.loading import load_causal_lm
+
+    _, loss, merged, _ = single_lora
+    path = found["lora"]["path"]
+    learner = LearnerRole(config(random_model_dir, LORA))
+    learner.load_state(path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
+    assert learner.update(1, learner.prepare(experience(seed=1)))["loss/total"] == pytest.approx(loss, rel=1e-5)
+    assert_close(pushed(learner)[0], merged, "2->1 merged")
+    run_dir = Path(path).parents[1]
+    (run_dir / "config.yaml").write_text(dump_config(config(random_model_dir, LORA)))
+    exported = load_causal_lm(export_sharded(path, tmp_path / "export", random_model_dir))
+    first = LearnerRole(config(random_model_dir, LORA))  # W=1 after the first step, merged
+    step(first, experience(seed=0))
+    assert_close({n: p.detach() for n, p in exported.named_parameters()}, pushed(first)[0], "export")
