@@ -178,6 +178,7 @@ def read_rows(run_dir: Path) -> list[dict]:
 def measured_medians(run_dir: Path) -> dict[str, float]:
     rows = read_rows(run_dir)[1:]  # step 0 warms up
     keys = [f"time/{phase}" for phase in PHASES] + ["response/length_max", "response/length_mean"]
+    keys += ["learner/positions", "learner/micro_batches"]  # what the planner's inputs imply, load or not
     return {key: statistics.median(row[key] for row in rows) for key in keys}
 
 
@@ -257,6 +258,8 @@ def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: 
             response=w.response,
             packed=w.packed,
             micro_positions=plan.memory.learner.positions,
+            positions=w.tokens,
+            micro_batches=w.micro_batches,
         ),
         **measured,
         **training,
@@ -325,7 +328,9 @@ def print_table(results: list[dict]) -> None:
             f"{r['case']}: inferred prompt mean {i['prompt_mean']:.1f}, p95 {i['prompt_p95']}, a batch's longest "
             f"{i['batch_longest_prompt']:g}; response {i['response']:g} (the run's median longest; mean "
             f"{r['response/length_mean']:.1f}); packing {'on' if i['packed'] else 'off'}; largest micro-batch "
-            f"{i['micro_positions']} positions; update rate {r['rates']['update_gflops']:.1f} GFLOP/s, decode "
+            f"{i['micro_positions']} positions; positions per pass {i.get('positions', 0):,} (measured "
+            f"{r.get('learner/positions', 0):,.0f}), micro-batches {i.get('micro_batches', 0)} (measured "
+            f"{r.get('learner/micro_batches', 0):g}); update rate {r['rates']['update_gflops']:.1f} GFLOP/s, decode "
             f"{r['rates']['decode_gflops']:.1f} GFLOP/s; engine per call {e['per_call'] * 1e3:.1f} ms, per step "
             f"{e['per_step'] * 1e3:.2f} ms, per token {e['per_token'] * 1e6:.1f} us, per sequence "
             f"{e['per_sequence'] * 1e6:.1f} us, reload {e.get('reload', 0) * 1e3:.1f} ms; train {r['train_s']:.0f}s"
