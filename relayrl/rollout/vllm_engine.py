@@ -34,6 +34,7 @@ from relayrl.rollout.base import PartialSample, Sampling
 from relayrl.rollout.seeds import request_seed
 from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, ranks_bound
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
+from relayrl.rollout.vllm_tp import started as tp_started
 from relayrl.sync.lora import AdapterSpec, map_adapter_keys
 from relayrl.types import Prompt, Rollout
 
@@ -85,6 +86,8 @@ class VLLMEngine:
                 **tp_engine_args(tensor_parallel),
             )
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
+        if tensor_parallel > 1:
+            tp_started(self.llm)
         self.version = 0
         self.adapters = None
         if adapter is not None:

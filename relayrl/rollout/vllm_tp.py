@@ -76,6 +76,11 @@ def rank_binding(cores: str | None, tensor_parallel: int) -> str:
     return "|".join(lists)
 
 
+def started(llm) -> None:
+    """After a T-rank engine has started: its shared-memory segments no longer need names."""
+    llm.collective_rpc("relayrl_unlink_shm")
+
+
 @contextlib.contextmanager
 def ranks_bound(cores: str | None, tensor_parallel: int) -> Iterator[None]:
     """While an engine starts, its rank processes read their core lists from the environment: set them, and
@@ -126,6 +131,16 @@ class TPWeightLoader:
         self.model_runner.reset_lora_state()  # as the worker's own reload_weights does
         self.model_runner.reset_encoder_cache()
         self.model_runner.reset_mm_cache()
+
+    def relayrl_unlink_shm(self) -> int:
+        """Drop the names of vLLM's CPU all-reduce segments (/dev/shm/<VLLM_DIST_IDENT>-...-cpushm_<rank>): every
+        rank has mapped all of them once the engine has started, and vLLM never unlinks them, so each start
+        would leave 4 MiB per rank behind (a rank ends by SIGTERM here; a Ray restart kills it)."""
+        ident = os.environ.get("VLLM_DIST_IDENT")
+        paths = list(Path("/dev/shm").glob(f"{ident}-*-cpushm*")) if ident else []
+        for path in paths:
+            path.unlink(missing_ok=True)
+        return len(paths)
 
     def relayrl_lora_view(self) -> LoraView:
         return LoraView.of(self.model_runner.get_model())
