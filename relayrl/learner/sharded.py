@@ -110,6 +110,17 @@ def _rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> Non
     group["params"] = [p for p in model.parameters() if p.requires_grad]
 
 
+@torch.no_grad()
+def _first_pass_with_adapter(network: nn.Module, device: str) -> None:
+    """FSDP2 settles each layer's gradient dtypes at its first forward, from the parameters that require grad
+    then (with mixed precision: reduce in fp32 into fp32 shards). A LoRA policy's first forward would be the
+    reference pass, whose disabled adapter peft marks as not requiring grad: the layers would be left with no
+    reduce dtype and the bf16 gradients refused by the fp32 shards. So a one-token forward, adapter on, comes
+    first."""
+    network(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
+    network.reshard()
+
+
 class _GlobalNormaliser:
     """`Objective.normaliser` summed over the ranks: token and sequence counts add up across row shares."""
 
@@ -135,6 +146,8 @@ class ShardedLearner(LearnerRole):
             self._shard(self.critic.model, self.critic.optimizer)
             self.critic.normaliser = _GlobalNormaliser(self.critic.normaliser)
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
+        if config.model.lora is not None:
+            _first_pass_with_adapter(policy.network, policy.device)
         controller = policy.objective.kl_controller
         local_update, self.tokens = controller.update, 0.0
 

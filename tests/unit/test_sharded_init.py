@@ -66,7 +66,9 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
     stats = step(learner, part)
     found["loss"] = all_reduce_sum(stats["loss/policy"])  # each rank's loss is its part of the global sum
     found["critic"] = (stats["critic/value_loss"], stats["critic/grad_norm"], full_weights(learner)["critic"])
-    found["mixed"] = mixed_precision_step(sharded, rank, port, model_dir, part)
+    found["mixed"] = mixed_precision_step(sharded, rank, port, model_dir, part, GAE)
+    # the reference pass (adapter disabled) is the first forward: FSDP2 must still reduce the adapter's grads in fp32
+    found["mixed_lora"] = mixed_precision_step(sharded, rank, port, model_dir, part, LORA)
     found["lora"] = lora_scenarios(sharded, rank, port, model_dir, lora_checkpoint, out_dir)
     if rank == 0:
         torch.save(found, f"{out_dir}/found.pt")
@@ -74,7 +76,7 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
     results.put(rank)
 
 
-def mixed_precision_step(sharded, rank, port, model_dir, part) -> dict:
+def mixed_precision_step(sharded, rank, port, model_dir, part, extra) -> dict:
     """One step with FSDP2 all-gathering bf16 parameters (what sharded_init.mixed_precision gives a GPU run)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -82,7 +84,7 @@ def mixed_precision_step(sharded, rank, port, model_dir, part) -> dict:
         sharded.mixed_precision,
         lambda *_: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     )
-    learner = sharded.ShardedLearner(config(model_dir, GAE), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+    learner = sharded.ShardedLearner(config(model_dir, extra), rank, WORLD, "127.0.0.1", port, timeout_s=60)
     sharded.mixed_precision = gpu_policy
     seen = []
     layer = sharded.decoder_layers(learner.policy.model)[0]
@@ -208,6 +210,9 @@ def test_mixed_precision_passes_run_bf16_over_fp32_master_shards(found, single):
     assert mixed["pass_dtypes"] == {torch.bfloat16}
     assert mixed["master_dtypes"] == {torch.float32}
     assert mixed["grad_norm"] == pytest.approx(single[1]["actor/grad_norm"], rel=0.05)  # W=1's, in bf16
+    lora = found["mixed_lora"]
+    assert (lora["pass_dtypes"], lora["master_dtypes"]) == ({torch.bfloat16}, {torch.float32})
+    assert lora["grad_norm"] > 0
 
 
 def test_mixed_precision_policy_is_gpu_only():
