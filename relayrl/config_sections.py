@@ -369,7 +369,9 @@ class PlacementConfig(Section):
 
 class SyncConfig(Section):
     transport: Literal["auto", "inprocess", "shm", "broadcast", "disk", "object_store"] = Field(
-        "auto", description="How weights reach the engines: auto = inprocess under placement.mode=local, shm under ray."
+        "auto",
+        description="How weights reach the engines: auto = inprocess under placement.mode=local; under ray, shm "
+        "on one node, broadcast when an engine is on another node than the learner.",
     )
     bucket_mb: float = Field(64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor).")
     wire_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Dtype on the wire (bf16 halves the bytes).")

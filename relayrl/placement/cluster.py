@@ -180,14 +180,17 @@ def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, st
     away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node]
     if not away or transport not in ("shm", "disk") or (transport == "disk" and config.sync.directory):
         return
+    if config.sync.transport == "auto":  # auto: shared memory on one node, broadcast across nodes
+        config.sync.transport = "broadcast"
+        print(f"relayrl: sync.transport=auto is broadcast: engines on other nodes than the learner's ({learner_node})")
+        return
     where = "; ".join(f"{slot.role} on {nodes[slot.bundle]}" for slot in away)
     why = {
         "shm": "shared memory does not cross nodes",
         "disk": "sync.directory is '' (a temporary directory on the learner's node)",
     }[transport]
-    auto = " (sync.transport=auto is shm under placement.mode=ray)" if config.sync.transport == "auto" else ""
     raise PlacementError(
-        f"sync.transport={transport}{auto} cannot reach engines on other nodes than the learner's ({why}): "
+        f"sync.transport={transport} cannot reach engines on other nodes than the learner's ({why}): "
         f"learner on {learner_node}; {where}. Use sync.transport=broadcast or object_store (or disk "
         "with sync.directory on a file system every node mounts), or place the roles on one node "
         "(placement.strategy=STRICT_PACK, or placement.learner_resources / engine_resources)"

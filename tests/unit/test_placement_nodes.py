@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.config import PlacementConfig, load_config
+from relayrl.config import PlacementConfig, effective_transport, load_config
 from relayrl.errors import PlacementError
 from relayrl.placement.cluster import check_fits, check_transport_nodes, plan_slots
 from relayrl.placement.learner_ranks import blame
@@ -43,7 +43,7 @@ def test_a_resource_no_node_has_is_refused_at_once():
     check_fits(plain, plan_slots(plain, 4)[0], total, total)  # no resource asked for: none checked
 
 
-@pytest.mark.parametrize("transport", ["auto", "shm", "disk"])
+@pytest.mark.parametrize("transport", ["shm", "disk"])
 def test_a_transport_that_cannot_cross_nodes_is_refused_naming_roles_and_nodes(transport):
     cfg = config(f"sync.transport={transport}")
     _, slots = plan_slots(cfg.placement, 4)
@@ -52,8 +52,19 @@ def test_a_transport_that_cannot_cross_nodes_is_refused_naming_roles_and_nodes(t
     message = str(refused.value)
     assert f"learner on {HEAD}; engine 1 on {OTHER}." in message
     assert "engine 0" not in message  # it shares the learner's node
-    assert ("(sync.transport=auto is shm under placement.mode=ray)" in message) == (transport == "auto")
     check_transport_nodes(cfg, slots, {0: OTHER, 1: OTHER, 2: OTHER})  # one node: anything goes
+
+
+def test_auto_is_shared_memory_on_one_node_and_broadcast_across_nodes(capsys):
+    one, across = config(), config()
+    _, slots = plan_slots(one.placement, 4)
+    check_transport_nodes(one, slots, {0: HEAD, 1: HEAD, 2: HEAD})
+    check_transport_nodes(across, slots, {0: HEAD, 1: HEAD, 2: OTHER})
+    assert effective_transport(one) == "shm" and effective_transport(across) == "broadcast"
+    assert (
+        f"sync.transport=auto is broadcast: engines on other nodes than the learner's ({HEAD})"
+        in capsys.readouterr().out
+    )
 
 
 @pytest.mark.parametrize("extra", ["sync.transport=broadcast", "sync.transport=object_store", "sync.directory=/nfs"])
