@@ -81,6 +81,7 @@ CASES = {
     ),
 }
 PHASES = ("generate", "update", "sync")
+LOADED = 3.0  # a 1-minute load average above this on 2 cores: other processes share the cores, times swing 10x
 FILLERS = (
     "",
     "Add:",
@@ -313,7 +314,9 @@ def print_table(results: list[dict]) -> None:
         "  within 1.5x  predicted parts"
     )
     for r in results:
+        busy = max(r.get("loadavg_training", 0), r.get("loadavg_measuring", 0)) > LOADED
         loaded = f"  (loadavg {r.get('loadavg_training', 0):.1f} training, {r.get('loadavg_measuring', 0):.1f} probing)"
+        loaded += "  LOADED: timings not comparable" if busy else ""
         for phase in PHASES:
             predicted, measured = r["predicted"][phase], r[f"time/{phase}"]
             ratio = predicted / measured
