@@ -216,6 +216,8 @@ def config_overrides(args: argparse.Namespace, seed: int = 0) -> list[str]:
         overrides.append(f"rollout.min_tokens={args.min_tokens}")
     if seed:
         overrides.append(f"train.seed={seed}")
+    if getattr(args, "threads", 0):
+        overrides.append(f"train.threads={args.threads}")
     if engine_of(args) != "vllm":
         overrides.append(f"rollout.engine={engine_of(args)}")
     return overrides

@@ -152,6 +152,11 @@ def run_relayrl(config, command: list[str], run_dir: Path) -> dict:
     result = json.loads(run_logged(command, run_dir / "train.log"))
     wall = time.perf_counter() - start
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {**relayrl_summary(config, rows, wall, run_dir), "own_eval": result}
+
+
+def relayrl_summary(config, rows: list[dict], wall: float, run_dir: Path) -> dict:
+    """One relayrl run's figures from its per-step metrics rows (metrics.jsonl's, or `Trainer.step`'s)."""
     times = [row["time/step"] for row in rows]
     tokens = [row["response/length_mean"] * config.rollout_batch for row in rows]
     rewards = [row["reward/mean"] for row in rows]
@@ -159,7 +164,6 @@ def run_relayrl(config, command: list[str], run_dir: Path) -> dict:
     return {
         **summarize(times, tokens, rewards, generate, config.rollout_batch),
         "wall_s": wall,
-        "own_eval": result,
         "phase_median_s": phase_medians(rows),
         "run_dir": str(run_dir),
     }
@@ -271,8 +275,9 @@ def time_generate(model, seconds: list[float]) -> None:
     model.generate = timed
 
 
-def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
-    """TRL GRPOTrainer with `config`'s settings (its seed included) in this process; the model in <out_dir>/model."""
+def run_trl(config, out_dir: Path, extra_callbacks: tuple = ()) -> tuple[dict, list[tuple[str, str, str]]]:
+    """TRL GRPOTrainer with `config`'s settings (its seed included) in this process; the model in <out_dir>/model.
+    `extra_callbacks` run after the step clock's (peer_interleave.py steps relayrl there)."""
     import datasets
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback
@@ -295,7 +300,7 @@ def run_trl(config, out_dir: Path) -> tuple[dict, list[tuple[str, str, str]]]:
         args=trl_arguments(config, out_dir),
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=tokenizer,
-        callbacks=[clock],
+        callbacks=[clock, *extra_callbacks],
         optimizers=(optimizer, scheduler),
     )
     trainer.remove_callback(PrinterCallback)

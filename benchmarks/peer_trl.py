@@ -45,6 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # peer_sides sets the vLLM/tokenizers environment defaults on import, before anything imports vLLM
+from peer_interleave import run_interleaved  # noqa: E402
 from peer_regimes import REGIMES, build_config, engine_of, prepare_inputs, regime_of, settings_of, work_dir  # noqa: E402,F401
 from peer_sides import (  # noqa: E402,F401
     check_length,
@@ -85,7 +86,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="JSON table (default <dir>/peer_trl[_b][_hf][_quick].json)")
     parser.add_argument("--dir", default="runs/bench", help="work directory: data, warm start, every run")
     parser.add_argument("--warmstart", default=None, help="regime a: warm-started model directory to reuse")
-    parser.add_argument("--quick", action="store_true", help="smoke run: a few steps (a 3, b 2)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: a few steps (a 3, b 2, c 3)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch intra-op threads on both sides (relayrl train.threads, TRL torch.set_num_threads); "
+        "default 0: torch's own (one per core)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="train both sides in this process, one step each in turn, so both see the same load "
+        "(peer_interleave.py); default: relayrl's `relayrl train` subprocess, then TRL",
+    )
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
@@ -101,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         suffix = (
             ("" if args.regime == "a" else f"_{args.regime}")
             + ("" if args.engine == regime.engine else f"_{args.engine}")
+            + ("_interleaved" if args.interleave else "")
+            + (f"_t{args.threads}" if args.threads else "")
             + ("_quick" if args.quick else "")
         )
         args.out = str(Path(args.dir) / f"peer_trl{suffix}.json")
@@ -201,15 +217,25 @@ def run_seed(seed: int, args: argparse.Namespace, paths: dict[str, Path], walls:
     """Both frameworks trained with one seed (relayrl first) and both final models evaluated."""
     regime, work = regime_of(args), work_dir(args)
     config, command = build_config(args, paths, work / "relayrl" / f"seed{seed}", seed)
-    print(f"seed {seed}: training with relayrl, {engine_of(args)} engine (subprocess)...", flush=True)
-    relay = run_relayrl(config, command, work / "relayrl" / f"seed{seed}")
-    walls["relayrl_train"] = walls.get("relayrl_train", 0.0) + relay["wall_s"]
+    if args.interleave:
+        print(f"seed {seed}: training relayrl ({engine_of(args)} engine) and TRL in this process, steps alternating")
+        relay, trl_stats, samples = run_interleaved(
+            config, work / "relayrl" / f"seed{seed}", work / "trl" / f"seed{seed}"
+        )
+        walls["interleaved_train"] = walls.get("interleaved_train", 0.0) + relay["wall_s"]
+    else:
+        print(f"seed {seed}: training with relayrl, {engine_of(args)} engine (subprocess)...", flush=True)
+        relay = run_relayrl(config, command, work / "relayrl" / f"seed{seed}")
+        walls["relayrl_train"] = walls.get("relayrl_train", 0.0) + relay["wall_s"]
+        print(f"  done: median step {relay['median_step_s']:.3f}s, wall {relay['wall_s']:.0f}s")
+        print(f"seed {seed}: training with TRL GRPOTrainer (this process)...", flush=True)
+        trl_stats, samples = run_trl(config, work / "trl" / f"seed{seed}")
+        walls["trl_train"] = walls.get("trl_train", 0.0) + trl_stats["wall_s"]
     check_length("relayrl training", relay["completion_length_mean"], args.min_tokens, args.max_tokens)
-    print(f"  done: median step {relay['median_step_s']:.3f}s, wall {relay['wall_s']:.0f}s")
-    print(f"seed {seed}: training with TRL GRPOTrainer (this process)...", flush=True)
-    trl_stats, samples = run_trl(config, work / "trl" / f"seed{seed}")
-    walls["trl_train"] = walls.get("trl_train", 0.0) + trl_stats["wall_s"]
-    print(f"  done: median step {trl_stats['median_step_s']:.3f}s, wall {trl_stats['wall_s']:.0f}s")
+    print(
+        f"  done: median step relayrl {relay['median_step_s']:.3f}s, TRL {trl_stats['median_step_s']:.3f}s, "
+        f"wall {trl_stats['wall_s']:.0f}s"
+    )
     if seed == 0:
         check_samples(samples, regime)
     check_length("TRL training", trl_stats["completion_length_mean"], args.min_tokens, args.max_tokens)
@@ -234,6 +260,10 @@ def main(argv: list[str] | None = None) -> dict:
     if busy_start > 0.1:
         print(f"WARNING: the CPUs were {busy_start:.0%} busy before the start: timings will be noisy")
     cpu_start = cpu_sample()
+    if args.threads:  # TRL runs in this process; relayrl gets train.threads (peer_regimes.config_overrides)
+        import torch
+
+        torch.set_num_threads(args.threads)
     work = work_dir(args)
     paths = prepare_inputs(args)
     config, _ = build_config(args, paths, work / "relayrl" / "seed0")
@@ -274,6 +304,7 @@ def main(argv: list[str] | None = None) -> dict:
         "regime": regime.name,
         "engine": engine,
         "seeds": args.seeds,
+        "interleaved": args.interleave,
         "held_out": regime.held_out,
         "settings": settings_of(config),
         "rows": rows,
