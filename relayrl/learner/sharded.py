@@ -4,20 +4,24 @@ Each rank joins the learner group (ranks.py) and wraps the policy, the reference
 `fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients and AdamW
 state. Only rank 0 reads the weights; the other ranks build the models on the meta device and receive their
 shards from rank 0 (sharded_init.py), so their peak at start is their share, not the model. On GPU, FSDP2's
-mixed-precision policy runs the passes in bf16 over fp32 master shards (sharded_init.mixed_precision). The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch
-(whole groups, as many rows on each rank). Two things make the step independent of W and of the micro-batch
-split:
+mixed-precision policy runs the passes in bf16 over fp32 master shards (sharded_init.mixed_precision).
+
+The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch (whole groups, as
+many rows on each rank). Two things make the step independent of W and of the micro-batch split:
 - the loss normaliser (tokens or sequences of the mini-batch) is all-reduced over the ranks before any
-  micro-batch's loss is divided by it, so each rank's loss is its part of one global sum;
+  micro-batch's loss is divided by it, so each rank's loss is its part of one global sum; the critic's value
+  loss divides by the global token count likewise, and each rank reports the global value loss;
 - FSDP's reduce-scatter *sums* the ranks' gradients (divide factor 1) instead of averaging them: averaging
   would divide that global sum by W once more.
 The adaptive KL controller sees the token-weighted KL of the whole batch, so its coefficient agrees on every
-rank. Weights leave through `named_weights`, one full tensor at a time, gathered by every rank in the same
-order (the sync from shards is in relayrl/sync/gather.py). The critic's value loss divides by the same global
-token count (its `normaliser`), its gradients are summed likewise, and each rank reports the global loss. Each
-rank trains with its share of
-`rollout.prompts_per_step` and `train.mini_batch` (ranks.rank_config), so the optimizer steps per training step
-and the schedule are those of W=1; with several mini-batches a rank shuffles its own rows.
+rank. Each rank trains with its share of `rollout.prompts_per_step` and `train.mini_batch` (ranks.rank_config),
+so the optimizer steps per training step and the schedule are those of W=1; with several mini-batches a rank
+shuffles its own rows.
+
+Weights leave through `named_weights`, one full tensor at a time, gathered by every rank in the same order
+(the sync from shards is in relayrl/sync/gather.py). With `model.lora` the HF model inside peft is what is
+sharded (base and adapter alike; only the adapter trains) and a push sends what `sync.lora` wants
+(sharded_lora.py).
 
 Leaves out: starting the ranks (tests spawn them, placement/learner_ranks.py makes Ray actors) and checkpoint
 files (dist_checkpoint.py).

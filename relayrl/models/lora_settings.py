@@ -41,16 +41,8 @@ LORA_MIN_LR = 2e-5
 
 def warn_lora(config) -> None:
     """LoRA needs about 10x the full fine-tuning learning rate (TRL's "LoRA without regret"); left at a full
-    fine-tuning value the adapter barely moves and the run "does not learn". A LoRA run on sharded learner ranks
-    is refused here: FSDP2 sharding of a peft-wrapped model is not built (one rank holds a LoRA run's state)."""
-    ranks = getattr(config.placement, "learner_ranks", 1)
-    if config.model.lora is not None and ranks > 1:
-        from relayrl.errors import ConfigError
-
-        raise ConfigError(
-            f"model.lora with placement.learner_ranks={ranks} is not supported: train the adapter on one "
-            "learner rank (its trainable state is a few percent of the model's)"
-        )
+    fine-tuning value the adapter barely moves and the run "does not learn". (On sharded learner ranks FSDP2
+    shards the base and the adapter alike: relayrl/learner/sharded_lora.py.)"""
     if config.model.lora is None and "lora" in config.sync.model_fields_set:
         warn("sync.lora has no effect without model.lora")
     if config.model.lora is not None and config.train.lr <= LORA_MIN_LR:

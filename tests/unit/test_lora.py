@@ -200,9 +200,10 @@ def test_adapter_keys_map_onto_fused_projections():
         map_adapter_keys([key.format("mlp.down_proj", "A")], served, packed)
 
 
-def test_lora_on_sharded_learner_ranks_is_refused():
-    with pytest.raises(ConfigError, match="learner_ranks=2"):
-        load_config(None, ["model.lora.rank=4", "train.lr=1e-4", "placement.mode=ray", "placement.learner_ranks=2"])
+def test_lora_on_sharded_learner_ranks_is_accepted():  # trained and pushed there: tests/unit/test_sharded_init.py
+    overrides = ["model.lora.rank=4", "train.lr=1e-4", "placement.mode=ray", "placement.learner_ranks=2"]
+    config = load_config(None, overrides)
+    assert (config.model.lora.rank, config.placement.learner_ranks) == (4, 2)
 
 
 def test_sync_lora_auto_is_decided_once_adapter_on_a_gpu_merged_on_cpu():
