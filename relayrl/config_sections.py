@@ -179,7 +179,8 @@ class RolloutConfig(Section):
         1,
         ge=1,
         description="vLLM ranks per engine replica (T): each rank holds 1/T of every layer's heads; needs vLLM, "
-        "T dividing the attention heads, and T cores (CPU; placement.engine_threads under ray) or T GPUs.",
+        "T dividing the attention heads, and a core or GPU per rank (under ray an unset placement.engine_cpus "
+        "becomes T; engine bundles reserve T GPUs).",
     )
 
 
