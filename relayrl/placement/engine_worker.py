@@ -2,7 +2,9 @@
 local run's) in the actor's process, plus the receiving half of a transport (`WeightSink`).
 
 The engine is told the cores its bundle was given (it pins its threads to them); torch's intra-op threads
-are set explicitly, because Ray leaves actors at one thread unless told otherwise.
+are set explicitly, because Ray leaves actors at one thread unless told otherwise. With
+`rollout.tensor_parallel` T > 1 the engine's T rank processes are this actor's children, each pinned to its
+share of those cores (relayrl/rollout/vllm_tp.py); they end when the actor does.
 """
 
 from __future__ import annotations
