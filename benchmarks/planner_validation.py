@@ -21,8 +21,11 @@ their lengths from data.train itself) and is given the median longest response o
 (`--response-tokens`, an input a user takes from a previous run). Timings on a shared 2-core machine swing
 10-20x under load: the busiest other processes and the load average are printed; rerun on a quiet machine.
 
+--interleaved: no training runs; the update phase alone, predicted and measured alternately in one process
+(best of 3 each), which a shared machine's load moves together.
+
 Run: .venv/bin/python benchmarks/planner_validation.py [--steps 10] [--out runs/planner_validation]
-     [--cases demo large issue long_prompt wide_group] [--quiet-s 600]
+     [--cases demo large issue long_prompt wide_group] [--quiet-s 600] [--interleaved]
 """
 
 from __future__ import annotations
@@ -340,6 +343,64 @@ def print_table(results: list[dict]) -> None:
         )
 
 
+def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
+    """The update phase, load-robust: the planner's prediction (its matmul and learner probes) and relayrl's
+    `PolicyLearner.update` on a batch of the case's shapes (prompts drawn from its data, every response
+    rollout.max_tokens long), measured alternately in one process; the best of each over `rounds`."""
+    import random
+    import tempfile
+
+    from relayrl.algorithms.advantages import grpo, make_inputs
+    from relayrl.config import load_config
+    from relayrl.data.source import load_prompts
+    from relayrl.learner.batching import make_experience
+    from relayrl.learner.policy import PolicyLearner
+    from relayrl.models.loading import load_tokenizer
+    from relayrl.models.tiny import build_tiny
+    from relayrl.planner import get_profile, load_shape, make_plan
+    from relayrl.planner.learner_probe import probe_update_here
+    from relayrl.planner.probe import measure_matmul_rates
+    from relayrl.planner.timing import estimate_time, measured_rates
+    from relayrl.types import Rollout, Score
+
+    config_path = Path(str(resources.files("relayrl") / "configs" / "demo.yaml"))
+    model_dir, paths = build_case(name, root)
+    config = load_config(config_path, overrides_for(name, model_dir, paths, root / name / "interleaved", 1))
+    n, length = config.rollout.n, config.rollout.max_tokens
+    prompts, _ = load_prompts(paths["train"], load_tokenizer(model_dir), config.data.max_prompt_tokens)
+    chosen = random.Random(0).sample(list(prompts), config.rollout.prompts_per_step)
+    rollouts = [
+        Rollout(p, i, [5] * length, "", [-1.0] * length, "length", [0] * length) for p in chosen for i in range(n)
+    ]
+    exp = make_experience(rollouts, [Score(float(i % 2)) for i in range(len(rollouts))], pad_id=0)
+    exp.advantages, _ = grpo(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))
+    shape, hardware = load_shape(str(model_dir)), get_profile("cpu", measure=True)
+    plan = make_plan(config, shape, hardware, longest_response_tokens=length)
+    learner = PolicyLearner(config)
+    learner.update(exp)  # warm-up
+    measured = predicted = float("inf")
+    with tempfile.TemporaryDirectory() as null_dir:
+        build_tiny([chr(c) for c in range(33, 127)], null_dir, hidden=64, layers=1, heads=2, intermediate=64)
+        for _ in range(rounds):
+            start = time.perf_counter()
+            learner.update(exp)
+            measured = min(measured, time.perf_counter() - start)
+            w = plan.workload
+            matmul = measure_matmul_rates(shape, update_rows=int(w.micro_batch * w.width), decode_rows=1)
+            rates = measured_rates(matmul, None, probe_update_here(null_dir))
+            t = estimate_time(shape, w, plan.memory, plan.placement, hardware, plan.precision, rates)
+            if t.update_phase < predicted:
+                predicted, best = t.update_phase, t
+    print(
+        f"{name}: update predicted {predicted:.4f}s (FLOPs {best.update:.4f} at {rates.update / 1e9:.1f} GFLOP/s + "
+        f"optimizer {best.optimizer:.4f} + fixed {best.update_fixed:.4f}), measured {measured:.4f}s (best of "
+        f"{rounds}, alternating), "
+        f"{predicted / measured:.2f}x; positions per pass {w.tokens}; load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    return dict(case=name, predicted=predicted, measured=measured, loadavg=os.getloadavg()[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -352,9 +413,16 @@ def main() -> None:
         help="reuse the runs of the last results.json "
         "(e.g. when the machine was busy while measuring, not while training)",
     )
+    parser.add_argument(
+        "--interleaved", action="store_true", help="only the load-robust update check (no training runs)"
+    )
     args = parser.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
+    if args.interleaved:
+        for name in args.cases:
+            interleaved_update(name, root)
+        return
     previous = {r["case"]: r for r in json.loads((root / "results.json").read_text())} if args.predict_only else {}
     print("background load before:\n" + background_load()[0])
     results = []
