@@ -139,6 +139,8 @@ FOREIGN_NAMES: tuple[ForeignName, ...] = tuple(
         ("eval_steps", "eval.every", "TRL, OpenRLHF"),
         ("test_freq", "eval.every", "verl"),
         ("vllm_num_engines", "placement.engines", "OpenRLHF"),
+        ("vllm_tensor_parallel_size", "rollout.tensor_parallel", "TRL, OpenRLHF"),
+        ("tensor_model_parallel_size", "rollout.tensor_parallel", "verl"),
         ("colocate_all_models", "placement.layout", "OpenRLHF"),
     )
 )
