@@ -351,8 +351,8 @@ def unmirrored(config) -> list[str]:
 def generation_note(engine: str) -> str:
     if engine == "hf":
         return (
-            "generation: both sides use transformers generate (TRL use_vllm=False, relayrl rollout.engine=hf "
-            "with an in-process weight copy per step)"
+            "generation: both sides sample with transformers (TRL generate, use_vllm=False; relayrl rollout.engine=hf: "
+            "generate's loop written out, the same draws, with an in-process weight copy per step)"
         )
     return "generation: TRL uses transformers generate (use_vllm=False); relayrl uses vLLM + a weight sync per step"
 

@@ -29,6 +29,7 @@ class HFEngine:
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
+        self.params = dict(self.model.named_parameters())  # load_weights' targets (the same tensors every push)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
@@ -53,10 +54,7 @@ class HFEngine:
             attention[row, width - len(prompt.token_ids) :] = 1
         run = self._generate_hf if sampling.stop else self._decode  # stop strings: generate's own criteria
         new_tokens, picked = run(input_ids.to(self.device), attention.to(self.device), sampling)
-        return [
-            self._rollout(prompts[i // sampling.n], i % sampling.n, new_tokens[i], picked[i], sampling, version)
-            for i in range(new_tokens.shape[0])
-        ]
+        return self._rollouts(prompts, new_tokens, picked, sampling, version)
 
     def _generate_hf(self, input_ids, attention, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate` itself, returning what `_decode` returns."""
@@ -136,28 +134,36 @@ class HFEngine:
             chain.append(g.TopPLogitsWarper(sampling.top_p))
         return chain
 
-    def _rollout(self, prompt, index, tokens, logprobs, sampling, version) -> Rollout:
-        ids = tokens.tolist()
-        finish = "length"
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id) + 1]
-            finish = "stop"
-        elif sampling.stop and self.pad_id in ids:  # a row stopped by a stop string is padded after it
-            ids = ids[: ids.index(self.pad_id)]
-            finish = "stop"
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        for stop in sampling.stop:
-            if stop in text:
-                text, finish = text[: text.index(stop)], "stop"
-        return Rollout(
-            prompt=prompt,
-            group_index=index,
-            response_ids=ids,
-            response_text=text,
-            behaviour_logprobs=logprobs[: len(ids)].tolist(),
-            finish_reason=finish,
-            versions=[version] * len(ids),
-        )
+    def _rollouts(self, prompts, tokens, logprobs, sampling: Sampling, version: int) -> list[Rollout]:
+        """One Rollout per row of `tokens`/`logprobs` [P*n, T] (prompt-major), cut at EOS; the texts decoded in one
+        batch call (a call per sample cost ~5% of a small step)."""
+        kept, finishes = [], []
+        for ids in tokens.tolist():
+            finish = "length"
+            if self.eos_id in ids:
+                ids, finish = ids[: ids.index(self.eos_id) + 1], "stop"
+            elif sampling.stop and self.pad_id in ids:  # a row stopped by a stop string is padded after it
+                ids, finish = ids[: ids.index(self.pad_id)], "stop"
+            kept.append(ids)
+            finishes.append(finish)
+        texts = self.tokenizer.batch_decode(kept, skip_special_tokens=True)
+        rollouts = []
+        for row, (ids, text, finish, row_logprobs) in enumerate(zip(kept, texts, finishes, logprobs.tolist())):
+            for stop in sampling.stop:
+                if stop in text:
+                    text, finish = text[: text.index(stop)], "stop"
+            rollouts.append(
+                Rollout(
+                    prompt=prompts[row // sampling.n],
+                    group_index=row % sampling.n,
+                    response_ids=ids,
+                    response_text=text,
+                    behaviour_logprobs=row_logprobs[: len(ids)],
+                    finish_reason=finish,
+                    versions=[version] * len(ids),
+                )
+            )
+        return rollouts
 
     def generate_until(self, samples: list[PartialSample], sampling: Sampling, groups_needed: int):
         raise ConfigError(
@@ -173,7 +179,7 @@ class HFEngine:
         return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        params = dict(self.model.named_parameters())
+        params = self.params
         with torch.no_grad():
             for name, tensor in named_tensors:
                 params[name].copy_(tensor)
