@@ -68,7 +68,14 @@ CASES = {
         split="held out",
         data="long",
         model=dict(hidden=96, layers=4, heads=3, intermediate=256),
-        overrides=["rollout.prompts_per_step=16", "rollout.n=4", "rollout.max_tokens=8", "data.max_prompt_tokens=64"],
+        overrides=[
+            "rollout.prompts_per_step=16",
+            "rollout.n=4",
+            "rollout.max_tokens=8",
+            "data.max_prompt_tokens=64",
+            "train.mini_batch=64",
+            "train.micro_batch=16",
+        ],
     ),
     # groups of 16, a token budget of 512 positions, a wider shallow model
     "wide_group": dict(
@@ -79,6 +86,7 @@ CASES = {
             "rollout.prompts_per_step=4",
             "rollout.n=16",
             "rollout.max_tokens=12",
+            "train.mini_batch=64",
             "train.micro_batch_tokens=512",
         ],
     ),
@@ -145,6 +153,21 @@ def write_long_prompts(out: Path, seed: int = 0) -> Path:
             a, b = rng.randrange(100), rng.randrange(100)
             rows.append({"prompt": f"{rng.choice(FILLERS)} {a}+{b}=".lstrip(), "answer": str(a + b)})
         path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def base_config(name: str, root: Path) -> Path:
+    """relayrl/configs/demo.yaml, less train.micro_batch for a case that sets a token budget instead."""
+    import yaml
+
+    demo = Path(str(resources.files("relayrl") / "configs" / "demo.yaml"))
+    if not any(o.startswith("train.micro_batch_tokens=") for o in CASES[name]["overrides"]):
+        return demo
+    config = yaml.safe_load(demo.read_text())
+    del config["train"]["micro_batch"]
+    path = root / name / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
     return path
 
 
@@ -237,7 +260,7 @@ TRAINING_KEYS = (
 
 def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: float) -> dict:
     """Train (or, with `previous`, reuse that run and its load record) and predict with --measure."""
-    config_path = Path(str(resources.files("relayrl") / "configs" / "demo.yaml"))
+    config_path = base_config(name, root)
     model_dir, paths = build_case(name, root)
     run_dir = root / name / "run"
     overrides = overrides_for(name, model_dir, paths, run_dir, steps)
@@ -363,7 +386,7 @@ def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
     from relayrl.planner.timing import estimate_time, measured_rates
     from relayrl.types import Rollout, Score
 
-    config_path = Path(str(resources.files("relayrl") / "configs" / "demo.yaml"))
+    config_path = base_config(name, root)
     model_dir, paths = build_case(name, root)
     config = load_config(config_path, overrides_for(name, model_dir, paths, root / name / "interleaved", 1))
     n, length = config.rollout.n, config.rollout.max_tokens
