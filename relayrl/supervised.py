@@ -91,7 +91,7 @@ class SupervisedPool:
                 if not worker.ready:
                     self.close()
                     raise self.error(
-                        f"a {self.role} exited while starting (exit code {worker.process.exitcode}; its traceback "
+                        f"{_a(self.role)} exited while starting (exit code {worker.process.exitcode}; its traceback "
                         "is on stderr). Workers are spawned: a script that starts them must do so under "
                         '`if __name__ == "__main__":`'
                     ) from None
@@ -118,7 +118,7 @@ class SupervisedPool:
                 yield index
             elif not worker.ready and now - worker.started > self.startup_timeout_s:
                 self.close()
-                raise self.error(f"a {self.role} did not start within {self.startup_timeout_s:g} s")
+                raise self.error(f"{_a(self.role)} did not start within {self.startup_timeout_s:g} s")
 
     def _replace(self, index: int) -> Worker:
         """Kill worker `index` and start a fresh one in its place; returns the old one (its call is lost)."""
@@ -131,6 +131,10 @@ class SupervisedPool:
         for worker in self.workers:
             worker.stop()
         self.workers = []
+
+
+def _a(noun: str) -> str:
+    return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
 def first_deadline(workers: list[Worker], cap: float) -> float:
