@@ -7,7 +7,9 @@ has stopped) a callback runs one relayrl step. relayrl's side is `relayrl.contro
 config `relayrl train` would read, stepped with `Trainer.step`, the loop's own step; its time is `time/step`
 as in metrics.jsonl. Neither side moves the other's random streams: relayrl's HF engine samples inside
 `torch.random.fork_rng` and its learner shuffles with its own generator, so TRL sees the global RNG it
-would see alone. Both sides run with this process's torch threads.
+would see alone (with `--engine vllm` this does not hold: vLLM seeds torch's global RNG when it starts and
+sets up torch.distributed in this process, so TRL's samples differ from a run of its own). Both sides run with
+this process's torch threads.
 
 Left out: relayrl's before/after evaluation inside the run and its trackers (neither is in a step's time);
 the final models are saved where the subprocess runs save them and scored by the same `relayrl eval`.
