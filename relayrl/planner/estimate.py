@@ -85,8 +85,11 @@ class Workload:
     @property
     def packed(self) -> bool:
         """Whether the learner packs whole groups (relayrl/learner/layout.py; `auto` when that saves >= 10%).
-        Estimated only when one micro-batch holds the rollout batch: shuffled mini-batches split groups."""
-        if self.packing == "none" or self.group_size < 2 or self.micro_batch < self.rollout_batch:
+        Estimated only when micro-batches hold whole groups: a token budget fills them with groups, a count
+        holds them when one micro-batch is the rollout batch (shuffled mini-batches split groups)."""
+        if self.packing == "none" or self.group_size < 2:
+            return False
+        if self.micro_batch_tokens is None and self.micro_batch < self.rollout_batch:
             return False
         if self.packing == "groups":
             return True
@@ -123,13 +126,14 @@ class Workload:
 
     @property
     def micro_batches(self) -> int:
-        """Micro-batches in one pass over the rollout batch: whole mini-batches of micro_batch rows, or with a
-        token budget the positions of a pass over it (at least one per mini-batch)."""
+        """Micro-batches in one pass over the rollout batch: mini-batches of micro_batch rows, or with a token
+        budget as many units (packed groups, else padded rows) per micro-batch as fit, at least one."""
         mini = self.mini_batch or self.rollout_batch
         minis = max(1, self.rollout_batch // mini)
-        if self.micro_batch_tokens is not None:
-            return max(minis, math.ceil(self.tokens / self.micro_batch_tokens))
-        return minis * math.ceil(mini / self.micro_batch)
+        if self.micro_batch_tokens is None:
+            return minis * math.ceil(mini / self.micro_batch)
+        unit, units = (self.packed_width, max(1, mini // self.group_size)) if self.packed else (self.width, mini)
+        return minis * math.ceil(units / max(1, int(self.micro_batch_tokens // unit)))
 
     @property
     def seq_len(self) -> int:
