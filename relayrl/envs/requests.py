@@ -50,6 +50,8 @@ def turn_requests(engines, version: int = 0, replicas: list[int] | None = None):
 
 
 class VLLMTurns:
+    one_call_per_step = False  # a turn joins the running batch whenever it is submitted
+
     def __init__(self, engine):
         self.engine = engine
         self._core = engine.llm.llm_engine
@@ -105,6 +107,8 @@ class VLLMTurns:
 
 
 class BatchTurns:
+    one_call_per_step = True  # a turn waits for the next `step`: the driver gathers turns for it
+
     def __init__(self, engine, version: int = 0, replicas: list[int] | None = None):
         self.engine, self.version, self.replicas = engine, version, replicas
         self._queued: list[tuple[Hashable, list[int], Sampling]] = []

@@ -98,6 +98,9 @@ def combine_rewards(rewards: list[float], how: str, gamma: float) -> float:
     return sum(rewards)
 
 
+GATHER_S = 0.02  # an environment answer later than this after the previous one waits for the next engine call
+
+
 class MultiTurnDriver:
     """Runs `n` trajectories per prompt through `turns` (an engine adapter) and `pool` (environment workers)."""
 
@@ -127,6 +130,8 @@ class MultiTurnDriver:
                     self._on_env(self.live[key], status, payload)
                 if idle:
                     self.stats["env_wait_s"] += time.monotonic() - started
+                if self.turns.pending and self.turns.one_call_per_step:
+                    self._gather()
                 if self.turns.pending:
                     for key, output in self.turns.step():
                         self._on_turn(self.live[key], output)
@@ -135,6 +140,17 @@ class MultiTurnDriver:
             for key in list(self.live):
                 self.pool.release(key)
         return self._batch(order)
+
+    def _gather(self) -> None:
+        """An engine that runs one call per step (HF generate, a Ray replica) serves only the turns queued
+        when it is called: let the environment answers that are on their way join that call, rather than
+        spend a call on each. Waits while answers keep arriving (GATHER_S apart) and steps are out."""
+        while self.pool.busy:
+            results = self.pool.poll(GATHER_S)
+            if not results:
+                return
+            for key, status, payload in results:
+                self._on_env(self.live[key], status, payload)
 
     # ---- events ----------------------------------------------------------------------------------------
     def _start(self, trajectory: Trajectory) -> None:

@@ -18,11 +18,14 @@ from tests.unit.test_tito import chat_tokenizer
 
 
 class ScriptedTurns:
-    """An engine whose turn i of every trajectory is `script[i]` (EOS appended); records each prompt."""
+    """An engine whose turn i of every trajectory is `script[i]` (EOS appended); records each prompt. Like HF
+    generate, it serves what is queued when `step` is called (`calls` counts them)."""
+
+    one_call_per_step = True
 
     def __init__(self, codec: ChatCodec, script: list[str], eos: bool = True):
         self.codec, self.script, self.eos = codec, script, eos
-        self.queued, self.prompts = [], []
+        self.queued, self.prompts, self.calls = [], [], 0
 
     @property
     def pending(self):
@@ -33,6 +36,7 @@ class ScriptedTurns:
 
     def step(self):
         out, queued, self.queued = [], self.queued, []
+        self.calls += 1
         for key, ids, sampling in queued:
             turn = sum(1 for k, _ in self.prompts if k == key)
             self.prompts.append((key, ids))
@@ -90,13 +94,26 @@ class Again:
         return Step("again", 0.25, False, {"success": False})
 
 
-def run(cls, script, lockstep=False, prompts=("2+3=",), n=2, style="qwen", **env):
+class TricklePool(InlinePool):
+    """Environment answers arrive one per poll, as from worker processes that finish one after another."""
+
+    def poll(self, timeout):
+        out, self.ready = self.ready[:1], self.ready[1:]
+        return out
+
+
+def run(cls, script, lockstep=False, prompts=("2+3=",), n=2, style="qwen", pool=InlinePool, **env):
     codec = ChatCodec(chat_tokenizer(style))
     turns = ScriptedTurns(codec, script)
     settings = EnvConfig(fn="x", **env)
-    driver = MultiTurnDriver(turns, InlinePool(cls), codec, settings, Sampling(max_tokens=32), lockstep=lockstep)
+    driver = MultiTurnDriver(turns, pool(cls), codec, settings, Sampling(max_tokens=32), lockstep=lockstep)
     batch = driver.run([Prompt(id=str(i), text=p, token_ids=[]) for i, p in enumerate(prompts)], n)
     return batch, turns, codec
+
+
+def test_a_batch_engine_gets_one_call_per_wave_of_turns_not_one_per_trajectory():
+    batch, turns, _ = run(Again, ["x=1"], prompts=("1+1=", "2+2=", "3+3="), n=2, max_turns=2, pool=TricklePool)
+    assert len(batch.rollouts) == 6 and turns.calls == 2  # every first turn in one call, every second in one
 
 
 def test_each_turns_prompt_is_the_concatenation_and_observations_are_masked():
