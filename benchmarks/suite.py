@@ -8,6 +8,8 @@ engine threads, torch thread settings and memory do not linger into the next one
   peer_a_hf  peer_trl.py --regime a --engine hf   the same with relayrl's HF-generate engine, seeds 0..2
              --seeds 3                            (TRL is run again, not reused)
   peer_b     peer_trl.py --regime b --seeds 1     relayrl (vLLM engine) vs TRL, decode-heavy (~27M, 128 tokens)
+  peer_c     peer_trl.py --regime c --interleave  small batch (8 x 8, <= 8 tokens), relayrl's default engine; the two
+             --seeds 3                            sides step alternately in one process, so both see the same load
   rollout    rollout_overhead.py                  relayrl's rollout call vs a bare vllm.LLM.generate, same requests
   phases     phases.py                            demo step phases, update MFU vs the matmul peak measured in the
                                                   same run, controller overhead
@@ -37,8 +39,13 @@ from multiprocessing import get_context
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ("peer_a", "peer_a_hf", "peer_b", "rollout", "phases")
-SEEDS = {"peer_a": 3, "peer_a_hf": 3, "peer_b": 1}  # peer_trl --seeds of each peer benchmark (1 with --quick)
+BENCHMARKS = ("peer_a", "peer_a_hf", "peer_b", "peer_c", "rollout", "phases")
+SEEDS = {
+    "peer_a": 3,
+    "peer_a_hf": 3,
+    "peer_b": 1,
+    "peer_c": 3,
+}  # peer_trl --seeds of each peer benchmark (1 with --quick)
 QUICK_ROLLOUT_REPEATS, ROLLOUT_REPEATS = 3, 30
 QUICK_PHASE_STEPS, PHASE_STEPS = 4, 20
 
@@ -122,7 +129,7 @@ def held_out_check(report: dict | None, regime: str, engine: str = "vllm") -> Ch
     shown = (
         "n/a" if measured is None else f"{with_spread(ours)} vs {with_spread(theirs)}, {seeds_note(report)}{initial}"
     )
-    what = "exact match" if regime == "a" else "digit fraction"
+    what = "digit fraction" if regime == "b" else "exact match"
     return Check(
         f"regime ({regime}) held-out {what}, seed mean, relayrl ({engine} engine) vs TRL",
         measured,
@@ -150,6 +157,8 @@ def checks(results: dict) -> list[Check]:
         step_ratio_check(results.get("peer_b"), "b", STEP_RATIO_B),
         held_out_check(results.get("peer_a"), "a"),
         held_out_check(results.get("peer_b"), "b"),
+        step_ratio_check(results.get("peer_c"), "c", STEP_RATIO_A, engine="auto"),
+        held_out_check(results.get("peer_c"), "c", engine="auto"),
         Check("rollout, relayrl/bare vLLM generate (demo)", ratio, "<=", ROLLOUT_RATIO, shown, f"<= {ROLLOUT_RATIO}x"),
         fraction_check("update MFU (demo, phases.py)", dig(results, "phases", "mfu"), ">=", MFU),
         fraction_check("update MFU (regime b, relayrl)", dig(results, "peer_b_phases", "mfu"), ">=", MFU),
@@ -193,7 +202,7 @@ def benchmark_argv(name: str, quick: bool, work: str, init_a: str | None) -> tup
     quick_flag = ["--quick"] if quick else []
     if name in SEEDS:
         regime = name.split("_")[1]
-        engine = ["--engine", "hf"] if name.endswith("_hf") else []
+        engine = ["--engine", "hf"] if name.endswith("_hf") else ["--interleave"] if regime == "c" else []
         warm = ["--warmstart", init_a] if init_a and regime == "a" else []  # peer_a_hf: peer_a's very model
         return "peer_trl", [
             "--regime",

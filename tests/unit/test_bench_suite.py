@@ -95,6 +95,7 @@ def test_checks_from_results():
         "peer_a": _peer(0.85, 0.60, 0.55, seeds=3, spread=0.05),
         "peer_a_hf": _peer(0.49, 0.6, 0.6),
         "peer_b": _peer(0.30, 0.40, 0.45),
+        "peer_c": _peer(0.64, 0.73, 0.75, seeds=3),
         "rollout": {"ratio": 1.05, "medians_s": {"relayrl": 0.105, "bare": 0.1}},
         "phases": {"mfu": 0.2, "overhead_frac": 0.03},
         "peer_b_phases": {"mfu": 0.5, "overhead_frac": 0.08},
@@ -107,6 +108,8 @@ def test_checks_from_results():
         "regime (b) median step, relayrl (vllm engine)/TRL": "yes",
         "regime (a) held-out exact match, seed mean, relayrl (vllm engine) vs TRL": "yes",
         "regime (b) held-out digit fraction, seed mean, relayrl (vllm engine) vs TRL": "no",
+        "regime (c) median step, relayrl (auto engine)/TRL": "yes",
+        "regime (c) held-out exact match, seed mean, relayrl (auto engine) vs TRL": "no",
         "rollout, relayrl/bare vLLM generate (demo)": "yes",
         "update MFU (demo, phases.py)": "no",
         "update MFU (regime b, relayrl)": "yes",
@@ -167,6 +170,7 @@ def test_benchmark_argv_threads_regime_a_model_and_quick_sizes():
             "m",
         ],
     )
+    assert suite.benchmark_argv("peer_c", False, "runs/x", "m")[1][:3] == ["--regime", "c", "--interleave"]
     module, argv = suite.benchmark_argv("phases", True, "runs/x", "m")
     assert module == "phases" and argv[:2] == ["--warmstart", "m"] and argv[-1] == str(suite.QUICK_PHASE_STEPS)
     module, argv = suite.benchmark_argv("rollout", False, "runs/x", None)
