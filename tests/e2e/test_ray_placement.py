@@ -8,8 +8,10 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
+from relayrl.placement.reaper import session_processes
 from tests.e2e.learning_cases import CASES, gain
 from tests.e2e.test_grpo_learns import run_cli, write_config
 
@@ -22,9 +24,28 @@ def rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def engine_pids() -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "ray::EngineWorker"], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
+def engine_pids(driver: int) -> list[int]:
+    """The engine actors of this run only, so another run's engines on a shared machine are never counted or
+    killed: the run's Ray head lives in a session of its own (placement/head.py), named by the argument of the
+    reaper the driver started for it (placement/reaper.py)."""
+    sessions = {
+        int(p.cmdline()[-2])
+        for p in psutil.Process(driver).children()
+        if "relayrl.placement.reaper" in " ".join(p.cmdline())
+    }
+    return [
+        pid
+        for session in sessions
+        for pid in session_processes(session)
+        if "ray::EngineWorker" in " ".join(_cmdline(pid))
+    ]
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:  # exited meanwhile
+        return []
 
 
 def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_dir, toy_task):
@@ -94,7 +115,7 @@ def _run_and_kill_engine(tmp_path, warm_model_dir, toy_task, *settings):
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
         assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.1)
-    pids = engine_pids()
+    pids = engine_pids(process.pid)
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
     killed_at = time.time()
