@@ -1,9 +1,10 @@
 """Data for the `retry` example: two-number addition where a wrong answer hears "no=" and may try again.
 
 The warm start (sft.jsonl, multi-turn `messages` rows) imitates a sloppy teacher: on problems with a carry
-into the tens it forgets the carry 60% of the time (58+67 -> 115); told "no=", it gets it right half of the
-time and otherwise errs the other way (125). The warm-started model therefore fails often on carries, on the
-first attempt and on the second. RL with the `retry` environment (reward discounted per turn: a first-attempt
+into the tens it forgets the carry 60% of the time (58+67 -> 115); told "no=", it gets it right 30% of the
+time (`--retry-right`) and otherwise errs the other way (125). The warm-started model therefore fails often on
+carries, on the first attempt and on the second (at 50% the warm start already solved 0.82 in two turns, which
+left RL too little room to show a 10-point rise reliably). RL with the `retry` environment (reward discounted per turn: a first-attempt
 success is worth more) must find the right answers from its own samples. train.jsonl / eval.jsonl hold
 `prompt` and `answer`; held-out problems are disjoint from the warm start's and RL's.
 
@@ -24,11 +25,11 @@ def carry(a: int, b: int) -> bool:
     return a % 10 + b % 10 >= 10
 
 
-def conversation(a: int, b: int, rng: random.Random) -> dict:
+def conversation(a: int, b: int, rng: random.Random, retry_right: float) -> dict:
     turns = [{"role": "user", "content": f"{a}+{b}="}]
     if not (carry(a, b) and rng.random() < 0.6):
         return {"messages": turns + [{"role": "assistant", "content": str(a + b)}]}
-    retry = a + b if rng.random() < 0.5 else a + b + 10
+    retry = a + b if rng.random() < retry_right else a + b + 10
     return {
         "messages": turns
         + [
@@ -48,6 +49,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "data"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-size", type=int, default=300)
+    parser.add_argument("--retry-right", type=float, default=0.3, help="how often the teacher's second try is right")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,7 @@ def main() -> None:
     rng.shuffle(pairs)
     held_out, rest = pairs[: args.eval_size], pairs[args.eval_size :]
     sft, train = rest[: len(rest) // 2], rest[len(rest) // 2 :]
-    write(out / "sft.jsonl", [conversation(a, b, rng) for a, b in sft])
+    write(out / "sft.jsonl", [conversation(a, b, rng, args.retry_right) for a, b in sft])
     write(out / "train.jsonl", [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in train])
     write(out / "eval.jsonl", [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in held_out])
     print(f"wrote {out}/sft.jsonl ({len(sft)}), train.jsonl ({len(train)}), eval.jsonl ({len(held_out)})")
