@@ -47,6 +47,20 @@ ASYNC_WAIT = (
     "eval.max_prompts=200",
     "log.save_model=false",
 )
+MULTITURN_RETRY = (  # the built-in `retry` environment: a wrong answer hears "+" and may answer once more
+    "env.fn=retry",
+    "env.kwargs={feedback: '+'}",
+    "env.max_turns=2",
+    "env.max_total_tokens=20",
+    "env.reward=discounted",
+    "env.gamma=0.5",
+    "env.max_inflight=16",
+    "rollout.prompts_per_step=16",
+    "train.steps=10",
+    "train.threads=1",
+    "eval.max_prompts=100",
+    "log.save_model=false",
+)
 
 # Measured 2026-11-30 (benchmarks/learning_spread.py --seeds 5, 200 held-out prompts, greedy 0.600 before).
 # The two runs that failed CI before this table (Ray+shm at +0.100, async wait at +0.080) had a different warm
@@ -68,6 +82,8 @@ CASES: dict[str, LearningCase] = {
         "0.165 / 0.195 / 0.235",
     ),
     "async_wait": LearningCase("vllm", ASYNC_WAIT, 0.04, "0.125 / 0.198 / 0.245"),
+    # seeds 0-2 only, 100 held-out prompts, greedy success 0.570 before
+    "multiturn_retry": LearningCase("hf", MULTITURN_RETRY, 0.08, "0.170 / 0.207 / 0.230"),
 }
 
 
