@@ -1,7 +1,7 @@
 """Multi-turn training end to end: `env.fn=retry` through `relayrl train` (sync schedule, HF engine, a tiny random
 model): trajectories of several turns reach the learner with observation tokens masked, the env/tito metrics
-are logged every step, and held-out evaluation runs trajectories; and under the async schedule on Ray. It checks the wiring, not learning (the
-learning figures of examples/multiturn_retry are measured by benchmarks/multiturn.py --learn)."""
+are logged every step, and held-out evaluation runs trajectories; and under the async schedule on Ray. It checks
+the wiring; learning is tests/e2e/test_multiturn_learns.py (the examples' figures: benchmarks/multiturn.py --learn)."""
 
 from __future__ import annotations
 
