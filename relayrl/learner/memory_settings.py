@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from relayrl.config_sections import Section
 
 
-class LearnerSettings(BaseModel):
+class LearnerSettings(Section):
     """`learner`: memory options of the policy and critic learners."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)  # as every config section
 
     activation_checkpointing: bool = Field(
         False,
