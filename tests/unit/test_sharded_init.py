@@ -12,14 +12,13 @@ loss averaged per rank instead of divided by the global count gives another loss
 
 from __future__ import annotations
 
-import queue
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.unit.test_sharded_learner import free_port
+from relayrl.sync.remote import free_port
+from tests.unit.test_sharded_learner import run_ranks
 from tests.unit.test_sharded_scenarios import WORLD, config, experience
 
 GAE = ["algorithm.advantage=gae", "algorithm.kl.coef=0.1", "critic.lr=1e-2"]
@@ -152,25 +151,9 @@ def single_lora(random_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def found(random_model_dir, single_lora, tmp_path_factory):
-    ctx = mp.get_context("spawn")
-    results, out_dir = ctx.Queue(), tmp_path_factory.mktemp("sharded_init")
-    args = (free_port(), str(random_model_dir), str(single_lora[0]), str(out_dir), results)
-    procs = [ctx.Process(target=rank_main, args=(r, *args)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    done = set()
-    try:
-        while len(done) < WORLD:
-            try:
-                done.add(results.get(timeout=1))
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                assert not dead, f"a learner rank exited with {dead[0]}"
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    out_dir = tmp_path_factory.mktemp("sharded_init")
+    args = (free_port(), str(random_model_dir), str(single_lora[0]), str(out_dir))
+    run_ranks(rank_main, args, lambda done: len(done) >= WORLD)
     return torch.load(out_dir / "found.pt", weights_only=False)
 
 

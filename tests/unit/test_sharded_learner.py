@@ -10,20 +10,37 @@ responses the single learner does 4 micro-batches and each rank 2 (its 8 rows): 
 from __future__ import annotations
 
 import queue
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
+from relayrl.sync.remote import free_port
 from tests.unit.test_sharded_scenarios import OBJECTIVES, WORLD, config, experience, rank_main
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def run_ranks(target, args: tuple, finished) -> None:
+    """WORLD spawned ranks `target(rank, *args, results)`; returns once `finished(set of what they put on
+    results)`, failing at once, with its exit code, when a rank dies."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, *args, results)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    done = set()
+    try:
+        while not finished(done):
+            try:
+                done.add(results.get(timeout=1))
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                assert not dead, f"a learner rank exited with {dead[0]}"
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
 
 
 def single_step(learner, exp) -> dict:
@@ -50,26 +67,9 @@ def single_checkpoint(random_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ranks(random_model_dir, single_checkpoint, tmp_path_factory):
     """Every scenario's results, written by rank 0 as {name}.pt under one directory."""
-    ctx = mp.get_context("spawn")
-    results, out_dir = ctx.Queue(), tmp_path_factory.mktemp("sharded")
-    port = free_port()
-    args = (port, str(random_model_dir), str(single_checkpoint[0]), str(out_dir), results)
-    procs = [ctx.Process(target=rank_main, args=(r, *args)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    done = set()
-    try:
-        while "end" not in done:
-            try:
-                done.add(results.get(timeout=1))
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                assert not dead, f"a learner rank exited with {dead[0]}"
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    out_dir = tmp_path_factory.mktemp("sharded")
+    args = (free_port(), str(random_model_dir), str(single_checkpoint[0]), str(out_dir))
+    run_ranks(rank_main, args, lambda done: "end" in done)
     return lambda name: torch.load(out_dir / f"{name}.pt", weights_only=False)
 
 
