@@ -210,3 +210,14 @@ def test_relayrl_eval_with_an_environment(random_model_dir, tmp_path, capsys):
     )
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["n"] == 3 and 1 <= result["turns_mean"] <= 2 and result["reward_mean"] == result["success"]
+
+
+def test_a_pool_whose_workers_cannot_load_fails_naming_env_fn_and_releasing_after_is_harmless(tmp_path):
+    (tmp_path / "broken.py").write_text("raise ImportError('no tools here')\n")
+    pool = EnvPool(f"{tmp_path / 'broken.py'}:Env", {}, slots=1, timeout_s=5.0)
+    pool.reset("a", {"prompt": "1+1="}, "a")
+    with pytest.raises(EnvError, match="could not load env.fn: .*no tools here"):
+        while True:
+            pool.poll(5.0)
+    pool.release("a")  # the driver's clean-up after the error: the pool is closed, nothing left to replace
+    assert pool.workers == []
