@@ -174,7 +174,8 @@ def bundle_nodes(group) -> dict[int, str]:
 
 def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, str]) -> None:
     """Refuse a weight transport that cannot reach an engine on another node than the learner's: `shm` (one
-    node's memory), or `disk` in a private temporary directory (one node's file system). `nodes`: bundle_nodes."""
+    node's memory), or `disk` in a private temporary directory (one node's file system). `nodes`: bundle_nodes.
+    `sync.transport=auto` is resolved here, once the nodes are known: set to broadcast when they differ."""
     transport = effective_transport(config)
     learner_node = nodes[slots[0].bundle]
     away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node]
