@@ -8,8 +8,9 @@ request's seed (or this engine's own generator), so the learner's random stream 
 Sampling runs `decode`, generate's own loop written out: the same model calls (KV cache, positions from the
 left padding, last-position logits), the same processors in generate's order, the same draws from the same
 generator, so the tokens and scores equal `generate`'s (a test compares them). It drops generate's per-call and
-per-token set-up (config validation, processor and stopping-criteria lists, kwarg updates), about half of a
-rollout of a sub-1M model writing a few tokens. Requests with stop strings still go through `generate`.
+per-token set-up (config validation, processor and stopping-criteria lists, kwarg updates): on the small-batch
+peer regime (0.8M params, 8 x 8, <= 8 tokens) generate 21.0 -> 19.2 ms, a step 0.967x; a small gain, kept because
+the loop is exact. Requests with stop strings still go through `generate`.
 """
 
 from __future__ import annotations
