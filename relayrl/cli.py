@@ -308,6 +308,12 @@ def _add_plan(commands) -> None:
         help="expected longest response of a batch (default "
         "rollout.max_tokens); e.g. a previous run's response/length_max",
     )
+    plan.add_argument(
+        "--mean-response-tokens",
+        type=float,
+        help="expected mean response (default the longest): compute-bound decode and the engine's per-token "
+        "costs scale with it as the batch thins; e.g. a previous run's response/length_mean",
+    )
     plan.set_defaults(fn=_plan)
 
 

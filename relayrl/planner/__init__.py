@@ -7,6 +7,7 @@ arithmetic, `timing` the step time, `report` prints every input and formula. Not
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from relayrl.config import Config
@@ -56,30 +57,32 @@ def make_plan(
     measure: bool = False,
     learner_ranks: int | None = None,
     read_prompts: bool = True,
+    mean_response_tokens: float | None = None,
 ) -> Plan:
     """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs on this
     machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU. `learner_ranks`:
     W sharded learner ranks in place of the config's placement.learner_ranks. `read_prompts`: sample data.train
     for its prompt lengths (the expected longest of a batch sizes the learner's width unless
-    `longest_prompt_tokens` is given; the mean sizes prefill)."""
+    `longest_prompt_tokens` is given; the mean sizes prefill). `mean_response_tokens`: a response's expected
+    length (default the longest), which compute-bound decode and the engine's per-token costs scale with."""
     prompts = sample_prompt_lengths(config) if read_prompts else "not asked to"
     read = isinstance(prompts, PromptLengths)
     if longest_prompt_tokens is None and read:
         longest_prompt_tokens = prompts.batch_longest
     work = workload_from_config(
-        config, longest_prompt_tokens, longest_response_tokens, learner_ranks, prompts.mean if read else None
+        config,
+        longest_prompt_tokens,
+        longest_response_tokens,
+        learner_ranks,
+        prompts.mean if read else None,
+        mean_response_tokens,
     )
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     placement = place(memory, hardware, work.gpu_memory_utilization, offload)
     rates = profile_rates(hardware)
     if measure:
-        from relayrl.planner.probe import measure_engine_overhead, measure_matmul_rates
-
-        matmul = measure_matmul_rates(
-            shape, update_rows=int(work.micro_batch * work.width), decode_rows=memory.concurrent
-        )
-        rates = measured_rates(matmul, *measure_engine_overhead(config.rollout.engine))
+        rates = _measured_rates(config, shape, work, memory.concurrent)
     return Plan(
         shape,
         work,
@@ -93,6 +96,19 @@ def make_plan(
         tuple(_smallest_ranks(shape, work, fp32_master, infer_dtype)),
         prompts,
     )
+
+
+def _measured_rates(config: Config, shape: ModelShape, work: Workload, concurrent: int) -> Rates:
+    """This machine's rates at the plan's shapes: the engine's matmuls (prefill, decode), the learner's passes
+    through the model's own layers, and the engine's and learner's fixed costs (relayrl/planner/probe.py)."""
+    from relayrl.planner.pass_probe import measure_pass_rates
+    from relayrl.planner.probe import measure_engine_overhead, measure_matmul_rates
+
+    matmul = measure_matmul_rates(shape, update_rows=int(work.micro_batch * work.width), decode_rows=concurrent)
+    row = work.packed_width if work.packed else work.width  # a packed group or a padded sample
+    update, forward = measure_pass_rates(config.model.path, shape, work.tokens // work.micro_batches, int(row))
+    matmul = dataclasses.replace(matmul, update=update, forward=forward)
+    return measured_rates(matmul, *measure_engine_overhead(config.rollout.engine, shape.layers))
 
 
 def _smallest_ranks(shape: ModelShape, work: Workload, fp32_master: bool, infer_dtype: str | None):

@@ -34,6 +34,7 @@ def run_plan(args) -> None:
             offload=args.offload,
             longest_prompt_tokens=args.prompt_tokens,
             longest_response_tokens=args.response_tokens,
+            mean_response_tokens=args.mean_response_tokens,
             measure=args.measure,
             learner_ranks=args.learner_ranks,
         )

@@ -68,6 +68,7 @@ class Workload:
     # the longest response ends; the learner pads every row to the batch's longest sequence.
     longest_prompt_tokens: float | None = None
     longest_response_tokens: float | None = None
+    mean_response_tokens: float | None = None  # a response's expected length (e.g. a run's response/length_mean)
     prompt_mean_tokens: float | None = None  # the mean prompt, read from data.train (relayrl/planner/prompts.py)
     group_size: int = 1  # rollout.n
     engine: str = "vllm"  # rollout.engine
@@ -154,6 +155,12 @@ class Workload:
         return self.response_tokens if self.longest_response_tokens is None else self.longest_response_tokens
 
     @property
+    def response_mean(self) -> float:
+        """The mean response: what compute-bound decode and the engine's per-token costs scale with (the batch
+        thins as responses end); the longest when not given."""
+        return min(self.response, self.mean_response_tokens or self.response)
+
+    @property
     def width(self) -> float:
         """Expected padded width of the learner's batch: longest prompt + longest response."""
         return self.prompt + self.response
@@ -172,9 +179,11 @@ def workload_from_config(
     longest_response_tokens: float | None = None,
     learner_ranks: int | None = None,
     prompt_mean_tokens: float | None = None,
+    mean_response_tokens: float | None = None,
 ) -> Workload:
     """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray);
-    `prompt_mean_tokens`: the mean prompt read from data.train."""
+    `prompt_mean_tokens`: the mean prompt read from data.train; `mean_response_tokens`: a response's expected
+    length."""
     broadcast_checks = config.sync.transport == "broadcast" and config.sync.checksum
     return Workload(
         learner_ranks=learner_ranks or config.placement.learner_ranks,
@@ -182,6 +191,7 @@ def workload_from_config(
         gather_passes=2 if broadcast_checks else 1,
         longest_prompt_tokens=longest_prompt_tokens,
         longest_response_tokens=longest_response_tokens,
+        mean_response_tokens=mean_response_tokens,
         prompt_mean_tokens=prompt_mean_tokens,
         rollout_batch=config.rollout_batch,
         prompt_tokens=config.data.max_prompt_tokens,

@@ -7,14 +7,18 @@ rollout engine's fixed costs. Measured on this machine, nothing assumed.
   micro-batch tokens for the update, forward alone for a log-prob pass, forward at the concurrent sequences
   for one decode step. Rate = FLOPs of those matmuls / their measured time.
 - Engine overheads. The config's rollout engine, through relayrl's own engine class, generates with a null
-  model (one layer, hidden 64: its compute is negligible) on a grid of batch sizes and lengths. A least-squares
+  model (the run's layer count at hidden 64: its compute is negligible, its per-layer fixed costs, kernel calls
+  and weight handles per layer, are the run's) on a grid of batch sizes and lengths. A least-squares
   fit of `time = per_call + per_step x decode steps + per_token x generated tokens + per_sequence x sequences`
   over the grid separates what an engine iteration, a sampled token and a request cost apart from the model.
-  Then `load_weights` of the null model's own weights, best of 3: what a weight sync costs apart from its
-  bytes (vLLM's reload path, the prefix-cache reset; on HF a copy per tensor).
-- The learner's fixed costs per update and per micro-batch: relayrl/planner/learner_probe.py, same null model.
-Left out: attention kernels and elementwise ops (norms, activations, softmax), counted at the matmul rate or
-not at all; the training loop's Python overhead.
+  Then `load_weights` of the null model's own weights and of the same layers at hidden 512, best of 3 each:
+  a weight sync's fixed cost (vLLM's reload path, which rebuilds each linear layer's weight handle, the
+  prefix-cache reset; on HF a copy per tensor) and its cost per byte. A one-layer null model read 3.4 ms
+  where the runs' reloads took 7-36 ms, growing with their layers: hence the run's layer count.
+- The learner's fixed costs per update and per micro-batch: relayrl/planner/learner_probe.py, on a one-layer
+  null model (its layers' work, Python calls included, is in the passes timed by relayrl/planner/pass_probe.py).
+Left out: the engine's attention kernels and elementwise ops at the run's width (prefill and decode are
+counted at the matmul rates); the training loop's Python overhead between phases.
 """
 
 from __future__ import annotations
@@ -36,11 +40,12 @@ ENGINE_N = 8
 class MatmulRates:
     """Achieved FLOP/s of the model's linear layers at a pass's rows (measured)."""
 
-    update: float  # forward + backward at micro-batch tokens
-    forward: float  # forward at micro-batch tokens (log-prob passes, prefill)
+    update: float  # forward + backward at micro-batch tokens (the model's own passes: relayrl/planner/pass_probe.py)
+    forward: float  # forward at micro-batch tokens: log-prob passes (likewise)
     decode: float  # forward at the concurrent sequences of one decode step
     update_rows: int
     decode_rows: int
+    prefill: float  # the matmuls' forward at micro-batch tokens: the engine's prefill
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,8 @@ class EngineOverhead:
     per_token: float  # one sampled token of one sequence: sampling, its log-prob, detokenising
     per_sequence: float  # one sequence: request set-up and the returned Rollout
     engine: str
-    reload: float = 0.0  # one `load_weights` of the null model: the sync's fixed cost (engine reload, caches reset)
+    reload: float = 0.0  # one `load_weights`' fixed cost (the engine's reload per layer, caches reset)
+    reload_per_byte: float = 0.0  # and its cost per byte of weights (copied in, repacked for the kernels)
 
 
 def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
@@ -78,12 +84,14 @@ def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
 
 def measure_matmul_rates(shape: ModelShape, update_rows: int, decode_rows: int, repeats: int = 5) -> MatmulRates:
     warm_up()
+    forward = _rate(shape, update_rows, backward=False, repeats=repeats)
     return MatmulRates(
         update=_rate(shape, update_rows, backward=True, repeats=repeats),
-        forward=_rate(shape, update_rows, backward=False, repeats=repeats),
+        forward=forward,
         decode=_rate(shape, decode_rows, backward=False, repeats=repeats),
         update_rows=update_rows,
         decode_rows=decode_rows,
+        prefill=forward,
     )
 
 
@@ -106,16 +114,16 @@ def _rate(shape: ModelShape, rows: int, backward: bool, repeats: int) -> float:
     return flops / seconds
 
 
-def measure_engine_overhead(kind: str, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
-    """Fit the engine's fixed costs, and the learner's (relayrl/planner/learner_probe.py, first), in a child
-    process: an in-process vLLM engine keeps threads spinning after it is dropped, which slows every later
+def measure_engine_overhead(kind: str, layers: int = 1, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
+    """Fit the engine's fixed costs, and the learner's (relayrl/planner/learner_probe.py, first), on a null
+    model of `layers` layers in a child process: an in-process vLLM engine keeps threads spinning after it is dropped, which slows every later
     measurement in the process (a 1024^3 matmul 177 -> 71 GFLOP/s)."""
     import json
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "relayrl.planner.probe", kind, str(seed)], capture_output=True, text=True
+        [sys.executable, "-m", "relayrl.planner.probe", kind, str(layers), str(seed)], capture_output=True, text=True
     )
     if done.returncode != 0:
         raise RuntimeError(f"the {kind} engine probe failed:\n{done.stderr[-2000:]}")
@@ -123,43 +131,94 @@ def measure_engine_overhead(kind: str, seed: int = 0) -> tuple[EngineOverhead, L
     return EngineOverhead(**costs["engine"]), LearnerOverhead(**costs["learner"])
 
 
-def probe_engine_here(kind: str, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
-    """Fit the engine's fixed costs on ENGINE_GRID with a null model built in a temporary directory; the
-    learner's fixed costs on the same model first (before the engine's threads start)."""
-    from relayrl.models.loading import load_causal_lm
+def probe_engine_here(kind: str, layers: int = 1, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
+    """Fit the engine's fixed costs on ENGINE_GRID with a null model of `layers` layers built in a temporary
+    directory, and its reload's (`split_reload`); the learner's fixed costs first, on a one-layer null model
+    (before the engine's threads start)."""
     from relayrl.models.tiny import build_tiny
     from relayrl.planner.learner_probe import probe_update_here
-    from relayrl.rollout.base import Sampling, build_engine
+
+    with tempfile.TemporaryDirectory() as one_layer:
+        # the learner's per-layer work is in its passes (relayrl/planner/pass_probe.py): one layer here
+        build_tiny([NULL_ALPHABET], one_layer, seed=seed, **null_shape(1))
+        learner = probe_update_here(one_layer)
+    with tempfile.TemporaryDirectory() as model_dir:
+        _, tokenizer = build_tiny([NULL_ALPHABET], model_dir, seed=seed, **null_shape(layers))
+        engine = _null_engine(kind, model_dir, seed)
+        overhead = _fit_grid(engine, tokenizer("0123456789")["input_ids"], kind, seed)
+        narrow = reload_point(engine, model_dir)
+        del engine
+    reload, per_byte = split_reload(narrow, wide_reload_point(kind, layers, seed))
+    return replace(overhead, reload=reload, reload_per_byte=per_byte), learner
+
+
+NULL_ALPHABET = "".join(chr(c) for c in range(33, 127))  # 94 characters: the end token is rarely sampled
+WIDE_NULL = dict(hidden=512, heads=8, intermediate=1536)  # 13.6 MB a layer: the bytes of a reload
+
+
+def null_shape(layers: int, wide: bool = False) -> dict:
+    return dict(layers=layers, **(WIDE_NULL if wide else dict(hidden=64, heads=2, intermediate=64)))
+
+
+def _null_engine(kind: str, model_dir: str, seed: int):
+    from relayrl.rollout.base import build_engine
+
+    return build_engine(kind, model_dir, max_model_len=64, seed=seed, kv_cache_gib=1.0)
+
+
+def _fit_grid(engine, prompt_ids: list[int], kind: str, seed: int) -> EngineOverhead:
+    """Best of 3 generate calls at each ENGINE_GRID point, fitted (`fit_engine_overhead`)."""
+    from relayrl.rollout.base import Sampling
     from relayrl.types import Prompt
 
-    alphabet = [chr(c) for c in range(33, 127)]  # 94 characters: the end token is rarely sampled
     rows, seconds = [], []
-    with tempfile.TemporaryDirectory() as model_dir:
-        _, tokenizer = build_tiny(
-            ["".join(alphabet)], model_dir, seed=seed, hidden=64, layers=1, heads=2, intermediate=64
-        )
-        learner = probe_update_here(model_dir)
-        engine = build_engine(kind, model_dir, max_model_len=64, seed=seed, kv_cache_gib=1.0)
-        prompt_ids = tokenizer("0123456789")["input_ids"]
-        for batch, max_tokens in (ENGINE_GRID[0], *ENGINE_GRID):  # the first call warms up and is dropped
-            prompts = [Prompt(id=str(i), text="", token_ids=list(prompt_ids)) for i in range(batch)]
-            sampling = Sampling(n=ENGINE_N, temperature=1.0, max_tokens=max_tokens, seed=seed)
-            best, rollouts = float("inf"), []
-            for _ in range(3):
-                start = time.perf_counter()
-                rollouts = engine.generate(prompts, sampling, version=0)
-                best = min(best, time.perf_counter() - start)
-            lengths = [len(r.response_ids) for r in rollouts]
-            rows.append([1.0, max(lengths), sum(lengths), len(rollouts)])
-            seconds.append(best)
-        reload = time_reload(engine, load_causal_lm(model_dir, "cpu"))
-        del engine
-    return replace(fit_engine_overhead(rows[1:], seconds[1:], kind), reload=reload), learner
+    for batch, max_tokens in (ENGINE_GRID[0], *ENGINE_GRID):  # the first call warms up and is dropped
+        prompts = [Prompt(id=str(i), text="", token_ids=list(prompt_ids)) for i in range(batch)]
+        sampling = Sampling(n=ENGINE_N, temperature=1.0, max_tokens=max_tokens, seed=seed)
+        best, rollouts = float("inf"), []
+        for _ in range(3):
+            start = time.perf_counter()
+            rollouts = engine.generate(prompts, sampling, version=0)
+            best = min(best, time.perf_counter() - start)
+        lengths = [len(r.response_ids) for r in rollouts]
+        rows.append([1.0, max(lengths), sum(lengths), len(rollouts)])
+        seconds.append(best)
+    return fit_engine_overhead(rows[1:], seconds[1:], kind)
+
+
+def reload_point(engine, model_dir: str) -> tuple[float, int]:
+    """(best seconds, bytes) of `engine.load_weights` with the weights saved in `model_dir`."""
+    from relayrl.models.loading import load_causal_lm
+
+    model = load_causal_lm(model_dir, "cpu")
+    return time_reload(engine, model), sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def time_reload(engine, model, repeats: int = 3) -> float:
-    """Best seconds of `engine.load_weights` with `model`'s weights: what a push costs apart from its bytes."""
+    """Best seconds of `engine.load_weights` with `model`'s weights."""
     return best_time(lambda: engine.load_weights(model.named_parameters(), version=1), repeats)
+
+
+def wide_reload_point(kind: str, layers: int, seed: int) -> tuple[float, int]:
+    """`reload_point` of a null model of `layers` layers at WIDE_NULL's width, in an engine of its own."""
+    from relayrl.models.tiny import build_tiny
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        build_tiny([NULL_ALPHABET], model_dir, seed=seed, **null_shape(layers, wide=True))
+        engine = _null_engine(kind, model_dir, seed)
+        point = reload_point(engine, model_dir)
+        del engine
+    return point
+
+
+def split_reload(narrow: tuple[float, int], wide: tuple[float, int]) -> tuple[float, float]:
+    """(fixed seconds, seconds per byte) of a reload from two (seconds, bytes) points with the same layers.
+    vLLM's reload on this CPU moved 7.9 GB/s (8 layers: 0.9 MB 15.7 ms, 27 MB 19.7 ms, 109 MB 29.5 ms), a
+    ninth of the memory bandwidth the sync's byte term assumes: it copies each tensor in, then repacks it for
+    the CPU kernels."""
+    (narrow_s, narrow_b), (wide_s, wide_b) = narrow, wide
+    per_byte = max(0.0, (wide_s - narrow_s) / max(1, wide_b - narrow_b))
+    return max(0.0, narrow_s - per_byte * narrow_b), per_byte
 
 
 def fit_engine_overhead(counts: list[list[float]], seconds: list[float], kind: str) -> EngineOverhead:
@@ -177,5 +236,5 @@ if __name__ == "__main__":  # the child process of measure_engine_overhead; vLLM
     import sys
     from dataclasses import asdict
 
-    engine, learner = probe_engine_here(sys.argv[1], int(sys.argv[2]))
+    engine, learner = probe_engine_here(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
     print(json.dumps({"engine": asdict(engine), "learner": asdict(learner)}))

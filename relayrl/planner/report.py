@@ -306,8 +306,9 @@ def _rate_rows(plan: Plan) -> Rows:
             f"P {s.params:,} - embedding lookup (untied) = linear layers + LM head",
             f"{s.matmul_params:,}",
         ),
-        ("update rate", "fwd + bwd matmuls at micro-batch tokens", _flops(r.update)),
-        ("forward rate", "log-prob passes and prefill", _flops(r.forward)),
+        ("update rate", "fwd + bwd at micro-batch tokens", _flops(r.update)),
+        ("forward rate", "log-prob passes", _flops(r.forward)),
+        ("prefill rate", "the engine's prompt pass", _flops(r.prefill)),
         ("decode rate", f"forward at {plan.time.concurrent} concurrent sequences", _flops(r.decode)),
     ]
     if r.engine is not None:
@@ -315,8 +316,9 @@ def _rate_rows(plan: Plan) -> Rows:
         rows.append(
             (
                 "engine fixed costs",
-                f"{e.engine}, null model: per call + per step + per token + per sequence; reload per sync",
-                f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}; {_s(e.reload)}",
+                f"{e.engine}, null model: per call + per step + per token + per sequence; reload per sync + per GB",
+                f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}; {_s(e.reload)} "
+                f"+ {_s(e.reload_per_byte * 1e9)}",
             )
         )
     if r.learner is not None:
@@ -337,7 +339,8 @@ def _time_rows(plan: Plan) -> Rows:
     dev = f" x {t.train_devices} dev" if t.train_devices > 1 else ""
     ctx = w.prompt + w.response / 2
     engine = (
-        f"{_s(plan.rates.engine.per_call)} + {t.decode_steps:g} steps, {w.rollout_batch * w.response / t.replicas:,.0f} "
+        f"{_s(plan.rates.engine.per_call)} + {t.decode_steps:g} steps, "
+        f"{w.rollout_batch * w.response_mean / t.replicas:,.0f} "
         f"tokens, {math.ceil(w.rollout_batch / t.replicas)} seqs x their costs"
         if plan.rates.engine
         else "not measured (--measure)"
@@ -356,7 +359,8 @@ def _time_rows(plan: Plan) -> Rows:
         ),
         (
             "decode",
-            f"{t.decode_waves} wave(s) x {w.response:g} longest response = {t.decode_steps:g} steps x step",
+            f"{t.decode_waves} wave(s) x {w.response:g} longest response = {t.decode_steps:g} steps x the step at "
+            f"the mean batch ({w.response_mean:g} mean response: ended ones leave it)",
             _s(t.decode),
         ),
         ("engine fixed costs", engine, _s(t.engine_overhead)),
@@ -374,7 +378,11 @@ def _time_rows(plan: Plan) -> Rows:
         (
             "sync",
             f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s"
-            + (f" + engine reload {_s(plan.rates.engine.reload)}" if plan.rates.engine else ""),
+            + (
+                f" + engine reload {_s(plan.rates.engine.reload)} + {_s(plan.rates.engine.reload_per_byte * 1e9)}/GB"
+                if plan.rates.engine
+                else ""
+            ),
             _s(t.sync),
         ),
         ("step", "sum (phases serial)", _s(t.total)),

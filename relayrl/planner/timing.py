@@ -12,9 +12,10 @@ its shards: each rank receives the (W - 1)/W it lacks of P x 4 B (fp32 shards, `
 twice under broadcast with checksums (relayrl/sync/gather.py gathers once for the header's checksums).
 Rates (FLOP/s per device) come from a hardware profile (peak x MFU for passes, peak for decode and prefill:
 the seeds' assumptions) or, with --measure, from this machine's matmuls at the model's own shapes
-(`probe.py`), which also gives the engine's fixed costs per call, step, token and sequence and its reload
-cost per sync. Left out: elementwise ops (norms, activations, the log-softmax over the vocabulary), data
-movement between phases, overlap of phases.
+(`probe.py`; the learner's passes through the model's own layers, `pass_probe.py`), which also gives the
+engine's fixed costs per call, step, token and sequence and its reload's fixed cost and cost per byte. Left
+out: with a hardware profile, elementwise ops (norms, activations, the log-softmax over the vocabulary); data
+movement between phases; overlap of phases.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def measured_rates(matmul: MatmulRates, engine: EngineOverhead | None, learner: 
         matmul.update,
         matmul.forward,
         matmul.decode,
-        matmul.forward,
+        matmul.prefill,
         engine,
-        f"measured here: matmuls at {matmul.update_rows:,} rows (passes) and {matmul.decode_rows:,} rows "
-        "(decode)"
+        f"measured here: the model's passes and its matmuls at {matmul.update_rows:,} rows (prefill) and "
+        f"{matmul.decode_rows:,} rows (decode)"
         + (f", {engine.engine} engine fixed costs" if engine else "")
         + (", learner fixed costs" if learner else ""),
         learner,
@@ -162,6 +163,16 @@ def estimate_time(
     )
     waves = math.ceil(work.rollout_batch / (replicas * per_replica))  # rounds of sequences the KV caches hold
     steps = waves * work.response
+    live = per_replica * work.response_mean / work.response  # the mean batch: ended responses leave it
+    mean_step, _ = decode_step_time(
+        shape,
+        precision.infer_bytes,
+        live,
+        work.prompt + work.response_mean / 2,
+        memory.kv_bytes_per_token,
+        mem_bw * memory.engine_devices,
+        rates.decode * memory.engine_devices,
+    )
     pass_flops = forward_flops_per_token(shape, work.width / 2) * work.tokens  # one forward over the batch
     forward = pass_flops / (rates.forward * train_devices)
     update = 3 * pass_flops * work.epochs / (rates.update * train_devices)
@@ -177,21 +188,28 @@ def estimate_time(
         decode_bound=bound,
         decode_waves=waves,
         decode_steps=steps,
-        decode=steps * step,
+        decode=steps * mean_step,
         engine_overhead=engine_overhead_time(
-            rates.engine, steps, work.rollout_batch / replicas * work.response, math.ceil(work.rollout_batch / replicas)
+            rates.engine,
+            steps,
+            work.rollout_batch / replicas * work.response_mean,
+            math.ceil(work.rollout_batch / replicas),
         ),  # one replica's share
         old_logprobs=forward if work.optimizer_steps > 1 else 0.0,  # else the update's own forward gives them
         ref_logprobs=forward if work.reference else 0.0,
         critic=forward + update if work.critic else 0.0,
         update=update,
         optimizer=work.optimizer_steps * 2 * precision.train_bytes * P / (mem_bw * train_devices),
-        # LoRA: A, not P; measured engines add their reload's fixed cost
-        sync=sync_params(shape, work) * precision.infer_bytes / (hardware.link_gbs * 1e9)
-        + (rates.engine.reload if rates.engine else 0.0),
+        sync=sync_time(sync_params(shape, work) * precision.infer_bytes, hardware, rates.engine),  # LoRA: A, not P
         gather=gather_time(shape, work, hardware),
         update_fixed=learner_fixed_time(rates.learner, work),
     )
+
+
+def sync_time(nbytes: float, hardware: Hardware, engine: EngineOverhead | None) -> float:
+    """The bytes over the link, then (measured engines) the engine's reload: its fixed cost and its cost per byte."""
+    reload = engine.reload + engine.reload_per_byte * nbytes if engine else 0.0
+    return nbytes / (hardware.link_gbs * 1e9) + reload
 
 
 def learner_fixed_time(learner: LearnerOverhead | None, work: Workload) -> float:

@@ -1,6 +1,7 @@
 """`relayrl plan`: parameter count from config arithmetic, the seeds' 7B memory figures by hand, max vs sum,
 and the step-time terms (FLOPs per token, decode bytes, engine fixed costs, optimizer bytes) by hand."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,9 @@ from relayrl.config import load_config
 from relayrl.planner import PROFILES, ModelShape, count_params, load_shape, make_plan
 from relayrl.planner.estimate import Memory, place
 from relayrl.planner.hardware import measure_cpu
-from relayrl.planner.probe import EngineOverhead, fit_engine_overhead, linear_shapes, measure_matmul_rates
-from relayrl.planner.timing import Rates, decode_step_time, engine_overhead_time, forward_flops_per_token
+from relayrl.planner.pass_probe import measure_pass_rates
+from relayrl.planner.probe import EngineOverhead, fit_engine_overhead, linear_shapes, measure_matmul_rates, split_reload
+from relayrl.planner.timing import Rates, decode_step_time, engine_overhead_time, forward_flops_per_token, sync_time
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/grpo_7b/config.yaml"
@@ -121,6 +123,25 @@ def test_decode_is_memory_bound_at_batch_1_and_compute_bound_for_a_huge_batch():
     assert h100.mem_bw_gbs * 1e9 == bw and h100.peak_tflops * 1e12 == peak
 
 
+def test_a_shorter_mean_response_thins_a_compute_bound_decode_and_not_a_memory_bound_one():
+    config = load_config(
+        None, ["rollout.n=8", "rollout.prompts_per_step=8", "rollout.max_tokens=16", "data.max_prompt_tokens=8"]
+    )
+    shape = ModelShape(params=10_000_000, layers=2, hidden=64, kv_heads=2, head_dim=32, vocab=100)  # weights >> KV
+    slow_compute, slow_memory = replace(PROFILES["cpu"], peak_tflops=1e-4), replace(PROFILES["cpu"], mem_bw_gbs=0.01)
+    for hardware, thinned in ((slow_compute, True), (slow_memory, False)):
+        longest = make_plan(config, shape, hardware, longest_response_tokens=16, read_prompts=False).time
+        mean = make_plan(
+            config, shape, hardware, longest_response_tokens=16, mean_response_tokens=8, read_prompts=False
+        ).time
+        assert longest.decode_bound == ("compute" if thinned else "memory")
+        # half the tokens: a compute-bound decode halves (the context is shorter too); a memory-bound one still
+        # streams the weights every step
+        assert mean.decode < (0.5 if thinned else 1.0) * longest.decode * 1.001
+        assert mean.decode >= (0.4 if thinned else 0.95) * longest.decode  # memory: fewer KV caches read
+        assert mean.decode_steps == longest.decode_steps == 16
+
+
 def test_forward_flops_count_matmul_weights_and_attention():
     tied = ModelShape(params=1000, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10, heads=2, tied=True)
     untied = ModelShape(params=1080, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10, heads=2, tied=False)
@@ -206,6 +227,21 @@ def test_matmul_rates_at_the_models_shapes_are_positive():
     shape = load_shape_from(LlamaConfig(**SMALL))
     rates = measure_matmul_rates(shape, update_rows=64, decode_rows=4, repeats=1)
     assert rates.update > 0 and rates.forward > 0 and rates.decode > 0
+
+
+def test_learner_pass_rates_run_the_models_own_layers(tmp_path):
+    LlamaConfig(**SMALL).save_pretrained(tmp_path)
+    update, forward = measure_pass_rates(str(tmp_path), load_shape(str(tmp_path)), rows=32, width=8, repeats=1)
+    assert update > 0 and forward > 0
+
+
+def test_engine_reload_splits_into_a_fixed_cost_and_a_cost_per_byte():
+    fixed, per_byte = split_reload((0.015 + 1e6 * 2e-10, 1_000_000), (0.015 + 1e8 * 2e-10, 100_000_000))
+    assert fixed == pytest.approx(0.015) and per_byte == pytest.approx(2e-10)
+    engine = EngineOverhead(0.0, 0.0, 0.0, 0.0, "vllm", reload=fixed, reload_per_byte=per_byte)
+    link = PROFILES["cpu"].link_gbs * 1e9
+    assert sync_time(4e8, PROFILES["cpu"], engine) == pytest.approx(4e8 / link + 0.015 + 4e8 * 2e-10)
+    assert sync_time(4e8, PROFILES["cpu"], None) == pytest.approx(4e8 / link)
 
 
 def test_measure_cpu_reports_positive_rates():

@@ -1,0 +1,63 @@
+"""`relayrl plan --measure`: the learner's passes timed on the model's own layers, not only its matmuls.
+
+A tiny model's update spends a third of its time outside the matmuls (measured on the demo's shapes with the
+torch profiler: matmuls 47 ms of 75 ms; elementwise products of RMSNorm, rotary embeddings and SwiGLU 7 ms,
+attention 6 ms, SiLU and its backward 2 ms), and that share grows with the width the matmul probe
+(relayrl/planner/probe.py) does not see. So the model itself, rebuilt from its config.json with random
+weights, runs a forward (and backward, through its own cross-entropy over the vocabulary) at the rows of one
+micro-batch: once with one layer, once with two. The difference is one layer, the rest the embedding, final
+norm, LM head and loss; a pass of the run's model takes head + layers x layer. The rate the planner uses is
+the pass's FLOPs (relayrl/planner/timing.py `forward_flops_per_token`) over that time, so every formula that
+divides FLOPs by a rate stays as it is. Prefill and decode keep the matmul rates: the engine's kernels are
+not transformers'.
+"""
+
+from __future__ import annotations
+
+import math
+
+from relayrl.planner.hardware import best_time
+from relayrl.planner.shape import ModelShape
+
+
+def measure_pass_rates(
+    model_path: str, shape: ModelShape, rows: int, width: int, repeats: int = 5
+) -> tuple[float, float]:
+    """(forward + backward, forward) FLOP/s of the model's learner passes at `rows` positions of `width`."""
+    from relayrl.planner.timing import forward_flops_per_token
+
+    width = max(1, min(width, rows))
+    batch = max(1, math.ceil(rows / width))
+    flops = forward_flops_per_token(shape, width / 2) * batch * width
+    update = pass_seconds(model_path, shape.layers, batch, width, backward=True, repeats=repeats)
+    forward = pass_seconds(model_path, shape.layers, batch, width, backward=False, repeats=repeats)
+    return 3 * flops / update, flops / forward
+
+
+def pass_seconds(model_path: str, layers: int, batch: int, width: int, backward: bool, repeats: int) -> float:
+    """Seconds of one pass of a `layers`-layer copy of the model, from its one- and two-layer copies."""
+    one = _best_pass(model_path, 1, batch, width, backward, repeats)
+    two = _best_pass(model_path, 2, batch, width, backward, repeats)
+    layer = max(0.0, two - one)
+    return max(0.0, one - layer) + layers * layer
+
+
+def _best_pass(model_path: str, layers: int, batch: int, width: int, backward: bool, repeats: int) -> float:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    ids = torch.randint(0, config.vocab_size, (batch, width))
+
+    def run():
+        if backward:
+            model(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                model(input_ids=ids, labels=ids)
+
+    return best_time(run, repeats)
