@@ -57,6 +57,33 @@ CASES = {
             "train.micro_batch_tokens=512",
         ],
     ),
+    # written after the probe of the model's passes, the reload's cost per byte and the mean response went in
+    # (which were made looking at the five cases above), and run once: a second held-out set
+    "deep_narrow": dict(
+        split="held out 2",
+        data="toy",
+        model=dict(hidden=64, layers=6, heads=2, intermediate=192),
+        overrides=[
+            "rollout.prompts_per_step=12",
+            "rollout.n=8",
+            "rollout.max_tokens=10",
+            "train.mini_batch=96",
+            "train.micro_batch=32",
+        ],
+    ),
+    "wide_pairs": dict(
+        split="held out 2",
+        data="long",
+        model=dict(hidden=256, layers=1, heads=4, intermediate=1024),
+        overrides=[
+            "rollout.prompts_per_step=32",
+            "rollout.n=2",
+            "rollout.max_tokens=6",
+            "data.max_prompt_tokens=64",
+            "train.mini_batch=64",
+            "train.micro_batch_tokens=1024",
+        ],
+    ),
 }
 FILLERS = (
     "",

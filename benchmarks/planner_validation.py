@@ -18,7 +18,7 @@ the model's matmuls at the plan's shapes, the engine's fixed costs) and compare 
 Simplifications, stated: the models are randomly initialised (time depends on shapes and lengths, not on the
 weights, so the demo's supervised warm start is skipped); the planner is told nothing about prompts (it reads
 their lengths from data.train itself) and is given the median longest response of the run's batches
-(`--response-tokens`, an input a user takes from a previous run). Timings on a shared 2-core machine swing
+and mean response (`--response-tokens`, `--mean-response-tokens`: inputs a user takes from a previous run). Timings on a shared 2-core machine swing
 10-20x under load: the busiest other processes and the load average are printed; rerun on a quiet machine.
 
 --interleaved: no training runs; the update phase alone, predicted and measured alternately in one process
@@ -31,6 +31,7 @@ Run: .venv/bin/python benchmarks/planner_validation.py [--steps 10] [--out runs/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -94,9 +95,9 @@ def measured_medians(run_dir: Path) -> dict[str, float]:
     return {key: statistics.median(row[key] for row in rows) for key in keys}
 
 
-def predict(config_path: Path, overrides: list[str], model_dir: Path, response: float):
-    """`relayrl plan --hardware cpu --measure`, given the run's median longest response (prompt lengths the
-    planner reads from data.train itself)."""
+def predict(config_path: Path, overrides: list[str], model_dir: Path, response: float, mean_response: float):
+    """`relayrl plan --hardware cpu --measure`, given the run's median longest and mean response (prompt
+    lengths the planner reads from data.train itself)."""
     from relayrl.config import load_config
     from relayrl.planner import get_profile, load_shape, make_plan
 
@@ -106,6 +107,7 @@ def predict(config_path: Path, overrides: list[str], model_dir: Path, response: 
         load_shape(str(model_dir)),
         get_profile("cpu", measure=True),
         longest_response_tokens=response,
+        mean_response_tokens=mean_response,
         measure=True,
     )
 
@@ -145,6 +147,9 @@ TRAINING_KEYS = (
 
 def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: float) -> dict:
     """Train (or, with `previous`, reuse that run and its load record) and predict with --measure."""
+    from relayrl.planner.estimate import sync_params
+    from relayrl.planner.timing import sync_time
+
     config_path = base_config(name, root)
     model_dir, paths = build_case(name, root)
     run_dir = root / name / "run"
@@ -156,9 +161,10 @@ def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: 
     )
     wait_for_quiet(timeout_s=quiet_s)
     measured = measured_medians(run_dir)
-    plan = predict(config_path, overrides, model_dir, measured["response/length_max"])
+    plan = predict(config_path, overrides, model_dir, measured["response/length_max"], measured["response/length_mean"])
     load_measuring, others_measuring = background_load()
     t, w, prompts = plan.time, plan.workload, plan.prompts
+    sync_bytes = sync_params(plan.shape, w) * plan.precision.infer_bytes
     return dict(
         case=name,
         split=CASES[name]["split"],
@@ -189,7 +195,7 @@ def run_case(name: str, root: Path, steps: int, previous: dict | None, quiet_s: 
             "optimizer": t.optimizer,
             "update_fixed": t.update_fixed,
             "sync": t.sync,
-            "reload": plan.rates.engine.reload if plan.rates.engine else 0.0,
+            "reload": t.sync - sync_time(sync_bytes, plan.hardware, None),  # the engine's reload (fixed + bytes)
         },
         rates={
             "update_gflops": plan.rates.update / 1e9,
@@ -247,7 +253,7 @@ def print_table(results: list[dict]) -> None:
             f"{r.get('learner/micro_batches', 0):g}); update rate {r['rates']['update_gflops']:.1f} GFLOP/s, decode "
             f"{r['rates']['decode_gflops']:.1f} GFLOP/s; engine per call {e['per_call'] * 1e3:.1f} ms, per step "
             f"{e['per_step'] * 1e3:.2f} ms, per token {e['per_token'] * 1e6:.1f} us, per sequence "
-            f"{e['per_sequence'] * 1e6:.1f} us, reload {e.get('reload', 0) * 1e3:.1f} ms; train {r['train_s']:.0f}s"
+            f"{e['per_sequence'] * 1e6:.1f} us, reload {e.get('reload', 0) * 1e3:.1f} ms + {e.get('reload_per_byte', 0) * 1e12:.1f} ms/GB; train {r['train_s']:.0f}s"
         )
 
 
@@ -267,6 +273,7 @@ def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
     from relayrl.models.tiny import build_tiny
     from relayrl.planner import get_profile, load_shape, make_plan
     from relayrl.planner.learner_probe import probe_update_here
+    from relayrl.planner.pass_probe import measure_pass_rates
     from relayrl.planner.probe import measure_matmul_rates
     from relayrl.planner.timing import estimate_time, measured_rates
     from relayrl.types import Rollout, Score
@@ -295,6 +302,9 @@ def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
             measured = min(measured, time.perf_counter() - start)
             w = plan.workload
             matmul = measure_matmul_rates(shape, update_rows=int(w.micro_batch * w.width), decode_rows=1)
+            row = w.packed_width if w.packed else w.width
+            update, forward = measure_pass_rates(str(model_dir), shape, w.tokens // w.micro_batches, int(row))
+            matmul = dataclasses.replace(matmul, update=update, forward=forward)
             rates = measured_rates(matmul, None, probe_update_here(null_dir))
             t = estimate_time(shape, w, plan.memory, plan.placement, hardware, plan.precision, rates)
             if t.update_phase < predicted:
