@@ -157,7 +157,8 @@ class Trainer:
 
     def loop_state(self, step: int, before: dict[str, float]) -> dict:
         """What the loop itself needs to continue exactly after `step` (the learner adds its own state)."""
-        return {"step": step, "before": before, "version": self.sync.version, "sampler": self.sampler.state()}
+        sampler = self.schedule.sampler_state() if self.schedule else self.sampler.state()  # what was trained
+        return {"step": step, "before": before, "version": self.sync.version, "sampler": sampler}
 
     def load_state(self, checkpoint: Path, state: dict) -> int:
         """Restore a checkpoint into the built trainer (engines included); returns the step to start from."""

@@ -58,6 +58,10 @@ class Schedule:
     def published(self, version: int) -> None:
         pass
 
+    def sampler_state(self) -> dict[str, int]:
+        """Where a resumed run's sampler starts: after the prompts this schedule has handed out for training."""
+        return self.source.sampler.state()
+
     def close(self) -> None:
         pass
 
@@ -96,10 +100,17 @@ class OneStepOff(Schedule):
     def __init__(self, source: RolloutSource, config: Config):
         super().__init__(source, config)
         self.pending = None
+        self.before_pending: dict[str, int] | None = None  # the sampler before the batch in flight was drawn
 
     def _submit(self, step: int):
         s = self.source
+        self.before_pending = s.sampler.state()
         return s.submit(s.prompts(self.config.rollout.prompts_per_step), s.sampling(step), s.version)
+
+    def sampler_state(self) -> dict[str, int]:
+        """The batch in flight at a checkpoint is not trained before it: a resumed run draws its prompts again
+        (and generates them with the checkpoint's weights, one version newer than the lost batch had)."""
+        return self.before_pending if self.pending is not None else self.source.sampler.state()
 
     def collect(self, step: int, timer: StepTimer) -> Batch:
         if self.pending is None:

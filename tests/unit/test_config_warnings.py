@@ -49,6 +49,12 @@ def test_async_with_no_staleness_needs_no_correction():
     assert any("without correction" in m for m in messages(["placement.mode=ray", "train.schedule=one_step_off"]))
 
 
+def test_checkpoints_under_overlapped_schedules_say_what_happens_to_the_rollouts_in_flight():
+    base = ["placement.mode=ray", "checkpoint.every=2"]
+    assert any("drawn again" in m for m in messages([*base, "train.schedule=one_step_off"]))
+    assert any("dropped" in m for m in messages([*base, "train.schedule=async"]))
+
+
 def test_config_warnings_are_user_warnings_pointing_at_the_caller():
     with pytest.warns(ConfigWarning) as record:
         load_config(None, ["placement.engines=2"])
