@@ -54,6 +54,7 @@ def run_once(engine, rows, args, lockstep: bool) -> float:
     from relayrl.envs.requests import turn_requests
     from relayrl.rollout.base import Sampling
     from relayrl.rollout.chat import ChatCodec
+    from relayrl.rollout.local_group import LocalEngineGroup
     from relayrl.rollout.multiturn import MultiTurnDriver
 
     tokenizer = engine.llm.get_tokenizer() if hasattr(engine, "llm") else engine.tokenizer
@@ -62,7 +63,9 @@ def run_once(engine, rows, args, lockstep: bool) -> float:
     try:
         pool.poll(0.5)  # workers start (not timed)
         sampling = Sampling(max_tokens=args.tokens, min_tokens=args.tokens, temperature=1.0, seed=0)
-        driver = MultiTurnDriver(turn_requests(engine), pool, ChatCodec(tokenizer), settings, sampling, lockstep)
+        driver = MultiTurnDriver(
+            turn_requests(LocalEngineGroup(engine)), pool, ChatCodec(tokenizer), settings, sampling, lockstep
+        )
         start = time.perf_counter()
         batch = driver.run(rows, n=1)
         wall = time.perf_counter() - start

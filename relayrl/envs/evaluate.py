@@ -35,6 +35,7 @@ def evaluate_env_model(
     from relayrl.rollout import build_engine
     from relayrl.rollout.base import Sampling
     from relayrl.rollout.chat import ChatCodec
+    from relayrl.rollout.local_group import LocalEngineGroup
     from relayrl.rollout.multiturn import MultiTurnDriver
 
     settings = EnvConfig(
@@ -56,7 +57,9 @@ def evaluate_env_model(
     pool = EnvPool(env, settings.kwargs, workers, timeout_s)  # before the engine: a spec that cannot load fails first
     try:
         engine_ = build_engine(engine, model, max_len, seed)
-        driver = MultiTurnDriver(turn_requests(engine_), pool, ChatCodec(tokenizer), settings, sampling)
+        driver = MultiTurnDriver(
+            turn_requests(LocalEngineGroup(engine_)), pool, ChatCodec(tokenizer), settings, sampling
+        )
         batch = driver.run(prompts, n)
     finally:
         pool.close()

@@ -22,7 +22,7 @@ import itertools
 from dataclasses import dataclass, replace
 from typing import Hashable
 
-from relayrl.rollout.base import Sampling
+from relayrl.rollout.base import EngineGroup, Sampling
 from relayrl.types import Prompt
 
 
@@ -34,16 +34,12 @@ class TurnOutput:
     finish_reason: str  # "stop" or "length"
 
 
-def turn_requests(engines, version: int = 0, replicas: list[int] | None = None):
-    """The adapter for an engine group (a bare engine is taken as a one-replica group): vLLM's request loop when the
-    group declares one (`EngineGroup.request_loop`: one in-process vLLM engine), else batches of `generate` on
+def turn_requests(engines: EngineGroup, version: int = 0, replicas: list[int] | None = None):
+    """The adapter for an engine group (a single engine comes wrapped in `LocalEngineGroup`): vLLM's request loop
+    when the group declares one (`EngineGroup.request_loop`: one in-process vLLM engine), else batches of `generate` on
     `replicas` (default all; HF generate, Ray replicas, which tag each token with the version they hold when
     they run it, so a trajectory that spans a weight push records both). `version` tags the tokens of a local
     engine that does not track its own."""
-    if not hasattr(engines, "replicas"):  # relayrl eval --env and the benchmark hold a bare engine
-        from relayrl.rollout.local_group import LocalEngineGroup
-
-        engines = LocalEngineGroup(engines)
     if engines.request_loop is not None:
         return VLLMTurns(engines.request_loop)
     return BatchTurns(engines, version, replicas)
@@ -109,8 +105,8 @@ class VLLMTurns:
 class BatchTurns:
     one_call_per_step = True  # a turn waits for the next `step`: the driver gathers turns for it
 
-    def __init__(self, engine, version: int = 0, replicas: list[int] | None = None):
-        self.engine, self.version, self.replicas = engine, version, replicas
+    def __init__(self, engines: EngineGroup, version: int = 0, replicas: list[int] | None = None):
+        self.engine, self.version, self.replicas = engines, version, replicas
         self._queued: list[tuple[Hashable, list[int], Sampling]] = []
 
     @property
@@ -130,7 +126,7 @@ class BatchTurns:
         # stop strings are matched by the driver (HF generate's matcher fails on some tokenizers)
         sampling = replace(queued[0][2], n=1, max_tokens=longest, stop=())
         prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
-        if self.replicas is None:  # a bare engine (tests) has no submit
+        if self.replicas is None:  # every replica: the group splits the call
             rollouts = self.engine.generate(prompts, sampling, self.version)
         else:  # an async producer's own replica
             rollouts = self.engine.finish(self.engine.submit(prompts, sampling, self.version, self.replicas))
