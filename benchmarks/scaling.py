@@ -14,8 +14,9 @@ its smallest case and the fitted exponent (the slope of log cost against log siz
       --token-budget runs the lengths again with train.micro_batch_tokens = the shortest case's positions (the
       memory count micro-batching used there) and shows the count beside it: where the count runs past it.
       glibc's malloc keeps freed blocks below its mmap threshold, which rises with every large free up to
-      32 MiB: peak RSS then holds more than the live tensors. MALLOC_MMAP_THRESHOLD_=65536 in the environment
-      fixes the threshold (every block of 64 KiB and more is mapped and unmapped): RSS follows the live bytes.
+      32 MiB: peak RSS then holds more than the live tensors. --return-freed-memory sets
+      learner.return_freed_memory=true (relayrl/learner/malloc.py: the threshold fixed at 64 KiB, every block of
+      64 KiB and more mapped and unmapped, RSS follows the live bytes, at a time cost).
 
   (c) dataset rows: a prompt jsonl of 1k, 10k, 100k and 1M rows (same row shape, ~40 bytes), or the same rows
       as parquet or a `datasets` save_to_disk directory (--format). Each case runs
@@ -32,7 +33,7 @@ is printed with the table.
 
 Run: .venv/bin/python benchmarks/scaling.py [--section a|b|c|all] [--out runs/scaling] [--rows 1000,...,1000000]
      [--format jsonl|parquet|datasets] [--lengths 64,...,1024] [--responses 8] [--repeats 3]
-     [--activation-checkpointing] [--logits-chunk N] [--token-budget]; [MALLOC_MMAP_THRESHOLD_=65536 before it]
+     [--activation-checkpointing] [--return-freed-memory] [--logits-chunk N] [--token-budget]
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def section_update(
     results = run_cases(model_dir, cases, memory, repeats, name)
     for r in results:
         r["n"] = size_of(r["samples"], r["response"])
-    _table(name + "".join(f", {m}" for m in memory), results, repeats)
+    _table(name + "".join(f", {m}" for m in memory), results, repeats, memory)
     return results
 
 
@@ -231,10 +232,9 @@ def section_budget(out: Path, cases: list[tuple[int, int]], counted: list[dict],
     model_dir = tiny_model(out, max(tokens for _, tokens in cases))
     results = run_cases(model_dir, cases, (*memory, f"train.micro_batch_tokens={budget}"), repeats, "budget")
     limit = results[0]["over_mb"]  # the memory both use at the shortest case: the budget's
-    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "unset")
     print(
         f"\n(a) token budget {budget} vs count-based micro_batch {samples} (the same memory at {shortest} tokens)"
-        f"{''.join(f', {m}' for m in memory)}; MALLOC_MMAP_THRESHOLD_={threshold}"
+        f"{''.join(f', {m}' for m in memory)}; malloc: {malloc_setting(memory)}"
         f" (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f})"
     )
     print(
@@ -253,12 +253,20 @@ def section_budget(out: Path, cases: list[tuple[int, int]], counted: list[dict],
         )
 
 
-def _table(name: str, results: list[dict], repeats: int = 3) -> None:
+def malloc_setting(memory: tuple) -> str:
+    """glibc's mmap threshold in the case subprocesses (relayrl/learner/malloc.py)."""
+    if "learner.return_freed_memory=true" in memory:
+        return "mmap threshold fixed at 64 KiB (learner.return_freed_memory)"
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return f"MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']}"
+    return "glibc's sliding mmap threshold"
+
+
+def _table(name: str, results: list[dict], repeats: int = 3, memory: tuple = ()) -> None:
     small = results[0]
-    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "unset")
     print(
         f"\n{name} -> one learner update (load {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}, "
-        f"MALLOC_MMAP_THRESHOLD_={threshold})"
+        f"malloc: {malloc_setting(memory)})"
     )
     print(
         f"| {name} | s (best of {repeats}) | x | us per token | peak RSS MB | x | peak over the loaded model MB | x "
@@ -350,6 +358,11 @@ def main() -> None:
         "--repeats", type=int, default=3, help="sections (a), (b): timed updates after the warm-up (0: time it)"
     )
     parser.add_argument("--activation-checkpointing", action="store_true", help="sections (a), (b)")
+    parser.add_argument(
+        "--return-freed-memory",
+        action="store_true",
+        help="sections (a), (b): learner.return_freed_memory=true (glibc's mmap threshold fixed at 64 KiB)",
+    )
     parser.add_argument("--logits-chunk", type=int, default=None, help="sections (a), (b); default: the config's")
     parser.add_argument(
         "--token-budget",
@@ -360,6 +373,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     memory = ("learner.activation_checkpointing=true",) if args.activation_checkpointing else ()
     memory += () if args.logits_chunk is None else (f"train.logits_chunk={args.logits_chunk}",)
+    memory += ("learner.return_freed_memory=true",) if args.return_freed_memory else ()
     if args.section in ("a", "all"):
         cases = [(args.responses, int(t)) for t in args.lengths.split(",")]
         counted = section_update(args.out, "(a) response tokens", cases, lambda s, t: t, memory, args.repeats)

@@ -21,8 +21,8 @@ the first three points of the checkpointed sweep measured with MALLOC_MMAP_THRES
   those 5 over all the response positions (the backward's gradient takes the place of the temporaries).
 - The micro-batch's copied tensors (`Experience.select`): ~32 B a position (ids, masks, log-probs).
 Left out: allocator slack (glibc keeps freed blocks under its mmap threshold, up to 32 MiB each, in its heap:
-benchmarks/scaling.py measures with MALLOC_MMAP_THRESHOLD_ set and without), attention kernels' workspace,
-FSDP2's gathered layer.
+a checkpointed CPU run's peak RSS held up to 2.2x these live bytes, unless learner.return_freed_memory fixes the
+threshold, relayrl/learner/malloc.py), attention kernels' workspace, FSDP2's gathered layer.
 """
 
 from __future__ import annotations
