@@ -318,7 +318,7 @@ def _rate_rows(plan: Plan) -> Rows:
                 "engine fixed costs",
                 f"{e.engine}, null model: per call + per step + per token + per sequence; reload per sync + per GB",
                 f"{_s(e.per_call)} + {_s(e.per_step)} + {_s(e.per_token)} + {_s(e.per_sequence)}; {_s(e.reload)} "
-                f"+ {_s(e.reload_per_byte * 1e9)}",
+                f"+ {_s(e.reload_per_byte * 1e9)}/GB",
             )
         )
     if r.learner is not None:
