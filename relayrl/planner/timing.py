@@ -20,6 +20,7 @@ movement between phases; overlap of phases.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -152,27 +153,19 @@ def estimate_time(
     replicas = max(1, rollout_devices // memory.engine_devices)
     per_replica = min(memory.concurrent, math.ceil(work.rollout_batch / replicas))  # sequences decoded together
     P, mem_bw = shape.params, hardware.mem_bw_gbs * 1e9
-    step, bound = decode_step_time(
+    decode_step = functools.partial(  # (batch, context) -> one decode step on one replica
+        decode_step_time,
         shape,
         precision.infer_bytes,
-        per_replica,
-        work.prompt + work.response / 2,
-        memory.kv_bytes_per_token,
-        mem_bw * memory.engine_devices,
-        rates.decode * memory.engine_devices,
+        kv_bytes_per_token=memory.kv_bytes_per_token,
+        mem_bw=mem_bw * memory.engine_devices,
+        rate=rates.decode * memory.engine_devices,
     )
+    step, bound = decode_step(per_replica, work.prompt + work.response / 2)
     waves = math.ceil(work.rollout_batch / (replicas * per_replica))  # rounds of sequences the KV caches hold
     steps = waves * work.response
     live = per_replica * work.response_mean / work.response  # the mean batch: ended responses leave it
-    mean_step, _ = decode_step_time(
-        shape,
-        precision.infer_bytes,
-        live,
-        work.prompt + work.response_mean / 2,
-        memory.kv_bytes_per_token,
-        mem_bw * memory.engine_devices,
-        rates.decode * memory.engine_devices,
-    )
+    mean_step, _ = decode_step(live, work.prompt + work.response_mean / 2)
     pass_flops = forward_flops_per_token(shape, work.width / 2) * work.tokens  # one forward over the batch
     forward = pass_flops / (rates.forward * train_devices)
     update = 3 * pass_flops * work.epochs / (rates.update * train_devices)
