@@ -7,7 +7,6 @@ arithmetic, `timing` the step time, `report` prints every input and formula. Not
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from relayrl.config import Config
@@ -104,11 +103,10 @@ def _measured_rates(config: Config, shape: ModelShape, work: Workload, concurren
     from relayrl.planner.pass_probe import measure_pass_rates
     from relayrl.planner.probe import measure_engine_overhead, measure_matmul_rates
 
-    matmul = measure_matmul_rates(shape, update_rows=int(work.micro_batch * work.width), decode_rows=concurrent)
+    matmul = measure_matmul_rates(shape, prefill_rows=int(work.micro_batch * work.width), decode_rows=concurrent)
     row = work.packed_width if work.packed else work.width  # a packed group or a padded sample
-    update, forward = measure_pass_rates(config.model.path, shape, work.tokens // work.micro_batches, int(row))
-    matmul = dataclasses.replace(matmul, update=update, forward=forward)
-    return measured_rates(matmul, *measure_engine_overhead(config.rollout.engine, shape.layers))
+    passes = measure_pass_rates(config.model.path, shape, work.tokens // work.micro_batches, int(row))
+    return measured_rates(passes, matmul, *measure_engine_overhead(config.rollout.engine, shape.layers))
 
 
 def _smallest_ranks(shape: ModelShape, work: Workload, fp32_master: bool, infer_dtype: str | None):

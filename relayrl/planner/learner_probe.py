@@ -1,10 +1,10 @@
 """`relayrl plan --measure`: the learner's fixed costs, apart from the model's FLOPs and the optimizer's bytes.
 
 relayrl's own `PolicyLearner` updates a null model (one layer, hidden 64, so its FLOPs are negligible; the
-layers' own work is timed at the run's width by relayrl/planner/pass_probe.py) on 8 samples of 4 + 4 tokens, once as one micro-batch and once as eight. The difference over 7 is
-what a micro-batch costs beyond its FLOPs (the model's Python per call, the loss, the log-prob gathering, the
-metrics), the rest what an update costs beyond its micro-batches (clipping, the optimizer and scheduler
-calls, the loop, the mismatch statistics). Left out: the optimizer's Python per tensor beyond the null
+layers' own work is timed at the run's width by relayrl/planner/pass_probe.py) on 8 samples of 4 + 4 tokens,
+once as one micro-batch and once as eight. The difference over 7 is what a micro-batch costs beyond its FLOPs
+(the model's Python per call, the loss, the log-prob gathering, the metrics), the rest what an update costs
+beyond its micro-batches (clipping, the optimizer and scheduler calls, the loop, the mismatch statistics). Left out: the optimizer's Python per tensor beyond the null
 model's (its bytes are counted at the memory bandwidth).
 """
 

@@ -15,34 +15,42 @@ not transformers'.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from relayrl.planner.hardware import best_time
 from relayrl.planner.shape import ModelShape
 
 
-def measure_pass_rates(
-    model_path: str, shape: ModelShape, rows: int, width: int, repeats: int = 5
-) -> tuple[float, float]:
-    """(forward + backward, forward) FLOP/s of the model's learner passes at `rows` positions of `width`."""
+@dataclass(frozen=True)
+class PassRates:
+    """FLOP/s of the learner's passes through the model's own layers at one micro-batch's rows (measured)."""
+
+    update: float  # forward + backward
+    forward: float  # forward alone: log-prob passes
+    rows: int
+
+
+def measure_pass_rates(model_path: str, shape: ModelShape, rows: int, width: int, repeats: int = 5) -> PassRates:
+    """`PassRates` of the model at `rows` positions in rows of `width`."""
     from relayrl.planner.timing import forward_flops_per_token
 
     width = max(1, min(width, rows))
     batch = max(1, math.ceil(rows / width))
+    one = _best_passes(model_path, 1, batch, width, repeats)
+    two = _best_passes(model_path, 2, batch, width, repeats)
+    update, forward = (whole_model(a, b, shape.layers) for a, b in zip(one, two))
     flops = forward_flops_per_token(shape, width / 2) * batch * width
-    update = pass_seconds(model_path, shape.layers, batch, width, backward=True, repeats=repeats)
-    forward = pass_seconds(model_path, shape.layers, batch, width, backward=False, repeats=repeats)
-    return 3 * flops / update, flops / forward
+    return PassRates(3 * flops / update, flops / forward, batch * width)
 
 
-def pass_seconds(model_path: str, layers: int, batch: int, width: int, backward: bool, repeats: int) -> float:
-    """Seconds of one pass of a `layers`-layer copy of the model, from its one- and two-layer copies."""
-    one = _best_pass(model_path, 1, batch, width, backward, repeats)
-    two = _best_pass(model_path, 2, batch, width, backward, repeats)
-    layer = max(0.0, two - one)
-    return max(0.0, one - layer) + layers * layer
+def whole_model(one_layer: float, two_layers: float, layers: int) -> float:
+    """Seconds of a `layers`-layer pass from the one- and two-layer copies': head + layers x layer."""
+    layer = max(0.0, two_layers - one_layer)
+    return max(0.0, one_layer - layer) + layers * layer
 
 
-def _best_pass(model_path: str, layers: int, batch: int, width: int, backward: bool, repeats: int) -> float:
+def _best_passes(model_path: str, layers: int, batch: int, width: int, repeats: int) -> tuple[float, float]:
+    """Best seconds of (forward + backward, forward) of a `layers`-layer copy of the model, random weights."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -52,12 +60,12 @@ def _best_pass(model_path: str, layers: int, batch: int, width: int, backward: b
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     ids = torch.randint(0, config.vocab_size, (batch, width))
 
-    def run():
-        if backward:
-            model(input_ids=ids, labels=ids).loss.backward()
-            model.zero_grad(set_to_none=True)
-        else:
-            with torch.no_grad():
-                model(input_ids=ids, labels=ids)
+    def update():
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
 
-    return best_time(run, repeats)
+    def forward():
+        with torch.no_grad():
+            model(input_ids=ids, labels=ids)
+
+    return best_time(update, repeats), best_time(forward, repeats)

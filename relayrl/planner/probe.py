@@ -2,10 +2,10 @@
 rollout engine's fixed costs. Measured on this machine, nothing assumed.
 
 - Matmul rates. A big square matmul runs near peak; a 128-wide model's matmuls do not. So the model's own
-  linear layers (q, k, v, o, gate, up, down and the LM head, Llama-family names) are timed at the rows a pass
-  feeds them: forward + backward (3 matmuls per layer: the backward is two matmuls of the forward's size) at
-  micro-batch tokens for the update, forward alone for a log-prob pass, forward at the concurrent sequences
-  for one decode step. Rate = FLOPs of those matmuls / their measured time.
+  linear layers (q, k, v, o, gate, up, down and the LM head, Llama-family names) are timed, forward, at the
+  rows the engine feeds them: a micro-batch's tokens for prefill, the concurrent sequences for one decode
+  step. Rate = FLOPs of those matmuls / their measured time. (The learner's passes are timed through the
+  model's own layers: relayrl/planner/pass_probe.py.)
 - Engine overheads. The config's rollout engine, through relayrl's own engine class, generates with a null
   model (the run's layer count at hidden 64: its compute is negligible, its per-layer fixed costs, kernel calls
   and weight handles per layer, are the run's) on a grid of batch sizes and lengths. A least-squares
@@ -38,14 +38,13 @@ ENGINE_N = 8
 
 @dataclass(frozen=True)
 class MatmulRates:
-    """Achieved FLOP/s of the model's linear layers at a pass's rows (measured)."""
+    """Achieved FLOP/s of the model's linear layers, forward, at the engine's rows (measured); the learner's
+    passes are timed through the model's own layers (relayrl/planner/pass_probe.py)."""
 
-    update: float  # forward + backward at micro-batch tokens (the model's own passes: relayrl/planner/pass_probe.py)
-    forward: float  # forward at micro-batch tokens: log-prob passes (likewise)
-    decode: float  # forward at the concurrent sequences of one decode step
-    update_rows: int
+    prefill: float  # at a micro-batch's tokens
+    decode: float  # at the concurrent sequences of one decode step
+    prefill_rows: int
     decode_rows: int
-    prefill: float  # the matmuls' forward at micro-batch tokens: the engine's prefill
 
 
 @dataclass(frozen=True)
@@ -82,42 +81,28 @@ def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
     ]
 
 
-def measure_matmul_rates(shape: ModelShape, update_rows: int, decode_rows: int, repeats: int = 5) -> MatmulRates:
+def measure_matmul_rates(shape: ModelShape, prefill_rows: int, decode_rows: int, repeats: int = 5) -> MatmulRates:
     warm_up()
-    forward = _rate(shape, update_rows, backward=False, repeats=repeats)
-    return MatmulRates(
-        update=_rate(shape, update_rows, backward=True, repeats=repeats),
-        forward=forward,
-        decode=_rate(shape, decode_rows, backward=False, repeats=repeats),
-        update_rows=update_rows,
-        decode_rows=decode_rows,
-        prefill=forward,
-    )
+    prefill, decode = (_rate(shape, rows, repeats) for rows in (prefill_rows, decode_rows))
+    return MatmulRates(prefill, decode, prefill_rows, decode_rows)
 
 
-def _rate(shape: ModelShape, rows: int, backward: bool, repeats: int) -> float:
+def _rate(shape: ModelShape, rows: int, repeats: int) -> float:
+    """FLOP/s of every linear layer's forward at `rows` rows."""
     import torch
 
     flops = seconds = 0.0
     for fan_in, fan_out, count in linear_shapes(shape):
-        x = torch.randn(rows, fan_in, requires_grad=backward)
-        weight = torch.randn(fan_out, fan_in, requires_grad=backward)
-        grad = torch.randn(rows, fan_out)
-
-        def run():
-            y = torch.nn.functional.linear(x, weight)
-            if backward:
-                y.backward(grad)  # dX = grad @ W and dW = grad^T @ X: two matmuls of the forward's size
-
-        seconds += count * best_time(run, repeats)
-        flops += count * 2 * rows * fan_in * fan_out * (3 if backward else 1)
+        x, weight = torch.randn(rows, fan_in), torch.randn(fan_out, fan_in)
+        seconds += count * best_time(lambda: torch.nn.functional.linear(x, weight), repeats)
+        flops += count * 2 * rows * fan_in * fan_out
     return flops / seconds
 
 
 def measure_engine_overhead(kind: str, layers: int = 1, seed: int = 0) -> tuple[EngineOverhead, LearnerOverhead]:
     """Fit the engine's fixed costs, and the learner's (relayrl/planner/learner_probe.py, first), on a null
-    model of `layers` layers in a child process: an in-process vLLM engine keeps threads spinning after it is dropped, which slows every later
-    measurement in the process (a 1024^3 matmul 177 -> 71 GFLOP/s)."""
+    model of `layers` layers in a child process: an in-process vLLM engine keeps threads spinning after it is
+    dropped, which slows every later measurement in the process (a 1024^3 matmul 177 -> 71 GFLOP/s)."""
     import json
     import subprocess
     import sys
@@ -143,10 +128,10 @@ def probe_engine_here(kind: str, layers: int = 1, seed: int = 0) -> tuple[Engine
         build_tiny([NULL_ALPHABET], one_layer, seed=seed, **null_shape(1))
         learner = probe_update_here(one_layer)
     with tempfile.TemporaryDirectory() as model_dir:
-        _, tokenizer = build_tiny([NULL_ALPHABET], model_dir, seed=seed, **null_shape(layers))
+        model, tokenizer = build_tiny([NULL_ALPHABET], model_dir, seed=seed, **null_shape(layers))
         engine = _null_engine(kind, model_dir, seed)
         overhead = _fit_grid(engine, tokenizer("0123456789")["input_ids"], kind, seed)
-        narrow = reload_point(engine, model_dir)
+        narrow = reload_point(engine, model)
         del engine
     reload, per_byte = split_reload(narrow, wide_reload_point(kind, layers, seed))
     return replace(overhead, reload=reload, reload_per_byte=per_byte), learner
@@ -186,17 +171,10 @@ def _fit_grid(engine, prompt_ids: list[int], kind: str, seed: int) -> EngineOver
     return fit_engine_overhead(rows[1:], seconds[1:], kind)
 
 
-def reload_point(engine, model_dir: str) -> tuple[float, int]:
-    """(best seconds, bytes) of `engine.load_weights` with the weights saved in `model_dir`."""
-    from relayrl.models.loading import load_causal_lm
-
-    model = load_causal_lm(model_dir, "cpu")
-    return time_reload(engine, model), sum(p.numel() * p.element_size() for p in model.parameters())
-
-
-def time_reload(engine, model, repeats: int = 3) -> float:
-    """Best seconds of `engine.load_weights` with `model`'s weights."""
-    return best_time(lambda: engine.load_weights(model.named_parameters(), version=1), repeats)
+def reload_point(engine, model, repeats: int = 3) -> tuple[float, int]:
+    """(best seconds, bytes) of `engine.load_weights` with `model`'s weights (the model the engine serves)."""
+    seconds = best_time(lambda: engine.load_weights(model.named_parameters(), version=1), repeats)
+    return seconds, sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def wide_reload_point(kind: str, layers: int, seed: int) -> tuple[float, int]:
@@ -204,9 +182,9 @@ def wide_reload_point(kind: str, layers: int, seed: int) -> tuple[float, int]:
     from relayrl.models.tiny import build_tiny
 
     with tempfile.TemporaryDirectory() as model_dir:
-        build_tiny([NULL_ALPHABET], model_dir, seed=seed, **null_shape(layers, wide=True))
+        model, _ = build_tiny([NULL_ALPHABET], model_dir, seed=seed, **null_shape(layers, wide=True))
         engine = _null_engine(kind, model_dir, seed)
-        point = reload_point(engine, model_dir)
+        point = reload_point(engine, model)
         del engine
     return point
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from relayrl.planner.estimate import Memory, Placement, Precision, Workload, sync_params
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_probe import LearnerOverhead
+from relayrl.planner.pass_probe import PassRates
 from relayrl.planner.probe import EngineOverhead, MatmulRates
 from relayrl.planner.shape import ModelShape
 
@@ -58,15 +59,17 @@ def profile_rates(hardware: Hardware) -> Rates:
     )
 
 
-def measured_rates(matmul: MatmulRates, engine: EngineOverhead | None, learner: LearnerOverhead | None = None) -> Rates:
+def measured_rates(
+    passes: PassRates, matmul: MatmulRates, engine: EngineOverhead | None, learner: LearnerOverhead | None = None
+) -> Rates:
     return Rates(
-        matmul.update,
-        matmul.forward,
+        passes.update,
+        passes.forward,
         matmul.decode,
         matmul.prefill,
         engine,
-        f"measured here: the model's passes and its matmuls at {matmul.update_rows:,} rows (prefill) and "
-        f"{matmul.decode_rows:,} rows (decode)"
+        f"measured here: the model's passes at {passes.rows:,} rows, its matmuls at {matmul.prefill_rows:,} rows "
+        f"(prefill) and {matmul.decode_rows:,} rows (decode)"
         + (f", {engine.engine} engine fixed costs" if engine else "")
         + (", learner fixed costs" if learner else ""),
         learner,

@@ -13,7 +13,7 @@ from relayrl.config import load_config
 from relayrl.planner import PROFILES, ModelShape, count_params, load_shape, make_plan
 from relayrl.planner.estimate import Memory, place
 from relayrl.planner.hardware import measure_cpu
-from relayrl.planner.pass_probe import measure_pass_rates
+from relayrl.planner.pass_probe import measure_pass_rates, whole_model
 from relayrl.planner.probe import EngineOverhead, fit_engine_overhead, linear_shapes, measure_matmul_rates, split_reload
 from relayrl.planner.timing import Rates, decode_step_time, engine_overhead_time, forward_flops_per_token, sync_time
 
@@ -225,14 +225,20 @@ def test_measured_engine_costs_enter_generate():
 
 def test_matmul_rates_at_the_models_shapes_are_positive():
     shape = load_shape_from(LlamaConfig(**SMALL))
-    rates = measure_matmul_rates(shape, update_rows=64, decode_rows=4, repeats=1)
-    assert rates.update > 0 and rates.forward > 0 and rates.decode > 0
+    rates = measure_matmul_rates(shape, prefill_rows=64, decode_rows=4, repeats=1)
+    assert rates.prefill > 0 and rates.decode > 0
 
 
 def test_learner_pass_rates_run_the_models_own_layers(tmp_path):
     LlamaConfig(**SMALL).save_pretrained(tmp_path)
-    update, forward = measure_pass_rates(str(tmp_path), load_shape(str(tmp_path)), rows=32, width=8, repeats=1)
-    assert update > 0 and forward > 0
+    rates = measure_pass_rates(str(tmp_path), load_shape(str(tmp_path)), rows=32, width=8, repeats=1)
+    assert rates.update > 0 and rates.forward > 0 and rates.rows == 32
+
+
+def test_a_pass_is_the_head_plus_every_layer():
+    # one layer 5 s (head 2 + layer 3), two layers 8 s: a 10-layer pass is 2 + 10 x 3
+    assert whole_model(5.0, 8.0, 10) == pytest.approx(32.0)
+    assert whole_model(5.0, 4.0, 10) == pytest.approx(5.0)  # noise made the second layer free: the head alone
 
 
 def test_engine_reload_splits_into_a_fixed_cost_and_a_cost_per_byte():
