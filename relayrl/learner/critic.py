@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from relayrl.config import Config
+from relayrl.learner import malloc
 from relayrl.learner.batching import MicroBatcher
-from relayrl.learner.malloc import return_freed_memory
 from relayrl.learner.memory_settings import enable_activation_checkpointing
 from relayrl.learner.optim import build_optimizer
 from relayrl.models.loading import check_model_dir
@@ -86,8 +86,7 @@ class Critic:
         if config.learner.activation_checkpointing:
             body = self.model.body
             enable_activation_checkpointing(body.get_base_model() if self.lora is not None else body)
-        if config.learner.return_freed_memory and str(device) == "cpu":
-            return_freed_memory()  # freed activations leave RSS (relayrl/learner/malloc.py)
+        malloc.apply(config, device)  # learner.return_freed_memory
         self.optimizer = build_optimizer(self.model, critic.lr, config.train.weight_decay, config.train.betas)
         self.generator = torch.Generator().manual_seed(config.train.seed + 1)
         self.micro = MicroBatcher(config.train.micro_batch, config.train.micro_batch_tokens)  # padded rows

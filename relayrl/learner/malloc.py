@@ -16,8 +16,9 @@ way: 310 vs 760-805 MB at 1k tokens in 1.55x the time, 1081 vs 1212-1222 MB at 4
 checkpointing glibc's default was already a line (R^2 0.997). Hence a choice, off by default: memory for time,
 as checkpointing itself is, and worth it for long responses.
 
-Per process, on CPU (on a GPU the activations live in the CUDA caching allocator); on a C library other than
-glibc it is refused when the learner starts.
+Per process, on CPU, by each learner that is built with it (`apply`); on a GPU the activations live in the CUDA
+caching allocator and the key is named as having no effect; on a C library other than glibc it is refused when
+the learner starts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ import ctypes
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 THRESHOLD = 64 * 1024
+
+
+def apply(config, device) -> None:
+    """What `learner.return_freed_memory` asks of a learner on `device`: the threshold on CPU, a warning elsewhere."""
+    if not config.learner.return_freed_memory:
+        return
+    if str(device) == "cpu":
+        return return_freed_memory()
+    from relayrl.config_paths import warn
+
+    warn(f"learner.return_freed_memory has no effect on a {device} learner (its activations are not in malloc's heap)")
 
 
 def return_freed_memory(threshold: int = THRESHOLD) -> None:

@@ -21,9 +21,9 @@ from typing import Iterator
 import torch
 
 from relayrl.config import Config
+from relayrl.learner import malloc
 from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.layout import ForwardLayout, Sampled
-from relayrl.learner.malloc import return_freed_memory
 from relayrl.learner.memory_settings import enable_activation_checkpointing
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
@@ -53,8 +53,7 @@ class PolicyLearner:
         self.network = self.model.get_base_model() if config.model.lora is not None else self.model
         if config.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
             enable_activation_checkpointing(self.network)
-        if config.learner.return_freed_memory and self.device == "cpu":
-            return_freed_memory()  # freed activations leave RSS (relayrl/learner/malloc.py)
+        malloc.apply(config, self.device)  # learner.return_freed_memory
         self.sync_mode = lora_sync_mode(config)  # None (full fine-tuning), "adapter" or "merged"
         self.use_reference = config.algorithm.kl.coef > 0
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference

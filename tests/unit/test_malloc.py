@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # after one 1 MiB block is freed, glibc's threshold slides above 2 MiB: a 2 MiB block freed then stays resident
 PROBE = """
 import ctypes, resource
@@ -38,3 +40,27 @@ def freed_kb(model_dir=None) -> int:
 def test_a_learner_with_return_freed_memory_gives_a_freed_block_back(random_model_dir):
     assert freed_kb(random_model_dir) >= 1800  # the 2 MiB block's pages left RSS when it was freed
     assert freed_kb() < 200  # glibc's default kept them in the heap
+
+
+def test_on_a_gpu_learner_the_key_is_named_as_having_no_effect():
+    from relayrl.config import load_config
+    from relayrl.errors import ConfigWarning
+    from relayrl.learner import malloc
+
+    config = load_config(None, ["learner.return_freed_memory=true"])
+    with pytest.warns(ConfigWarning, match="learner.return_freed_memory has no effect on a cuda learner"):
+        malloc.apply(config, "cuda")
+
+
+def test_without_glibc_the_key_is_refused_by_name(monkeypatch):
+    import ctypes
+
+    from relayrl.errors import ConfigError
+    from relayrl.learner import malloc
+
+    def missing(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", missing)
+    with pytest.raises(ConfigError, match=r"learner.return_freed_memory=true needs glibc's mallopt: libc.so.6"):
+        malloc.return_freed_memory()
