@@ -4,6 +4,8 @@ again (real HF engine on a tiny random model, in this process; no Ray)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
@@ -31,12 +33,8 @@ def build(model_dir, schedule: str):
     prompts = [Prompt(str(i), t, tokenizer(t)["input_ids"], columns={"answer": "0"}) for i, t in enumerate(texts)]
     engine = LocalEngineGroup(build_engine("hf", str(model_dir), max_model_len=32, seed=0))
     sampler = PromptSampler(prompts, seed=0, shuffle=True)
-    source = RolloutSource(config, engine, build_reward_service(config.reward), sampler, sync=_Version())
+    source = RolloutSource(config, engine, build_reward_service(config.reward), sampler, SimpleNamespace(version=0))
     return source, config
-
-
-class _Version:
-    version = 0
 
 
 def trained_prompts(batch) -> list[str]:
