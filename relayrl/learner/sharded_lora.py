@@ -22,6 +22,8 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from relayrl.models import lora
+
 
 class Gathered:
     """One pushed tensor: its global shape, and the gather (a collective) that makes it whole."""
@@ -63,21 +65,10 @@ def adapter_entries(model) -> dict[str, Gathered]:
 
 
 def merged_entries(model) -> dict[str, Gathered]:
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    owners = {name: module for name, module in base.named_modules() if isinstance(module, LoraLayer)}
-    entries = {}
-    for name, param in base.named_parameters():
-        if ".lora_" in name:
-            continue
-        module_name, _, leaf = name.replace(".base_layer.", ".").rpartition(".")
-        layer = owners.get(module_name)
-        if layer is None or leaf != "weight":
-            entries[name.replace(".base_layer.", ".")] = Gathered(param.shape, param.full_tensor)
-        else:
-            entries[f"{module_name}.weight"] = Gathered(param.shape, partial(_merged, param, layer))
-    return entries
+    return {
+        name: Gathered(param.shape, param.full_tensor if layer is None else partial(_merged, param, layer))
+        for name, param, layer in lora.base_weights(model)
+    }
 
 
 @torch.no_grad()

@@ -59,10 +59,10 @@ def trainable_count(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-@torch.no_grad()
-def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every weight of the base model, with each adapted layer's update added, under the base model's
-    parameter names (tied weights once). One merged tensor exists at a time; the model is left unmerged."""
+def base_weights(model) -> Iterator[tuple[str, torch.nn.Parameter, object]]:
+    """(name in the base model, parameter, its `LoraLayer` or None) of every weight of a peft model's base, under
+    the base model's own names (peft's `.base_layer.` removed, tied weights once, adapter tensors skipped); the
+    layer is given for an adapted layer's `weight` only (its bias, norms and embeddings get None)."""
     from peft.tuners.lora import LoraLayer
 
     base = model.get_base_model()
@@ -70,13 +70,21 @@ def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
     for name, param in base.named_parameters():
         if ".lora_" in name:
             continue
-        module_name, _, leaf = name.replace(".base_layer.", ".").rpartition(".")
-        layer = owners.get(module_name)
-        if layer is None or leaf != "weight":
-            yield name.replace(".base_layer.", "."), param.detach()
+        name = name.replace(".base_layer.", ".")
+        module_name, _, leaf = name.rpartition(".")
+        yield name, param, owners.get(module_name) if leaf == "weight" else None
+
+
+@torch.no_grad()
+def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every weight of the base model, with each adapted layer's update added, under the base model's
+    parameter names (tied weights once). One merged tensor exists at a time; the model is left unmerged."""
+    for name, param, layer in base_weights(model):
+        if layer is None:
+            yield name, param.detach()
             continue
         delta = sum(layer.get_delta_weight(adapter) for adapter in layer.active_adapters)
-        yield f"{module_name}.weight", param.detach() + delta.to(param.dtype)
+        yield name, param.detach() + delta.to(param.dtype)
 
 
 def resolved_config(model) -> dict:
