@@ -294,6 +294,29 @@ def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
     assert "model.path" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "lengths, message",
+    [
+        (["--response-tokens", "-3"], "--response-tokens -3: a number of tokens, more than 0"),
+        (["--mean-response-tokens", "0"], "--mean-response-tokens 0: a number of tokens, more than 0"),
+        (
+            ["--mean-response-tokens", "9"],
+            "--mean-response-tokens 9 is over the longest response (rollout.max_tokens 8)",
+        ),
+        (
+            ["--response-tokens", "4", "--mean-response-tokens", "5"],
+            "--mean-response-tokens 5 is over the longest response (--response-tokens 4)",
+        ),
+    ],
+)
+def test_cli_plan_refuses_impossible_lengths_naming_the_flag(capsys, tmp_path, lengths, message):
+    config = tmp_path / "c.yaml"
+    config.write_text("rollout: {n: 4, prompts_per_step: 2, max_tokens: 8}\n")
+    shape = ["--params", "7e9", "--layers", "28", "--hidden", "3584", "--kv-heads", "4", "--head-dim", "128"]
+    assert main(["plan", str(config), *shape, "--vocab", "152064", *lengths]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_expected_longest_prompt_and_response_set_the_padded_width_but_not_memory():
     from relayrl.planner.estimate import workload_from_config
 
