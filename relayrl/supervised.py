@@ -14,6 +14,7 @@ then it answers one `(kind, payload)` per message until it receives `None`.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import time
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
@@ -36,6 +37,22 @@ class Worker:
     @property
     def calling(self) -> bool:
         return self.deadline < float("inf")
+
+    def exit_status(self, wait_s: float = 5.0) -> str:
+        """How the process ended, read after it is reaped: its pipe closing comes before its exit, so the exit
+        code is only known once `join` returns. One still running `wait_s` after closing its pipe is killed."""
+        self.process.join(timeout=wait_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+            return f"closed its pipe and was still running {wait_s:g} s later, so it was killed"
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"killed by signal {-code} ({signal.Signals(-code).name})"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
     def kill(self) -> None:
         self.process.kill()
@@ -91,11 +108,11 @@ class SupervisedPool:
                 if not worker.ready:
                     self.close()
                     raise self.error(
-                        f"{_a(self.role)} exited while starting (exit code {worker.process.exitcode}; its traceback "
+                        f"{_a(self.role)} exited while starting ({worker.exit_status()}; its traceback "
                         "is on stderr). Workers are spawned: a script that starts them must do so under "
                         '`if __name__ == "__main__":`'
                     ) from None
-                yield index, DIED, f"{self.role} died (exit code {worker.process.exitcode})"
+                yield index, DIED, f"{self.role} died ({worker.exit_status()})"
                 continue
             if kind == "load_error":
                 self.close()

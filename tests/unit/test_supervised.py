@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import pytest
@@ -26,6 +27,12 @@ def _echo(connection, mode: str) -> None:
             time.sleep(60)
         elif message == "die":
             os._exit(5)
+        elif message == "die_after_closing":  # the pipe closes well before the exit: the parent must reap first
+            connection.close()
+            time.sleep(0.5)
+            os._exit(7)
+        elif message == "killed":
+            os.kill(os.getpid(), signal.SIGKILL)
         connection.send(("ok", message))
 
 
@@ -78,3 +85,16 @@ def test_answers_a_late_worker_is_replaced_and_a_dead_one_reported():
     finally:
         pool.close()
     assert pool.workers == []
+
+
+@pytest.mark.parametrize(
+    ("message", "status"), [("die_after_closing", "exit code 7"), ("killed", "killed by signal 9 (SIGKILL)")]
+)
+def test_a_dead_worker_is_reported_with_its_exit_status_read_after_it_is_reaped(message, status):
+    pool = _Pool("serve")
+    try:
+        pool.call(message)
+        (index, kind, text), *rest = pool.answers()
+        assert (index, kind, rest) == (0, DIED, []) and text == f"test worker died ({status})"
+    finally:
+        pool.close()
