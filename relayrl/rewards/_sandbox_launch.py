@@ -7,7 +7,8 @@ With namespaces (the default where the kernel allows them) the chain is:
   launcher (caller's uid)  --unshare(mount, pid, net [, user])-->  fork
   init     (pid 1 of the new pid namespace; trusted, stays in the parent's process group)
            builds the program's root in a tmpfs and pivots into it (`build_view`), then  -->  fork
-  program  rlimits, an unprivileged uid of its own when we are root, `exec` of the harness (drops caps)
+  program  rlimits, the lowest CPU priority (SCHED_IDLE), an unprivileged uid of its own when we are root,
+           `exec` of the harness (drops caps)
 When init dies (the program returned, or the parent's killpg reached it) the kernel kills every process
 left in the pid namespace, so a double-forked daemon or a `setsid` child cannot outlive the run, and the
 mount namespace's tmpfs files vanish with it.
@@ -234,6 +235,7 @@ def run_program(job: dict, marker: str, weak: bool) -> None:
     }
     for kind, value in limits.items():
         resource.setrlimit(kind, (value, value))
+    lowest_priority()
     if job["uid"] is not None and not weak:  # root: an uid of its own, which owns nothing but the work dir
         os.setgroups([])
         os.setgid(job["uid"])
@@ -249,6 +251,15 @@ def run_program(job: dict, marker: str, weak: bool) -> None:
             ),
         }
     os.execve(python, [python, "-I", "-S", "-B", "-c", HARNESS, marker, job["call"] or "", "1" if weak else "0"], env)
+
+
+def lowest_priority() -> None:
+    """The program runs only when the machine has nothing else to do: a spinning program or a fork bomb cannot
+    starve the supervisor that must kill it at its deadline. RLIMIT_NICE 0 (and no capabilities after exec) keep
+    it from climbing back."""
+    resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+    os.nice(19)
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 def _exit_code(status: int) -> int:

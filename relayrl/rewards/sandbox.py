@@ -13,7 +13,10 @@ enter the sandbox. So `sys.exit(0)`, `os._exit(0)`, patching builtins or killing
 a pass: a program passes a test only by printing its answer.
 
 Each test is one sandboxed process (see `_sandbox_launch.py` for the chain), started in a session of its
-own and killed as a group (`killpg`, SIGKILL) at the wall-clock timeout. Limits: CPU seconds, address
+own and killed as a group (`killpg`, SIGKILL) at the wall-clock timeout; a run returns only once every process
+it started is gone (the pid namespace torn down), so a scored sample leaves nothing running. The program runs
+at the lowest CPU priority (SCHED_IDLE, nice 19) so that a spinning program or a fork bomb cannot starve the
+process that must kill it on time. Limits: CPU seconds, address
 space, file size (which also caps stdout/stderr), open files and processes (RLIMIT_*). The environment is
 scrubbed to PATH/LANG/HOME.
 
@@ -64,6 +67,7 @@ from relayrl.errors import RelayWarning, RewardError
 LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
 EXIT_SETUP_FAILED = 125  # the launcher's own code for "the sandbox could not be set up"
 MARKER_PREFIX = "relayrl-sandbox-"  # in every sandbox process's command line, so tests can look for leftovers
+TEARDOWN_S = 10.0  # the longest a killed sandbox may take to leave no process (far more than it ever needs)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp/work"}
 
 
@@ -309,12 +313,54 @@ def _wait_or_kill(process: subprocess.Popen, timeout_s: float) -> tuple[int, boo
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    try:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher's group: with namespaces this ends them, too
-    except ProcessLookupError:
-        pass
+    _kill_group(process.pid)  # the launcher's group: with namespaces this ends them, too
     code = process.wait()
+    _wait_group_gone(process.pid)
     return (128 + signal.SIGKILL if timed_out else (code if code >= 0 else 128 - code)), timed_out
+
+
+def _kill_group(group: int) -> bool:
+    """SIGKILL process group `group`; False when no process is left in it."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_group_gone(group: int) -> None:
+    """Return once no live process is left in the launcher's group, killing again as it waits.
+
+    The launcher's death does not end the run: its init (pid 1 of the sandbox's pid namespace, in this group,
+    reparented on the launcher's death) still has to kill and reap every process of the namespace, which the
+    kernel does before init itself exits. So the run is over once init is gone or a zombie. Race-free: a pid is
+    not reused while a process group of that number exists. Bounded by TEARDOWN_S (then a RewardError)."""
+    deadline = time.monotonic() + TEARDOWN_S
+    pause = 0.0005
+    while _kill_group(group) and not all(state == "Z" for state in _group_states(group)):
+        if time.monotonic() > deadline:
+            raise RewardError(
+                f"code sandbox: its processes were still running {TEARDOWN_S:g} s after the kill (process group "
+                f"{group}: states {sorted(_group_states(group))}); the kernel did not tear the sandbox down"
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 0.01)
+
+
+def _group_states(group: int) -> list[str]:
+    """The state letters (R, S, Z, ...) of the processes in process group `group`, read from /proc."""
+    states = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if int(fields[2]) == group:
+            states.append(fields[0].decode())
+    return states
 
 
 def _verdict(case: dict, run: ProgramRun) -> TestResult:
