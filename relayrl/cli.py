@@ -272,6 +272,13 @@ def _add_reward(commands) -> None:
         help="score in N worker processes, each sample with a deadline (0 = in this process, no deadline)",
     )
     rw.add_argument("--timeout-s", type=float, help="with --workers: seconds per sample (default 60)")
+    rw.add_argument(
+        "--max-error-frac",
+        type=float,
+        default=1.0,
+        help="stop, naming the first failure, when the reward fails on this share of the rows or more, as "
+        "reward.max_error_frac does in training (default 1: only when every row fails)",
+    )
     rw.set_defaults(fn=_reward)
 
 

@@ -2,9 +2,11 @@
 
 Each row of a jsonl/parquet file holds a `completion` (string) beside `prompt` or `messages` and any other
 columns; the rows are scored through the same reward service as training (`reward.workers`, `timeout_s`,
-`on_error`, conventions.py's TRL/verl styles), and one JSON object per row is printed (`row` = file:line,
-`reward`, `components`; `reward` is null for a sample dropped under `--on-error skip`), then a summary line
-(`reward_mean` over the scored rows, `n`, `skipped`, `errors`, `timeouts`).
+`on_error`, `max_error_frac`, conventions.py's TRL/verl styles), and one JSON object per row is printed (`row` =
+file:line, `reward`, `components`, and `error` for a row scored 0 because its reward failed; `reward` is null for
+a sample dropped under `--on-error skip`), then a summary line (`reward_mean` over the scored rows, `n`,
+`skipped`, `errors`, `timeouts`). As in training, failures on `--max-error-frac` of the rows or more stop with
+the count and the first failure (default 1: only when every row fails).
 
 No tokenizer is loaded: a `messages` row's prompt text (what relayrl-style functions get) is its contents
 joined, and `completion_ids` (TRL's) come from a `completion_ids` column when the file has one, else are empty.
@@ -66,6 +68,7 @@ def score_file(
     workers: int = 0,
     timeout_s: float | None = None,
     style: str = "auto",
+    max_error_frac: float = 1.0,
 ) -> Iterator[dict[str, Any]]:
     """The per-row results, then the summary (the last item)."""
     from relayrl.config import RewardConfig
@@ -76,10 +79,20 @@ def score_file(
         raise ConfigError(
             f"relayrl reward: need --workers >= 0, and --timeout-s > 0 only with --workers (got {workers}, {timeout_s})"
         )
+    if not 0 <= max_error_frac <= 1:
+        raise ConfigError(f"relayrl reward: --max-error-frac must be in [0, 1], got {max_error_frac:g}")
     rollouts = read_completions(path)
     load_reward(reward, kwargs, style)  # here first: a bad spec fails before any worker starts, and is announced
     deadline = {} if timeout_s is None else {"timeout_s": timeout_s}
-    config = RewardConfig(fn=reward, kwargs=kwargs or {}, on_error=on_error, workers=workers, style=style, **deadline)
+    config = RewardConfig(
+        fn=reward,
+        kwargs=kwargs or {},
+        on_error=on_error,
+        workers=workers,
+        style=style,
+        max_error_frac=max_error_frac,
+        **deadline,
+    )
     with build_reward_service(config) as service:
         scores, metrics = service.score(rollouts)
     for rollout, score in zip(rollouts, scores):
@@ -87,6 +100,7 @@ def score_file(
             "row": rollout.prompt.id,
             "reward": None if score is None else score.reward,
             "components": {} if score is None else score.components,
+            **({"error": score.error} if score is not None and score.error else {}),
         }
     scored = [s.reward for s in scores if s is not None]
     yield {
@@ -107,5 +121,6 @@ def run(args) -> None:
         workers=args.workers,
         timeout_s=args.timeout_s,
         style=args.style,
+        max_error_frac=args.max_error_frac,
     ):
         print(json.dumps(line), flush=True)

@@ -42,10 +42,12 @@ class Rollout:
 
 @dataclass
 class Score:
-    """A reward and its named parts (correctness, format, ...)."""
+    """A reward and its named parts (correctness, format, ...); `error` says why a failed sample was scored 0
+    (reward.on_error=zero): `sample <id> raised ValueError: ...`."""
 
     reward: float
     components: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
 
 
 @dataclass

@@ -148,7 +148,9 @@ def add_overlong_penalty(rollouts: list[Rollout], scores: list[Score], max_token
     """The scores with `soft_overlong_penalty` added to each reward (and kept as the `overlong` component).
     Apply it after any dynamic-sampling filter, which judges the task reward alone."""
     penalty = soft_overlong_penalty([len(r.response_ids) for r in rollouts], max_tokens, buffer)
-    return [Score(s.reward + float(p), {**s.components, "overlong": float(p)}) for s, p in zip(scores, penalty)]
+    return [
+        Score(s.reward + float(p), {**s.components, "overlong": float(p)}, s.error) for s, p in zip(scores, penalty)
+    ]
 
 
 def overlong_mask(rollouts: list[Rollout]) -> torch.Tensor:

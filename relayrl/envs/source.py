@@ -148,7 +148,7 @@ class MultiTurnSource(RolloutSource):
             scores = [
                 None
                 if e is None
-                else Score(s.reward + e.reward, {**s.components, **(e.components or {"fn": e.reward})})
+                else Score(s.reward + e.reward, {**s.components, **(e.components or {"fn": e.reward})}, e.error)
                 for s, e in zip(scores, extra)
             ]
         return scores, metrics

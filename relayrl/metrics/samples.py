@@ -2,8 +2,9 @@
 
 One row per logged sample: `step`, `sample` (`<prompt id>#<index in its group>`), `prompt` and `completion`
 text, `reward` and its `components`, `advantage`, `versions` (the policy versions that produced its tokens,
-ascending; more than one when a partial rollout spans pushes), `finish_reason` and `tokens` (response length).
-`advantage` is the mean of the sample's per-token advantages over its trained response tokens (outcome
+ascending; more than one when a partial rollout spans pushes), `finish_reason` and `tokens` (response length),
+and `reward_error` for a sample whose reward failed and was scored 0 (`reward.on_error=zero`: which sample, what
+was raised or returned). `advantage` is the mean of the sample's per-token advantages over its trained response tokens (outcome
 estimators such as GRPO give every token the same value; GAE does not), `null` when none of its tokens is
 trained (the DAPO overlong filter). A logged step keeps its first `max_per_step` samples in batch order,
 which is prompt-major: whole groups, so a sample can be read against the others of its prompt.
@@ -57,6 +58,7 @@ def sample_rows(
                 "versions": sorted(set(rollout.versions)),
                 "finish_reason": rollout.finish_reason,
                 "tokens": len(rollout.response_ids),
+                **({"reward_error": score.error} if score.error else {}),
             }
         )
     return rows

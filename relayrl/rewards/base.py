@@ -5,7 +5,9 @@ where `columns` holds every non-prompt dataset column as a list aligned with the
 a set of named components; the reward is their sum. A 1-D numpy array or torch tensor of one value per
 sample stands for the list, numpy scalars and 0-d arrays or tensors for numbers (all become floats). A
 function that raises, or returns NaN, None or a non-number, fails naming the sample (`on_error=error`), or
-is counted and scored 0 (`on_error=zero`) or dropped, as None (`on_error=skip`).
+is counted and scored 0 (`on_error=zero`) or dropped, as None (`on_error=skip`). A failure is always an
+error, whatever the convention: a call that raised is never read as TRL's "None = does not apply", and what it
+raised travels with the count (the stop line) and with a zeroed sample's Score (`samples.jsonl`).
 
 Functions written for TRL or verl are called as those frameworks call them (conventions.py): the convention is
 read from the signature (or forced by `reward.style`) when the function is loaded, and printed once.
@@ -18,6 +20,7 @@ import importlib.util
 import math
 import numbers
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -113,9 +116,18 @@ def _import_file(path: str, spec: str):
     return module
 
 
-def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error") -> tuple[list[Score | None], int]:
-    """Score a batch; return the scores and how many samples failed (scored 0 under `on_error=zero`, None under
-    `on_error=skip`).
+@dataclass(frozen=True)
+class Raised:
+    """A sample whose call raised, standing in for its value: never a reward, whatever the convention."""
+
+    error: str  # "ValueError: bad answer"
+
+
+def score_rollouts(
+    fn: RewardFn, rollouts: list[Rollout], on_error: str = "error"
+) -> tuple[list[Score | None], list[str]]:
+    """Score a batch; return the scores and one line per sample that failed (`sample <id> raised ...` or `is <value>`; it is
+    scored 0 under `on_error=zero`, with the line as its Score's `error`, and None under `on_error=skip`).
 
     If the batched call raises, each sample is scored alone to find (and name) the one that fails.
     """
@@ -136,25 +148,34 @@ def score_rollouts(fn: RewardFn, rollouts: list[Rollout], on_error: str = "error
             f"reward function must return a list of {len(rollouts)} values, got {got} "
             "(reward functions are batched: fn(prompts, completions, **columns) -> one value each)"
         )
-    scores, errors = [], 0
+    scores, failures = [], []
     to_score = fn.to_score if isinstance(fn, ConventionReward) else _to_score
     for rollout, value in zip(rollouts, raw):
-        score = to_score(value)
+        score = None if isinstance(value, Raised) else to_score(value)
         if score is None:
+            failure = f"sample {rollout.sample_id} " + (
+                f"raised {value.error}" if isinstance(value, Raised) else f"is {_shown(value)}"
+            )
             if on_error == "error":
-                what = (
-                    "a finite number"
-                    if not isinstance(fn, ConventionReward) or fn.style != "verl"
-                    else "a finite number or a dict with a finite 'score' (verl's compute_score)"
-                )
                 raise RewardError(
-                    f"reward for sample {rollout.sample_id} is {value!r}, not {what} "
+                    f"reward for {failure}, not {_expected(fn)} "
                     "(set reward.on_error=zero or skip to score such samples 0 or drop them)"
                 )
-            errors += 1
-            score = Score(0.0) if on_error == "zero" else None
+            failures.append(failure)
+            score = Score(0.0, error=failure) if on_error == "zero" else None
         scores.append(score)
-    return scores, errors
+    return scores, failures
+
+
+def _expected(fn: RewardFn) -> str:
+    if isinstance(fn, ConventionReward) and fn.style == "verl":
+        return "a finite number or a dict with a finite 'score' (verl's compute_score)"
+    return "a finite number"
+
+
+def _shown(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _call(fn: RewardFn, rollouts: list[Rollout]) -> Any:
@@ -172,7 +193,7 @@ def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
         raise  # a setup mistake (e.g. a missing dataset column), not a failure of this sample
     except Exception as err:
         if on_error != "error":
-            return None  # counted as an error by the caller
+            return Raised(f"{type(err).__name__}: {err}")  # counted as an error by the caller, with this text
         raise RewardError(f"reward function raised on sample {rollout.sample_id}: {type(err).__name__}: {err}") from err
 
 

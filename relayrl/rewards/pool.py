@@ -19,7 +19,7 @@ from __future__ import annotations
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Iterator
 
@@ -43,7 +43,7 @@ class Task:
 class Outcome:
     status: str  # "ok", "reward_error" (a RewardError: a setup mistake, or on_error=error), TIMEOUT, DIED
     scores: list | None = None  # list[Score | None] when ok
-    errors: int = 0  # samples the function failed on (zeroed or skipped by score_rollouts)
+    failures: list[str] = field(default_factory=list)  # samples the function failed on (zeroed or skipped)
     message: str = ""
 
 
@@ -64,8 +64,7 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict, str]]
     connection.send(("ready", None))
     while (task := connection.recv()) is not None:
         try:
-            scores, errors = score_rollouts(fns[task.component], task.rollouts, on_error)
-            connection.send(("ok", (scores, errors)))
+            connection.send(("ok", score_rollouts(fns[task.component], task.rollouts, on_error)))
         except RewardError as err:
             connection.send(("reward_error", str(err)))
 
@@ -115,8 +114,8 @@ class WorkerPool(SupervisedPool):
                 continue
             worker = self.workers[index]
             task, worker.task = worker.task, None
-            scores, errors = payload if kind == "ok" else (None, 0)
-            yield task, Outcome(kind, scores, errors, payload if kind != "ok" else "")
+            scores, failures = payload if kind == "ok" else (None, [])
+            yield task, Outcome(kind, scores, failures, payload if kind != "ok" else "")
         for index in list(self._overdue()):
             yield from self._lost(index, TIMEOUT, f"timed out after {self.timeout_s:g} s per sample")
 

@@ -99,8 +99,8 @@ class RayWorkerPool:
                     self._replace(index)
                     yield task, Outcome(DIED, message=f"reward actor died: {' '.join(str(err).split())[:200]}")
                     continue
-                scores, errors = payload if kind == "ok" else (None, 0)
-                yield task, Outcome(kind, scores, errors, payload if kind != "ok" else "")
+                scores, failures = payload if kind == "ok" else (None, [])
+                yield task, Outcome(kind, scores, failures, payload if kind != "ok" else "")
             elif time.monotonic() > deadline:
                 del self.busy_actors[index]
                 self._replace(index)

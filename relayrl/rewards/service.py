@@ -31,7 +31,7 @@ from relayrl.config import RewardComponentConfig, RewardConfig
 from relayrl.errors import RelayWarning, RewardError
 from relayrl.rewards.base import load_reward, score_rollouts
 from relayrl.rewards.dispatch import Dispatcher
-from relayrl.rewards.pool import DIED, TIMEOUT, Task, WorkerPool
+from relayrl.rewards.pool import TIMEOUT, Task, WorkerPool
 from relayrl.types import Rollout, Score
 
 WARN_ERROR_FRAC = 0.5  # a function failing on more of a batch than this is warned about, once per service
@@ -67,26 +67,29 @@ class InProcessRewards:
         per_component, errors = [], []
         with self.turn:
             for fn in self.fns:
-                scores, failed = score_rollouts(fn, rollouts, self.on_error)
+                scores, failures = score_rollouts(fn, rollouts, self.on_error)
                 per_component.append(scores)
-                errors.append(failed)
-        return self._finish(per_component, errors, [0] * len(self.fns))
+                errors.append(failures)
+        return self._finish(per_component, errors, [[] for _ in self.fns])
 
     def _finish(
-        self, per_component: list[list[Score | None]], errors: list[int], timeouts: list[int]
+        self, per_component: list[list[Score | None]], errors: list[list[str]], timeouts: list[list[str]]
     ) -> tuple[list[Score | None], dict[str, float]]:
-        """Check each component's failures against the limits, then combine (errors/timeouts per component)."""
+        """Check each component's failures against the limits, then combine (errors/timeouts per component, one
+        line each saying which sample and what happened)."""
         for component, failed_errors, failed_timeouts, scores in zip(self.components, errors, timeouts, per_component):
             self._check_failures(component, failed_errors, failed_timeouts, len(scores))
-        return combine(self.components, per_component, errors=sum(errors), timeouts=sum(timeouts))
+        return combine(self.components, per_component, errors=sum(map(len, errors)), timeouts=sum(map(len, timeouts)))
 
-    def _check_failures(self, component: RewardComponentConfig, errors: int, timeouts: int, samples: int) -> None:
-        failed = errors + timeouts
+    def _check_failures(
+        self, component: RewardComponentConfig, errors: list[str], timeouts: list[str], samples: int
+    ) -> None:
+        failed = len(errors) + len(timeouts)
         if not failed:
             return
         what = (
             f"reward '{component.label}' ({component.fn}) failed on {failed} of {samples} samples of a "
-            f"scored batch ({errors} errors, {timeouts} timeouts)"
+            f"scored batch ({len(errors)} errors, {len(timeouts)} timeouts; first: {(errors + timeouts)[0]})"
         )
         if failed >= self.max_error_frac * samples:
             raise RewardError(
@@ -128,7 +131,8 @@ class WorkerRewards(InProcessRewards):
 
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
         per_component: list[list[Score | None]] = [[None] * len(rollouts) for _ in self.components]
-        errors, timeouts = [0] * len(self.components), [0] * len(self.components)
+        errors: list[list[str]] = [[] for _ in self.components]
+        timeouts: list[list[str]] = [[] for _ in self.components]
         with self.dispatcher.call() as call:  # leaving early (an error) cancels the call's remaining tasks
             call.submit(
                 [
@@ -140,25 +144,24 @@ class WorkerRewards(InProcessRewards):
             for task, outcome in call.outcomes():
                 if outcome.status == "ok":
                     per_component[task.component][task.offset : task.offset + len(task.rollouts)] = outcome.scores
-                    errors[task.component] += outcome.errors
+                    errors[task.component] += outcome.failures
                 elif outcome.status == "reward_error":
                     raise RewardError(outcome.message)
                 elif len(task.rollouts) > 1:  # TIMEOUT or DIED: find the guilty sample, one at a time
                     call.submit([Task(task.component, task.offset + i, [r]) for i, r in enumerate(task.rollouts)])
                 else:
-                    timeouts[task.component] += outcome.status == TIMEOUT
-                    errors[task.component] += outcome.status == DIED
-                    per_component[task.component][task.offset] = self._failed(task, outcome.message)
+                    failure = f"sample {task.rollouts[0].sample_id}: {outcome.message}"
+                    (timeouts if outcome.status == TIMEOUT else errors)[task.component].append(failure)
+                    per_component[task.component][task.offset] = self._failed(task, failure)
         return self._finish(per_component, errors, timeouts)
 
-    def _failed(self, task: Task, message: str) -> Score | None:
+    def _failed(self, task: Task, failure: str) -> Score | None:
         if self.on_error == "error":
             raise RewardError(
-                f"reward '{self.components[task.component].label}' on sample "
-                f"{task.rollouts[0].sample_id}: {message} (set reward.on_error=zero or skip to "
-                "score such samples 0 or drop them)"
+                f"reward '{self.components[task.component].label}' on {failure} (set reward.on_error=zero or "
+                "skip to score such samples 0 or drop them)"
             )
-        return Score(0.0) if self.on_error == "zero" else None
+        return Score(0.0, error=failure) if self.on_error == "zero" else None
 
     def close(self) -> None:
         """Stop the workers (SIGKILL for any still busy); the service cannot score afterwards."""
@@ -178,7 +181,8 @@ def combine(
         else:
             named = {c.label: p.reward for c, p in zip(components, parts)}
             named.update({f"{c.label}.{k}": v for c, p in zip(components, parts) for k, v in p.components.items()})
-            combined.append(Score(sum(c.weight * p.reward for c, p in zip(components, parts)), named))
+            error = next((f"{c.label}: {p.error}" for c, p in zip(components, parts) if p.error), None)
+            combined.append(Score(sum(c.weight * p.reward for c, p in zip(components, parts)), named, error))
     metrics = {
         "reward/errors": float(errors),
         "reward/timeouts": float(timeouts),

@@ -46,7 +46,7 @@ def test_code_reward_is_the_pass_fraction():
         rollout("while True: pass", 2, tests=json.dumps(ADD_TESTS)),
     ]  # a JSON string column works too
     scores, errors = score_rollouts(fn, batch)
-    assert [s.reward for s in scores] == [1.0, 0.5, 0.0] and errors == 0
+    assert [s.reward for s in scores] == [1.0, 0.5, 0.0] and errors == []
 
 
 def test_code_reward_setup_mistakes_are_named():

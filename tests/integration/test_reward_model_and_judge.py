@@ -60,7 +60,7 @@ def test_reward_model_as_a_reward_spec(reward_model_dir):
     fn = load_reward("reward_model", {"path": str(reward_model_dir), "batch_size": 2})
     rollouts = [Rollout(Prompt("p", "1+2=", [1]), i, [1], c, [0.0], "stop", [0]) for i, c in enumerate(["3", "4"])]
     scores, errors = score_rollouts(fn, rollouts)
-    assert errors == 0 and [s.reward for s in scores] == pytest.approx(
+    assert errors == [] and [s.reward for s in scores] == pytest.approx(
         RewardModel(reward_model_dir).score(["1+2=", "1+2="], ["3", "4"])
     )
 

@@ -33,3 +33,10 @@ def needs_column(prompts, completions, **columns):
 
 def parts(prompts, completions, **columns):
     return [{"correct": 1.0, "format": 0.5} for _ in completions]
+
+
+def trl_raise_on_marker(completions, **kwargs):
+    """TRL's convention (by keyword; None = does not apply): raises on RAISE, skips SKIP, else 1."""
+    if any("RAISE" in c for c in completions):
+        raise ValueError("boom in a TRL-style reward")
+    return [None if "SKIP" in c else 1.0 for c in completions]

@@ -181,7 +181,7 @@ def test_a_trl_function_scores_unchanged_as_the_page_says(tmp_path):
     )
     rollouts = _rollouts([{"solution": "4"}, {"solution": "5"}], ["4", "6"])
     scores, errors = score_rollouts(fn, rollouts)
-    assert [s.reward for s in scores] == [1.0, 0.0] and errors == 0
+    assert [s.reward for s in scores] == [1.0, 0.0] and errors == []
 
 
 def test_a_verl_compute_score_keeps_score_instead_of_summing_the_dict(tmp_path):

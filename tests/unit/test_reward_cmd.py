@@ -25,6 +25,11 @@ REWARDS = textwrap.dedent("""
             time.sleep(600)
         return [1.0] * len(completions)
 
+    def trl_raising(completions, **kwargs):  # TRL-style: a raise is an error, never "does not apply"
+        if any("boom" in c for c in completions):
+            raise KeyError("no grader for boom")
+        return [1.0] * len(completions)
+
     def think(completions, **kwargs):  # TRL-style: message lists on messages rows
         return [float(c[0]["content"].startswith("<think>")) if isinstance(c, list) else None for c in completions]
 """)
@@ -89,6 +94,20 @@ def test_a_raising_function_is_counted_or_named(files, capsys):
     status, lines, err = run(capsys, data, "--reward", f"{rewards}:raising", "--on-error", "error")
     assert status == 2 and lines == []
     assert f"sample {data}:2#0" in err and "ValueError: cannot grade boom" in err
+
+
+def test_a_raising_trl_style_function_is_an_error_with_its_text_and_max_error_frac_stops(files, capsys):
+    rewards, write = files
+    data = write([{"prompt": "a", "completion": "ok"}, {"prompt": "b", "completion": "boom"}])
+    status, lines, _ = run(capsys, data, "--reward", f"{rewards}:trl_raising")
+    assert status == 0 and [line["reward"] for line in lines[:2]] == [1.0, 0.0]
+    assert lines[1]["error"] == f"sample {data}:2#0 raised KeyError: 'no grader for boom'"
+    assert lines[2] == {"reward_mean": 0.5, "n": 2, "skipped": 0, "errors": 1, "timeouts": 0}
+    status, lines, err = run(capsys, data, "--reward", f"{rewards}:trl_raising", "--max-error-frac", "0.5")
+    assert status == 2 and lines == []
+    assert "failed on 1 of 2 samples" in err and "raised KeyError: 'no grader for boom'" in err
+    status, _, err = run(capsys, data, "--reward", f"{rewards}:trl_raising", "--max-error-frac", "2")
+    assert status == 2 and "--max-error-frac must be in [0, 1], got 2" in err
 
 
 def test_a_hanging_function_times_out_in_a_worker(files, capsys):

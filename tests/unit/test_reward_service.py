@@ -114,9 +114,28 @@ def test_a_reward_failing_on_every_sample_stops_instead_of_training_on_zeros():
     with pytest.raises(
         RewardError,
         match=r"reward 'hang_on_marker' \(tests.unit.reward_fns_for_service:hang_on_marker\) "
-        r"failed on 3 of 3 samples .*\(3 errors, 0 timeouts\).*max_error_frac=1",
+        r"failed on 3 of 3 samples .*\(3 errors, 0 timeouts; first: sample p#0 raised ValueError: boom\).*max_error_frac=1",
     ):
         service.score(batch("RAISE", "NAN", "RAISE"))
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_raising_trl_style_reward_is_an_error_not_a_does_not_apply_zero(workers):
+    config = RewardConfig(fn=f"{FNS}:trl_raise_on_marker", on_error="zero", workers=workers, max_error_frac=0.9)
+    with build_reward_service(config) as service:
+        scores, metrics = service.score(batch("ok", "RAISE", "SKIP"))
+    assert [s.reward for s in scores] == [1.0, 0.0, 0.0]
+    assert metrics["reward/errors"] == 1  # the raise; SKIP's None is TRL's "does not apply", not an error
+    assert [s.error for s in scores] == [None, "sample p#1 raised ValueError: boom in a TRL-style reward", None]
+
+
+def test_the_stop_line_says_what_the_first_failure_raised():
+    service = build_reward_service(RewardConfig(fn=f"{FNS}:trl_raise_on_marker", on_error="zero"))
+    with pytest.raises(RewardError, match=r"first: sample p#0 raised ValueError: boom in a TRL-style reward"):
+        service.score(batch("RAISE", "RAISE"))
+    service = build_reward_service(RewardConfig(fn=f"{FNS}:hang_on_marker", on_error="skip"))
+    with pytest.raises(RewardError, match=r"3 errors, 0 timeouts; first: sample p#0 is nan"):
+        service.score(batch("NAN", "RAISE", "RAISE"))
 
 
 def test_failing_on_most_samples_warns_once():
@@ -209,7 +228,11 @@ def test_a_dying_worker_is_replaced_and_counted():
 def test_workers_dying_on_every_sample_stop_the_call():
     config = RewardConfig(fn=f"{FNS}:die_on_marker", workers=1, batch_size=4, on_error="zero")
     with build_reward_service(config) as service:
-        with pytest.raises(RewardError, match=r"failed on 2 of 2 samples .*\(2 errors, 0 timeouts\)"):
+        with pytest.raises(
+            RewardError,
+            match=r"failed on 2 of 2 samples .*\(2 errors, 0 timeouts; first: sample p#0: reward worker "
+            r"died \(exit code 3\)\)",
+        ):
             service.score(batch("DIE", "DIE"))
 
 

@@ -55,6 +55,14 @@ def test_rows_hold_text_reward_components_sequence_advantage_versions_and_finish
     assert rows[2]["versions"] == [3, 4] and rows[2]["advantage"] == pytest.approx(4.0)
 
 
+def test_a_sample_whose_reward_failed_says_what_it_raised():
+    rollouts, scores, exp = _step()
+    scores[1] = Score(0.0, error="sample p0#1 raised ValueError: cannot grade")  # reward.on_error=zero
+    rows = sample_rows(0, rollouts, scores, exp, 4)
+    assert rows[1]["reward_error"] == "sample p0#1 raised ValueError: cannot grade" and rows[1]["reward"] == 0.0
+    assert "reward_error" not in rows[0]
+
+
 def test_a_sample_with_no_trained_token_has_no_advantage():
     rollouts, scores, exp = _step()
     exp.loss_mask[1] = 0.0  # e.g. the DAPO overlong filter
