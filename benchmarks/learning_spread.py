@@ -1,6 +1,6 @@
 """How much each end-to-end learning run gains, over several seeds: the spread the e2e thresholds are set from.
 
-Runs every case of `tests/e2e/learning_cases.py` through the CLI, exactly as its test does (same warm start,
+Runs every case of `benchmarks/learning_cases.py` through the CLI, exactly as its test does (same warm start,
 toy task and config), with `train.seed=0..N-1`, and prints per case the gains, min / mean / max, the
 threshold the test asserts, and whether that threshold is at most half the smallest gain.
 
@@ -22,14 +22,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.learning_cases import CASES, gain  # noqa: E402
-from tests.e2e.test_grpo_learns import run_cli, write_config  # noqa: E402
+from benchmarks.learning_cases import CASES, gain, run_cli, write_config  # noqa: E402  # noqa: E402
 
 
 def fixtures(work: Path) -> tuple[dict, Path]:
     """The toy task and the warm start, built as tests/conftest.py builds them."""
     from relayrl.data.toy import write_toy_task
-    from relayrl.sft import SFTSettings, run_sft
+    from relayrl.learner.sft import SFTSettings, run_sft
 
     task = write_toy_task(work / "toy", seed=0)
     model = run_sft(

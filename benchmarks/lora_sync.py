@@ -109,10 +109,10 @@ class Pusher:
 
 
 def measure(args) -> None:
+    from relayrl.models.adapter_sync import adapter_spec
+    from relayrl.models.shape import load_shape
     from relayrl.planner.estimate import adapter_params
-    from relayrl.planner.shape import load_shape
     from relayrl.rollout.vllm_engine import VLLMEngine
-    from relayrl.sync.lora import adapter_spec
 
     model_dir = tempfile.mkdtemp(prefix="lora_sync_model_")
     params = build_model(model_dir, args.hidden, args.layers)
@@ -144,8 +144,7 @@ def generation_cost(engine, learner, version: int) -> None:
     """What serving the adapter costs the rollout: the same sampled batch with the adapter and with the merged
     weights as the base (vLLM's LoRA kernels vs plain matmuls), medians of 3."""
     from relayrl.models.lora import merged_tensors
-    from relayrl.rollout.base import Sampling
-    from relayrl.types import Prompt
+    from relayrl.types import Prompt, Sampling
 
     prompts = [Prompt(id=str(i), text="", token_ids=[4 + i % 8, 5, 6, 7]) for i in range(32)]
     sampling = Sampling(n=1, temperature=1.0, max_tokens=32, seed=0)

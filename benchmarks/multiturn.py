@@ -49,13 +49,13 @@ def build_model(out: Path) -> Path:
 
 
 def run_once(engine, rows, args, lockstep: bool) -> float:
-    from relayrl.envs.config import EnvConfig
+    from relayrl.config.env import EnvConfig
+    from relayrl.data.chat import ChatCodec
     from relayrl.envs.pool import EnvPool
-    from relayrl.envs.requests import turn_requests
-    from relayrl.rollout.base import Sampling
-    from relayrl.rollout.chat import ChatCodec
     from relayrl.rollout.local_group import LocalEngineGroup
-    from relayrl.rollout.multiturn import MultiTurnDriver
+    from relayrl.sources.trajectories import MultiTurnDriver
+    from relayrl.sources.turn_requests import turn_requests
+    from relayrl.types import Sampling
 
     tokenizer = engine.llm.get_tokenizer() if hasattr(engine, "llm") else engine.tokenizer
     settings = EnvConfig(fn="x", max_turns=args.turns, max_total_tokens=4096, max_inflight=len(rows))
@@ -83,7 +83,7 @@ def learn(example: str, warm_start: str, out: Path, overrides: list[str]) -> Non
     import yaml
 
     from relayrl.api import train
-    from relayrl.envs.evaluate import evaluate_env_model
+    from relayrl.evaluation.multi_turn import evaluate_env_model
 
     directory = Path(__file__).resolve().parents[1] / "examples" / f"multiturn_{example}"
     data = out / "data"
@@ -134,7 +134,7 @@ def main() -> None:
         return learn(args.learn, args.warm_start, Path(args.out), args.overrides)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from relayrl.rollout.base import build_engine
+    from relayrl.rollout.build import build_engine
     from relayrl.types import Prompt
 
     engine = build_engine(args.engine, str(build_model(Path(args.model))), 256, 0)

@@ -164,8 +164,8 @@ def prepare_inputs(args: argparse.Namespace) -> dict[str, Path]:
 
 def build_warmstart(sft: Path, warm: Path) -> Path:
     """The demo's supervised warm start, cached in `warm` and rebuilt when sft.jsonl has changed."""
-    from relayrl.demo import DEMO_SFT_EPOCHS
-    from relayrl.sft import SFTSettings, run_sft
+    from relayrl.commands.demo import DEMO_SFT_EPOCHS
+    from relayrl.learner.sft import SFTSettings, run_sft
 
     stamp, digest = warm / "bench_sft_sha256.txt", hashlib.sha256(sft.read_bytes()).hexdigest()
     if (warm / "model.safetensors").is_file() and stamp.is_file() and stamp.read_text() == digest:

@@ -40,7 +40,7 @@ def medians(rows: list[dict]) -> dict[str, float]:
 def update_flops(model_dir: str | Path, positions: float, sequences: int) -> float:
     """FLOPs of one update over `positions` padded positions of `sequences` rows: forward + backward = 3
     forwards, FLOPs per token from the planner at the mean attention context (half the padded row)."""
-    from relayrl.planner.shape import load_shape
+    from relayrl.models.shape import load_shape
     from relayrl.planner.timing import forward_flops_per_token
 
     context = positions / sequences / 2

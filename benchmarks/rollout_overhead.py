@@ -36,8 +36,8 @@ def main(argv=None) -> dict:
     from relayrl.data.source import PromptSampler, load_prompts
     from relayrl.data.toy import write_toy_task
     from relayrl.models.loading import load_tokenizer
-    from relayrl.rollout.base import Sampling
     from relayrl.rollout.vllm_engine import VLLMEngine, request_seed
+    from relayrl.types import Sampling
 
     paths = write_toy_task(Path("runs/bench/rollout_overhead/data"), seed=0)
     prompts, _ = load_prompts(paths["train"], load_tokenizer(args.model), 16)

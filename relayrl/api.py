@@ -10,7 +10,7 @@ turns them into the config a `relayrl train` run takes, so the saved `config.yam
   is refused; with `reward.workers=0` it is used in this process through a small registry (this module's
   `in_process_reward_<n>_<name>` attributes, which `load_reward` finds like any module attribute), and the
   run warns that its saved config names a function only this process has.
-The loop itself is `relayrl.controller.train`; the CLI's `train` command calls `train` here too.
+The run itself is `relayrl.build.train` (the step is relayrl/controller.py); the CLI's `train` command calls `train` here too.
 """
 
 from __future__ import annotations
@@ -53,15 +53,15 @@ def load_config(config: Any = None, overrides: list[str] | tuple[str, ...] = ())
     from relayrl import config as config_module
 
     if config is None or isinstance(config, (str, Path)):
-        return config_module.load_config(config, list(overrides))
+        return config_module.load_config(config, list(overrides), stacklevel=2)
     if isinstance(config, config_module.Config):
         return (
-            config_module.load_config(None, list(overrides), base=_tree(config))
+            config_module.load_config(None, list(overrides), base=_tree(config), stacklevel=2)
             if overrides
             else config.model_copy(deep=True)
         )
     if isinstance(config, dict):
-        return config_module.load_config(None, list(overrides), base=config)
+        return config_module.load_config(None, list(overrides), base=config, stacklevel=2)
     raise ConfigError(
         f"config must be a YAML path, a dict of sections or a relayrl Config, got {type(config).__name__}"
     )
@@ -80,8 +80,8 @@ def train(
     """Run RL training and return its `TrainResult`. `reward`: a function `fn(prompts, completions, **columns)`,
     a spec string, or a list of them (each also `{"fn": ..., "weight": w, "name": ..., "kwargs": {...}}`);
     `train_data`/`eval_data`: a list of row dicts, a `datasets.Dataset` or a file path. None keeps the config's."""
+    from relayrl.build import train as run_training
     from relayrl.config import dump_config
-    from relayrl.controller import train as run_training
 
     loaded = load_config(config, overrides)
     tree = _tree(loaded)
@@ -108,7 +108,7 @@ def train(
 def _tree(config) -> dict:
     """A Config as the dict `load_config(base=...)` takes: what differs from a default (so that only those keys
     are warned about), with a set `reward.components` in place of fn/kwargs/style."""
-    from relayrl.config import _without_defaults
+    from relayrl.config.load import _without_defaults
 
     tree = _without_defaults(config.model_dump(mode="json"))
     if tree.get("reward", {}).get("components"):
@@ -204,7 +204,7 @@ def _data_path(rows: Any, split: str, run_dir: Path, replacing: bool) -> str:
     if isinstance(rows, (str, Path)):
         return str(Path(rows).expanduser().resolve())
     if not replacing:
-        from relayrl.run_dir import run_markers
+        from relayrl.run.directory import run_markers
 
         if found := run_markers(run_dir):  # as claim() says, before this run writes into someone's run
             raise ConfigError(

@@ -1,9 +1,10 @@
-"""The data that flows through the loop, typed in one place: Prompt -> Rollout -> Score -> Experience."""
+"""The data that flows through the loop, typed in one place: Prompt -> Rollout -> Score -> Experience, and the
+engine requests between them: `Sampling` (how to sample) and `PartialSample` (a response generated in pieces)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -87,3 +88,53 @@ class Experience:
             else:
                 picked[name] = value[index, : length - 1]
         return Experience(**picked)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample. temperature == 0 means greedy decoding."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 64
+    min_tokens: int = 0  # EOS and stop strings are ignored before this many tokens
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    seed: int | None = None
+    request_offset: int = 0  # index of the first prompt within the step's batch (a replica's share of it)
+
+    @classmethod
+    def greedy(cls, max_tokens: int, stop: Iterable[str] = (), min_tokens: int = 0) -> "Sampling":
+        return cls(n=1, temperature=0.0, max_tokens=max_tokens, min_tokens=min_tokens, stop=tuple(stop))
+
+
+@dataclass
+class PartialSample:
+    """One response being generated in pieces (partial rollouts): the tokens so far, the log-prob and the
+    policy version of each, and how it ended (None while unfinished)."""
+
+    prompt: Prompt
+    group: int  # which group (prompt draw) it belongs to
+    group_index: int
+    seed: int | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def to_rollout(self) -> Rollout:
+        return Rollout(
+            prompt=self.prompt,
+            group_index=self.group_index,
+            response_ids=list(self.token_ids),
+            response_text=self.text,
+            behaviour_logprobs=list(self.logprobs),
+            finish_reason=self.finish_reason or "length",
+            versions=list(self.versions),
+        )

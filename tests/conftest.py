@@ -35,7 +35,7 @@ def random_model_dir(tmp_path_factory, toy_task):
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory, toy_task):
     """The demo's sloppy-teacher warm start, trained briefly (a few epochs of the toy SFT set)."""
-    from relayrl.sft import SFTSettings, run_sft
+    from relayrl.learner.sft import SFTSettings, run_sft
 
     out = tmp_path_factory.mktemp("warm_model")
     return run_sft(

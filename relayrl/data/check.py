@@ -9,25 +9,8 @@ and with `--model` each prompt rendered and tokenised against `--max-prompt-toke
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
-
-
-def add_data_command(commands) -> None:
-    """`relayrl data check FILE [--model DIR] [--max-prompt-tokens N]`."""
-    data = commands.add_parser("data", help="check a prompt file (jsonl, parquet, datasets dir) row by row")
-    actions = data.add_subparsers(dest="action", required=True)
-    check = actions.add_parser("check", help="read and check every row now (training reads large files lazily)")
-    check.add_argument("file", metavar="FILE", help=".jsonl, .parquet or a datasets save_to_disk directory")
-    check.add_argument("--model", help="model directory: also render and tokenise every prompt")
-    check.add_argument("--max-prompt-tokens", type=int, default=256, help="with --model: data.max_prompt_tokens")
-    check.add_argument("--no-chat-template", action="store_true", help="with --model: data.chat_template=false")
-    check.set_defaults(fn=_check)
-
-
-def _check(args: argparse.Namespace) -> None:
-    print(check_file(args.file, args.model, args.max_prompt_tokens, not args.no_chat_template))
 
 
 def check_file(path: str | Path, model: str | None = None, max_prompt_tokens: int = 256, chat_template=True) -> str:

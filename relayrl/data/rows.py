@@ -1,7 +1,7 @@
 """Random access to the rows of a prompt file without reading it whole: jsonl, parquet, or a `datasets` directory.
 
 - `.jsonl`: the file is indexed once (where each non-blank line starts and ends: 16 bytes a row) and mapped;
-  a row is decoded by the one JSONL reader (relayrl/jsonl.py) when it is first asked for. Arrow's JSON
+  a row is decoded by the one JSONL reader (relayrl/data/jsonl.py) when it is first asked for. Arrow's JSON
   reader is not used: it loses line numbers and refuses a file whose rows differ in their columns' types.
 - `.parquet`: up to CACHE_PARQUET_ROWS rows, read by pyarrow into Arrow columns; more, converted once by
   Hugging Face `datasets` (`Dataset.from_parquet`) into its Arrow cache and memory-mapped from there.
@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from relayrl.data.jsonl import parse_line
 from relayrl.errors import DataError
-from relayrl.jsonl import parse_line
 
 CHUNK = 1 << 22  # bytes scanned for newlines at a time while indexing
 SHORT = 16  # a line this short may be blank (whitespace only); longer ones hold a row or a mistake

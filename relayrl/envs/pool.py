@@ -10,7 +10,7 @@ with it) and replaced by a fresh one, so a hanging step costs only its own traje
 Unlike the reward service's workers (relayrl/rewards/pool.py), which are stateless (any worker takes a batch),
 an environment is an object with state that lives across the turns of one trajectory: killing a worker that
 held several trajectories' environments would cost all of them, hence one trajectory per worker. Spawning,
-deadlines and kill-and-replace are shared (relayrl/supervised.py). Workers import only relayrl.envs (no
+deadlines and kill-and-replace are shared (relayrl/rewards/supervised.py). Workers import only relayrl.envs (no
 torch): a start costs ~0.1 s plus the environment's own imports.
 """
 
@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Hashable
 
 from relayrl.errors import EnvError
-from relayrl.supervised import DIED, SupervisedPool, Worker, first_deadline
+from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline
 
 STARTUP_TIMEOUT_S = 120.0
 

@@ -16,8 +16,8 @@ from torch import nn
 
 from relayrl.config import Config
 from relayrl.learner import malloc
+from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher
-from relayrl.learner.memory_settings import enable_activation_checkpointing
 from relayrl.learner.optim import build_optimizer
 from relayrl.models.loading import check_model_dir
 from relayrl.types import Experience

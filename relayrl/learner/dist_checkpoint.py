@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from relayrl.checkpoint import checkpoint_root, save_checkpoint
 from relayrl.models.loading import load_causal_lm
+from relayrl.run.checkpoint import checkpoint_root, save_checkpoint
 
 SHARDED_DIR = "sharded"
 
@@ -232,6 +232,6 @@ def _run_lora(checkpoint: Path):
     metadata = dcp.FileSystemReader(str(checkpoint / SHARDED_DIR)).read_metadata()
     if not any(".lora_" in key for key in metadata.state_dict_metadata):
         return None
-    from relayrl.export import run_config
+    from relayrl.run.checkpoint import run_config
 
     return run_config(checkpoint).model.lora

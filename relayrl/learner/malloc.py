@@ -35,7 +35,7 @@ def apply(config, device) -> None:
         return
     if str(device) == "cpu":
         return return_freed_memory()
-    from relayrl.config_paths import warn
+    from relayrl.config.warn import warn
 
     warn(f"learner.return_freed_memory has no effect on a {device} learner (its activations are not in malloc's heap)")
 

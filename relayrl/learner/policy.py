@@ -22,14 +22,14 @@ import torch
 
 from relayrl.config import Config
 from relayrl.learner import malloc
+from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.layout import ForwardLayout, Sampled
-from relayrl.learner.memory_settings import enable_activation_checkpointing
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models import lora
+from relayrl.models.adapter_sync import lora_sync_mode
 from relayrl.models.loading import load_causal_lm
-from relayrl.sync.lora import lora_sync_mode
 from relayrl.types import Experience
 
 

@@ -14,10 +14,10 @@ from typing import Iterator, Protocol
 
 import torch
 
-from relayrl.checkpoint import WRITE_ERRORS, CheckpointError, newest_kept, save_checkpoint, write_cause
 from relayrl.config import Config
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
+from relayrl.run.checkpoint import WRITE_ERRORS, CheckpointError, newest_kept, save_checkpoint, write_cause
 from relayrl.sync.endpoints import WeightSource
 from relayrl.types import Experience
 

@@ -4,7 +4,7 @@ Reads from RUN_DIR:
   - `metrics.jsonl` (required): one JSON object per step with at least `step`; every other key is optional and
     a plot whose metric is absent is replaced by a note. `null` values (non-finite at log time) are skipped.
     An empty file (no step finished yet) gives a page that says so; a last line cut short by a kill is left
-    out with a note (relayrl/metrics/jsonl.py), as in the other JSONL files.
+    out with a note (relayrl/run/jsonl.py), as in the other JSONL files.
   - `eval.json` (optional): `{"before": {"greedy": .., "sampled": ..}, "after": {...}}`.
   - `config.yaml` (optional): shown verbatim, collapsed.
   - `timeline.jsonl` (optional): one JSON object per phase run, `{"step": int, "role": str, "phase": str,
@@ -34,8 +34,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from relayrl.errors import DataError
-from relayrl.metrics.jsonl import read_jsonl
 from relayrl.metrics.samples import samples_section
+from relayrl.run.jsonl import read_jsonl
 
 PHASES = ("generate", "reward", "logprobs", "advantage", "update", "sync", "wait")  # wait: async learner idle
 PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#bbbbbb")))

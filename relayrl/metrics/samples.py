@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relayrl.metrics.jsonl import read_jsonl, truncate_after
+from relayrl.run.jsonl import read_jsonl, truncate_after
 
 if TYPE_CHECKING:  # the report reads samples.jsonl without importing torch
     from relayrl.types import Experience, Rollout, Score

@@ -14,7 +14,7 @@ from relayrl.algorithms.advantages import degenerate_group_fraction
 from relayrl.config import Config
 from relayrl.learner.policy import MISMATCH_BY_VERSION, mismatch_metrics
 from relayrl.metrics.timer import StepTimer
-from relayrl.rollout.source import Batch
+from relayrl.sources.single_turn import Batch
 from relayrl.types import Experience, Rollout
 
 

@@ -3,7 +3,7 @@
 One row per phase run: `{"step", "role", "phase", "start", "end"}` (seconds since the epoch). The training
 loop records its own phases through `StepTimer`; producer threads of the async schedules record each
 engine's generation. `relayrl report` draws it, so the bubbles (a role waiting on another) are visible.
-Rows are appended: a resumed run keeps the rows up to its checkpoint's step (relayrl/run_dir.py cuts
+Rows are appended: a resumed run keeps the rows up to its checkpoint's step (relayrl/run/directory.py cuts
 the rest, as it does for metrics.jsonl), and a new run starts in a directory without one.
 """
 

@@ -81,3 +81,26 @@ def context_length(path: str | Path) -> int | None:
 
     config = AutoConfig.from_pretrained(path)
     return getattr(config, "max_position_embeddings", None)
+
+
+def merged_model_dir(model: str | Path) -> str:
+    """`model` itself, or for a peft adapter directory (adapter_config.json, no config.json) the adapter merged
+    into the base its `base_model_name_or_path` names, written once to a temporary directory."""
+    import tempfile
+
+    from relayrl.models import lora
+
+    path = Path(model)
+    if (path / "config.json").is_file() or not lora.is_adapter_dir(path):
+        return str(model)
+    base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not (Path(base) / "config.json").is_file():
+        raise ModelError(
+            f"--model {model}: a LoRA adapter whose base_model_name_or_path ({base!r}) is no model directory"
+        )
+    from peft import PeftModel
+
+    out = tempfile.mkdtemp(prefix="relayrl-merged-")
+    PeftModel.from_pretrained(load_causal_lm(base), str(path)).merge_and_unload().save_pretrained(out)
+    load_tokenizer(base).save_pretrained(out)
+    return out

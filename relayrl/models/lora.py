@@ -6,6 +6,7 @@ Three views of one adapted model, under the names each consumer expects:
 - `merged_tensors`: every base weight with its adapter's update added (W + scale * B @ A), under the base
   model's own names, computed without touching the model (no merge/unmerge round trip, no second copy);
 - the base alone: `with model.disable_adapter():` (the reference policy of a KL term, at no memory cost).
+How the adapter travels to the engines is relayrl/models/adapter_sync.py.
 Left out: adapters on embeddings or the LM head (`all-linear` excludes the head, as peft defines it).
 """
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:  # the heavy modules load only with the placement that needs them
     from relayrl.config import Config
     from relayrl.learner.role import Learner
-    from relayrl.rollout.base import EngineGroup
+    from relayrl.rollout.protocols import EngineGroup
     from relayrl.sync.base import WeightSync
 
 

@@ -10,11 +10,10 @@ import ray
 from relayrl.config import Config, effective_transport
 from relayrl.learner.role import Learner, LearnerRole
 from relayrl.placement import Roles
-from relayrl.placement.cluster import actor_options, reserve
+from relayrl.placement.cluster import actor_options, engine_actor_options, reserve
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.roles import RemoteRole
-from relayrl.rollout.vllm_tp import engine_actor_options
 from relayrl.sync.remote import RaySync
 
 

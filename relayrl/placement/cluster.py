@@ -210,3 +210,10 @@ def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:
         "runtime_env": {"env_vars": env},
         "max_restarts": 0,  # a dead role is reported (and engines restarted) by the driver, with fresh weights
     }
+
+
+def engine_actor_options(config) -> dict:
+    """Ray options of an engine actor beyond its CPUs, from what its config section asks: a T-rank engine
+    (`rollout.tensor_parallel`) takes the GPUs its bundle reserves (`placement.engine_resources`)."""
+    gpus = config.placement.engine_resources.get("GPU", 0) if config.rollout.tensor_parallel > 1 else 0
+    return {"num_gpus": gpus} if gpus else {}

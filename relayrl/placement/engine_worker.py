@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 
-from relayrl.rollout.base import engine_from_config
+from relayrl.rollout.build import engine_from_config
 from relayrl.sync.endpoints import WeightSink
 
 

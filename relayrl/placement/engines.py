@@ -1,4 +1,4 @@
-"""Rollout-engine replicas in Ray actors behind the `EngineGroup` protocol (relayrl/rollout/base.py), restarted
+"""Rollout-engine replicas in Ray actors behind the `EngineGroup` protocol (relayrl/rollout/protocols.py), restarted
 when one dies.
 
 A step's prompts are split into contiguous shares, one per replica, generated concurrently and joined
@@ -20,15 +20,16 @@ from typing import Callable
 from relayrl.config import PlacementConfig
 from relayrl.errors import RoleFailure
 from relayrl.placement.roles import RemoteRole
-from relayrl.rollout.base import Sampling
-from relayrl.types import Prompt, Rollout
+from relayrl.types import Prompt, Rollout, Sampling
 
 
 class RayEngineGroup:
     def __init__(self, spawn: Callable[[int], RemoteRole], placement: PlacementConfig):
         self.spawn, self.placement = spawn, placement
         self.replicas = [spawn(i) for i in range(placement.engines)]
-        self.request_loop = None  # no in-process engine: multi-turn turns go in batches (relayrl/envs/requests.py)
+        self.request_loop = (
+            None  # no in-process engine: multi-turn turns go in batches (relayrl/sources/turn_requests.py)
+        )
         self.on_restart: Callable[[], None] = lambda: None  # set by the sync: re-attach and push weights
         self.restarts = 0
         self.lock = threading.RLock()  # one restart at a time

@@ -9,7 +9,7 @@ from __future__ import annotations
 from relayrl.config import Config
 from relayrl.learner.role import LearnerRole
 from relayrl.placement import Roles
-from relayrl.rollout.base import engine_from_config
+from relayrl.rollout.build import engine_from_config
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.sync.inprocess import InProcessSync
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from relayrl.config import Config
+from relayrl.models.shape import ModelShape, count_params, load_shape
 from relayrl.planner.estimate import (
     Memory,
     Placement,
@@ -23,7 +24,6 @@ from relayrl.planner.estimate import (
 )
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
 from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
-from relayrl.planner.shape import ModelShape, count_params, load_shape
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 
 

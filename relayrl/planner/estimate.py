@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 from relayrl.config import Config
 from relayrl.errors import ConfigError
+from relayrl.models.shape import ModelShape, micro_batch_rows
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak
-from relayrl.planner.shape import ModelShape, micro_batch_rows
 
 GIB = 2**30
 INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
@@ -214,7 +214,7 @@ def workload_from_config(
 
 
 def lora_workload(config: Config) -> dict:
-    from relayrl.sync.lora import lora_sync_mode
+    from relayrl.models.adapter_sync import lora_sync_mode
 
     settings = config.model.lora
     if settings is None:

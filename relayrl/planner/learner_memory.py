@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from relayrl.planner.shape import ModelShape
+from relayrl.models.shape import ModelShape
 
 LOGITS_ALIVE = 5  # [C, V] fp32 tensors of one head chunk alive at once (see the module docstring)
 BATCH_BYTES_PER_POSITION = 32  # a micro-batch's copy of its rows: int64 ids and versions, masks, log-probs

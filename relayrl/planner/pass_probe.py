@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import best_time
-from relayrl.planner.shape import ModelShape
 
 
 @dataclass(frozen=True)

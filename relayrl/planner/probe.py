@@ -27,9 +27,9 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 
+from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import best_time, warm_up
 from relayrl.planner.learner_probe import LearnerOverhead
-from relayrl.planner.shape import ModelShape
 
 # (batch of prompts x n=8, max_tokens): a grid whose rows are linearly independent in (1, steps, tokens, seqs)
 ENGINE_GRID = ((1, 2), (1, 24), (32, 2), (32, 24), (8, 12))
@@ -146,15 +146,14 @@ def null_shape(layers: int, wide: bool = False) -> dict:
 
 
 def _null_engine(kind: str, model_dir: str, seed: int):
-    from relayrl.rollout.base import build_engine
+    from relayrl.rollout.build import build_engine
 
     return build_engine(kind, model_dir, max_model_len=64, seed=seed, kv_cache_gib=1.0)
 
 
 def _fit_grid(engine, prompt_ids: list[int], kind: str, seed: int) -> EngineOverhead:
     """Best of 3 generate calls at each ENGINE_GRID point, fitted (`fit_engine_overhead`)."""
-    from relayrl.rollout.base import Sampling
-    from relayrl.types import Prompt
+    from relayrl.types import Prompt, Sampling
 
     rows, seconds = [], []
     for batch, max_tokens in (ENGINE_GRID[0], *ENGINE_GRID):  # the first call warms up and is dropped

@@ -24,12 +24,12 @@ import functools
 import math
 from dataclasses import dataclass
 
+from relayrl.models.shape import ModelShape
 from relayrl.planner.estimate import Memory, Placement, Precision, Workload, sync_params
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_probe import LearnerOverhead
 from relayrl.planner.pass_probe import PassRates
 from relayrl.planner.probe import EngineOverhead, MatmulRates
-from relayrl.planner.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 The pool owns the processes and the deadlines, nothing about policy: `step(pending)` hands tasks (a
 component index and a batch of rollouts) to idle workers with a deadline of `timeout_s` per sample, waits
 once, and returns the `(task, outcome)` pairs that finished. A worker past its deadline is killed (SIGKILL: a
-hung C call, a sleeping sandbox, a held lock all die with it) and replaced (relayrl/supervised.py); its task
+hung C call, a sleeping sandbox, a held lock all die with it) and replaced (relayrl/rewards/supervised.py); its task
 comes back as `TIMEOUT`. A worker that dies comes back as `DIED`. The caller decides what a timeout means (service.py).
 
 Workers are started with `spawn` (no forked copy of a trainer holding threads, CUDA or vLLM state) and
@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Iterator
 
 from relayrl.errors import RewardError
-from relayrl.supervised import DIED, SupervisedPool, Worker, first_deadline
+from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline
 from relayrl.types import Rollout
 
 TIMEOUT = "timeout"
@@ -53,7 +53,7 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict, str]]
     from relayrl.rewards.base import load_reward, score_rollouts
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the terminal's whole process group: the driver
-    # finishes its step and then closes the workers (relayrl/preemption.py)
+    # finishes its step and then closes the workers (relayrl/run/preemption.py)
     try:
         fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
     except Exception as err:

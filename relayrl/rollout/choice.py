@@ -2,8 +2,8 @@
 
 HF `generate` for a model under the measured CPU crossover (HF_BELOW_PARAMS), vLLM otherwise: on a GPU, under
 `placement.mode=ray` (its engine actors run vLLM), and when the model's size cannot be read. The size is config
-arithmetic on the model directory's config.json (`relayrl/planner/shape.py`); no weights are read. The reason is
-one line that the resolved config prints beside `engine: auto` (`relayrl/config.py`, `dump_config`).
+arithmetic on the model directory's config.json (`relayrl/models/shape.py`); no weights are read. The reason is
+one line that the resolved config prints beside `engine: auto` (`relayrl/config/`, `dump_config`).
 Leaves out: choosing by the rollout's length or batch (the crossover was measured on the demo's short answers).
 """
 
@@ -75,7 +75,7 @@ def count_params(model_path: str) -> tuple[int | None, str]:
     except (OSError, ValueError) as err:
         return None, f"{path} is not readable JSON: {err}"
     from relayrl.errors import ModelError
-    from relayrl.planner.shape import count_params as count  # Llama-family arithmetic, as `relayrl plan` counts
+    from relayrl.models.shape import count_params as count  # Llama-family arithmetic, as `relayrl plan` counts
 
     config = SimpleNamespace(**{"tie_word_embeddings": False, "model_type": None, **raw})
     try:

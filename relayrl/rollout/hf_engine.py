@@ -20,8 +20,7 @@ from typing import Iterable
 import torch
 
 from relayrl.errors import ConfigError
-from relayrl.rollout.base import PartialSample, Sampling
-from relayrl.types import Prompt, Rollout
+from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
 
 class HFEngine:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 
-from relayrl.rollout.base import Engine, PartialSample, Sampling
-from relayrl.types import Prompt, Rollout
+from relayrl.rollout.protocols import Engine
+from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
 
 class LocalEngineGroup:

@@ -30,13 +30,12 @@ from typing import Iterable
 import torch
 
 from relayrl.errors import SyncError
-from relayrl.rollout.base import PartialSample, Sampling
+from relayrl.models.adapter_sync import AdapterSpec, map_adapter_keys
 from relayrl.rollout.seeds import request_seed
 from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, ranks_bound
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
 from relayrl.rollout.vllm_tp import started as tp_started
-from relayrl.sync.lora import AdapterSpec, map_adapter_keys
-from relayrl.types import Prompt, Rollout
+from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
 
 def _configure_environment(kv_cache_gib: float, cores: str | None = None) -> None:

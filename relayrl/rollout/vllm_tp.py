@@ -9,7 +9,7 @@ in buckets of at most `RPC_BUCKET_BYTES`, and each rank's weight loaders keep th
 tensor (column/row-parallel shards, fused qkv and gate_up). The bytes of one bucket cross vLLM's shared
 memory queue out of band; no rank ever holds a second copy of the model.
 
-`check_tensor_parallel` is the config rule (relayrl/config.py calls it): T > 1 needs vLLM (`auto` then
+`check_tensor_parallel` is the config rule (relayrl/config/ calls it): T > 1 needs vLLM (`auto` then
 chooses vLLM; an explicit `hf` is an error), T must split the attention heads as vLLM does, and each
 replica needs T cores (CPU) or T GPUs. Every call into vLLM internals for TP lives in this module.
 """
@@ -243,12 +243,6 @@ def check_devices(config, tp: int) -> None:
             f"placement.engine_cpus={placement.engine_cpus:g} and is pinned to {threads} "
             f"(placement.engine_threads={placement.engine_threads}): set both to at least {tp}, or unset them"
         )
-
-
-def engine_actor_options(config) -> dict:
-    """Ray options of a T-rank engine actor beyond its CPUs: its T GPUs (the bundle reserves them)."""
-    gpus = config.placement.engine_resources.get("GPU", 0) if config.rollout.tensor_parallel > 1 else 0
-    return {"num_gpus": gpus} if gpus else {}
 
 
 def check_heads(model_path: str, tp: int) -> None:

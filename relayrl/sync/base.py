@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Protocol
 import torch
 
 from relayrl.errors import RoleFailure
-from relayrl.rollout.base import EngineGroup
+from relayrl.rollout.protocols import EngineGroup
 
 
 class LearnerWeights(Protocol):

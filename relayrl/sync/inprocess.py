@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from relayrl.rollout.base import EngineGroup
+from relayrl.rollout.protocols import EngineGroup
 from relayrl.sync.base import LearnerWeights
 
 

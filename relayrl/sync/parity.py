@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relayrl.rollout.base import EngineGroup
+from relayrl.rollout.protocols import EngineGroup
 from relayrl.sync.base import LearnerWeights
 
 

@@ -13,12 +13,15 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import TYPE_CHECKING
 
-from relayrl.config import SyncConfig
 from relayrl.errors import RoleFailure
 from relayrl.sync.base import RestartingEngines
 from relayrl.sync.parity import parity_gap
 from relayrl.sync.transports import Manifest
+
+if TYPE_CHECKING:
+    from relayrl.config import SyncConfig
 
 
 def free_port() -> int:

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.e2e.test_grpo_learns import write_config
+from benchmarks.learning_cases import write_config
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_grpo_learns import write_config
+from benchmarks.learning_cases import write_config
 from tests.e2e.test_preemption import signal_after_rows
 from tests.e2e.test_ray_faults import processes_with
 from tests.e2e.test_resume import metric_rows

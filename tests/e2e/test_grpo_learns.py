@@ -7,36 +7,13 @@ vLLM: min / mean / max gain 0.190 / 0.223 / 0.255, asserted >= 0.05).
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from tests.e2e.learning_cases import CASES, gain
+from benchmarks.learning_cases import CASES, gain, run_cli, write_config
 
 pytestmark = pytest.mark.slow
-
-
-def run_cli(*args, cwd=None):
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "relayrl.cli", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=900
-    )
-
-
-def write_config(path, model_dir, toy_task, run_dir, engine):
-    config = {
-        "model": {"path": str(model_dir)},
-        "data": {"train": str(toy_task["train"]), "eval": str(toy_task["eval"]), "max_prompt_tokens": 16},
-        "rollout": {"engine": engine, "n": 8, "prompts_per_step": 32, "max_tokens": 6},
-        "train": {"steps": 20, "lr": 5e-5, "warmup_steps": 2, "micro_batch": 128},
-        "eval": {"max_prompts": 200},
-        "log": {"dir": str(run_dir), "progress": False},
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])

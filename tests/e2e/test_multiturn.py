@@ -43,7 +43,7 @@ def test_overlapped_schedules_train_on_trajectories(tmp_path, random_model_dir, 
     A run is mostly Ray's and the engine actor's start, so only async runs here: one_step_off passes this test
     too (add it to the list); both are checked token by token, with a push landing mid-trajectory, in
     tests/unit/test_env_schedules.py."""
-    from tests.e2e.test_grpo_learns import run_cli
+    from benchmarks.learning_cases import run_cli
 
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.e2e.test_grpo_learns import run_cli, write_config
+from benchmarks.learning_cases import run_cli, write_config
 from tests.e2e.test_resume import assert_same_metrics, metric_rows
 
 pytestmark = pytest.mark.slow

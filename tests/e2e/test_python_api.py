@@ -1,7 +1,7 @@
 """End to end through the Python API, as a notebook would run it: the toy task's rows built in memory, a reward
 function defined in this file, `relayrl.train(...)`, and held-out greedy accuracy that rises.
 
-The numbers are grpo_vllm's (tests/e2e/learning_cases.py: 20 steps, gain >= 0.05; 0.15-0.26 over 5 seeds): the
+The numbers are grpo_vllm's (benchmarks/learning_cases.py: 20 steps, gain >= 0.05; 0.15-0.26 over 5 seeds): the
 same run, reached through `relayrl.train` with in-memory data and a user function instead of a YAML config.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 import relayrl
-from tests.e2e.learning_cases import CASES
+from benchmarks.learning_cases import CASES
 
 pytestmark = pytest.mark.slow
 

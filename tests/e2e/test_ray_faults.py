@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_grpo_learns import write_config
+from benchmarks.learning_cases import write_config
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,8 @@ import time
 import psutil
 import pytest
 
+from benchmarks.learning_cases import CASES, gain, run_cli, write_config
 from relayrl.placement.reaper import session_processes
-from tests.e2e.learning_cases import CASES, gain
-from tests.e2e.test_grpo_learns import run_cli, write_config
 
 pytestmark = pytest.mark.slow
 

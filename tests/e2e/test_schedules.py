@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from tests.e2e.learning_cases import CASES, gain
-from tests.e2e.test_grpo_learns import run_cli, write_config
+from benchmarks.learning_cases import CASES, gain, run_cli, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -2,8 +2,8 @@
 
 import json
 
+from relayrl.build import build_trainer
 from relayrl.config import load_config
-from relayrl.controller import build_trainer
 
 
 def test_build_trainer_prints_the_continued_first_prompt(tmp_path, random_model_dir, capsys):

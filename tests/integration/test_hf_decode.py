@@ -4,8 +4,8 @@ same processed log-probs, bit for bit, for each kind of sampling setting the eng
 import pytest
 import torch
 
-from relayrl.rollout.base import Sampling
 from relayrl.rollout.hf_engine import HFEngine
+from relayrl.types import Sampling
 
 SETTINGS = [
     Sampling(n=8, temperature=1.0, max_tokens=8, seed=1),  # plain sampling; some rows end at EOS, then pad

@@ -2,9 +2,8 @@
 
 import torch
 
-from relayrl.rollout.base import Sampling
 from relayrl.rollout.hf_engine import HFEngine
-from relayrl.types import Prompt
+from relayrl.types import Prompt, Sampling
 
 
 def test_hf_engine_rollouts_and_logprob_parity(random_model_dir):

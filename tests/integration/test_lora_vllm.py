@@ -9,8 +9,8 @@ from relayrl.config import load_config
 from relayrl.errors import SyncError
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
+from relayrl.models.adapter_sync import adapter_spec, map_adapter_keys
 from relayrl.models.loading import load_causal_lm
-from relayrl.sync.lora import adapter_spec, map_adapter_keys
 from tests.unit.test_learner import _experience
 
 pytestmark = pytest.mark.vllm

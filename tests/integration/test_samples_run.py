@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from relayrl.build import train
 from relayrl.config import load_config
-from relayrl.controller import train
 from relayrl.metrics.report import write_report
 from relayrl.rewards import load_reward
 

@@ -7,8 +7,7 @@ cache reset), so a vLLM upgrade that moves them fails here first.
 import pytest
 import torch
 
-from relayrl.rollout.base import Sampling
-from relayrl.types import Prompt
+from relayrl.types import Prompt, Sampling
 
 pytestmark = pytest.mark.vllm
 
@@ -183,7 +182,7 @@ def test_learner_keeps_the_sampling_mask_so_the_on_policy_ratio_is_one(engine, r
 def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engine, hf_model, prompts):
     """APRIL-style: stop once enough groups finish, keep the rest, continue them after a weight update; every
     token carries the version that produced it and the behaviour log-prob of those weights."""
-    from relayrl.rollout.base import PartialSample
+    from relayrl.types import PartialSample
 
     engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=3)
     sampling = Sampling(n=1, temperature=1.0, max_tokens=12, seed=0)
@@ -224,7 +223,7 @@ def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engi
 
 
 def test_evaluate_model_takes_min_tokens_and_a_prompt_limit(random_model_dir, toy_task):
-    from relayrl.evaluate import evaluate_model
+    from relayrl.evaluation.single_turn import evaluate_model
 
     result = evaluate_model(
         str(random_model_dir), str(toy_task["eval"]), "exact_match", max_tokens=5, min_tokens=5, max_prompts=7

@@ -10,8 +10,7 @@ check (a random adapter must change its log-probs) and the last test exercise th
 import pytest
 import torch
 
-from relayrl.rollout.base import Sampling
-from relayrl.types import Prompt
+from relayrl.types import Prompt, Sampling
 
 pytestmark = pytest.mark.vllm
 
@@ -28,8 +27,8 @@ def config(random_model_dir):
 
 @pytest.fixture(scope="module")
 def engines(config):
+    from relayrl.models.adapter_sync import adapter_spec
     from relayrl.rollout.vllm_engine import VLLMEngine
-    from relayrl.sync.lora import adapter_spec
 
     path = str(config.model.path)
     one = VLLMEngine(path, max_model_len=64, seed=0)

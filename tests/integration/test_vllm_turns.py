@@ -1,12 +1,11 @@
-"""Multi-turn turns through vLLM's own request/step loop (`VLLMTurns`, relayrl/envs/requests.py) on a real tiny
+"""Multi-turn turns through vLLM's own request/step loop (`VLLMTurns`, relayrl/sources/turn_requests.py) on a real tiny
 engine (CPU build): a local vLLM engine declares the loop (`EngineGroup.request_loop`), a turn submitted while
 another is generating joins the running batch, and under greedy decoding every turn's tokens are exactly what
 the engine's batch `generate` gives for the same prompt ids."""
 
 import pytest
 
-from relayrl.rollout.base import Sampling
-from relayrl.types import Prompt
+from relayrl.types import Prompt, Sampling
 
 pytestmark = pytest.mark.vllm
 
@@ -14,9 +13,9 @@ pytestmark = pytest.mark.vllm
 def test_turns_interleave_in_the_request_loop_and_match_generate(random_model_dir):
     from transformers import AutoTokenizer
 
-    from relayrl.envs.requests import VLLMTurns, turn_requests
     from relayrl.rollout.local_group import LocalEngineGroup
     from relayrl.rollout.vllm_engine import VLLMEngine
+    from relayrl.sources.turn_requests import VLLMTurns, turn_requests
 
     engine = VLLMEngine(str(random_model_dir), max_model_len=64, seed=0)
     group = LocalEngineGroup(engine)

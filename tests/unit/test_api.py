@@ -22,9 +22,9 @@ def score(prompts, completions, answer, **columns):
 
 @pytest.fixture
 def fake_loop(monkeypatch):
-    """relayrl.controller.train replaced by what it does first: claim log.dir and save the resolved config."""
+    """relayrl.build.train replaced by what it does first: claim log.dir and save the resolved config."""
     from relayrl.config import dump_config
-    from relayrl.run_dir import claim
+    from relayrl.run.directory import claim
 
     seen = []
 
@@ -34,7 +34,7 @@ def fake_loop(monkeypatch):
         (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
         return {"before": {"eval/greedy": 0.25}, "after": {"eval/greedy": 0.5}}
 
-    monkeypatch.setattr("relayrl.controller.train", fake_train)
+    monkeypatch.setattr("relayrl.build.train", fake_train)
     return seen
 
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from relayrl.checkpoint import latest_checkpoint, save_checkpoint, verify
 from relayrl.cli import main
 from relayrl.errors import RelayError
+from relayrl.run.checkpoint import latest_checkpoint, save_checkpoint, verify
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def test_a_file_size_limit_during_the_model_write_is_reported_the_same_way(tmp_p
     """A real failed write: RLIMIT_FSIZE (SIGXFSZ ignored) makes the weights file fail with EFBIG."""
     script = textwrap.dedent(f"""
         import resource, signal
-        from relayrl.checkpoint import save_checkpoint
+        from relayrl.run.checkpoint import save_checkpoint
         from relayrl.errors import RelayError
         from relayrl.models.loading import load_causal_lm
 

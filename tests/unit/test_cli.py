@@ -137,3 +137,54 @@ def test_eval_rejects_a_min_tokens_above_max_tokens(tmp_path, capsys, random_mod
         "5",
     )
     assert code == 2 and "0 <= --min-tokens <= --max-tokens" in err
+
+
+def _parsers(parser, path=("relayrl",)):
+    """Every parser of the CLI, subcommands' subcommands included, with its command path."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_subcommand_renders_its_help_and_each_flag_says_its_own_thing():
+    from relayrl.cli import build_parser
+
+    rendered = 0
+    for path, parser in _parsers(build_parser()):
+        text = parser.format_help()
+        assert text.startswith("usage: " + " ".join(path)), text[:80]
+        helps = [a.help for a in parser._actions if a.help and a.option_strings and a.dest != "help"]
+        repeated = sorted({h for h in helps if helps.count(h) > 1})
+        assert not repeated, f"{' '.join(path)}: flags share one help text: {repeated}"
+        undocumented = [a.dest for a in parser._actions if a.dest != "help" and not a.help]
+        assert not undocumented, f"{' '.join(path)}: arguments without help: {undocumented}"
+        rendered += 1
+    assert rendered >= 14  # 11 commands, bench's two and data's one
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "c.yaml", "a.b=1", "--overwrite"],
+        ["train", "c.yaml", "--overwrite", "a.b=1"],
+        ["train", "--overwrite", "c.yaml", "a.b=1"],
+        ["train", "c.yaml", "--resume", "runs/x", "a.b=1"],
+    ],
+)
+def test_overrides_are_accepted_anywhere_on_the_command_line(argv):
+    from relayrl.cli import parse
+
+    args = parse(argv)
+    assert args.config == "c.yaml" and args.overrides == ["a.b=1"]
+
+
+def test_an_unknown_flag_is_still_refused(capsys):
+    from relayrl.cli import parse
+
+    with pytest.raises(SystemExit) as stop:
+        parse(["train", "c.yaml", "--bogus", "a.b=1"])
+    assert stop.value.code == 2 and "unrecognized arguments: --bogus" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import warnings
 import pytest
 from pydantic import BaseModel
 
-from relayrl.config import Config, dump_config, load_config, parse_override
+from relayrl.config import Config, dump_config, load_config, parse_override, resolve
 from relayrl.errors import ConfigError, RelayError
 
 
@@ -31,7 +31,7 @@ def test_defaults_validate_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config = load_config()
-    assert config == Config()
+    assert config == resolve(Config())
     assert config.rollout.n == 8 and config.train.lr == 1e-5 and config.data.eval is None
     assert config.mini_batch == config.rollout_batch == 16 * 8
 
@@ -129,7 +129,7 @@ def test_unknown_key_in_nested_section_has_full_path():
 
 
 def test_unknown_key_in_an_optional_section_is_named_with_its_nearest_key(tmp_path):
-    """`model.lora` is `LoraSettings | None`: a typo inside it gets the same message as in any section."""
+    """`model.lora` is `LoraConfig | None`: a typo inside it gets the same message as in any section."""
     message = config_error(None, ["model.lora.rnak=4"])
     assert "unknown config key 'model.lora.rnak'" in message and "did you mean 'model.lora.rank'?" in message
     message = config_error(write(tmp_path, "model:\n  lora:\n    rank: 4\n    alhpa: 8\n"))
@@ -239,7 +239,7 @@ def test_yaml_top_level_must_be_a_mapping(tmp_path):
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path):
-    assert load_config(write(tmp_path, "# nothing\n")) == Config()
+    assert load_config(write(tmp_path, "# nothing\n")) == resolve(Config())
 
 
 # ---------------------------------------------------------------------------- dump, warnings, docs
@@ -272,7 +272,7 @@ def test_default_dump_round_trips(tmp_path):
     path = write(tmp_path, dump_config(Config()), "dumped.yaml")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a full dump sets algorithm.kl.estimator explicitly, with coef 0
-        assert load_config(path) == Config()
+        assert load_config(path) == resolve(Config())
 
 
 def test_estimator_without_kl_warns_naming_the_key():

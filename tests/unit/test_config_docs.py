@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from relayrl.cli import main
 from relayrl.config import Config, load_config
-from relayrl.config_docs import EXAMPLE_OVERRIDES, EXAMPLE_YAML, explain, render_reference
+from relayrl.config.docs import EXAMPLE_OVERRIDES, EXAMPLE_YAML, explain, render_reference
 from relayrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         optional = typing.get_args(field.annotation) if isinstance(field.annotation, types.UnionType) else ()
         section = [a for a in (field.annotation, *optional) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if section:  # a section, or an optional one (`model.lora: LoraSettings | None`)
+        if section:  # a section, or an optional one (`model.lora: LoraConfig | None`)
             paths += leaf_paths(section[0], f"{prefix}{name}.")
         else:
             paths.append(f"{prefix}{name}")
@@ -33,7 +33,7 @@ def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 def test_checked_in_docs_are_current():
     assert DOCS.is_file(), "docs/config.md is missing: run `relayrl config --write-docs`"
     assert DOCS.read_text() == render_reference(), (
-        "docs/config.md is out of date with relayrl/config.py: run `relayrl config --write-docs` and commit it"
+        "docs/config.md is out of date with relayrl/config/: run `relayrl config --write-docs` and commit it"
     )
 
 

@@ -11,8 +11,8 @@ import pytest
 from pydantic import BaseModel
 
 from relayrl.config import Config, load_config
-from relayrl.config_aliases import FOREIGN_NAMES, foreign_name
-from relayrl.config_docs import render_reference
+from relayrl.config.aliases import FOREIGN_NAMES, foreign_name
+from relayrl.config.docs import render_reference
 from relayrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,7 +120,7 @@ def _leaf_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
         section = [t for t in options if isinstance(t, type) and issubclass(t, BaseModel)]
         if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             paths += _leaf_paths(field.annotation, f"{prefix}{name}.")
-        elif section:  # an optional section (`model.lora: LoraSettings | None`)
+        elif section:  # an optional section (`model.lora: LoraConfig | None`)
             paths += _leaf_paths(section[0], f"{prefix}{name}.")
         else:
             paths.append(f"{prefix}{name}")

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from relayrl.config import load_config
-from relayrl.config_docs import explain
+from relayrl.config.docs import explain
 from relayrl.errors import ConfigWarning, install_warning_format
 
 

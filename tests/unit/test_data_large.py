@@ -9,9 +9,9 @@ import pytest
 
 from relayrl.cli import main
 from relayrl.data import source
+from relayrl.data.jsonl import iter_jsonl
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, read_rows
 from relayrl.errors import DataError
-from relayrl.jsonl import iter_jsonl
 from relayrl.models.tiny import train_char_tokenizer
 
 
@@ -117,8 +117,8 @@ def test_data_check_reads_every_row_up_front(tmp_path, capsys, random_model_dir)
 
 
 def test_the_trainer_loads_a_large_file_lazily_with_the_limit_as_its_longest_prompt(tmp_path, tokenizer, lazy, capsys):
+    from relayrl.build import load_data
     from relayrl.config import load_config
-    from relayrl.controller import load_data
     from relayrl.data.source import longest_prompt_tokens
 
     train = _jsonl(tmp_path / "train.jsonl", _rows(9))

@@ -96,7 +96,7 @@ def test_the_resolved_config_shows_the_choice_and_reloads_to_the_same(small, no_
 
 
 def test_a_run_prints_and_saves_the_choice(small, no_gpu, tmp_path, monkeypatch, capsys):
-    from relayrl.run_dir import claim
+    from relayrl.run.directory import claim
 
     def fake_train(config, resume=None, overwrite=False):  # the loop's first act: claim log.dir, save the config
         assert config.rollout.engine == "hf"
@@ -104,7 +104,7 @@ def test_a_run_prints_and_saves_the_choice(small, no_gpu, tmp_path, monkeypatch,
         (Path(config.log.dir) / "metrics.jsonl").write_text(json.dumps({"step": 0}) + "\n")
         return {}
 
-    monkeypatch.setattr("relayrl.controller.train", fake_train)
+    monkeypatch.setattr("relayrl.build.train", fake_train)
     run = tmp_path / "run"
     rows = [{"prompt": "1+2=", "answer": "3"}]  # in-memory data: relayrl.train reloads the config it was given
     relayrl.train({"model": {"path": str(small)}, "log": {"dir": str(run)}}, "exact_match", train_data=rows)

@@ -6,7 +6,7 @@ import os
 import torch
 
 import relayrl.placement.local as local_placement
-import relayrl.rollout.base as rollout_base
+import relayrl.rollout.build as rollout_base
 from relayrl.config import Config
 from relayrl.placement import build_roles
 from relayrl.placement.engine_worker import EngineWorker

@@ -4,7 +4,7 @@ lock `take_spans` holds, from the training loop (`finish`) and from producer thr
 from relayrl.config import PlacementConfig
 from relayrl.errors import RoleFailure
 from relayrl.placement.engines import RayEngineGroup
-from relayrl.rollout.base import Sampling
+from relayrl.types import Sampling
 
 
 class FakeReplica:

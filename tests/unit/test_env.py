@@ -8,16 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from relayrl.config.env import EnvConfig
+from relayrl.data.chat import ChatCodec
 from relayrl.envs import Step, load_env_class
 from relayrl.envs.builtins import CalculatorEnv, RetryEnv, evaluate_arithmetic
-from relayrl.envs.config import EnvConfig
 from relayrl.envs.pool import EnvPool
-from relayrl.envs.requests import BatchTurns
 from relayrl.errors import EnvError
-from relayrl.rollout.base import Sampling
-from relayrl.rollout.chat import ChatCodec
-from relayrl.rollout.multiturn import MultiTurnDriver
-from relayrl.types import Prompt
+from relayrl.sources.trajectories import MultiTurnDriver
+from relayrl.sources.turn_requests import BatchTurns
+from relayrl.types import Prompt, Sampling
 from tests.unit.test_multiturn import ScriptedTurns
 from tests.unit.test_tito import chat_tokenizer
 
@@ -169,10 +168,10 @@ def test_the_multi_turn_source_scores_with_the_environment_and_a_reward_fn(rando
     from types import SimpleNamespace
 
     from relayrl.config import Config
-    from relayrl.envs.source import MultiTurnSource
     from relayrl.rewards.service import build_reward_service
     from relayrl.rollout.hf_engine import HFEngine
     from relayrl.rollout.local_group import LocalEngineGroup
+    from relayrl.sources.multi_turn import MultiTurnSource
 
     config = Config(
         model={"path": str(random_model_dir)},

@@ -14,11 +14,11 @@ import pytest
 
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
-from relayrl.envs.source import MultiTurnSource, check_env
 from relayrl.errors import ConfigError
 from relayrl.metrics.timer import StepTimer
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.schedules.overlap import AsyncSchedule, OneStepOff, split_groups
+from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.types import Prompt, Rollout
 
 

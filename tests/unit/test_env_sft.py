@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from relayrl.envs.sft_chat import conversation_rows, encode_conversation, encode_conversations
+from relayrl.data.chat import ChatCodec
 from relayrl.errors import DataError
-from relayrl.rollout.chat import ChatCodec
-from relayrl.sft import collate
+from relayrl.learner.sft import collate
+from relayrl.learner.sft_chat import conversation_rows, encode_conversation, encode_conversations
 from tests.unit.test_tito import chat_tokenizer
 
 CONVERSATION = [
@@ -47,7 +47,7 @@ def test_rows_are_checked(tmp_path):
 
 
 def test_a_tiny_warm_start_on_conversations(tmp_path):
-    from relayrl.sft import SFTSettings, run_sft
+    from relayrl.learner.sft import SFTSettings, run_sft
 
     path = tmp_path / "sft.jsonl"
     rows = [

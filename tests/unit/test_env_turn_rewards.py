@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES
-from relayrl.controller import estimate_advantages
+from relayrl.algorithms.stage import estimate_advantages
 from relayrl.learner.batching import make_experience
 from relayrl.types import Prompt, Rollout, Score
 
@@ -64,9 +64,9 @@ def test_reinforce_pp_places_the_turn_rewards_too():
 
 def test_the_turn_adapter_follows_the_groups_declared_request_loop():
     from relayrl.config import PlacementConfig
-    from relayrl.envs.requests import BatchTurns, turn_requests
     from relayrl.placement.engines import RayEngineGroup
     from relayrl.rollout.local_group import LocalEngineGroup
+    from relayrl.sources.turn_requests import BatchTurns, turn_requests
 
     class Engine:
         llm = "looks like vLLM, but is not one"
@@ -79,8 +79,8 @@ def test_the_turn_adapter_follows_the_groups_declared_request_loop():
 
 def test_a_token_level_estimator_ignores_env_reward_and_says_so(random_model_dir):
     from relayrl.config import Config
-    from relayrl.envs.source import check_env
     from relayrl.errors import ConfigWarning
+    from relayrl.sources.multi_turn import check_env
 
     config = Config.model_validate(
         {

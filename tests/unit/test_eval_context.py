@@ -44,7 +44,7 @@ def test_default_max_tokens_fits_a_64_token_context(tmp_path, capsys, short_cont
 def test_generation_config_max_new_tokens_is_the_default(tmp_path, capsys, short_context_model):
     from transformers import GenerationConfig
 
-    from relayrl.evaluate import fit_max_tokens
+    from relayrl.evaluation.single_turn import fit_max_tokens
 
     assert fit_max_tokens(str(short_context_model), None, longest=6) == 58  # min(64, 64 - 6)
     GenerationConfig(max_new_tokens=5).save_pretrained(tmp_path / "gen")

@@ -11,12 +11,11 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from relayrl.checkpoint import save_checkpoint
 from relayrl.cli import main
 from relayrl.config import dump_config
 from relayrl.errors import RelayError
-from relayrl.export import find_checkpoint
 from relayrl.models.loading import load_causal_lm
+from relayrl.run.checkpoint import find_checkpoint, save_checkpoint
 from tests.unit.test_sharded_scenarios import config
 
 

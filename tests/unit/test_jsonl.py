@@ -1,13 +1,13 @@
-"""relayrl/jsonl.py: the one JSONL reader, shared by prompt files and the run directory's files."""
+"""relayrl/data/jsonl.py: the one JSONL reader, shared by prompt files and the run directory's files."""
 
 from __future__ import annotations
 
 import pytest
 
+from relayrl.data.jsonl import iter_jsonl
 from relayrl.data.source import read_rows
 from relayrl.errors import DataError
-from relayrl.jsonl import iter_jsonl
-from relayrl.metrics.jsonl import read_jsonl
+from relayrl.run.jsonl import read_jsonl
 
 
 def _message(fn, *args) -> str:

@@ -146,6 +146,7 @@ def test_lora_at_a_full_fine_tuning_rate_warns():
 def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
     from dataclasses import replace
 
+    from relayrl.models.shape import load_shape
     from relayrl.planner.estimate import (
         adapter_params,
         estimate_memory,
@@ -154,7 +155,6 @@ def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
         workload_from_config,
     )
     from relayrl.planner.hardware import Hardware
-    from relayrl.planner.shape import load_shape
 
     config = _config(random_model_dir, ["algorithm.kl.coef=0.1", "rollout.engine=vllm", "sync.lora=adapter"])
     shape, hardware = load_shape(str(random_model_dir)), Hardware("cpu", "cpu", 24, 10.0, 1.0, 10.0, 0.3, 1, "test")
@@ -189,7 +189,7 @@ def test_merged_push_reaches_the_hf_engine(random_model_dir):
 
 def test_adapter_keys_map_onto_fused_projections():
     from relayrl.errors import SyncError
-    from relayrl.sync.lora import map_adapter_keys
+    from relayrl.models.adapter_sync import map_adapter_keys
 
     served = {f"model.layers.0.{m}" for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj")}
     packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from relayrl.checkpoint import save_checkpoint
 from relayrl.cli import main
+from relayrl.commands.export import export_checkpoint
 from relayrl.config import dump_config
 from relayrl.errors import RelayError
-from relayrl.export import export_checkpoint
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
 from relayrl.models.loading import load_causal_lm
+from relayrl.run.checkpoint import save_checkpoint
 from tests.unit.test_learner import _experience
 from tests.unit.test_lora import _config
 
@@ -62,7 +62,7 @@ def test_export_without_a_checkpoint_names_the_path(tmp_path):
 
 
 def test_an_exported_adapter_is_merged_for_eval(lora_run, tmp_path):
-    from relayrl.export import merged_model_dir
+    from relayrl.models.loading import merged_model_dir
 
     run, _, learner = lora_run
     export_checkpoint(run, tmp_path / "adapter")

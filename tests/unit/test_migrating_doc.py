@@ -1,6 +1,6 @@
 """docs/migrating.md stays true: every relayrl key it names is a real config key, every YAML example loads
 through relayrl's config loader (and does the arithmetic the page claims), the reward adapters it shows score
-through relayrl's real call, and its foreign names agree with `relayrl/config_aliases.py`."""
+through relayrl's real call, and its foreign names agree with `relayrl/config/aliases.py`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from pydantic import BaseModel
 
 from relayrl.config import Config, load_config
-from relayrl.config_aliases import FOREIGN_NAMES, foreign_name
+from relayrl.config.aliases import FOREIGN_NAMES, foreign_name
 from relayrl.rewards.base import load_reward, score_rollouts
 from relayrl.types import Prompt, Rollout
 

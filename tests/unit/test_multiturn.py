@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from relayrl.config.env import EnvConfig
+from relayrl.data.chat import ChatCodec
 from relayrl.envs.base import Step, as_messages, as_step
-from relayrl.envs.config import EnvConfig
-from relayrl.envs.requests import TurnOutput
 from relayrl.errors import EnvError
-from relayrl.rollout.base import Sampling
-from relayrl.rollout.chat import ChatCodec
-from relayrl.rollout.multiturn import MultiTurnDriver, combine_rewards
-from relayrl.types import Prompt
+from relayrl.sources.trajectories import MultiTurnDriver, combine_rewards
+from relayrl.sources.turn_requests import TurnOutput
+from relayrl.types import Prompt, Sampling
 from tests.unit.test_tito import chat_tokenizer
 
 

@@ -10,10 +10,10 @@ from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
 from relayrl.rewards.service import build_reward_service
-from relayrl.rollout.base import build_engine
+from relayrl.rollout.build import build_engine
 from relayrl.rollout.local_group import LocalEngineGroup
-from relayrl.rollout.source import RolloutSource
 from relayrl.schedules.overlap import OneStepOff, SyncSchedule
+from relayrl.sources.single_turn import RolloutSource
 from relayrl.types import Prompt
 
 

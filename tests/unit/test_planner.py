@@ -162,7 +162,7 @@ def test_linear_shapes_are_the_real_models_matmul_weights():
 
 
 def load_shape_from(config):
-    from relayrl.planner.shape import shape_from_config
+    from relayrl.models.shape import shape_from_config
 
     return shape_from_config(config)
 

@@ -18,7 +18,7 @@ from relayrl.planner.timing import Rates, estimate_time
 
 def saved_bytes_per_token(model_dir, positions: int, checkpointing: bool) -> float:
     """Bytes the forward of `model_dir`'s model saves for its backward, per position (distinct storages)."""
-    from relayrl.learner.memory_settings import enable_activation_checkpointing
+    from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
     from relayrl.models.loading import load_causal_lm
 
     model = load_causal_lm(model_dir, "cpu").eval()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from relayrl.cli import resume_command
-from relayrl.preemption import Interrupted, StopSignals
+from relayrl.run.preemption import Interrupted, StopSignals
 
 
 def test_during_the_steps_a_signal_is_recorded_and_the_step_goes_on():
@@ -39,7 +39,7 @@ def test_before_the_steps_a_signal_stops_at_once():
 def test_a_second_signal_exits_at_once():
     script = textwrap.dedent("""
         import os, signal, time
-        from relayrl.preemption import StopSignals
+        from relayrl.run.preemption import StopSignals
 
         with StopSignals().during_steps():
             os.kill(os.getpid(), signal.SIGTERM)

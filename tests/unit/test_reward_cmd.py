@@ -1,4 +1,4 @@
-"""`relayrl reward FILE --reward SPEC`: the reward dry-run through the reward service (relayrl/reward_cmd.py)."""
+"""`relayrl reward FILE --reward SPEC`: the reward dry-run through the reward service (relayrl/commands/reward.py)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def test_trl_style_function_and_kwargs_of_a_builtin(files, capsys):
     status, lines, _ = run(capsys, data, "--reward", f"{rewards}:think")
     assert status == 0 and [line["reward"] for line in lines[:2]] == [1.0, 0.0]  # None: does not apply
     assert lines[2]["errors"] == 0
-    status, lines, _ = run(capsys, data, "--reward", "regex", "--kwargs", '{"pattern": "<think>.*"}')
+    status, lines, _ = run(capsys, data, "--reward", "regex", "--reward-kwargs", '{"pattern": "<think>.*"}')
     assert [line["reward"] for line in lines[:2]] == [1.0, 0.0]
 
 
@@ -119,7 +119,9 @@ def test_a_hanging_function_times_out_in_a_worker(files, capsys):
             {"prompt": "c", "completion": "fine"},
         ]
     )
-    status, lines, _ = run(capsys, data, "--reward", f"{rewards}:hanging", "--workers", "1", "--timeout-s", "1")
+    status, lines, _ = run(
+        capsys, data, "--reward", f"{rewards}:hanging", "--reward-workers", "1", "--reward-timeout-s", "1"
+    )
     assert status == 0 and [line["reward"] for line in lines[:3]] == [1.0, 0.0, 1.0]
     assert lines[3] == {"reward_mean": pytest.approx(2 / 3), "n": 3, "skipped": 0, "errors": 0, "timeouts": 1}
 
@@ -146,10 +148,25 @@ def test_a_bad_row_is_named(files, capsys, row, expected):
 def test_bad_kwargs_and_timeout_without_workers_are_one_line(files, capsys):
     rewards, write = files
     data = write([{"prompt": "a", "completion": "x", "answer": "x"}])
-    status, _, err = run(capsys, data, "--reward", f"{rewards}:score", "--kwargs", "{nope")
-    assert status == 2 and "--kwargs '{nope' is not valid JSON" in err
-    status, _, err = run(capsys, data, "--reward", f"{rewards}:score", "--timeout-s", "1")
-    assert status == 2 and "--timeout-s > 0 only with --workers" in err
+    status, _, err = run(capsys, data, "--reward", f"{rewards}:score", "--reward-kwargs", "{nope")
+    assert status == 2 and "--reward-kwargs '{nope' is not valid JSON" in err and err.count("\n") == 1
+    status, _, err = run(capsys, data, "--reward", f"{rewards}:score", "--reward-timeout-s", "1")
+    assert status == 2 and "--reward-timeout-s > 0 only with --reward-workers" in err and err.count("\n") == 1
+
+
+def test_the_former_flag_names_still_work_with_one_deprecation_line_each(files, capsys):
+    rewards, write = files
+    data = write([{"prompt": "a", "completion": "ok"}, {"prompt": "b", "completion": "hang"}])
+    status, lines, err = run(
+        capsys, data, "--reward", f"{rewards}:hanging", "--workers", "1", "--timeout-s", "1", "--style", "relayrl"
+    )
+    assert status == 0 and lines[2]["timeouts"] == 1
+    for old, new in (
+        ("--workers", "--reward-workers"),
+        ("--timeout-s", "--reward-timeout-s"),
+        ("--style", "--reward-style"),
+    ):
+        assert f"relayrl: warning: {old} is deprecated; use {new}\n" in err
 
 
 def test_verl_parquet_layout_scores_with_compute_score_unchanged(tmp_path, capsys):

@@ -27,11 +27,11 @@ def test_a_first_sentence_longer_than_the_limit_is_kept_whole():
 def test_a_run_ended_by_a_role_failure_names_the_resume_command(tmp_path, monkeypatch):
     """A learner rank or an engine past its restarts ends the run; with an intact checkpoint in the run's
     directory the message says how to continue, and without one it says nothing more."""
-    import relayrl.controller as controller
+    import relayrl.build as build
 
     (tmp_path / "config.yaml").write_text("{}\n")
-    monkeypatch.setattr(controller, "latest_checkpoint", lambda run_dir, log: None)
-    assert controller.with_resume_hint("learner rank 1 died", str(tmp_path)) == "learner rank 1 died"
-    monkeypatch.setattr(controller, "latest_checkpoint", lambda run_dir, log: (tmp_path / "step_4", {}))
-    message = controller.with_resume_hint("learner rank 1 died", str(tmp_path))
+    monkeypatch.setattr(build, "latest_checkpoint", lambda run_dir, log: None)
+    assert build.with_resume_hint("learner rank 1 died", str(tmp_path)) == "learner rank 1 died"
+    monkeypatch.setattr(build, "latest_checkpoint", lambda run_dir, log: (tmp_path / "step_4", {}))
+    message = build.with_resume_hint("learner rank 1 died", str(tmp_path))
     assert message == f"learner rank 1 died\nresume with: relayrl train {tmp_path}/config.yaml --resume {tmp_path}"

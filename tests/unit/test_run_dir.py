@@ -96,7 +96,7 @@ def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
 
 
 def test_resume_keeps_the_logs_up_to_the_checkpoint_step(tmp_path):
-    from relayrl.run_dir import claim
+    from relayrl.run.directory import claim
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -113,12 +113,12 @@ def test_resume_keeps_the_logs_up_to_the_checkpoint_step(tmp_path):
 
 def test_the_demo_replaces_its_previous_rl_run(tmp_path, monkeypatch, capsys):
     """`relayrl demo` twice into one directory: the second run passes overwrite (the warm start is cached)."""
-    import relayrl.controller
-    from relayrl.demo import run_demo
+    import relayrl.build
+    from relayrl.commands.demo import run_demo
 
     calls = []
     monkeypatch.setattr(
-        relayrl.controller,
+        relayrl.build,
         "train",
         lambda config, **kwargs: (
             calls.append(kwargs)

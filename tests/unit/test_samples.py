@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from relayrl.learner.batching import make_experience
-from relayrl.metrics.jsonl import truncate_after
 from relayrl.metrics.report import write_report
 from relayrl.metrics.samples import log_samples, sample_rows
+from relayrl.run.jsonl import truncate_after
 from relayrl.types import Prompt, Rollout, Score
 
 

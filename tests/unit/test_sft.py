@@ -1,4 +1,4 @@
-"""relayrl.sft: the warm start on prompt/completion pairs — characters its tokenizer lacks, rows and locations."""
+"""relayrl.learner.sft: the warm start on prompt/completion pairs — characters its tokenizer lacks, rows and locations."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from relayrl.errors import DataError
+from relayrl.learner.sft import SFTSettings, encode, load_pairs, run_sft
 from relayrl.models.tiny import UNK, build_tiny
-from relayrl.sft import SFTSettings, encode, load_pairs, run_sft
 
 FAST = SFTSettings(epochs=1.0, batch_size=4, warmup_steps=1, hidden=32, layers=1)
 
@@ -108,6 +108,6 @@ def test_encode_masks_the_prompt_and_ends_with_eos(digits_model):
 
 
 def load_pairs_from(items):
-    from relayrl.sft import Pair
+    from relayrl.learner.sft import Pair
 
     return [Pair(f"row {i}", prompt, completion) for i, (prompt, completion) in enumerate(items)]

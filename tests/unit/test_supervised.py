@@ -1,4 +1,4 @@
-"""The shared worker supervision (relayrl/supervised.py): start-up failures, late and dead workers."""
+"""The shared worker supervision (relayrl/rewards/supervised.py): start-up failures, late and dead workers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from relayrl.supervised import DIED, SupervisedPool
+from relayrl.rewards.supervised import DIED, SupervisedPool
 
 
 class _Failed(Exception):

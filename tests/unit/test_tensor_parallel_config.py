@@ -81,7 +81,7 @@ def test_each_rank_needs_a_core(tmp_path):
 
 
 def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch):
-    from relayrl.rollout.vllm_tp import engine_actor_options
+    from relayrl.placement.cluster import engine_actor_options
 
     monkeypatch.setattr(vllm_tp, "_on_gpu", lambda: True)
     monkeypatch.setattr(choice, "_cuda_available", lambda: True)

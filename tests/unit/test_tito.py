@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.rollout.chat import ChatCodec
+from relayrl.data.chat import ChatCodec
 
 QWEN = (
     "{% for m in messages %}{% if m['role'] == 'tool' %}"

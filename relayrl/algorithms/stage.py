@@ -1,0 +1,57 @@
+"""The advantage stage of a step: the estimator bound to its settings, the learner's KL penalty when it is in
+the reward, and DAPO's overlong filter, composed once from the config (`advantage_stage`)."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from relayrl.algorithms.advantages import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, make_inputs, turn_reward_tensor
+from relayrl.algorithms.dapo import overlong_mask
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.types import Experience, Rollout
+
+
+def advantage_stage(config: Config) -> Callable[[Experience, list[Rollout]], Experience]:
+    """`stage(exp, rollouts) -> exp` with advantages and returns, as `config.algorithm` chose."""
+    estimator = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
+    return functools.partial(
+        estimate_advantages,
+        estimator,
+        config.algorithm.dapo.overlong_filter,
+        per_turn=config.algorithm.advantage in TOKEN_LEVEL,
+    )
+
+
+def estimate_advantages(
+    advantage_fn: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]],
+    overlong_filter: bool,
+    exp: Experience,
+    rollouts: list[Rollout],
+    per_turn: bool = False,
+) -> Experience:
+    """Advantages and returns from the rewards (plus the learner's per-token KL penalty when it is in the
+    reward); with DAPO's overlong filter, truncated responses count in their group but train nothing.
+    `per_turn` (token-level estimators): a multi-turn trajectory's turns' rewards sit on their turns' ends."""
+    placed = turn_reward_tensor(rollouts, exp.prompt_lengths, exp.loss_mask.shape[1]) if per_turn else None
+    inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values, placed)
+    if exp.reward_penalty is not None:
+        inputs.token_rewards = inputs.token_rewards + exp.reward_penalty
+    exp.advantages, exp.returns = advantage_fn(inputs)
+    if overlong_filter:
+        exp.loss_mask = exp.loss_mask * overlong_mask(rollouts)[:, None]
+    return exp
+
+
+def advantage_knobs(config: Config) -> dict:
+    """The config values each estimator takes (the others have none)."""
+    algo = config.algorithm
+    return {
+        "grpo": {"std_normalize": algo.std_normalize},
+        "reinforce_pp": {"gamma": algo.gamma},
+        "gae": {"gamma": algo.gamma, "lam": algo.lam},
+    }.get(algo.advantage, {})

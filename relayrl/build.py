@@ -1,0 +1,147 @@
+"""Building a run: every role constructed once, every variant chosen once, before the first step.
+
+Model, data and reward are checked before anything is written; only then is `log.dir` claimed
+(relayrl/run/directory.py), so a mistaken command never touches a previous run. Then the roles are placed
+(relayrl/placement/: in this process or as Ray actors), the reward service started, the rollout source chosen
+(single- or multi-turn, relayrl/sources/), the schedule and the advantage stage bound. The step that runs them is
+relayrl/controller.py; `train` is a whole run: build, resume from a checkpoint, run, close.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+from pathlib import Path
+
+import torch
+
+from relayrl.algorithms.stage import advantage_stage
+from relayrl.config import Config, dump_config
+from relayrl.controller import Trainer
+from relayrl.data.source import PromptSampler, load_prompts, longest_prompt_tokens, show_first_prompt
+from relayrl.errors import ConfigError, RoleFailure
+from relayrl.metrics.timeline import Timeline
+from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
+from relayrl.placement import build_roles
+from relayrl.rewards import load_reward
+from relayrl.rewards.service import build_reward_service
+from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
+from relayrl.run.directory import claim
+from relayrl.run.preemption import Interrupted, StopSignals
+from relayrl.schedules.overlap import SCHEDULES
+from relayrl.sources.multi_turn import MultiTurnSource, check_env, response_budget
+from relayrl.sources.single_turn import RolloutSource
+from relayrl.types import Prompt
+
+
+def build_trainer(config: Config, resume_step: int | None = None, overwrite: bool = False) -> Trainer:
+    """Construct every role once: in this process (`placement.mode=local`) or as Ray actors (`ray`)."""
+    check_model_dir(config.model.path)
+    if config.train.threads:
+        torch.set_num_threads(config.train.threads)
+    tokenizer = load_tokenizer(config.model.path)
+    prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
+    longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
+    check_env(config, longest)  # env.fn: multi-turn rollouts (relayrl/envs/), a whole trajectory in the context
+    max_len = longest + response_budget(config)
+    check_context(config, max_len)
+    for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
+        load_reward(component.fn, component.kwargs, component.style)
+    run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
+    probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
+    roles = build_roles(config, max_len, probe_ids)
+    rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
+    sampler = PromptSampler(prompts, config.train.seed, config.data.shuffle)
+    source = (MultiTurnSource if config.env.fn else RolloutSource)(config, roles.engines, rewards, sampler, roles.sync)
+    return Trainer(
+        config=config,
+        engines=roles.engines,
+        learner=roles.learner,
+        sync=roles.sync,
+        source=source,
+        sampler=sampler,
+        make_schedule=functools.partial(SCHEDULES[config.train.schedule], source, config),
+        advantages=advantage_stage(config),
+        eval_prompts=eval_prompts,
+        tokenizer=tokenizer,
+        run_dir=run_dir,
+        data_metrics=data_metrics,
+        pad_id=pad_token_id(tokenizer),
+        close=lambda: (rewards.close(), roles.close(), source.close()),
+        timeline=Timeline(run_dir / "timeline.jsonl"),
+    )
+
+
+def load_data(config: Config, tokenizer) -> tuple[list[Prompt], list[Prompt], dict[str, float]]:
+    """(training prompts, held-out prompts, data/* metrics), the first prompt shown as the model sees it."""
+    data = config.data
+    prompts, long_stats = load_prompts(
+        data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
+    )
+    show_first_prompt(prompts, long_stats, tokenizer)  # what the model is shown, before any time is spent
+    data_metrics = {"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated}
+    data_metrics["data/prompts_unknown_chars"] = long_stats.unknown
+    eval_prompts = []
+    if data.eval:
+        eval_prompts, eval_stats = load_prompts(
+            data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
+        )
+        eval_prompts = eval_prompts[: config.eval.max_prompts or None]
+        data_metrics.update(
+            {"data/eval_prompts_dropped": eval_stats.dropped, "data/eval_prompts_truncated": eval_stats.truncated}
+        )
+    return prompts, eval_prompts, data_metrics
+
+
+def check_context(config: Config, max_len: int) -> None:
+    limit = context_length(config.model.path)
+    if limit is not None and max_len > limit:
+        raise ConfigError(
+            f"the longest prompt plus rollout.max_tokens={config.rollout.max_tokens} is {max_len} "
+            f"tokens, over the model's context of {limit}: lower data.max_prompt_tokens="
+            f"{config.data.max_prompt_tokens} or rollout.max_tokens"
+        )
+
+
+def train(config: Config, resume: str | None = None, overwrite: bool = False) -> dict[str, dict[str, float]]:
+    """Run training into `log.dir`; with `resume`, continue the run in that directory from its newest intact
+    checkpoint; with `overwrite`, replace a run already in `log.dir`. SIGTERM/SIGINT raise `Interrupted`
+    once the current step is saved (relayrl/run/preemption.py), after every role is closed."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if resume is not None and overwrite:
+        raise ConfigError("--resume continues a run and --overwrite replaces it: pass one of them")
+    found = None
+    with StopSignals() as signals:
+        try:
+            if resume is not None:
+                found = latest_checkpoint(resume)
+                if found is None:
+                    raise ConfigError(f"--resume {resume}: no usable checkpoint in {checkpoint_root(resume)}")
+                config.log.dir = str(resume)
+            trainer = build_trainer(config, None if found is None else found[1]["step"], overwrite)
+            trainer.signals = signals
+            try:
+                if found is None:
+                    return trainer.run()
+                start = trainer.load_state(*found)
+                print(f"resuming from {found[0]} at step {start}")
+                return trainer.run(start_step=start, before=found[1]["before"])
+            finally:
+                trainer.close()
+        except Interrupted as stop:
+            stop.run_dir = config.log.dir
+            if stop.checkpoint is None and found is not None:  # stopped before the resumed run's first step
+                stop.checkpoint = found[0]
+            raise
+        except RoleFailure as failure:  # a role died for good: say how to continue from the last checkpoint
+            raise RoleFailure(with_resume_hint(str(failure), config.log.dir), failure.role, failure.died) from failure
+
+
+def with_resume_hint(message: str, run_dir: str) -> str:
+    """`message`, plus the command that continues the run in `run_dir` when it holds an intact checkpoint."""
+    found = latest_checkpoint(run_dir, log=lambda *_: None) if Path(run_dir, "config.yaml").exists() else None
+    if found is None:
+        return message
+    command = shlex.join(["relayrl", "train", str(Path(run_dir) / "config.yaml"), "--resume", str(run_dir)])
+    return f"{message}\nresume with: {command}"

@@ -1,0 +1,90 @@
+"""Settings that cannot take effect in the chosen mode: each is warned about by name when a config is loaded
+(`max_staleness` under `sync`, a KL estimator at coefficient 0, sync keys the transport does not read, ...), and
+the transport `sync.transport: auto` means for a placement."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relayrl.config.learner import check_learner
+from relayrl.config.lora import warn_lora
+from relayrl.config.warn import warn
+
+if TYPE_CHECKING:
+    from relayrl.config.root import Config
+
+
+def warn_ineffective(config: Config) -> None:
+    """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
+    _warn_algorithm(config)
+    warn_lora(config)  # relayrl/config/lora.py: a LoRA run at a full fine-tuning learning rate
+    check_learner(config)  # relayrl/config/learner.py: an offload that cannot take effect
+    train = config.train
+    if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
+        names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
+        warn(f"{names} has no effect under train.schedule={train.schedule}")
+    if train.schedule != "sync" and config.checkpoint.every:
+        lost = {"one_step_off": "the batch in flight is drawn again and generated with the checkpoint's weights"}
+        warn(
+            f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the rollouts in "
+            f"flight ({lost.get(train.schedule, 'the groups in flight or buffered are dropped, not drawn again')}): "
+            "a resumed run is not a replay of an uninterrupted one"
+        )
+    off_policy = train.schedule == "one_step_off" or (train.schedule == "async" and train.max_staleness > 0)
+    if off_policy and config.algorithm.correction.mode == "none":
+        warn(
+            f"train.schedule={train.schedule} trains on samples from older policies without correction; "
+            "consider algorithm.correction.mode=tis_token"
+        )
+    placement = config.placement
+    if placement.mode == "local" and placement.model_fields_set - {"mode"}:
+        names = ", ".join(f"placement.{k}" for k in sorted(placement.model_fields_set - {"mode"}))
+        warn(f"{names} has no effect under placement.mode=local")
+    transport = effective_transport(config)
+    if idle := sorted(config.sync.model_fields_set - SYNC_KEYS[transport]):
+        names = ", ".join(f"sync.{k}" for k in idle)
+        warn(f"{names} has no effect with the {transport} transport")
+
+
+def _warn_algorithm(config: Config) -> None:
+    algo = config.algorithm
+    if algo.kl.coef == 0 and "estimator" in algo.kl.model_fields_set:
+        warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0")
+    if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
+        chosen = " (auto's choice)" if config._engine_choice is not None else ""
+        warn(f"rollout.kv_cache_gib has no effect with rollout.engine=hf{chosen}")
+    if algo.kl.coef == 0 and algo.kl.model_fields_set - {"coef", "estimator"}:
+        names = ", ".join(f"algorithm.kl.{k}" for k in sorted(algo.kl.model_fields_set - {"coef", "estimator"}))
+        warn(f"{names} has no effect while algorithm.kl.coef is 0")
+    if algo.correction.mode == "none" and algo.correction.model_fields_set - {"mode"}:
+        warn("algorithm.correction settings have no effect while algorithm.correction.mode is none")
+    if not algo.dapo.dynamic_sampling and "max_rounds" in algo.dapo.model_fields_set:
+        warn("algorithm.dapo.max_rounds has no effect without algorithm.dapo.dynamic_sampling")
+    if algo.advantage != "gae" and config.critic.model_fields_set:
+        warn(
+            f"critic.{', critic.'.join(sorted(config.critic.model_fields_set))} has no effect: a critic "
+            "is built only for algorithm.advantage=gae"
+        )
+    if algo.policy_loss == "ppo_clip" and algo.clip_eps < 0.01:
+        warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2")
+    if config.data.eval is None and config.eval.model_fields_set:
+        warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval")
+
+
+# The sync settings each transport reads: the in-process transport hands tensors over (no wire, no deadline) but
+# still runs the parity probe; only the disk transport writes into a directory.
+_WIRE = {"transport", "bucket_mb", "wire_dtype", "checksum", "parity_probe", "timeout_s", "lora"}
+SYNC_KEYS = {
+    "inprocess": {"transport", "parity_probe", "lora"},
+    "shm": _WIRE,
+    "broadcast": _WIRE,
+    "object_store": _WIRE,
+    "disk": _WIRE | {"directory"},
+}
+
+
+def effective_transport(config: Config) -> str:
+    """`sync.transport`, with `auto` resolved for the placement."""
+    if config.sync.transport != "auto":
+        return config.sync.transport
+    return "inprocess" if config.placement.mode == "local" else "shm"

@@ -1,0 +1,125 @@
+"""The root of the typed config tree, `Config`: one field per section, the batch sizes derived from them, and the
+rules that hold across sections (checked when the tree is validated).
+
+Validating imports no runtime code: `auto` choices are resolved after validation, by the package that owns each
+(relayrl/config/resolve.py). The sections are relayrl/config/sections.py and its siblings; loading, overrides and
+the messages are relayrl/config/load.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, PrivateAttr, model_serializer, model_validator
+
+from relayrl.config.algorithm import AlgorithmConfig, CriticConfig
+from relayrl.config.env import EnvConfig
+from relayrl.config.learner import LearnerConfig
+from relayrl.config.sections import (
+    CheckpointConfig,
+    DataConfig,
+    EvalConfig,
+    LogConfig,
+    ModelConfig,
+    PlacementConfig,
+    RewardConfig,
+    RolloutConfig,
+    Section,
+    SyncConfig,
+    TrainConfig,
+)
+
+
+class Config(Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
+    _engine_choice: Any = PrivateAttr(None)  # what `rollout.engine: auto` chose, and why (relayrl/rollout/choice.py)
+    _resolved: bool = PrivateAttr(False)  # the `auto` choices made (relayrl/config/resolve.py)
+
+    @model_serializer(mode="wrap")
+    def _dump_engine_as_asked(self, handler) -> dict:
+        """`auto` where auto chose: a reloaded dump (a resume, `relayrl.train`'s reload) chooses again, noted."""
+        tree = handler(self)
+        if self._engine_choice is not None and isinstance(tree, dict) and isinstance(tree.get("rollout"), dict):
+            tree["rollout"]["engine"] = self._engine_choice.as_asked(tree["rollout"].get("engine"))
+        return tree
+
+    @property
+    def rollout_batch(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.n
+
+    @property
+    def mini_batch(self) -> int:
+        return self.train.mini_batch or self.rollout_batch
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per training step: mini-batches per rollout batch x epochs."""
+        return (self.rollout_batch // self.mini_batch) * self.train.epochs
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> "Config":
+        if self.rollout_batch % self.mini_batch:
+            raise ValueError(
+                f"train.mini_batch={self.mini_batch} must divide the rollout batch "
+                f"(rollout.prompts_per_step * rollout.n = {self.rollout_batch})"
+            )
+        group_relative = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline")
+        if self.rollout.min_tokens > self.rollout.max_tokens:
+            raise ValueError(
+                f"rollout.min_tokens={self.rollout.min_tokens} exceeds rollout.max_tokens={self.rollout.max_tokens}"
+            )
+        if self.algorithm.dapo.overlong_buffer > self.rollout.max_tokens:
+            raise ValueError(
+                f"algorithm.dapo.overlong_buffer={self.algorithm.dapo.overlong_buffer} must not exceed "
+                f"rollout.max_tokens={self.rollout.max_tokens}"
+            )
+        transport = self.sync.transport
+        if self.placement.mode == "local" and transport not in ("auto", "inprocess"):
+            raise ValueError(
+                f"sync.transport={transport} needs placement.mode=ray (under local, every role shares "
+                "one process and weights move in-process)"
+            )
+        if self.placement.mode == "ray" and transport == "inprocess":
+            raise ValueError(
+                "sync.transport=inprocess needs placement.mode=local; under ray use shm, broadcast, "
+                "disk or object_store"
+            )
+        if self.train.schedule != "sync" and self.placement.mode != "ray":
+            raise ValueError(
+                f"train.schedule={self.train.schedule} overlaps generation with training, which needs "
+                "separate processes: set placement.mode=ray"
+            )
+        if self.train.partial_rollouts and (
+            self.train.schedule != "async" or self.train.on_stale != "drop" or self.train.partial_rollouts < 1
+        ):
+            raise ValueError(
+                "train.partial_rollouts needs train.schedule=async with train.on_stale=drop and a factor "
+                ">= 1 (a carried response holds tokens of older versions, which wait's admission "
+                "control cannot account for)"
+            )
+        if self.train.schedule != "sync" and self.algorithm.dapo.dynamic_sampling:
+            raise ValueError(
+                f"algorithm.dapo.dynamic_sampling works with train.schedule=sync only, not {self.train.schedule}"
+            )
+        if self.placement.mode == "ray" and self.rollout.engine == "hf":
+            raise ValueError("placement.mode=ray runs vLLM engines; set rollout.engine=vllm")
+        if self.algorithm.kl.controller == "adaptive" and self.algorithm.kl.coef == 0:
+            raise ValueError("algorithm.kl.controller=adaptive needs an initial algorithm.kl.coef > 0")
+        if self.algorithm.advantage in group_relative and self.rollout.n < 2:
+            raise ValueError(
+                f"rollout.n must be at least 2 for {self.algorithm.advantage} (advantages are relative within a group)"
+            )
+        return self

@@ -1,0 +1,183 @@
+"""The multi-turn rollout source: what the schedules call when `env.fn` is set (relayrl/sources/single_turn.py is the
+single-turn one, with the same methods).
+
+`generate` runs the step's trajectories (relayrl/sources/trajectories.py) through the run's engines and the
+environment workers, which live for the whole run; `score` turns each trajectory's combined environment
+reward into its `Score` (component `env`), adds a `reward.fn` when one is configured (scored on the final
+transcript), and hands the env/tito metrics to the step's metrics. `evaluate` runs held-out trajectories
+greedily.
+
+Every schedule works (relayrl/schedules/overlap.py). `submit` runs a batch of trajectories on a thread of its
+own and `finish` joins it: under `one_step_off` the next step's trajectories advance while the learner
+trains, under `async` each producer (one per engine replica) runs its chunks there. Each such lane has its own
+environment workers (a pool serves one driver at a time), so held-out evaluation in the training thread never
+shares them. A weight push can land between two turns of a trajectory: it is not pinned to one version; its
+later turns run on the new weights, each token tagged with the version that produced it (Ray engine actors
+tag what they hold when they run a call), and the async buffer bounds its staleness by its oldest token.
+
+With a token-level estimator (`algorithm.advantage` gae, reinforce_pp, reinforce_pp_baseline) each turn's
+reward sits on that turn's last generated token (`Rollout.turn_rewards`, relayrl/algorithms/advantages.py), so
+the trajectory's reward is their plain sum and `env.reward` does not apply; group estimators combine the turns'
+rewards per `env.reward`.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from relayrl.algorithms.advantages import TOKEN_LEVEL
+from relayrl.config.env import EnvConfig
+from relayrl.data.chat import ChatCodec
+from relayrl.envs.pool import EnvPool
+from relayrl.errors import ConfigError
+from relayrl.sources.single_turn import RolloutSource
+from relayrl.sources.trajectories import MultiTurnBatch, MultiTurnDriver
+from relayrl.sources.turn_requests import turn_requests
+from relayrl.types import Prompt, Rollout, Sampling, Score
+
+MAIN = "main"  # the lane of `generate` and `evaluate`: the calling (training) thread
+
+
+def response_budget(config) -> int:
+    """Tokens after the first prompt that the engines' context must hold."""
+    return max(config.rollout.max_tokens, config.env.max_total_tokens) if config.env.fn else config.rollout.max_tokens
+
+
+def check_env(config, longest_prompt: int | None = None) -> None:
+    """A run's env.* settings that cannot work, found before anything is built or written; with the longest
+    prompt's tokens, also whether a whole trajectory fits the model's context."""
+    if not config.env.fn:
+        return
+    if config.train.partial_rollouts:
+        raise ConfigError(
+            f"env.fn={config.env.fn!r} does not combine with train.partial_rollouts: a trajectory's turns are "
+            "generated whole, each as the environment answers (set train.partial_rollouts=0)"
+        )
+    if config.algorithm.advantage in TOKEN_LEVEL and "reward" in config.env.model_fields_set:
+        from relayrl.config.warn import warn
+
+        warn(
+            f"env.reward={config.env.reward} has no effect with algorithm.advantage={config.algorithm.advantage}: "
+            "each turn's reward sits on its own last token, discounted per token by algorithm.gamma"
+        )
+    from relayrl.envs.base import load_env_class
+
+    load_env_class(config.env.fn)
+    if longest_prompt is not None:
+        check_env_context(config, longest_prompt)
+
+
+def check_env_context(config, longest_prompt: int) -> None:
+    """The first prompt plus env.max_total_tokens must fit the model's context (the engines are built with
+    exactly that max_model_len), else a trajectory fails on its last turn instead of at start."""
+    from relayrl.models.loading import context_length
+
+    limit = context_length(config.model.path)
+    total = longest_prompt + config.env.max_total_tokens
+    if limit is not None and total > limit:
+        raise ConfigError(
+            f"the longest prompt ({longest_prompt} tokens; data.max_prompt_tokens={config.data.max_prompt_tokens}) "
+            f"plus env.max_total_tokens={config.env.max_total_tokens} is {total} tokens, over the model's context "
+            f"of {limit} (max_position_embeddings of model.path={config.model.path}): lower env.max_total_tokens "
+            "or data.max_prompt_tokens"
+        )
+
+
+@dataclass
+class Lane:
+    """What one driver at a time uses: environment workers, and a tokenizer of its own (a fast tokenizer is not
+    safe to call from two threads at once)."""
+
+    pool: EnvPool
+    codec: ChatCodec
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class MultiTurnSource(RolloutSource):
+    def __init__(self, config, engines, rewards, sampler, sync):
+        super().__init__(config, engines, rewards, sampler, sync)
+        token_level = config.algorithm.advantage in TOKEN_LEVEL  # the turns' rewards are placed, so summed
+        self.env: EnvConfig = config.env.model_copy(update={"reward": "sum"}) if token_level else config.env
+        self.with_reward_fn = bool(config.reward.model_fields_set & {"fn", "components"})
+        self._lock = threading.Lock()  # guards the dicts here: the schedules' threads share this source
+        self._lanes: dict[str, Lane] = {}
+        self._generated: dict[int, MultiTurnBatch] = {}  # by id(batch.rollouts), until scored
+        self._threads: ThreadPoolExecutor | None = None
+        self.codec = self._lane_of(MAIN).codec  # the main lane's workers start now, as the run is built
+
+    def run(
+        self, prompts: list[Prompt], sampling: Sampling, lane: str = MAIN, replicas: list[int] | None = None
+    ) -> MultiTurnBatch:
+        """The trajectories of `prompts` (n each) on `replicas` (default all), with the workers of `lane`."""
+        own = self._lane_of(lane)
+        with own.lock:
+            turns = turn_requests(self.engines, self.version, replicas)
+            batch = MultiTurnDriver(turns, own.pool, own.codec, self.env, sampling).run(prompts, sampling.n)
+        with self._lock:
+            self._generated[id(batch.rollouts)] = batch
+        return batch
+
+    def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[Rollout]:
+        return self.run(prompts, sampling).rollouts
+
+    def submit(self, prompts: list[Prompt], sampling: Sampling, version: int, replicas: list[int] | None = None):
+        """Run the trajectories on a thread of their own (one lane per replica set); `finish` joins it. `version`
+        is not needed: the engines tag each turn's tokens with the weights that generate them."""
+        lane = "all" if replicas is None else ",".join(map(str, replicas))
+        with self._lock:
+            if self._threads is None:
+                self._threads = ThreadPoolExecutor(thread_name_prefix="trajectories")
+            return self._threads.submit(self.run, prompts, sampling, lane, replicas)
+
+    def finish(self, pending: Future) -> list[Rollout]:
+        return pending.result().rollouts
+
+    def score_samples(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]:
+        with self._lock:
+            batch = self._generated.pop(id(rollouts), None)
+        if batch is None or batch.rollouts is not rollouts:
+            raise RuntimeError("MultiTurnSource.score takes the rollouts a generate or finish returned")
+        scores: list[Score | None] = [Score(r, {"env": r}) for r in batch.rewards]
+        metrics = dict(batch.metrics)
+        if self.with_reward_fn and rollouts:
+            extra, reward_metrics = self.rewards.score(rollouts)
+            metrics.update(reward_metrics)
+            scores = [
+                None
+                if e is None
+                else Score(s.reward + e.reward, {**s.components, **(e.components or {"fn": e.reward})}, e.error)
+                for s, e in zip(scores, extra)
+            ]
+        return scores, metrics
+
+    def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
+        """Held-out trajectories, greedy: mean reward, success, first-turn success, turns."""
+        r = self.config.rollout
+        batch = self.run(prompts, Sampling.greedy(r.max_tokens, r.stop, r.min_tokens))
+        with self._lock:
+            self._generated.pop(id(batch.rollouts), None)  # not scored
+        m = batch.metrics
+        return {
+            "eval/greedy": sum(batch.rewards) / max(1, len(prompts)),
+            "eval/success": m["env/success"],
+            "eval/first_turn_success": m["env/first_turn_success"],
+            "eval/turns_mean": m["env/turns_mean"],
+        }
+
+    def _lane_of(self, name: str) -> Lane:
+        from relayrl.models.loading import load_tokenizer
+
+        with self._lock:
+            if name not in self._lanes:
+                env = self.env
+                codec = ChatCodec(load_tokenizer(self.config.model.path), self.config.data.chat_template)
+                self._lanes[name] = Lane(EnvPool(env.fn, env.kwargs, env.max_inflight, env.timeout_s), codec)
+            return self._lanes[name]
+
+    def close(self) -> None:
+        if self._threads is not None:  # a batch still running ends on its own (the engines are gone by now)
+            self._threads.shutdown(wait=True, cancel_futures=True)
+        for lane in self._lanes.values():
+            lane.pool.close()

@@ -1,0 +1,357 @@
+"""Multi-turn rollouts: trajectories that alternate model turns and environment steps, each on its own clock.
+
+One thread runs an event loop over two sources: finished turns from the engine (relayrl/sources/turn_requests.py)
+and finished environment steps from the workers (relayrl/envs/pool.py). A trajectory's next turn is
+submitted as soon as its step returns, so the engine keeps generating for the others while one waits on a
+slow tool; at most `env.max_inflight` trajectories are in flight (one environment worker each). A step past
+`env.timeout_s` is killed with its worker and costs only its trajectory (`env.on_error`).
+
+Token in, token out (relayrl/data/chat.py): a trajectory is a list of segments, generated tokens exactly as
+the engine sampled them (loss mask 1, behaviour log-probs, versions) and observation tokens (mask 0); every
+turn's prompt is the concatenation of the segments. The output is one `Rollout` per trajectory (more under
+`env.tito=fork`): its `response_ids` are every token after the first prompt, with `loss_mask`. Its reward
+is the turns' rewards combined per `env.reward`; `turn_rewards` keeps each turn's reward with the index of the
+turn's last token, for the token-level estimators. `lockstep=True` is the baseline the benchmark compares
+with: every trajectory's turn waits for the whole batch's generation, and every step for the slowest step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from relayrl.data.chat import ChatCodec
+from relayrl.envs.base import Step, observation_message
+from relayrl.errors import EnvError
+from relayrl.sources.turn_requests import TurnOutput
+from relayrl.types import Prompt, Rollout, Sampling
+
+
+@dataclass
+class Segment:
+    token_ids: list[int]
+    trained: bool  # loss mask: generated tokens 1, observation tokens 0
+    logprobs: list[float]
+    versions: list[int]
+
+
+@dataclass
+class Trajectory:
+    prompt: Prompt  # the dataset row's prompt (id, columns)
+    group_index: int
+    key: int
+    first: Prompt | None = None  # the first prompt as rendered from reset's observation
+    history: list[dict[str, Any]] = field(default_factory=list)  # the chat so far, as text (for the template)
+    segments: list[Segment] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    success: bool = False
+    truncated: bool = False
+    failed: str = ""  # "", "error" or "timeout"
+    forks: list[Rollout] = field(default_factory=list)
+    rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
+
+    @property
+    def response_length(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    def prompt_ids(self) -> list[int]:
+        return self.first.token_ids + [t for s in self.segments for t in s.token_ids]
+
+    def where(self) -> str:
+        """Names the trajectory and the turn whose environment step is at hand (or its reset)."""
+        return f"sample {self.prompt.id}#{self.group_index} " + (f"turn {self.turns}" if self.turns else "reset")
+
+
+@dataclass
+class MultiTurnBatch:
+    rollouts: list[Rollout]
+    rewards: list[float]  # per rollout, combined per env.reward
+    metrics: dict[str, float]
+
+
+def turn_ends(segments: list[Segment], rewards: list[float]) -> list[tuple[int, float]]:
+    """(index of each model turn's last token, that turn's reward) over a trajectory's response tokens. A turn
+    without tokens, or without a reward (cut by max_total_tokens before its step), has no pair."""
+    pairs, end, turn = [], -1, 0
+    for segment in segments:
+        end += len(segment.token_ids)
+        if segment.trained:
+            if segment.token_ids and turn < len(rewards):
+                pairs.append((end, rewards[turn]))
+            turn += 1
+    return pairs
+
+
+def combine_rewards(rewards: list[float], how: str, gamma: float) -> float:
+    if not rewards:
+        return 0.0
+    if how == "final":
+        return rewards[-1]
+    if how == "discounted":
+        return sum(gamma**t * r for t, r in enumerate(rewards))
+    return sum(rewards)
+
+
+GATHER_S = 0.02  # an environment answer later than this after the previous one waits for the next engine call
+
+
+class MultiTurnDriver:
+    """Runs `n` trajectories per prompt through `turns` (an engine adapter) and `pool` (environment workers)."""
+
+    def __init__(self, turns, pool, codec: ChatCodec, env, sampling: Sampling, lockstep: bool = False):
+        self.turns, self.pool, self.codec, self.env = turns, pool, codec, env
+        self.sampling = sampling
+        self.per_turn = env.max_tokens_per_turn or sampling.max_tokens
+        self.lockstep = lockstep
+        self.stop = tuple(sampling.stop)  # and the environment's own (its `stop` attribute), from reset on
+        self.keys = itertools.count()
+
+    def run(self, prompts: list[Prompt], n: int) -> MultiTurnBatch:
+        waiting = deque(Trajectory(p, i, next(self.keys)) for p in prompts for i in range(n))
+        order = list(waiting)
+        self.live: dict[int, Trajectory] = {}
+        self.held_turns: list[Trajectory] = []  # lockstep only: turns waiting for every step to return
+        self.held_actions: list[tuple[Trajectory, str]] = []  # lockstep only: steps waiting for the engine
+        self.stats = {"mismatch": 0, "forks": 0, "env_wait_s": 0.0}
+        try:
+            while waiting or self.live:
+                while waiting and self.pool.free:
+                    self._start(waiting.popleft())
+                self._release_held()
+                idle = not self.turns.pending
+                started = time.monotonic()
+                for key, status, payload in self.pool.poll(1.0 if idle else 0.0):
+                    self._on_env(self.live[key], status, payload)
+                if idle:
+                    self.stats["env_wait_s"] += time.monotonic() - started
+                if self.turns.pending and self.turns.one_call_per_step:
+                    self._gather()
+                if self.turns.pending:
+                    for key, output in self.turns.step():
+                        self._on_turn(self.live[key], output)
+        finally:  # normally nothing is left; after an error, what is in flight is dropped
+            self.turns.abort()
+            for key in list(self.live):
+                self.pool.release(key)
+        return self._batch(order)
+
+    def _gather(self) -> None:
+        """An engine that runs one call per step (HF generate, a Ray replica) serves only the turns queued
+        when it is called: let the environment answers that are on their way join that call, rather than
+        spend a call on each. Waits while answers keep arriving (GATHER_S apart) and steps are out."""
+        while self.pool.busy:
+            results = self.pool.poll(GATHER_S)
+            if not results:
+                return
+            for key, status, payload in results:
+                self._on_env(self.live[key], status, payload)
+
+    # ---- events ----------------------------------------------------------------------------------------
+    def _start(self, trajectory: Trajectory) -> None:
+        self.live[trajectory.key] = trajectory
+        row = dict(trajectory.prompt.columns)
+        row.update(
+            {"messages": trajectory.prompt.messages}
+            if trajectory.prompt.messages
+            else {"prompt": trajectory.prompt.text}
+        )
+        self.pool.reset(trajectory.key, row, trajectory.where())
+
+    def _on_env(self, trajectory: Trajectory, status: str, payload: Any) -> None:
+        if status != "ok":
+            return self._fail(trajectory, status, payload)
+        if trajectory.first is None:  # reset's answer: the first observation, and the environment's stop strings
+            messages, stop = payload
+            text, ids = self.codec.first_prompt(messages)
+            p = trajectory.prompt
+            trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages)
+            trajectory.history = list(messages)
+            self.stop = tuple(self.sampling.stop) + tuple(stop)
+            return self._submit(trajectory)
+        step: Step = payload
+        trajectory.rewards.append(step.reward)
+        trajectory.tool_calls += int(step.info.get("tool_calls", 0))
+        trajectory.success = bool(step.info.get("success", trajectory.success))
+        if step.done or trajectory.turns >= self.env.max_turns:
+            return self._finish(trajectory)
+        self._observe(trajectory, observation_message(step.observation))
+
+    def _on_turn(self, trajectory: Trajectory, output: TurnOutput) -> None:
+        output = self._cut_at_stop(output)
+        trajectory.segments.append(Segment(output.token_ids, True, output.logprobs, output.versions))
+        trajectory.turns += 1
+        action = self.codec.action_text(output.token_ids)
+        trajectory.history.append({"role": "assistant", "content": action})
+        if output.finish_reason == "length" and trajectory.response_length >= self.env.max_total_tokens:
+            trajectory.truncated = True
+            return self._finish(trajectory)
+        if self.lockstep:
+            self.held_actions.append((trajectory, action))
+        else:
+            self.pool.step(trajectory.key, action, trajectory.where())
+
+    def _cut_at_stop(self, output: TurnOutput) -> TurnOutput:
+        """The turn up to the token that completes a stop string (an engine that generated past it: HF generate
+        cannot match stop strings on every tokenizer, so batches are generated without them). Sampling is left
+        to right, so the cut turn is what stopping there would have sampled."""
+        ids = output.token_ids
+        if not self.stop or not any(s in self.codec.action_text(ids) for s in self.stop):
+            return output
+        low, high = 1, len(ids)  # the shortest prefix whose text holds a stop string
+        while low < high:
+            middle = (low + high) // 2
+            if any(s in self.codec.action_text(ids[:middle]) for s in self.stop):
+                high = middle
+            else:
+                low = middle + 1
+        if low == len(ids) and output.finish_reason == "stop":
+            return output
+        return TurnOutput(ids[:low], output.logprobs[:low], output.versions[:low], "stop")
+
+    def _observe(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
+        generated = trajectory.segments[-1].token_ids
+        delta = self.codec.observation(trajectory.history, generated, message)
+        trajectory.history.append(message)
+        if not delta.prefix_ok:
+            self.stats["mismatch"] += 1
+            if not self._rerender(trajectory, delta.full_text):
+                return
+        else:
+            version = trajectory.segments[-1].versions[-1] if trajectory.segments[-1].versions else 0
+            ids = delta.token_ids
+            trajectory.segments.append(Segment(ids, False, [0.0] * len(ids), [version] * len(ids)))
+        overflow = trajectory.response_length - self.env.max_total_tokens
+        if overflow >= 0:  # no room left for another turn: cut the observation, keep the trajectory, flag it
+            last = trajectory.segments[-1]
+            keep = len(last.token_ids) - overflow
+            trajectory.segments[-1] = Segment(last.token_ids[:keep], False, last.logprobs[:keep], last.versions[:keep])
+            trajectory.truncated = True
+            return self._finish(trajectory)
+        self._submit(trajectory)
+
+    def _rerender(self, trajectory: Trajectory, full_text: str) -> bool:
+        """The template changed earlier tokens: env.tito decides. False when the trajectory has ended."""
+        if self.env.tito == "strict":
+            raise EnvError(
+                f"{trajectory.where()}: the chat template renders the earlier turns differently once this "
+                "observation is added (it rewrites or drops earlier content), so the trajectory's tokens cannot "
+                "continue unchanged; set env.tito=fork (a new sample from here) or env.tito=retokenize"
+            )
+        trajectory.rerendered = True
+        ids = self.codec.encode(full_text)
+        first = trajectory.first.token_ids
+        if ids[: len(first)] != first:
+            raise EnvError(
+                f"{trajectory.where()}: env.tito={self.env.tito}: the re-rendered history does not start with the "
+                "first prompt's tokens; the chat template rewrites the first prompt itself"
+            )
+        if self.env.tito == "fork":  # the sample so far is kept (trained once); a new one continues from here
+            self.stats["forks"] += 1
+            trajectory.forks.append(self._rollout(trajectory))
+        version = trajectory.segments[-1].versions[-1] if trajectory.segments[-1].versions else 0
+        rest = ids[len(first) :]
+        trajectory.segments = [Segment(rest, False, [0.0] * len(rest), [version] * len(rest))]
+        return True
+
+    def _submit(self, trajectory: Trajectory) -> None:
+        budget = min(self.per_turn, self.env.max_total_tokens - trajectory.response_length)
+        if budget <= 0:
+            trajectory.truncated = True
+            return self._finish(trajectory)
+        if self.lockstep:
+            self.held_turns.append(trajectory)
+            return
+        self.turns.submit(
+            trajectory.key, trajectory.prompt_ids(), replace(self.sampling, n=1, max_tokens=budget, stop=self.stop)
+        )
+
+    def _release_held(self) -> None:
+        """Lockstep: every step waits until the engine has finished every turn, every turn until every step
+        has returned."""
+        if self.held_actions and not self.turns.pending:
+            for trajectory, action in self.held_actions:
+                self.pool.step(trajectory.key, action, trajectory.where())
+            self.held_actions = []
+        if self.held_turns and not self.pool.busy and not self.held_actions:
+            held, self.held_turns = self.held_turns, []
+            self.lockstep = False
+            for trajectory in held:
+                self._submit(trajectory)
+            self.lockstep = True
+
+    def _fail(self, trajectory: Trajectory, status: str, message: str) -> None:
+        if self.env.on_error == "error":
+            raise EnvError(f"{trajectory.where()}: {message} (set env.on_error=zero or skip to go on without it)")
+        trajectory.failed = "timeout" if status == "timeout" else "error"
+        trajectory.rewards = [0.0]
+        self._finish(trajectory)
+
+    def _finish(self, trajectory: Trajectory) -> None:
+        self.pool.release(trajectory.key)
+        del self.live[trajectory.key]
+
+    # ---- output ----------------------------------------------------------------------------------------
+    def _rollout(self, trajectory: Trajectory, group_index: int | None = None) -> Rollout:
+        segments = trajectory.segments
+        ids = [t for s in segments for t in s.token_ids]
+        return Rollout(
+            prompt=trajectory.first,
+            group_index=trajectory.group_index if group_index is None else group_index,
+            response_ids=ids,
+            response_text=self.codec.action_text(ids),
+            behaviour_logprobs=[lp for s in segments for lp in s.logprobs],
+            finish_reason="length" if trajectory.truncated else "stop",
+            versions=[v for s in segments for v in s.versions],
+            loss_mask=[int(s.trained) for s in segments for _ in s.token_ids],
+            turn_rewards=None
+            if trajectory.rerendered or trajectory.failed
+            else turn_ends(segments, trajectory.rewards),
+        )
+
+    def _batch(self, order: list[Trajectory]) -> MultiTurnBatch:
+        rollouts, rewards, forks = [], [], []
+        kept = [
+            t
+            for t in order
+            if t.first is not None
+            and not (t.failed and self.env.on_error == "skip")
+            and not (t.truncated and self.env.on_overflow == "drop")
+        ]
+        members: dict[int, int] = {}  # group -> members kept so far: a group still starts at group_index 0
+        for trajectory in kept:
+            reward = combine_rewards(trajectory.rewards, self.env.reward, self.env.gamma)
+            group = id(trajectory.prompt)
+            members[group] = members.get(group, -1) + 1
+            rollouts.append(self._rollout(trajectory, members[group]))
+            rewards.append(reward)
+            forks += [(trajectory, fork, reward) for fork in trajectory.forks]
+        for trajectory, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
+            members = [i for i, r in enumerate(rollouts) if r.prompt.id == fork.prompt.id]
+            fork.group_index = max(rollouts[i].group_index for i in members) + 1
+            rollouts.insert(members[-1] + 1, fork)
+            rewards.insert(members[-1] + 1, reward)
+        return MultiTurnBatch(rollouts, rewards, self._metrics(order, rollouts))
+
+    def _metrics(self, order: list[Trajectory], rollouts: list[Rollout]) -> dict[str, float]:
+        count = max(1, len(order))
+        tokens = sum(len(r.response_ids) for r in rollouts)
+        observed = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts)
+        return {
+            "env/turns_mean": sum(t.turns for t in order) / count,
+            "env/turns_max": float(max((t.turns for t in order), default=0)),
+            "env/success": sum(t.success for t in order) / count,
+            "env/first_turn_success": sum(t.success and t.turns == 1 for t in order) / count,
+            "env/tool_calls": sum(t.tool_calls for t in order) / count,
+            "env/errors": float(sum(t.failed == "error" for t in order)),
+            "env/timeouts": float(sum(t.failed == "timeout" for t in order)),
+            "env/truncated_frac": sum(t.truncated for t in order) / count,
+            "time/env": self.stats["env_wait_s"],
+            "tito/prefix_mismatch": float(self.stats["mismatch"]),
+            "tito/forks": float(self.stats["forks"]),
+            "response/obs_token_frac": observed / max(1, tokens),
+        }
