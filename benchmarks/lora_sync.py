@@ -22,6 +22,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -169,7 +170,7 @@ def generation_cost(engine, learner, version: int) -> None:
 def report(params: int, adapter: int, args, rows: dict, memory: dict) -> None:
     print(f"model: tiny Llama, {params / 1e6:.1f}M parameters (hidden {args.hidden}, {args.layers} layers), fp32")
     print(f"LoRA rank {args.rank}, all-linear: A = {adapter / 1e6:.2f}M parameters ({adapter / params:.2%} of P)")
-    print(f"load average: {open('/proc/loadavg').read().split()[:3]}\n")
+    print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}\n")
     full_bytes, full_total = rows["full"][0], rows["full"][1] + rows["full"][2]
     print("| push | bytes | pack+checksum s | receive+load s | total s | bytes vs full | total vs full |")
     print("|---|---|---|---|---|---|---|")

@@ -82,7 +82,7 @@ def measure_peak(sizes: tuple[int, ...] = (1024, 2048), repeats: int = 5) -> flo
     best = 0.0
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
-        best = max(best, 2 * n**3 / best_time(lambda: a @ b, repeats))
+        best = max(best, 2 * n**3 / best_time(lambda a=a, b=b: a @ b, repeats))
     return best
 
 

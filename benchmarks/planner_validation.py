@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import contextlib
+
 from planner_cases import CASES, base_config, build_case, overrides_for  # noqa: E402
 
 PHASES = ("generate", "update", "sync")
@@ -59,17 +61,13 @@ def background_load(seconds: float = 1.0, top: int = 4) -> tuple[str, float]:
     mine = {os.getpid(), *(c.pid for c in psutil.Process().children(recursive=True))}
     procs = [p for p in psutil.process_iter(["pid", "name", "cmdline"]) if p.pid not in mine]
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.cpu_percent(None)
-        except psutil.Error:
-            pass
     total = psutil.cpu_percent(interval=seconds)
     busy = []
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             busy.append((proc.cpu_percent(None), proc.pid, " ".join(proc.info["cmdline"] or [proc.info["name"]])))
-        except psutil.Error:
-            pass
     others = sum(cpu for cpu, _, _ in busy)
     busy = sorted(busy, reverse=True)[:top]
     lines = [f"machine CPU {total:.0f}% of {psutil.cpu_count()} cores; others {others:.0f}% of a core; busiest:"]

@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 from relayrl.config import RewardConfig
 from relayrl.rewards.service import build_reward_service
@@ -29,7 +30,7 @@ def busy_cores(seconds: float = 2.0) -> float:
     """Cores in use across the machine right now (from /proc/stat over `seconds`; ps %CPU is a lifetime mean)."""
 
     def sample() -> tuple[int, int]:
-        fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
         return sum(fields), fields[3] + fields[4]  # total, idle + iowait
 
     total0, idle0 = sample()

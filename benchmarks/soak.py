@@ -15,6 +15,7 @@ A hang is `--hang-s` seconds with no new metrics row. Not part of `make test` (m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -65,10 +66,8 @@ def rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     out = []
     for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # a row being written
             out.append(json.loads(line))
-        except json.JSONDecodeError:  # a row being written
-            pass
     return out
 
 
@@ -79,10 +78,8 @@ def ray_actors(name: str) -> list[psutil.Process]:
 def rss_mb(processes: list[psutil.Process]) -> float:
     total = 0
     for p in processes:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total / 2**20
 
 
@@ -99,7 +96,7 @@ class Soak:
         args = [sys.executable, "-m", "relayrl.cli", "train", str(self.config)]
         if resume:
             args += ["--resume", str(self.run_dir)]
-        log = open(self.work / "driver.log", "a")
+        log = open(self.work / "driver.log", "a")  # noqa: SIM115 - the driver writes into it until it ends
         self.process = subprocess.Popen(
             args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )

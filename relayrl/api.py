@@ -20,9 +20,10 @@ import json
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from relayrl.errors import ConfigError, DataError, RelayWarning
 
@@ -132,7 +133,7 @@ def _reward_tree(current: dict, reward: Any, workers: int) -> dict:
 
 def _component(item: Any, workers: int, where: str) -> dict:
     entry = dict(item) if isinstance(item, dict) else {"fn": item}
-    function = entry["fn"] if "fn" in entry else None
+    function = entry.get("fn", None)
     if function is None:
         raise ConfigError(f"{where}: a reward component dict needs 'fn' (a function or spec), got {sorted(entry)}")
     spec, kwargs = reward_spec(function, workers, where)

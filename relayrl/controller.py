@@ -10,9 +10,9 @@ relayrl/metrics/step_metrics.py. A whole run (build, resume, run, close) is `rel
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler

@@ -3,6 +3,8 @@
 The CLI prints these as a single line and exits non-zero; anything else is a bug and keeps its traceback.
 """
 
+import contextlib
+
 
 class RelayError(Exception):
     """Base of every error a user can cause and fix."""
@@ -72,10 +74,8 @@ def install_warning_format() -> None:
     def show(message, category, filename, lineno, file=None, line=None):
         if not issubclass(category, RelayWarning):
             return shown(message, category, filename, lineno, file, line)
-        try:
+        with contextlib.suppress(OSError):  # as warnings' own: a closed stderr must not turn a warning into a crash
             print(f"relayrl: warning: {message}", file=file or sys.stderr)
-        except OSError:  # as warnings._showwarnmsg_impl: a closed stderr must not turn a warning into a crash
-            pass
 
     show._relayrl = True
     warnings.showwarning = show

@@ -3,8 +3,9 @@ engine requests between them: `Sampling` (how to sample) and `PartialSample` (a 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ class Experience:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor) -> "Experience":
+    def select(self, index: torch.Tensor) -> Experience:
         """The rows in `index`, trimmed to the longest remaining sequence."""
         length = int(self.attention_mask[index].sum(dim=1).max())
         picked = {}
@@ -105,7 +106,7 @@ class Sampling:
     request_offset: int = 0  # index of the first prompt within the step's batch (a replica's share of it)
 
     @classmethod
-    def greedy(cls, max_tokens: int, stop: Iterable[str] = (), min_tokens: int = 0) -> "Sampling":
+    def greedy(cls, max_tokens: int, stop: Iterable[str] = (), min_tokens: int = 0) -> Sampling:
         return cls(n=1, temperature=0.0, max_tokens=max_tokens, min_tokens=min_tokens, stop=tuple(stop))
 
 

@@ -11,8 +11,8 @@ penalty itself (the caller adds it to `token_rewards`) and the critic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

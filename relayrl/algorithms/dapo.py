@@ -14,7 +14,7 @@ Nothing here does I/O or touches a model.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -17,7 +17,7 @@ the loss, via losses.kl_penalty, and the reward, via kl_in_reward).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

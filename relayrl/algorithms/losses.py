@@ -15,7 +15,7 @@ unmasked token counts as absent in every mode.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -32,10 +32,8 @@ ROW_CHUNK_ELEMENTS = 1 << 24  # the sort runs over row chunks of at most this ma
 
 def _kept_floor(rows: torch.Tensor, top_k: int, top_p: torch.Tensor | None) -> torch.Tensor:
     """Smallest kept logit per row: rows [n, V] (float32) -> [n, 1]."""
-    if top_k:
-        ascending = rows.topk(top_k, dim=-1).values.flip(-1)  # [n, k]: only the survivors are needed
-    else:
-        ascending = rows.sort(dim=-1).values  # [n, V]
+    # [n, k] with top_k (only the survivors are needed), else [n, V]
+    ascending = rows.topk(top_k, dim=-1).values.flip(-1) if top_k else rows.sort(dim=-1).values
     if top_p is None:
         return ascending[:, :1]
     cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # renormalised over the top-k survivors

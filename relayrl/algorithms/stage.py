@@ -4,7 +4,8 @@ the reward, and DAPO's overlong filter, composed once from the config (`advantag
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 

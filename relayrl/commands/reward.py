@@ -16,7 +16,8 @@ joined, and `completion_ids` (TRL's) come from a `completion_ids` column when th
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from relayrl.commands.reward_flags import add_reward_flags, reward_config
 

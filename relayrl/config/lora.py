@@ -29,7 +29,7 @@ class LoraConfig(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _check_dropout(self) -> "LoraConfig":
+    def _check_dropout(self) -> LoraConfig:
         if self.dropout:
             warn(f"model.lora.dropout={self.dropout} has no effect: the learner runs its passes in eval mode")
         return self

@@ -70,7 +70,7 @@ class Config(Section):
         return (self.rollout_batch // self.mini_batch) * self.train.epochs
 
     @model_validator(mode="after")
-    def _check_batches(self) -> "Config":
+    def _check_batches(self) -> Config:
         if self.rollout_batch % self.mini_batch:
             raise ValueError(
                 f"train.mini_batch={self.mini_batch} must divide the rollout batch "

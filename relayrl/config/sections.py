@@ -125,7 +125,7 @@ class RewardConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _check_components(self) -> "RewardConfig":
+    def _check_components(self) -> RewardConfig:
         if self.components and self.model_fields_set & {"fn", "kwargs", "style"}:
             raise ValueError(
                 "reward.components replaces reward.fn and reward.kwargs: set one or the other "
@@ -240,7 +240,7 @@ class TrainConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _one_micro_batch_size(self) -> "TrainConfig":
+    def _one_micro_batch_size(self) -> TrainConfig:
         if self.micro_batch_tokens is not None and "micro_batch" in self.model_fields_set:
             raise ValueError("set train.micro_batch or train.micro_batch_tokens, not both")
         return self
@@ -285,7 +285,7 @@ class LogConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _check_backends_installed(self) -> "LogConfig":
+    def _check_backends_installed(self) -> LogConfig:
         """A backend's package is an optional extra: a missing one fails here, before any work is done."""
         import importlib.util
 
@@ -358,7 +358,7 @@ class PlacementConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _check_learner_ranks(self) -> "PlacementConfig":
+    def _check_learner_ranks(self) -> PlacementConfig:
         if self.learner_ranks > 1 and self.mode != "ray":
             raise ValueError(
                 f"placement.learner_ranks={self.learner_ranks} starts that many learner actors: it needs "

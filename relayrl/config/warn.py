@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 from relayrl.errors import ConfigWarning
 

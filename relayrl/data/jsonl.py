@@ -11,8 +11,9 @@ Left out: writing (each file's owner appends its own rows).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from relayrl.errors import DataError
 

@@ -15,8 +15,9 @@ tokenising (relayrl/data/source.py), and streaming from the Hub.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class ArrowRows:
             self.table = _load_from_disk(path) if path.is_dir() else _read_parquet(path)
         except DataError:
             raise
-        except Exception as err:  # datasets and pyarrow raise several types for a bad file
+        except Exception as err:  # noqa: BLE001 - datasets and pyarrow raise several types for a bad file
             raise DataError(f"{path}: cannot read {what}: {err}") from None
 
     def __len__(self) -> int:
@@ -139,7 +140,7 @@ def _load_from_disk(path: Path):
     return loaded.data.table
 
 
-def open_rows(path: str | Path, check: Callable[[str, dict[str, Any]], None]) -> "CheckedRows":
+def open_rows(path: str | Path, check: Callable[[str, dict[str, Any]], None]) -> CheckedRows:
     """The rows of a prompt file or `datasets` directory; each is checked by `check` when it is read."""
     path = Path(path)
     if path.is_dir():

@@ -13,9 +13,10 @@ or up front with `relayrl data check`), and the dropped/truncated counts run wit
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,7 @@ class LoadStats:
 
 def load_prompts(
     path: str | Path, tokenizer, max_prompt_tokens: int, on_long_prompt: str = "error", chat_template: bool = True
-) -> tuple["list[Prompt] | PromptTable", LoadStats]:
+) -> tuple[list[Prompt] | PromptTable, LoadStats]:
     """The prompts of a file and how many were dropped or truncated. Up to EAGER_ROWS rows: a list, every row
     read, checked and tokenised now (ids checked unique). More: a `PromptTable`, each row read when drawn."""
     if on_long_prompt not in ("error", "drop", "truncate"):
@@ -223,7 +224,7 @@ class PromptTable:
         return self.maker.max_prompt_tokens
 
 
-def longest_prompt_tokens(*prompt_sets: "list[Prompt] | PromptTable") -> int:
+def longest_prompt_tokens(*prompt_sets: list[Prompt] | PromptTable) -> int:
     """The most tokens a prompt of these sets has (for a lazy table, the limit it enforces)."""
     return max(
         s.longest if isinstance(s, PromptTable) else max((len(p.token_ids) for p in s), default=0) for s in prompt_sets
@@ -267,7 +268,7 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
 
 
 def show_first_prompt(
-    prompts: "list[Prompt] | PromptTable", stats: LoadStats, tokenizer, key: str = "data.train", width: int = 200
+    prompts: list[Prompt] | PromptTable, stats: LoadStats, tokenizer, key: str = "data.train", width: int = 200
 ) -> None:
     """Print, on one line, the first prompt exactly as the model sees it: its tokens decoded, special ones
     included, with repr escapes so newlines and spaces show; a long one keeps its start and its end."""
@@ -290,7 +291,7 @@ class PromptSampler:
     """Deterministic epochs over the prompts: shuffled by (seed, epoch), resumable from `state()`. Over a
     `PromptTable` the order is over rows; a row dropped as too long is passed over when it is drawn."""
 
-    def __init__(self, prompts: "list[Prompt] | PromptTable", seed: int, shuffle: bool = True):
+    def __init__(self, prompts: list[Prompt] | PromptTable, seed: int, shuffle: bool = True):
         if not prompts:
             raise ValueError("PromptSampler needs at least one prompt")  # next() would never return
         self.prompts = prompts

@@ -88,7 +88,7 @@ def _import(target: str, spec: str):
         return module
     except EnvError:
         raise
-    except Exception as err:  # ImportError, and whatever the module raises while it runs
+    except Exception as err:  # noqa: BLE001 - ImportError, and whatever the module raises while it runs
         raise EnvError(f"env.fn={spec!r}: cannot import '{target}': {type(err).__name__}: {err}") from None
 
 

@@ -17,8 +17,9 @@ torch): a start costs ~0.1 s plus the environment's own imports.
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable
 from multiprocessing.connection import Connection
-from typing import Any, Hashable
+from typing import Any
 
 from relayrl.errors import EnvError
 from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline
@@ -34,7 +35,7 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> N
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver ends the workers on Ctrl-C
     try:
         cls = load_env_class(spec)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - whatever the user's module raises is sent back as the load error
         connection.send(("load_error", str(err) if isinstance(err, EnvError) else f"{type(err).__name__}: {err}"))
         return
     connection.send(("ready", None))

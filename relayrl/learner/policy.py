@@ -14,9 +14,9 @@ nothing else), the reference is the same model with its adapter disabled (no sec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -169,7 +169,7 @@ class PolicyLearner:
         self.objective.kl_controller.update(kl, len(exp))
         return {"actor/kl_coef": coef}
 
-    def _accumulate(self, part: Experience, normaliser: float, totals: "_Totals") -> torch.Tensor:
+    def _accumulate(self, part: Experience, normaliser: float, totals: _Totals) -> torch.Tensor:
         """Forward + backward of one micro-batch; returns its detached log-probs [b, t]."""
         logp, entropy = self._token_stats(self.network, part, entropy_grad=self.objective.entropy_in_loss)
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)

@@ -9,8 +9,9 @@ the weights are. The sending half of a weight transport (`WeightSource`) lives h
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import torch
 

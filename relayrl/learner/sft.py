@@ -111,13 +111,14 @@ def run_sft(
     out: str | Path,
     init: str = "tiny",
     model_path: str | None = None,
-    settings: SFTSettings = SFTSettings(),
+    settings: SFTSettings | None = None,
     log=print,
 ) -> Path:
     from relayrl.learner.sft_chat import conversation_rows, conversation_texts, encode_conversations
     from relayrl.models.loading import load_causal_lm, load_tokenizer
     from relayrl.models.tiny import build_tiny
 
+    settings = settings or SFTSettings()
     conversations = conversation_rows(data)  # multi-turn `messages` rows: assistant turns trained (learner/sft_chat.py)
     pairs = [] if conversations else load_pairs(data)
     torch.manual_seed(settings.seed)

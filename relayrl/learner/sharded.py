@@ -29,8 +29,8 @@ files (dist_checkpoint.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import nn

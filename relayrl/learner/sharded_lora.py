@@ -16,8 +16,8 @@ Leaves out: the buckets and transports (relayrl/sync/), sharded checkpoints (dis
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from functools import partial
-from typing import Callable, Iterator
 
 import torch
 from torch import nn

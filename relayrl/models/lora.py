@@ -13,8 +13,8 @@ Left out: adapters on embeddings or the LM head (`all-linear` excludes the head,
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 

@@ -8,8 +8,8 @@ silently drops the spaces of a character vocabulary; a `llama` checkpoint keeps 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 

@@ -7,8 +7,9 @@ driver or in an engine actor, and sets its own environment (vLLM's) itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy modules load only with the placement that needs them
     from relayrl.config import Config

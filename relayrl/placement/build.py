@@ -3,6 +3,7 @@ sync between them."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import ray
@@ -58,10 +59,8 @@ def shutdown(learner, learner_actors: list, engines, group) -> None:
     """Release shared memory and the placement group; the actors go with it."""
     from ray.util.placement_group import remove_placement_group
 
-    try:
+    with contextlib.suppress(Exception):  # the learner may be the role that died
         learner.close()
-    except Exception:  # the learner may be the role that died
-        pass
     for replica in engines.replicas:
         ray.kill(replica._actor, no_restart=True)
     for actor in learner_actors:

@@ -15,7 +15,7 @@ import dataclasses
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from relayrl.config import PlacementConfig
 from relayrl.errors import RoleFailure

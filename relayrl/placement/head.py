@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +54,8 @@ class Head:
         end_session(self.session, STOP_GRACE_S)
         if self.watcher is not None:
             self.watcher.stdin.close()  # what is left (nothing, normally) is the watcher's to end
-            try:
+            with suppress(subprocess.TimeoutExpired):
                 self.watcher.wait(STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def start_head(num_cpus: int) -> Head:
@@ -156,10 +154,8 @@ def end_session(session: int, grace_s: float) -> None:
     for signum, wait_s in steps + [(signal.SIGKILL, 5.0)]:
         left = session_processes(session)
         for pid in left:
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + wait_s
         while left and time.monotonic() < deadline:
             time.sleep(0.2)

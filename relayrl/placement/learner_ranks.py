@@ -18,6 +18,7 @@ caused it, not the peers it held up:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import threading
@@ -153,10 +154,8 @@ class LearnerRanks:
             return
         ended, _ = ray.wait(self.abandoned, num_returns=len(self.abandoned), timeout=0) if self.abandoned else ([], [])
         for ref in ended:
-            try:
+            with contextlib.suppress(Exception):  # the error of a peer of the rank already named
                 ray.get(ref, timeout=0)
-            except Exception:  # the error of a peer of the rank already named
-                pass
 
     def __getattr__(self, method: str):
         if method.startswith("_"):

@@ -11,6 +11,7 @@ nothing of other people's clusters: only this run's processes are in its session
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -76,10 +77,8 @@ def reap(session: int, raylet_pid: int) -> None:
     doomed = set(session_processes(session)) if session else set()
     doomed |= set(raylet_processes(raylet_pid)) if raylet_pid else set()
     for pid in doomed:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     sweep_segments()
 
 

@@ -10,7 +10,8 @@ reward) keeps its type and gains the role's name.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from relayrl.errors import PlacementError, RelayError, RoleFailure
 

@@ -94,7 +94,7 @@ def _rate(shape: ModelShape, rows: int, repeats: int) -> float:
     flops = seconds = 0.0
     for fan_in, fan_out, count in linear_shapes(shape):
         x, weight = torch.randn(rows, fan_in), torch.randn(fan_out, fan_in)
-        seconds += count * best_time(lambda: torch.nn.functional.linear(x, weight), repeats)
+        seconds += count * best_time(lambda x=x, weight=weight: torch.nn.functional.linear(x, weight), repeats)
         flops += count * 2 * rows * fan_in * fan_out
     return flops / seconds
 

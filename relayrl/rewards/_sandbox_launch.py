@@ -101,7 +101,7 @@ def main() -> None:
         if not job["namespaces"]:
             run_program(job, marker, weak=True)
         launch(job, marker)
-    except Exception as err:  # the sandbox could not be set up: say so, with a code of our own
+    except Exception as err:  # noqa: BLE001 - the sandbox could not be set up: say so, with a code of our own
         print(f"sandbox setup failed: {err}", file=sys.stderr)
         os._exit(EXIT_SETUP_FAILED)
 
@@ -125,7 +125,7 @@ def launch(job: dict, marker: str) -> None:
         try:
             die_with_parent()
             run_init(job, marker)
-        except BaseException as err:
+        except BaseException as err:  # noqa: BLE001 - init must exit with our code whatever happened
             print(f"sandbox setup failed: {err}", file=sys.stderr)
             os._exit(EXIT_SETUP_FAILED)
     os._exit(_exit_code(os.waitpid(init, 0)[1]))

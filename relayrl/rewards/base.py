@@ -96,7 +96,7 @@ def _announce(spec: str, style: str) -> None:
 def _import_module(name: str, spec: str):
     try:
         return importlib.import_module(name)
-    except Exception as err:  # ImportError, and whatever the module raises while it runs (SyntaxError, ...)
+    except Exception as err:  # noqa: BLE001 - ImportError, and whatever the module raises while it runs
         raise RewardError(f"reward.fn={spec!r}: cannot import module '{name}': {type(err).__name__}: {err}") from None
 
 
@@ -110,7 +110,7 @@ def _import_file(path: str, spec: str):
     sys.modules[name] = module  # as importlib's recipe does: dataclasses and pickling look the module up
     try:
         module_spec.loader.exec_module(module)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - whatever the user's file raises while it runs
         del sys.modules[name]
         raise RewardError(f"reward.fn={spec!r}: cannot import {file}: {type(err).__name__}: {err}") from None
     return module
@@ -133,7 +133,7 @@ def score_rollouts(
     """
     try:
         raw = _call(fn, rollouts)
-    except Exception:
+    except Exception:  # noqa: BLE001 - the user's function failed somewhere: score alone to find the sample
         raw = [_call_one(fn, rollout, on_error) for rollout in rollouts]
     raw = _as_list(raw)
     if not isinstance(raw, (list, tuple)) or len(raw) != len(rollouts):

@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from relayrl.errors import RewardError
 from relayrl.types import Rollout
@@ -118,7 +119,7 @@ def resolve(fn: Callable, kwargs: dict[str, Any] | None, style: str, spec: str) 
     if kwargs and _is_factory(_signature(fn), kwargs):
         try:
             fn = fn(**kwargs)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - whatever the user's factory raises, named with its kwargs
             raise RewardError(
                 f"reward.fn={spec!r}: the factory raised when called with reward.kwargs {kwargs}: "
                 f"{type(err).__name__}: {err}"

@@ -16,8 +16,8 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from relayrl.errors import RewardError
 from relayrl.rewards.pool import Outcome, Task
@@ -28,7 +28,7 @@ CLOSE_TIMEOUT_S = 30.0  # the dispatcher's wait is cut short by `wake` (Ray pool
 class Call:
     """One scoring call's view of the dispatcher: submit tasks, take their outcomes."""
 
-    def __init__(self, dispatcher: "Dispatcher", owner: int):
+    def __init__(self, dispatcher: Dispatcher, owner: int):
         self._dispatcher, self.owner = dispatcher, owner
         self.outstanding = 0  # submitted, outcome not yet taken
 

@@ -16,12 +16,13 @@ One thread drives a pool (the service's dispatcher, dispatch.py); only `wake` ma
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Iterator
 
 from relayrl.errors import RewardError
 from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline
@@ -56,7 +57,7 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict, str]]
     # finishes its step and then closes the workers (relayrl/run/preemption.py)
     try:
         fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - whatever the user's module raises is sent back as the load error
         connection.send(
             ("load_error", f"{type(err).__name__}: {err}" if not isinstance(err, RewardError) else str(err))
         )
@@ -102,10 +103,8 @@ class WorkerPool(SupervisedPool):
 
     def wake(self) -> None:
         """Cut the current `step`'s wait short (thread-safe: new tasks are waiting to be handed out)."""
-        try:
+        with contextlib.suppress(OSError):  # the buffer is full of wake-ups already, or the pool is closed
             self._wake_send.send(b"\0")
-        except OSError:  # the buffer is full of wake-ups already (BlockingIOError), or the pool is closed
-            pass
 
     def _collect(self) -> Iterator[tuple[Task, Outcome]]:
         for index, kind, payload in self._messages(first_deadline(self.workers, 1.0), (self._wake_receive,)):

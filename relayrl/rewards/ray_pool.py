@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from relayrl.errors import RewardError
 from relayrl.rewards.pool import DIED, STARTUP_TIMEOUT_S, TIMEOUT, Outcome, Task

@@ -43,6 +43,7 @@ Isolation (`isolation=`):
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -406,10 +407,8 @@ def _user_processes() -> int:
     uid = os.getuid()
     count = 0
     for entry in os.scandir("/proc"):
-        try:
+        with contextlib.suppress(OSError):
             count += entry.name.isdigit() and entry.stat().st_uid == uid
-        except OSError:
-            pass
     return count
 
 

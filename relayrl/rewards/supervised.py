@@ -16,8 +16,9 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import time
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator
+from typing import Any
 
 DIED = "died"
 

@@ -10,10 +10,10 @@ Leaves out: choosing by the rollout's length or batch (the crossover was measure
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 # The CPU crossover. Below it vLLM's per-step Python work (scheduling, per-request output processing, ~15 ms a
 # step) outweighs the model's compute. Measured by the benchmark suite (`make bench`, benchmarks/README.md,

@@ -15,7 +15,7 @@ the loop is exact. Requests with stop strings still go through `generate`.
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -4,7 +4,8 @@ relayrl/types.py; `rollout.build.engine_from_config` is the one way an engine is
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Protocol, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 import torch
 

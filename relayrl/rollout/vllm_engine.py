@@ -23,9 +23,9 @@ import tempfile
 import warnings
 import weakref
 from collections import deque
+from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Iterable
 
 import torch
 

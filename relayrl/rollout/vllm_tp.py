@@ -20,9 +20,9 @@ import contextlib
 import json
 import math
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
@@ -157,7 +157,7 @@ class LoraView:
     vocab: int
 
     @classmethod
-    def of(cls, model) -> "LoraView":
+    def of(cls, model) -> LoraView:
         from vllm.lora.layers import BaseLayerWithLoRA
 
         served = frozenset(name for name, module in model.named_modules() if isinstance(module, BaseLayerWithLoRA))

@@ -63,7 +63,7 @@ class StopSignals:
         self._previous: dict[int, object] = {}
         self._log = log
 
-    def __enter__(self) -> "StopSignals":
+    def __enter__(self) -> StopSignals:
         self.install()
         return self
 

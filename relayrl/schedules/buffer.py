@@ -90,12 +90,11 @@ class RolloutBuffer:
                 left = deadline - time.monotonic()
                 if self.closed:
                     raise PlacementError("the rollout producers stopped before a batch was complete")
-                if left <= 0 or not self._cond.wait(left):
-                    if time.monotonic() >= deadline:
-                        raise PlacementError(
-                            f"no full batch of rollouts within {timeout_s:g} s "
-                            f"({len(self._groups)} of {self.groups_per_step} groups ready)"
-                        )
+                if (left <= 0 or not self._cond.wait(left)) and time.monotonic() >= deadline:
+                    raise PlacementError(
+                        f"no full batch of rollouts within {timeout_s:g} s "
+                        f"({len(self._groups)} of {self.groups_per_step} groups ready)"
+                    )
 
     def _try_take(self, version: int) -> list[Group] | None:
         g = self.groups_per_step

@@ -156,7 +156,7 @@ class AsyncSchedule(Schedule):
             else:
                 while self._produce_chunk(replica):
                     pass
-        except BaseException as err:  # surfaces in the training loop's next `batch`
+        except BaseException as err:  # noqa: BLE001 - surfaces in the training loop's next `batch`
             self.failure = err
             self.buffer.close()
 
@@ -194,7 +194,7 @@ class AsyncSchedule(Schedule):
             oldest = min((v for r in group for v in r.versions), default=version)
             self.buffer.put(Group(group, group_scores, oldest, ticket))
 
-    def _produce_partial(self, replica: int, state: "PartialState") -> bool:
+    def _produce_partial(self, replica: int, state: PartialState) -> bool:
         s, train = self.source, self.config.train
         n, tickets = self.config.rollout.n, self._admit_chunk()
         if tickets is None:

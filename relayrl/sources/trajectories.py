@@ -330,7 +330,7 @@ class MultiTurnDriver:
             rollouts.append(self._rollout(trajectory, members[group]))
             rewards.append(reward)
             forks += [(trajectory, fork, reward) for fork in trajectory.forks]
-        for trajectory, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
+        for _trajectory, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
             members = [i for i, r in enumerate(rollouts) if r.prompt.id == fork.prompt.id]
             fork.group_index = max(rollouts[i].group_index for i in members) + 1
             rollouts.insert(members[-1] + 1, fork)

@@ -19,8 +19,8 @@ and `step() -> finished turns`:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
-from typing import Hashable
 
 from relayrl.rollout.protocols import EngineGroup
 from relayrl.types import Prompt, Sampling

@@ -8,7 +8,8 @@ into the sync to re-attach the new replica and push it the current weights.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import torch
 

@@ -11,8 +11,8 @@ of memcpy speed. A mismatch names the bucket, its tensors and the policy version
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import torch
 import xxhash

@@ -5,6 +5,7 @@ and nothing of the run's Ray session is left. Resuming it to its end leaves noth
 The run's processes are found by the Ray temp dir the test gives it (RAY_TMPDIR, inherited by every process
 of the session), never by a name pattern: other people's Ray clusters run on this machine."""
 
+import contextlib
 import os
 import shlex
 import signal
@@ -42,19 +43,15 @@ def left_of_session(marker: str, grace_s: float = 10.0) -> list[str]:
         left = processes_with(marker)
     names = []
     for pid in left:
-        try:
-            names.append(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ")[:80].decode())
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:80].decode())
     return names
 
 
 def kill_leftovers(marker: str) -> None:
     for pid in processes_with(marker):  # only this run's processes
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_group_sigterm_under_ray_checkpoints_and_prints_the_resume_line(tmp_path, random_model_dir, toy_task):

@@ -4,6 +4,7 @@ process of its Ray session (the raylet's agents used to outlive it as orphans fo
 The run's processes are found by the Ray temp dir the test gives it (RAY_TMPDIR, inherited by every process
 of the session), never by a name pattern: other people's Ray clusters run on this machine."""
 
+import contextlib
 import json
 import os
 import signal
@@ -101,7 +102,5 @@ def test_a_killed_driver_leaves_no_segment_and_no_process(tmp_path, random_model
         if driver.poll() is None:
             driver.kill()
         for pid in processes_with(marker):  # only this run's processes
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass

@@ -77,8 +77,8 @@ def test_other_warnings_go_to_the_previous_handler(capsys):
         warnings.simplefilter("always")
         warnings.showwarning = lambda message, category, *rest: shown.append((str(message), category))
         install_warning_format()
-        warnings.warn("plain", UserWarning)
-        warnings.warn("config", ConfigWarning)
+        warnings.warn("plain", UserWarning, stacklevel=2)
+        warnings.warn("config", ConfigWarning, stacklevel=2)
     assert shown == [("plain", UserWarning)]
     assert capsys.readouterr().err == "relayrl: warning: config\n"
 

@@ -148,7 +148,7 @@ def test_through_a_real_engine_prompts_are_the_segments_and_only_generated_token
     for key, rollout in enumerate(batch.rollouts):  # keys are handed out in batch order
         full = rollout.prompt.token_ids + rollout.response_ids
         first = len(rollout.prompt.token_ids)
-        for turn, (ids, output) in enumerate(zip(by_key[key], generated[key])):
+        for _turn, (ids, output) in enumerate(zip(by_key[key], generated[key])):
             assert ids == full[: len(ids)]  # the turn's prompt: the concatenation of everything before it
             assert full[len(ids) : len(ids) + len(output.token_ids)] == output.token_ids
             mask = rollout.loss_mask[len(ids) - first : len(ids) - first + len(output.token_ids)]

@@ -39,7 +39,7 @@ def test_abs_by_hand():
 
 
 def test_registry_names():
-    assert KL_ESTIMATORS == {"k1": k1, "k2": k2, "k3": k3, "abs": abs_kl}
+    assert {"k1": k1, "k2": k2, "k3": k3, "abs": abs_kl} == KL_ESTIMATORS
 
 
 def test_nonnegative_estimators():

@@ -103,7 +103,7 @@ def test_trl_continued_assistant_turn_prefixes_the_completion(tmp_path, monkeypa
     monkeypatch.syspath_prepend(str(tmp_path))
     messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "It is "}]
     score_rollouts(load_reward("trl_seen:seen", style="trl"), [rollout("4", 0, messages)])
-    assert sys.modules["trl_seen"].SEEN == [([messages[:1]], [[{"role": "assistant", "content": "It is 4"}]])]
+    assert [([messages[:1]], [[{"role": "assistant", "content": "It is 4"}]])] == sys.modules["trl_seen"].SEEN
 
 
 def test_trl_factory_with_kwargs_equals_trl_called_directly():

@@ -227,23 +227,26 @@ def test_a_dying_worker_is_replaced_and_counted():
 
 def test_workers_dying_on_every_sample_stop_the_call():
     config = RewardConfig(fn=f"{FNS}:die_on_marker", workers=1, batch_size=4, on_error="zero")
-    with build_reward_service(config) as service:
-        with pytest.raises(
+    with (
+        build_reward_service(config) as service,
+        pytest.raises(
             RewardError,
             match=r"failed on 2 of 2 samples .*\(2 errors, 0 timeouts; first: sample p#0: reward worker "
             r"died \(exit code 3\)\)",
-        ):
-            service.score(batch("DIE", "DIE"))
+        ),
+    ):
+        service.score(batch("DIE", "DIE"))
 
 
 def test_setup_mistakes_in_workers_raise_as_is():
     config = RewardConfig(fn=f"{FNS}:needs_column", workers=1, on_error="skip")
-    with build_reward_service(config) as service:
-        with pytest.raises(RewardError, match="needs an 'answer' column"):
-            service.score(batch("x"))
+    with build_reward_service(config) as service, pytest.raises(RewardError, match="needs an 'answer' column"):
+        service.score(batch("x"))
 
 
 def test_a_spec_that_cannot_load_in_the_worker_is_named():
-    with pytest.raises(RewardError, match="could not load the reward functions.*has no function 'nope'"):
-        with build_reward_service(RewardConfig(fn=f"{FNS}:nope", workers=1)) as service:
-            service.score(batch("x"))
+    with (
+        pytest.raises(RewardError, match="could not load the reward functions.*has no function 'nope'"),
+        build_reward_service(RewardConfig(fn=f"{FNS}:nope", workers=1)) as service,
+    ):
+        service.score(batch("x"))
