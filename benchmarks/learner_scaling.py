@@ -2,7 +2,7 @@
 
 The same rollout batch (8 groups of 4 responses, 48 response tokens each, GRPO) trains a tiny random Llama
 (hidden 256, 4 layers: ~4.2M parameters) once as today's single learner (`LearnerRole`, W=1) and once as two
-FSDP2 ranks (`ShardedLearner` on gloo, W=2), each case in fresh spawned processes with one torch thread per
+FSDP2 ranks (`sharded_learner` on gloo, W=2), each case in fresh spawned processes with one torch thread per
 rank. Measured on every rank:
   - state: the bytes this rank holds of the trainable state: parameters + gradients (at the optimizer step)
     + AdamW's two moments (local shards under FSDP2); the planner's figure beside it is 16 B/param (fp32
@@ -89,14 +89,14 @@ def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", f"rollout.n={N}", f"rollout.prompts_per_step={GROUPS}"]
     config = load_config(None, overrides + ["train.micro_batch=8", f"rollout.max_tokens={RESPONSE}"])
-    from relayrl.learner.sharded import ShardedLearner, decoder_layers
+    from relayrl.learner.sharded import ShardedRanks, decoder_layers, sharded_learner
 
     if world == 1 and not sharded:
         from relayrl.learner.role import LearnerRole
 
         learner = LearnerRole(config, threads=1)
     else:
-        learner = ShardedLearner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
+        learner = sharded_learner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
     part = split_by_groups(rollout_batch(), world)[rank]
     passes = set()  # the dtype of the first layer's weights while it runs (FSDP2 gathers them in param_dtype)
     layer = decoder_layers(learner.policy.model)[0]
@@ -115,7 +115,7 @@ def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
     held = getattr(learner.sender, "held", None)
     masters = {str(p.dtype)[6:] for p in model.parameters()}
     precision = f"{'+'.join(sorted(passes))}/{'+'.join(sorted(masters))}"
-    if isinstance(learner, ShardedLearner) and torch.cuda.is_available() and precision != "bfloat16/float32":
+    if isinstance(learner.distribution, ShardedRanks) and torch.cuda.is_available() and precision != "bfloat16/float32":
         raise SystemExit(f"FSDP2 on CUDA should pass bfloat16 over float32 master shards, found {precision}")
     if rank == 0:
         results.put(
@@ -128,7 +128,7 @@ def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
                 "held": held.peak if held else 0,
                 "bucket": max(layout.bucket_sizes) * 4,
                 "precision": precision,
-                "sharded": isinstance(learner, ShardedLearner),
+                "sharded": isinstance(learner.distribution, ShardedRanks),
             }
         )
     learner.close()
@@ -163,7 +163,7 @@ def startup_main(rank, world, port, model_dir, results):
     from relayrl.config import load_config
     from relayrl.learner.ranks import leave_learner_group
     from relayrl.learner.role import LearnerRole
-    from relayrl.learner.sharded import ShardedLearner
+    from relayrl.learner.sharded import sharded_learner
 
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4"]
@@ -172,7 +172,7 @@ def startup_main(rank, world, port, model_dir, results):
     if world == 1:
         learner = LearnerRole(config, threads=1)
     else:
-        learner = ShardedLearner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
+        learner = sharded_learner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
     touch((learner.policy.model, learner.policy.reference, learner.critic.model))
     results.put({"world": world, "rank": rank, "base": base, "rss": rss_mb(), "peak": peak_rss_mb()})
     learner.close()

@@ -92,8 +92,9 @@ class ForwardLayout:
     # ------------------------------------------------------------------ the forward, each layout
     def _output(self, model, **inputs) -> torch.Tensor:
         inputs = {name: value.to(self.device) for name, value in inputs.items()}
-        if self.logits_chunk > 0:
-            return model.base_model(**inputs).last_hidden_state
+        if self.logits_chunk > 0:  # hidden states; the head is applied in chunks (token_stats.py)
+            decoder = getattr(model, "decoder_forward", None) or model.base_model  # sharded: via the root's hooks
+            return decoder(**inputs).last_hidden_state
         return model(**inputs).logits
 
     def _padded(self, model, exp: Experience) -> Predictions:

@@ -1,10 +1,12 @@
 """The learner role: the policy (with its reference) and the optional critic, behind one small interface.
 
 The controller talks to this object and nothing inside it. Under `placement.mode=local` it lives in the
-driver; under `ray` the same class runs inside an actor and the controller holds a proxy with the same
-methods (`relayrl/placement/roles.py`). Methods therefore take and return values (an `Experience` comes
-back filled) rather than mutating the caller's objects, and checkpoints are written from here, where
-the weights are. The sending half of a weight transport (`WeightSource`) lives here too.
+driver; under `ray` the same class runs inside an actor (or one per rank, `placement.learner_ranks`) and the
+controller holds a proxy with the same methods (`relayrl/placement/roles.py`). Methods therefore take and
+return values (an `Experience` comes back filled) rather than mutating the caller's objects, and checkpoints
+are written from here, where the weights are. How the models are spread over processes (whole here, or FSDP2
+shards across ranks) is its `distribution`, chosen once (relayrl/learner/distribution.py). The sending half of
+a weight transport (`WeightSource`) lives here too.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import torch
 
 from relayrl.config import Config
 from relayrl.learner.critic import Critic
+from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
-from relayrl.run.checkpoint import WRITE_ERRORS, CheckpointError, newest_kept, save_checkpoint, write_cause
+from relayrl.sync.buckets import Layout
 from relayrl.sync.endpoints import WeightSource
+from relayrl.sync.transports import Manifest
 from relayrl.types import Experience
 
 
@@ -39,20 +43,23 @@ class Learner(Protocol):
 
 
 class LearnerRole(WeightSource):
-    def __init__(self, config: Config, threads: int = 0, meta: bool = False):
-        """`meta` (sharded learner ranks other than 0): the models are built on the meta device, without reading
-        their weights; sharded.py fills their shards from rank 0."""
+    def __init__(self, config: Config, threads: int = 0, distribution: Distribution | None = None):
+        """`distribution`: how the models are spread (default: whole, in this process). Sharded ranks other than
+        0 build their models on the meta device, without reading weights; `attach` fills their shards."""
         if threads:
             torch.set_num_threads(threads)
-        self.config = config
-        if meta:
+        self.distribution = distribution or OneProcess()
+        self.config = config = self.distribution.share(config)
+        if self.distribution.empty_models:
             from relayrl.learner.sharded_init import empty_causal_lm
 
             self.policy = PolicyLearner(config, empty_causal_lm)
         else:
             self.policy = PolicyLearner(config)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.critic = Critic(config, device, meta) if config.algorithm.advantage == "gae" else None
+        gae = config.algorithm.advantage == "gae"
+        self.critic = Critic(config, device, self.distribution.empty_models) if gae else None
+        self.distribution.attach(self)
 
     def ping(self) -> int:
         return torch.get_num_threads()
@@ -65,9 +72,13 @@ class LearnerRole(WeightSource):
         if self.critic is not None:
             exp.values = self.critic.values(exp)
         exp.reward_penalty = self.policy.objective.reward_penalty(exp)  # None unless kl.placement=reward
+        self.distribution.after_passes(self)
         return exp
 
     def update(self, step: int, exp: Experience) -> dict[str, float]:
+        return self.distribution.update(self, step, exp)
+
+    def train_step(self, step: int, exp: Experience) -> dict[str, float]:
         """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
         stats = {} if self.critic is None else self.critic.update(exp)
         if self.critic is None or step >= self.config.critic.warmup_steps:
@@ -76,66 +87,39 @@ class LearnerRole(WeightSource):
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:
-        policy, critic = self.policy, self.critic
-        return {
-            "optimizer": policy.optimizer.state_dict(),
-            "scheduler": policy.scheduler.state_dict(),
-            "generator": policy.generator.get_state(),
-            "kl_coef": policy.objective.kl_controller.coef,
-            "torch_rng": torch.get_rng_state(),
-            "critic": None
-            if critic is None
-            else {
-                "model": critic.trainable_state(),  # with LoRA: its adapter and value head
-                "optimizer": critic.optimizer.state_dict(),
-                "generator": critic.generator.get_state(),
-            },
-        }
+        return self.distribution.state(self)
 
     def load_state(self, checkpoint: str | Path, state: dict) -> None:
-        from relayrl.learner.dist_checkpoint import is_sharded, load_any
-
-        if is_sharded(checkpoint):  # written by placement.learner_ranks > 1: resharded into this one process
-            return load_any(self, checkpoint, state)
-        policy = self.policy
-        policy.load_model(Path(checkpoint) / "model")  # full weights, or with LoRA the adapter
-        policy.optimizer.load_state_dict(state["optimizer"])
-        policy.scheduler.load_state_dict(state["scheduler"])
-        policy.generator.set_state(state["generator"])
-        policy.objective.kl_controller.coef = state["kl_coef"]
-        if self.critic is not None:
-            self.critic.load_trainable_state(state["critic"]["model"])
-            self.critic.optimizer.load_state_dict(state["critic"]["optimizer"])
-            self.critic.generator.set_state(state["critic"]["generator"])
-        torch.set_rng_state(state["torch_rng"])
+        self.distribution.load_state(self, checkpoint, state)
 
     def checkpoint(self, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str:
         """Write the policy, this role's state and the loop's state as one atomic checkpoint."""
-        return str(save_checkpoint(run_dir, step, self.policy.model, {**loop_state, **self.state()}, keep))
+        return self.distribution.checkpoint(self, run_dir, step, loop_state, keep)
 
     def save(self, run_dir: str | Path, tokenizer=None) -> None:
-        """The final policy (and critic); a failed write (disk full) names the path, the cause and what is kept."""
-        target = Path(run_dir) / "model"
-        try:
-            self.policy.save(target, tokenizer)
-            if self.critic is not None:
-                target = Path(run_dir) / "critic"
-                self.critic.save(target)
-        except WRITE_ERRORS as err:
-            raise CheckpointError(
-                f"could not save the final model to {target} ({write_cause(err)}); {newest_kept(run_dir)}"
-            ) from err
+        """The final policy (and critic) as `save_pretrained` directories under `run_dir`."""
+        self.distribution.save(self, run_dir, tokenizer)
 
     # ------------------------------------------------------------------ weights
-    def adoptable_parameters(self):
-        return self.policy.model.named_parameters()
-
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self.policy.named_weights()
+        return self.distribution.named_weights(self)
+
+    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
+        return self.distribution.weight_layout(self, bucket_mb, wire_dtype)
+
+    def open_sender(
+        self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str, owner: int | None = None
+    ) -> int:
+        self.close_sender()
+        return self.distribution.open_sender(self, transport, layout, checksum, timeout_s, directory, owner)
+
+    def send_weights(self, version: int, only: list[int] | None = None) -> Manifest | None:
+        return self.distribution.send_weights(self, version, only)
 
     @torch.no_grad()
     def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the parity probe's learner side)."""
+        """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the parity probe's learner side). On
+        sharded ranks every rank runs the forward (its all-gathers); each returns the same values."""
         ids = torch.tensor([token_ids], device=self.policy.device)
         logits = self.policy.model(input_ids=ids).logits[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()

@@ -1,4 +1,4 @@
-"""One rank of a sharded learner: today's `LearnerRole`, with its models wrapped by FSDP2 across W ranks.
+"""`ShardedRanks`: the learner's distribution (learner/distribution.py) when this process is one of W FSDP2 ranks.
 
 Each rank joins the learner group (ranks.py) and wraps the policy, the reference and the critic with
 `fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients and AdamW
@@ -23,26 +23,39 @@ Weights leave through `named_weights`, one full tensor at a time, gathered by ev
 sharded (base and adapter alike; only the adapter trains) and a push sends what `sync.lora` wants
 (sharded_lora.py).
 
-Leaves out: starting the ranks (tests spawn them, placement/learner_ranks.py makes Ray actors) and checkpoint
-files (dist_checkpoint.py).
+A rank is a `LearnerRole(config, distribution=ShardedRanks(RankGroup(...)))`: the same learner class as one
+process, with this distribution chosen once. Leaves out: starting the ranks (tests spawn them,
+placement/learner_ranks.py makes Ray actors that each hold one) and checkpoint files (dist_checkpoint.py).
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+    register_fsdp_forward_method,
+)
 
 from relayrl.config import Config
 from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
-from relayrl.learner.role import LearnerRole
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.learner.sharded_lora import push_view
 from relayrl.sync.buckets import Layout, make_layout
 from relayrl.types import Experience
+
+if TYPE_CHECKING:
+    from relayrl.learner.role import LearnerRole
+    from relayrl.sync.gather import SyncPlan
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -71,40 +84,17 @@ def shard_model(
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(gradient_divide)
             module.set_force_sum_reduction_for_comms(True)  # SUM, then a division (gloo has no PREMUL_SUM or AVG)
-    if hasattr(model, "base_model_prefix"):
-        model.__class__ = _rooted(type(model))
+    if hasattr(model, "base_model_prefix"):  # a causal LM: its decoder alone, through the root's FSDP hooks
+        model.decoder_forward = types.MethodType(_decoder_forward, model)
+        register_fsdp_forward_method(model, "decoder_forward")
     return model
 
 
-class _BaseThroughRoot:
-    """`model.base_model` of a sharded causal LM: calling it runs the root's forward (its FSDP hooks gather the
-    embeddings, final norm and head) and returns the decoder's output. The learner's layout applies the LM head
-    to hidden states itself (train.logits_chunk), so it calls `model.base_model(...)`; called directly, the
-    decoder would run outside the root and meet sharded embeddings."""
-
-    def __init__(self, root: nn.Module):
-        self.root = root
-
-    def __call__(self, *args, **kwargs):
-        return self.root(*args, hidden_states_only=True, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(getattr(self.root, self.root.base_model_prefix), name)
-
-
-def _rooted(cls: type) -> type:
-    class Rooted(cls):
-        @property
-        def base_model(self):
-            return _BaseThroughRoot(self)
-
-        def forward(self, *args, hidden_states_only: bool = False, **kwargs):
-            if hidden_states_only:
-                return getattr(self, self.base_model_prefix)(*args, **kwargs)
-            return super().forward(*args, **kwargs)
-
-    Rooted.__name__ = Rooted.__qualname__ = cls.__name__
-    return Rooted
+def _decoder_forward(root: nn.Module, *args, **kwargs):
+    """The decoder's output of a sharded causal LM, run as the root's forward (FSDP2's hooks gather the
+    embeddings and final norm, and set up the backward). The learner's layout applies the LM head to hidden
+    states itself (train.logits_chunk); calling the decoder directly would meet sharded embeddings."""
+    return getattr(root, root.base_model_prefix)(*args, **kwargs)
 
 
 def _rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
@@ -135,108 +125,143 @@ class _GlobalNormaliser:
         return all_reduce_sum(self.local(mask))
 
 
-class ShardedLearner(LearnerRole):
-    def __init__(
-        self, config: Config, rank: int, world: int, address: str, port: int, timeout_s: float, threads: int = 0
-    ):
-        join_learner_group(rank, world, address, port, timeout_s)
-        self.rank, self.world = rank, world
-        super().__init__(rank_config(config, world), threads, meta=rank > 0)  # only rank 0 reads the weights
-        policy = self.policy
-        self._shard(policy.network, policy.optimizer)  # with LoRA the HF model inside peft: the forward enters there
+@dataclass(frozen=True)
+class RankGroup:
+    """Where this rank joins the learner's process group: its rank of `world`, the rendezvous, the deadline."""
+
+    rank: int
+    world: int
+    address: str
+    port: int
+    timeout_s: float
+
+
+class ShardedRanks:
+    """The learner's models FSDP2-sharded across the ranks of `group` (see the module docstring)."""
+
+    def __init__(self, group: RankGroup):
+        join_learner_group(group.rank, group.world, group.address, group.port, group.timeout_s)
+        self.rank, self.world = group.rank, group.world
+        self.empty_models = group.rank > 0  # only rank 0 reads the weights
+        self.tokens = 0.0  # the rank's trained tokens this update: the KL controller's weight
+        self.layout: Layout | None = None
+        self.sync_plan: SyncPlan | None = None
+
+    def share(self, config: Config) -> Config:
+        return rank_config(config, self.world)
+
+    def attach(self, learner: LearnerRole) -> None:
+        policy, critic = learner.policy, learner.critic
+        self._shard(learner, policy.network, policy.optimizer)  # with LoRA the HF model inside peft
         if policy.reference is not None:
-            self._shard(policy.reference, None)
-        if self.critic is not None:
-            self._shard(self.critic.model, self.critic.optimizer)
-            self.critic.normaliser = _GlobalNormaliser(self.critic.normaliser)
+            self._shard(learner, policy.reference, None)
+        if critic is not None:
+            self._shard(learner, critic.model, critic.optimizer)
+            critic.normaliser = _GlobalNormaliser(critic.normaliser)
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
-        if config.model.lora is not None:
+        if learner.config.model.lora is not None:
             _first_pass_with_adapter(policy.network, policy.device)
-        controller = policy.objective.kl_controller
-        local_update, self.tokens = controller.update, 0.0
+        policy.objective.kl_controller = _GlobalKL(policy.objective.kl_controller, self)
 
-        def global_update(kl: float, n_steps: int):
-            tokens = all_reduce_sum(self.tokens)
-            return local_update(all_reduce_sum(kl * self.tokens) / max(tokens, 1.0), int(all_reduce_sum(n_steps)))
-
-        controller.update = global_update
-
-    def _shard(self, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+    def _shard(self, learner: LearnerRole, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         """Shard one model (built on rank 0, empty elsewhere), fill every rank's shards from rank 0, and point
-        its optimizer at them. offload=params on CPU is refused by memory_settings.py."""
+        its optimizer at them. offload=params on CPU is refused by relayrl/config/learner.py."""
         full = full_state_on_rank0(model, self.rank)
-        device, offload = self.policy.device, self.config.learner.offload == "params"
-        shard_model(model, offload=offload, precision=mixed_precision(self.config, device))
+        device, offload = learner.policy.device, learner.config.learner.offload == "params"
+        shard_model(model, offload=offload, precision=mixed_precision(learner.config, device))
         fill_from_rank0(model, full, device, offload)
         if optimizer is not None:
-            _rebind_optimizer(optimizer, self.policy.model if optimizer is self.policy.optimizer else model)
+            _rebind_optimizer(optimizer, learner.policy.model if optimizer is learner.policy.optimizer else model)
 
-    def prepare(self, exp: Experience) -> Experience:
-        exp = super().prepare(exp)
-        for model in (self.policy.network, self.policy.reference, self.critic and self.critic.model):
+    def after_passes(self, learner: LearnerRole) -> None:
+        critic = learner.critic
+        for model in (learner.policy.network, learner.policy.reference, critic and critic.model):
             if model is not None:
                 model.reshard()  # a no-grad forward leaves the root's parameters (embeddings, head) gathered
-        return exp
 
-    def update(self, step: int, exp: Experience) -> dict[str, float]:
+    def update(self, learner: LearnerRole, step: int, exp: Experience) -> dict[str, float]:
         self.tokens = float(exp.loss_mask.sum())
-        stats = super().update(step, exp)
-        if self.critic is not None:  # each rank's value loss is its part of the global token mean
+        stats = learner.train_step(step, exp)
+        if learner.critic is not None:  # each rank's value loss is its part of the global token mean
             stats["critic/value_loss"] = all_reduce_sum(stats["critic/value_loss"])
         return stats
 
     # ------------------------------------------------------------------ weights, one full tensor at a time
-    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def named_weights(self, learner: LearnerRole) -> Iterator[tuple[str, torch.Tensor]]:
         """Every rank must iterate this to the end, in step: each tensor is an all-gather of its shards."""
-        view = push_view(self.policy)  # with LoRA: what sync.lora sends
+        view = push_view(learner.policy)  # with LoRA: what sync.lora sends
         view.reshard()
         for name, param in view.named_parameters():
             yield name, param.full_tensor().detach()
 
-    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
+    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> Layout:
         """From the global shapes alone: nothing is gathered."""
-        shapes = ((n, tuple(p.shape)) for n, p in push_view(self.policy).named_parameters())
+        shapes = ((n, tuple(p.shape)) for n, p in push_view(learner.policy).named_parameters())
         return make_layout(shapes, bucket_mb, wire_dtype)
 
-    def adoptable_parameters(self):
-        return None  # shards cannot live in the engine's buckets
-
-    def open_sender(self, transport, layout, checksum, timeout_s, directory, owner=None) -> int:
+    def open_sender(self, learner: LearnerRole, transport, layout, checksum, timeout_s, directory, owner) -> int:
+        """Shards cannot live in the engine's buckets: nothing is adopted. Only rank 0 talks to the engines."""
         from relayrl.sync.gather import SyncPlan, streaming_sender
 
-        self.close_sender()
         self.layout, self.sync_plan = layout, SyncPlan(transport, checksum)
-        if self.rank == 0:  # only rank 0 talks to the engines
-            self.sender = streaming_sender(transport, layout, checksum, self.sync_group, timeout_s, directory, owner)
+        if self.rank == 0:
+            learner.sender = streaming_sender(
+                transport, layout, checksum, learner.sync_group, timeout_s, directory, owner
+            )
         return 0
 
-    def send_weights(self, version: int, only: list[int] | None = None):
+    def send_weights(self, learner: LearnerRole, version: int, only: list[int] | None):
         from relayrl.sync.gather import send_from_shards
 
-        return send_from_shards(push_view(self.policy), self.layout, self.sync_plan, self.sender, version, only)
-
-    @torch.no_grad()
-    def sequence_logprobs(self, token_ids: list[int]) -> list[float]:
-        """Every rank runs the forward (its all-gathers); each returns the same values."""
-        return super().sequence_logprobs(token_ids)
+        return send_from_shards(push_view(learner.policy), self.layout, self.sync_plan, learner.sender, version, only)
 
     # ------------------------------------------------------------------ state (relayrl/learner/dist_checkpoint.py)
-    def state(self) -> dict:
+    def state(self, learner: LearnerRole) -> dict:
         from relayrl.learner.dist_checkpoint import shared_state
 
-        return shared_state(self)
+        return shared_state(learner)
 
-    def checkpoint(self, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str:
+    def checkpoint(self, learner: LearnerRole, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str:
         from relayrl.learner.dist_checkpoint import save_sharded
 
-        return save_sharded(self, run_dir, step, loop_state, keep)
+        return save_sharded(learner, run_dir, step, loop_state, keep)
 
-    def load_state(self, checkpoint: str | Path, state: dict) -> None:
+    def load_state(self, learner: LearnerRole, checkpoint: str | Path, state: dict) -> None:
         from relayrl.learner.dist_checkpoint import load_any
 
-        load_any(self, checkpoint, state)
+        load_any(learner, checkpoint, state)
 
-    def save(self, run_dir: str | Path, tokenizer=None) -> None:
+    def save(self, learner: LearnerRole, run_dir: str | Path, tokenizer=None) -> None:
         from relayrl.learner.dist_checkpoint import save_pretrained_from_shards
 
-        save_pretrained_from_shards(self, Path(run_dir) / "model", tokenizer)
+        save_pretrained_from_shards(learner, Path(run_dir) / "model", tokenizer)
+
+
+class _GlobalKL:
+    """The adaptive KL controller fed the token-weighted KL of the whole batch, so its coefficient agrees on every
+    rank; reads and writes of `coef` go to the rank's own controller (checkpoints set it)."""
+
+    def __init__(self, local, ranks: ShardedRanks):
+        self.local, self.ranks = local, ranks
+
+    @property
+    def coef(self) -> float:
+        return self.local.coef
+
+    @coef.setter
+    def coef(self, value: float) -> None:
+        self.local.coef = value
+
+    def update(self, kl: float, n_steps: int):
+        tokens = self.ranks.tokens
+        mean = all_reduce_sum(kl * tokens) / max(all_reduce_sum(tokens), 1.0)
+        return self.local.update(mean, int(all_reduce_sum(n_steps)))
+
+
+def sharded_learner(
+    config: Config, rank: int, world: int, address: str, port: int, timeout_s: float, threads: int = 0
+) -> LearnerRole:
+    """One rank's learner: joins the group at `address:port`, then builds and shards its models."""
+    from relayrl.learner.role import LearnerRole
+
+    return LearnerRole(config, threads, ShardedRanks(RankGroup(rank, world, address, port, timeout_s)))

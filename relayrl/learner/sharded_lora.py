@@ -1,6 +1,6 @@
 """What a push from sharded learner ranks sends, one gathered tensor at a time, with or without LoRA.
 
-`push_view(policy)` is the object `send_from_shards` (relayrl/sync/gather.py) and `ShardedLearner.named_weights`
+`push_view(policy)` is the object `send_from_shards` (relayrl/sync/gather.py) and `ShardedRanks.named_weights`
 walk: `reshard()` and `named_parameters()` whose entries have a global `shape` and a `full_tensor()`. Without
 LoRA it is the sharded model itself (its DTensor parameters). With `model.lora` (FSDP2 shards the base and the
 adapter alike; only the adapter trains) it yields what `sync.lora` sends, under the names a single learner uses

@@ -1,7 +1,7 @@
 """`placement.learner_ranks: W` on Ray: W learner actors forming one process group, behind one handle.
 
 The ranks share the learner's bundle (each reserves 1/W of its CPUs and threads). They are created light,
-rank 0 names a rendezvous address on its own node, and every rank then builds its `ShardedLearner` there at
+rank 0 names a rendezvous address on its own node, and every rank then builds its sharded learner there at
 once (the rendezvous has the call deadline). The controller and the weight sync hold a `LearnerRanks`: the
 same methods as a `LearnerRole` handle, each call sent to every rank that takes part in it, with the step's
 batch split by whole groups (`prepare`, `update`) and the results joined (rank 0's where they agree). The
@@ -32,23 +32,26 @@ import torch
 from relayrl.config import Config
 from relayrl.errors import PlacementError, RoleFailure
 from relayrl.learner.ranks import merge_experience, merge_stats, split_by_groups
-from relayrl.learner.sharded import ShardedLearner
+from relayrl.learner.sharded import sharded_learner
 from relayrl.placement.roles import get
 from relayrl.types import Experience
 
 # calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts; Ray's
 # `__ray_call__` runs a function in the actor (the weight sync asks rank 0 for an address on its node)
 RANK_0_ONLY = ("weight_layout", "join_sync_group", "unlink_segments", "state", "__ray_call__")
+ACTOR_METHODS = ("start", "rendezvous_address", "__ray_call__")  # the rank actor's own; the rest are its learner's
 PROBE_TIMEOUT_S = 5.0  # a rank that cannot say where it is within this is busy outside Python: hung too
 COLLECTIVES = "torch/distributed/"  # a frame here: the rank waits for its peers (c10d, FSDP's collectives)
 
 
-class LearnerRank(ShardedLearner):
-    """The actor class: built light, then `start`ed once rank 0's rendezvous address is known."""
+class LearnerRank:
+    """The actor that hosts one rank's learner: built light, `start`ed once rank 0's rendezvous address is known
+    (the learner joins the group and shards its models then), and every learner method reached through `call`."""
 
     def __init__(self, config: Config, rank: int, world: int, threads: int):
         self._pending = (config, rank, world, threads)
         self._caller = threading.get_ident()  # the thread every call but `where` runs in (one, Ray's default group)
+        self.learner = None
 
     def rendezvous_address(self) -> tuple[str, int]:
         from relayrl.sync.remote import node_address
@@ -58,8 +61,12 @@ class LearnerRank(ShardedLearner):
     def start(self, address: str, port: int, timeout_s: float) -> int:
         config, rank, world, threads = self._pending
         self._caller = threading.get_ident()
-        ShardedLearner.__init__(self, config, rank, world, address, port, timeout_s, threads)
+        self.learner = sharded_learner(config, rank, world, address, port, timeout_s, threads)
         return torch.get_num_threads()
+
+    def call(self, method: str, *args):
+        """`method` of this rank's learner."""
+        return getattr(self.learner, method)(*args)
 
     @ray.method(concurrency_group="probe")
     def where(self) -> list[str]:
@@ -94,8 +101,17 @@ class LearnerRanks:
 
     # ------------------------------------------------------------------ the fan-out
     def submit(self, method: str, *args, per_rank: list[tuple] | None = None) -> _Calls:
+        """`method` on every rank that takes part (rank 0 alone for RANK_0_ONLY): a learner method through the
+        actor's `call`, or one of the actor's own (ACTOR_METHODS)."""
         ranks = [0] if method in RANK_0_ONLY else list(range(len(self.actors)))
-        refs = [getattr(self.actors[r], method).remote(*(per_rank[r] if per_rank is not None else args)) for r in ranks]
+        refs = []
+        for r in ranks:
+            arguments = per_rank[r] if per_rank is not None else args
+            actor = self.actors[r]
+            if method in ACTOR_METHODS:
+                refs.append(getattr(actor, method).remote(*arguments))
+            else:
+                refs.append(actor.call.remote(method, *arguments))
         return _Calls(refs, ranks)
 
     def wait_all(self, calls: _Calls, what: str, timeout_s: float | None = None) -> list[Any]:

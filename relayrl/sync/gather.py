@@ -60,24 +60,13 @@ class HeldBytes:
         self.now -= nbytes
 
 
-def _streaming(cls: type) -> type:
-    class Streaming(cls):
-        """Every bucket a view of one buffer the size of the largest: each is published before the next is packed."""
-
-        def __init__(self, held: HeldBytes, *args):
-            self.held = held  # before the base __init__, which allocates
-            super().__init__(*args)
-
-        def _allocate(self) -> list[torch.Tensor]:
-            buffer = self.held.hold(torch.empty(max(self.layout.bucket_sizes), dtype=self.layout.dtype))
-            return [buffer[:size] for size in self.layout.bucket_sizes]
-
-    Streaming.__name__ = f"Streaming{cls.__name__}"
-    return Streaming
+def one_buffer(layout: Layout, held: HeldBytes) -> list[torch.Tensor]:
+    """Every bucket a view of one buffer the size of the largest: each is published before the next is packed."""
+    buffer = held.hold(torch.empty(max(layout.bucket_sizes), dtype=layout.dtype))
+    return [buffer[:size] for size in layout.bucket_sizes]
 
 
-_STREAMING = {"disk": _streaming(DiskSender), "object_store": _streaming(ObjectStoreSender)}
-_STREAMING["broadcast"] = _streaming(BroadcastSender)
+_STREAMING = {"disk": DiskSender, "object_store": ObjectStoreSender, "broadcast": BroadcastSender}
 
 
 def streaming_sender(kind, layout: Layout, checksum: bool, group, timeout_s: float, directory, owner) -> Sender:
@@ -94,7 +83,9 @@ def streaming_sender(kind, layout: Layout, checksum: bool, group, timeout_s: flo
     }
     if kind not in args:
         raise SyncError(f"sync.transport={kind!r} cannot carry weights from sharded learner ranks")
-    return _STREAMING[kind](held, *args[kind])
+    sender = _STREAMING[kind](*args[kind], buckets=one_buffer(layout, held))
+    sender.held = held
+    return sender
 
 
 @dataclass(frozen=True)

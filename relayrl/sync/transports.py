@@ -50,10 +50,11 @@ class Manifest:
 class Sender:
     """Packs the learner's tensors into buckets and publishes them."""
 
-    def __init__(self, layout: Layout, verify_checksums: bool = True):
+    def __init__(self, layout: Layout, verify_checksums: bool = True, buckets: list[torch.Tensor] | None = None):
+        """`buckets`: where to pack (one per bucket of `layout`); default fresh buffers of the transport's kind."""
         self.layout = layout
         self.verify_checksums = verify_checksums
-        self.buckets = self._allocate()
+        self.buckets = self._allocate() if buckets is None else buckets
 
     def _allocate(self) -> list[torch.Tensor]:
         return self.layout.empty_buckets()
@@ -205,8 +206,8 @@ class ShmReceiver(Receiver):
 
 
 class DiskSender(Sender):
-    def __init__(self, layout: Layout, verify_checksums: bool = True, directory: str | None = None):
-        super().__init__(layout, verify_checksums)
+    def __init__(self, layout: Layout, verify_checksums: bool = True, directory: str | None = None, buckets=None):
+        super().__init__(layout, verify_checksums, buckets)
         self.directory = Path(directory or tempfile.mkdtemp(prefix="relayrl-sync-"))
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "weights.safetensors"
@@ -289,8 +290,8 @@ def _broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
 
 
 class BroadcastSender(Sender):
-    def __init__(self, layout: Layout, verify_checksums: bool, group, timeout_s: float):
-        super().__init__(layout, verify_checksums)
+    def __init__(self, layout: Layout, verify_checksums: bool, group, timeout_s: float, buckets=None):
+        super().__init__(layout, verify_checksums, buckets)
         self.group, self.timeout_s = group, timeout_s
 
     def _publish(self, version: int, chosen: list[int]) -> None:

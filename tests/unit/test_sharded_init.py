@@ -60,7 +60,7 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
 
         PreTrainedModel.from_pretrained = classmethod(refuse)
     part = split_by_groups(gae_experience(), WORLD)[rank]
-    learner = sharded.ShardedLearner(config(model_dir, GAE), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+    learner = sharded.sharded_learner(config(model_dir, GAE), rank, WORLD, "127.0.0.1", port, timeout_s=60)
     found = {"loaded": full_weights(learner), "tokens": all_reduce_sum(rank * float(part.loss_mask.sum()))}
     stats = step(learner, part)
     found["loss"] = all_reduce_sum(stats["loss/policy"])  # each rank's loss is its part of the global sum
@@ -83,7 +83,7 @@ def mixed_precision_step(sharded, rank, port, model_dir, part, extra) -> dict:
         sharded.mixed_precision,
         lambda *_: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     )
-    learner = sharded.ShardedLearner(config(model_dir, extra), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+    learner = sharded.sharded_learner(config(model_dir, extra), rank, WORLD, "127.0.0.1", port, timeout_s=60)
     sharded.mixed_precision = gpu_policy
     seen = []
     layer = sharded.decoder_layers(learner.policy.model)[0]
@@ -101,7 +101,7 @@ def lora_scenarios(sharded, rank, port, model_dir, checkpoint, out_dir) -> dict:
     from relayrl.learner.ranks import split_by_groups
 
     def learner():
-        return sharded.ShardedLearner(config(model_dir, LORA), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+        return sharded.sharded_learner(config(model_dir, LORA), rank, WORLD, "127.0.0.1", port, timeout_s=60)
 
     def resumed(path):
         loaded = learner()

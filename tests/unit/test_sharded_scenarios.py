@@ -54,12 +54,12 @@ def share(seed: int, rank: int):
 
 def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
     from relayrl.learner.ranks import leave_learner_group
-    from relayrl.learner.sharded import ShardedLearner
+    from relayrl.learner.sharded import sharded_learner
 
     torch.set_num_threads(1)
 
     def learner(objective):
-        return ShardedLearner(config(model_dir, OBJECTIVES[objective]), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+        return sharded_learner(config(model_dir, OBJECTIVES[objective]), rank, WORLD, "127.0.0.1", port, timeout_s=60)
 
     def publish(name, value):
         if rank == 0:
