@@ -19,7 +19,7 @@ import torch
 from relayrl.algorithms.stage import advantage_stage
 from relayrl.config import Config, dump_config
 from relayrl.controller import Trainer
-from relayrl.data.source import PromptSampler, load_prompts, longest_prompt_tokens, show_first_prompt
+from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError, RoleFailure
 from relayrl.metrics.timeline import Timeline
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
@@ -33,6 +33,8 @@ from relayrl.schedules.overlap import SCHEDULES
 from relayrl.sources.multi_turn import MultiTurnSource, check_env, response_budget
 from relayrl.sources.single_turn import RolloutSource
 from relayrl.types import Prompt
+
+Prompts = list[Prompt] | PromptTable  # a file's prompts: read now (small), or each row when drawn (large)
 
 
 def build_trainer(config: Config, resume_step: int | None = None, overwrite: bool = False) -> Trainer:
@@ -68,28 +70,40 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         run_dir=run_dir,
         data_metrics=data_metrics,
         pad_id=pad_token_id(tokenizer),
-        close=lambda: (rewards.close(), roles.close(), source.close()),
+        close=functools.partial(_close, rewards, roles, source),
         timeline=Timeline(run_dir / "timeline.jsonl"),
     )
 
 
-def load_data(config: Config, tokenizer) -> tuple[list[Prompt], list[Prompt], dict[str, float]]:
+def _close(*parts) -> None:
+    """The reward service, the roles, the rollout source: each releases its workers, actors or threads."""
+    for part in parts:
+        part.close()
+
+
+def load_data(config: Config, tokenizer) -> tuple[Prompts, Prompts, dict[str, float]]:
     """(training prompts, held-out prompts, data/* metrics), the first prompt shown as the model sees it."""
     data = config.data
     prompts, long_stats = load_prompts(
         data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
     )
     show_first_prompt(prompts, long_stats, tokenizer)  # what the model is shown, before any time is spent
-    data_metrics = {"data/prompts_dropped": long_stats.dropped, "data/prompts_truncated": long_stats.truncated}
-    data_metrics["data/prompts_unknown_chars"] = long_stats.unknown
-    eval_prompts = []
+    data_metrics = {
+        "data/prompts_dropped": float(long_stats.dropped),
+        "data/prompts_truncated": float(long_stats.truncated),
+        "data/prompts_unknown_chars": float(long_stats.unknown),
+    }
+    eval_prompts: Prompts = []
     if data.eval:
         eval_prompts, eval_stats = load_prompts(
             data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
         )
         eval_prompts = eval_prompts[: config.eval.max_prompts or None]
         data_metrics.update(
-            {"data/eval_prompts_dropped": eval_stats.dropped, "data/eval_prompts_truncated": eval_stats.truncated}
+            {
+                "data/eval_prompts_dropped": float(eval_stats.dropped),
+                "data/eval_prompts_truncated": float(eval_stats.truncated),
+            }
         )
     return prompts, eval_prompts, data_metrics
 

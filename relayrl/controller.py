@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relayrl.config import Config
-from relayrl.data.source import PromptSampler
+from relayrl.data.source import PromptSampler, PromptTable
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import Learner
 from relayrl.metrics.samples import log_samples
@@ -41,7 +41,7 @@ class Trainer:
     sampler: PromptSampler
     make_schedule: Callable[[], Schedule]  # the train.schedule's, drawing on a RolloutSource
     advantages: Callable[[Experience, list[Rollout]], Experience]  # the estimator and DAPO's overlong filter
-    eval_prompts: list[Prompt]
+    eval_prompts: list[Prompt] | PromptTable
     tokenizer: object  # a transformers tokenizer
     run_dir: Path
     data_metrics: dict
@@ -53,8 +53,9 @@ class Trainer:
 
     def step(self, step: int) -> dict[str, float]:
         """One training step as named phases (DESIGN.md section 1); every variant was chosen by relayrl/build.py."""
-        timer = StepTimer(self.timeline, step)
-        batch = self.schedule.batch(step, timer)  # generate and reward, overlapped as the schedule says
+        timer, schedule = StepTimer(self.timeline, step), self.schedule
+        assert schedule is not None, "run() makes the schedule before the first step"
+        batch = schedule.batch(step, timer)  # generate and reward, overlapped as the schedule says
         with timer("logprobs"):  # old and reference log-probs, values, a KL penalty in the reward
             exp = self.learner.prepare(make_experience(batch.rollouts, batch.scores, self.pad_id))
         with timer("advantage"):
@@ -64,7 +65,7 @@ class Trainer:
         trained = self.sync.version  # the version this update started from
         with timer("sync"):
             self.sync.push(self.learner, self.engines)
-        self.schedule.published(self.sync.version)
+        schedule.published(self.sync.version)
         metrics = step_metrics(self.config, trained, batch, exp, stats, timer, self.sync.last, self.engines.metrics())
         self.record(step, batch, exp)
         return metrics

@@ -91,6 +91,14 @@ class Experience:
         return Experience(**picked)
 
 
+def filled(tensor: torch.Tensor | None, field_name: str) -> torch.Tensor:
+    """An `Experience` tensor a stage fills (values, returns, advantages, old/reference log-probs ...), where a later
+    stage needs it: a missing one is a bug in the order of the stages, named here."""
+    if tensor is None:
+        raise RuntimeError(f"Experience.{field_name} is needed here but no earlier stage filled it")
+    return tensor
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How to sample. temperature == 0 means greedy decoding."""

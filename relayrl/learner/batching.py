@@ -95,13 +95,15 @@ class MicroBatcher:
         units = self._units(index, exp)
         units.sort(key=lambda unit: -unit[0])  # stable: equal lengths keep their order
         parts, current, longest = [], [], 0
+        budget = self.tokens
+        assert budget is not None, "_fill runs with a token budget"
         for length, members in units:
-            if current and (len(current) + 1) * longest > self.tokens:
+            if current and (len(current) + 1) * longest > budget:
                 parts.append(torch.tensor([m for unit in current for m in unit], dtype=torch.long))
                 current = []
             if not current:
                 longest = length
-                if length > self.tokens and count:
+                if length > budget and count:
                     self._over_budget(length)
             current.append(members)
         parts.append(torch.tensor([m for unit in current for m in unit], dtype=torch.long))

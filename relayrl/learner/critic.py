@@ -10,6 +10,7 @@ of the backbone, plus the full value head; its checkpoint state is those trainab
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from relayrl.learner.activation_checkpointing import enable_activation_checkpoin
 from relayrl.learner.batching import MicroBatcher
 from relayrl.learner.optim import build_optimizer
 from relayrl.models.loading import check_model_dir
-from relayrl.types import Experience
+from relayrl.types import Experience, filled
 
 
 class ValueModel(nn.Module):
@@ -31,6 +32,7 @@ class ValueModel(nn.Module):
         super().__init__()
         from transformers import AutoModel
 
+        self.body: Any  # an HF decoder without its head (peft-wrapped with LoRA)
         if meta:
             from relayrl.learner.sharded_init import empty_value_body
 
@@ -117,8 +119,8 @@ class Critic:
                     mask = part.loss_mask.to(self.device)
                     loss, n_clipped = clipped_value_loss(
                         self._values(part),
-                        part.values.to(self.device),
-                        part.returns.to(self.device),
+                        filled(part.values, "values").to(self.device),
+                        filled(part.returns, "returns").to(self.device),
                         mask,
                         clip,
                         normaliser,
@@ -135,8 +137,8 @@ class Critic:
             "critic/value_loss": sum(losses) / len(losses),  # on a sharded rank: its part of the global loss
             "critic/grad_norm": sum(grad_norms) / len(grad_norms),
             "critic/clip_frac": clipped / max(tokens, 1.0),
-            "critic/values_mean": float(exp.values[exp.loss_mask.bool()].mean()),
-            "critic/returns_mean": float(exp.returns[exp.loss_mask.bool()].mean()),
+            "critic/values_mean": float(filled(exp.values, "values")[exp.loss_mask.bool()].mean()),
+            "critic/returns_mean": float(filled(exp.returns, "returns")[exp.loss_mask.bool()].mean()),
         }
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
@@ -151,5 +153,5 @@ class Critic:
 
     def save(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
-        self.model.body.save_pretrained(out)
+        self.model.body.save_pretrained(str(out))
         torch.save(self.model.head.state_dict(), out / "value_head.pt")

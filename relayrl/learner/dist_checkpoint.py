@@ -82,7 +82,7 @@ class _ShardWriter:
 
 def write_shards(state: dict, directory: Path) -> None:
     dist.barrier()  # rank 0 has made the temporary directory
-    dcp.save(state, checkpoint_id=directory / SHARDED_DIR)
+    dcp.save(state, checkpoint_id=directory / SHARDED_DIR)  # pyright: ignore[reportPrivateImportUsage] - public API
 
 
 def save_sharded(learner, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str:
@@ -103,7 +103,7 @@ def load_any(learner, checkpoint: str | Path, state: dict) -> None:
         saved = _sharded_state(learner)  # the loading side's layout: DCP reshards into it
         with warnings.catch_warnings():  # one plain process reading shards is the intent (2 -> 1)
             warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-            dcp.load(saved, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())
+            dcp.load(saved, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())  # pyright: ignore[reportPrivateImportUsage]
         for name, model, optimizer in _trained(learner):
             model_state, optim_state = saved[name]["model"], saved[name]["optimizer"]
             set_state_dict(
@@ -135,7 +135,7 @@ def _load_full(learner, checkpoint: str | Path, state: dict) -> None:
         models.append((learner.critic.model, learner.critic.optimizer, critic["model"], critic["optimizer"]))
     for model, optimizer, model_state, optimizer_state in models:
         named = _by_name(model, optimizer_state)
-        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=named, options=full)
+        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=named, options=full)  # pyright: ignore[reportArgumentType] - a plain tensor dict is what it takes
 
 
 def _adapter_state(adapter_dir: Path) -> dict[str, torch.Tensor]:
@@ -216,10 +216,10 @@ def export_sharded(checkpoint: str | Path, out: str | Path, base_model: str | Pa
     state = {"policy": {"model": tensors}}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
-        dcp.load(state, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())
+        dcp.load(state, checkpoint_id=Path(checkpoint) / SHARDED_DIR, no_dist=not dist.is_initialized())  # pyright: ignore[reportPrivateImportUsage]
     if lora_settings is None:
         model.load_state_dict(state["policy"]["model"])
-        model.save_pretrained(out)
+        model.save_pretrained(str(out))
     else:
         lora.save_merged(model, out)
     if tokenizer is not None:
@@ -229,7 +229,7 @@ def export_sharded(checkpoint: str | Path, out: str | Path, base_model: str | Pa
 
 def _run_lora(checkpoint: Path):
     """The run's `model.lora` (from its config.yaml) when its sharded checkpoint holds adapter tensors; else None."""
-    metadata = dcp.FileSystemReader(str(checkpoint / SHARDED_DIR)).read_metadata()
+    metadata = dcp.FileSystemReader(str(checkpoint / SHARDED_DIR)).read_metadata()  # pyright: ignore[reportPrivateImportUsage]
     if not any(".lora_" in key for key in metadata.state_dict_metadata):
         return None
     from relayrl.run.checkpoint import run_config

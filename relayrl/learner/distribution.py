@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from relayrl.run.checkpoint import WRITE_ERRORS, CheckpointError, newest_kept, save_checkpoint, write_cause
-from relayrl.sync.buckets import Layout, layout_of
+from relayrl.sync.buckets import BucketLayout, layout_of
 from relayrl.sync.transports import Manifest, make_sender
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ class Distribution(Protocol):
 
     def named_weights(self, learner: LearnerRole) -> Iterator[tuple[str, torch.Tensor]]: ...
 
-    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> Layout: ...
+    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> BucketLayout: ...
 
     def open_sender(self, learner: LearnerRole, transport, layout, checksum, timeout_s, directory, owner) -> int:
         """The push's sending end on `learner.sender`; returns the parameters moved into shared memory."""
@@ -88,7 +88,7 @@ class OneProcess:
     def named_weights(self, learner: LearnerRole) -> Iterator[tuple[str, torch.Tensor]]:
         return learner.policy.named_weights()
 
-    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> Layout:
+    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> BucketLayout:
         return layout_of(self.named_weights(learner), bucket_mb, wire_dtype)
 
     def open_sender(self, learner: LearnerRole, transport, layout, checksum, timeout_s, directory, owner) -> int:
@@ -98,7 +98,9 @@ class OneProcess:
         return learner.sender.adopt(learner.policy.model.named_parameters())
 
     def send_weights(self, learner: LearnerRole, version: int, only: list[int] | None) -> Manifest:
-        return learner.sender.send(self.named_weights(learner), version, only)
+        sender = learner.sender
+        assert sender is not None, "open_sender runs before the first push"
+        return sender.send(self.named_weights(learner), version, only)
 
     # ------------------------------------------------------------------ state
     def state(self, learner: LearnerRole) -> dict:

@@ -157,8 +157,10 @@ class ForwardLayout:
 def response_targets(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, target column) of every response token of a right-padded `exp`, row by row."""
     if exp.prompt_lengths is None:
-        return exp.loss_mask.nonzero(as_tuple=True)
-    columns = torch.arange(exp.input_ids.shape[1] - 1)[None]
+        rows, columns = exp.loss_mask.nonzero(as_tuple=True)
+        return rows, columns
+    positions = torch.arange(exp.input_ids.shape[1] - 1)[None]
     first = exp.prompt_lengths[:, None] - 1
     last = exp.attention_mask.sum(dim=1, keepdim=True) - 1
-    return ((columns >= first) & (columns < last)).nonzero(as_tuple=True)
+    rows, columns = ((positions >= first) & (positions < last)).nonzero(as_tuple=True)
+    return rows, columns

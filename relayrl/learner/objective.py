@@ -15,7 +15,7 @@ from relayrl.algorithms.correction import sequence_ratio_mask, sequence_tis, tok
 from relayrl.algorithms.kl import AdaptiveKLController, FixedKLController, kl_in_reward
 from relayrl.algorithms.losses import POLICY_LOSSES, entropy_bonus, kl_penalty, mini_batch_normaliser
 from relayrl.config import AlgorithmConfig
-from relayrl.types import Experience
+from relayrl.types import Experience, filled
 
 
 class Objective:
@@ -51,11 +51,17 @@ class Objective:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Loss of one micro-batch. logp, entropy, old: [b, t] (entropy with gradients when it is in the loss)."""
         mask = part.loss_mask.to(logp.device)
-        loss, metrics = self.policy_loss(logp, old, part.advantages.to(logp.device), mask, normaliser=normaliser)
+        advantages = filled(part.advantages, "advantages").to(logp.device)
+        loss, metrics = self.policy_loss(logp, old, advantages, mask, normaliser=normaliser)
         sums = {"loss_policy": loss.detach(), **metrics}  # micro-batch losses add up to the mini-batch's
         if self.kl_in_loss:
             kl_loss, sums["kl"] = kl_penalty(
-                logp, part.ref_logprobs.to(logp.device), mask, self.algo.kl.estimator, self.algo.loss_agg, normaliser
+                logp,
+                filled(part.ref_logprobs, "ref_logprobs").to(logp.device),
+                mask,
+                self.algo.kl.estimator,
+                self.algo.loss_agg,
+                normaliser,
             )
             loss = loss + self.kl_controller.coef * kl_loss
         if self.entropy_in_loss:
@@ -69,7 +75,11 @@ class Objective:
         if exp.ref_logprobs is None or self.algo.kl.placement != "reward":
             return None
         return kl_in_reward(
-            exp.old_logprobs, exp.ref_logprobs, exp.loss_mask, self.algo.kl.estimator, self.kl_controller.coef
+            filled(exp.old_logprobs, "old_logprobs"),
+            exp.ref_logprobs,
+            exp.loss_mask,
+            self.algo.kl.estimator,
+            self.kl_controller.coef,
         )
 
     def correct_in_pass(self, part: Experience, logp: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -78,7 +88,7 @@ class Objective:
         returns token-weighted metric sums (ratio_sum, hit_tokens) and ratio_max for the learner to add up."""
         mask = part.loss_mask.to(logp.device)
         weights, metrics = self.correction(logp.detach(), part.behaviour_logprobs.to(logp.device), mask)
-        part.advantages = part.advantages.to(logp.device) * weights
+        part.advantages = filled(part.advantages, "advantages").to(logp.device) * weights
         tokens = mask.sum()
         return {
             "ratio_sum": metrics["ratio_mean"] * tokens,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from relayrl.types import Experience
+from relayrl.types import Experience, filled
 
 
 @dataclass
@@ -132,6 +132,7 @@ def packed_positions(exp: Experience) -> int:
     """Positions the packed forward would compute: groups x the longest packed row (without building it)."""
     lengths = exp.attention_mask.sum(dim=1)
     rows: dict[int, int] = {}
-    for group, length, prompt in zip(exp.group_ids.tolist(), lengths.tolist(), exp.prompt_lengths.tolist()):
+    prompts = filled(exp.prompt_lengths, "prompt_lengths").tolist()
+    for group, length, prompt in zip(exp.group_ids.tolist(), lengths.tolist(), prompts):
         rows[group] = rows.get(group, prompt) + length - prompt
     return len(rows) * max(rows.values())

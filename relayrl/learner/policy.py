@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models import lora
 from relayrl.models.adapter_sync import lora_sync_mode
 from relayrl.models.loading import load_causal_lm
-from relayrl.types import Experience
+from relayrl.types import Experience, filled
 
 
 class PolicyLearner:
@@ -163,7 +164,8 @@ class PolicyLearner:
         kl = stats.get("actor/kl")
         if kl is None:  # KL in the reward: measure it from the pre-update log-probs
             mask = exp.loss_mask.bool()
-            kl = float((exp.old_logprobs - exp.ref_logprobs)[mask].mean()) if mask.any() else 0.0
+            old, ref = filled(exp.old_logprobs, "old_logprobs"), filled(exp.ref_logprobs, "ref_logprobs")
+            kl = float((old - ref)[mask].mean()) if mask.any() else 0.0
             stats["actor/kl"] = kl
         coef = self.objective.kl_controller.coef
         self.objective.kl_controller.update(kl, len(exp))
@@ -204,10 +206,10 @@ class PolicyLearner:
         """save_pretrained into `out_dir`; with LoRA the merged model there (what `relayrl eval --model` and
         vLLM load as they are) and the adapter beside it in `out_dir/adapter`."""
         if self.config.model.lora is None:
-            self.model.save_pretrained(out_dir)
+            self.model.save_pretrained(str(out_dir))
         else:
             lora.save_merged(self.model, out_dir)
-            self.model.save_pretrained(Path(out_dir) / lora.ADAPTER_DIR)
+            self.model.save_pretrained(str(Path(out_dir) / lora.ADAPTER_DIR))
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
 
@@ -248,8 +250,8 @@ class _Totals:
     def add(self, name: str, value: torch.Tensor) -> None:
         self.sums[name] = self.sums.get(name, 0.0) + float(value)
 
-    def summary(self, tokens: torch.Tensor) -> dict[str, float]:
-        tokens = self.tokens = max(float(tokens), 1.0)
+    def summary(self, trained: torch.Tensor) -> dict[str, Any]:
+        tokens = self.tokens = max(float(trained), 1.0)
         stats = {
             "loss/policy": self.sums["loss_policy"] / len(self.grad_norm),  # mean over optimizer steps
             "loss/total": self.sums["loss_total"] / len(self.grad_norm),

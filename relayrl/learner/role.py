@@ -21,15 +21,16 @@ from relayrl.config import Config
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
-from relayrl.sync.buckets import Layout
+from relayrl.sync.base import LearnerWeights
+from relayrl.sync.buckets import BucketLayout
 from relayrl.sync.endpoints import WeightSource
 from relayrl.sync.transports import Manifest
 from relayrl.types import Experience
 
 
-class Learner(Protocol):
+class Learner(LearnerWeights, Protocol):
     """What the controller calls on the learner, wherever it runs: a `LearnerRole` here, a proxy on one in a Ray
-    actor (relayrl/placement/roles.py), or a handle on W sharded ranks; the syncs add the `WeightSource` half."""
+    actor (relayrl/placement/roles.py), or a handle on W sharded ranks; the Ray syncs add the `WeightSource` half."""
 
     def prepare(self, exp: Experience) -> Experience: ...
 
@@ -104,11 +105,17 @@ class LearnerRole(WeightSource):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.distribution.named_weights(self)
 
-    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> Layout:
+    def weight_layout(self, bucket_mb: float, wire_dtype: str) -> BucketLayout:
         return self.distribution.weight_layout(self, bucket_mb, wire_dtype)
 
     def open_sender(
-        self, transport: str, layout: Layout, checksum: bool, timeout_s: float, directory: str, owner: int | None = None
+        self,
+        transport: str,
+        layout: BucketLayout,
+        checksum: bool,
+        timeout_s: float,
+        directory: str,
+        owner: int | None = None,
     ) -> int:
         self.close_sender()
         return self.distribution.open_sender(self, transport, layout, checksum, timeout_s, directory, owner)

@@ -53,6 +53,10 @@ def load_pairs(path: str | Path) -> list[Pair]:
     return pairs
 
 
+# One training example: token ids, and the prompt's length (a pair) or each token's trained flag (a conversation)
+Encoded = tuple[list[int], int | list[bool]]
+
+
 def encode(pairs: list[Pair], tokenizer) -> list[tuple[list[int], int]]:
     """(token ids of prompt + completion + eos, prompt length) per pair."""
     out = []
@@ -63,7 +67,7 @@ def encode(pairs: list[Pair], tokenizer) -> list[tuple[list[int], int]]:
     return out
 
 
-def warn_unknown_characters(pairs: list[Pair], encoded: list[tuple[list[int], int]], tokenizer, model: str) -> None:
+def warn_unknown_characters(pairs: list[Pair], encoded: list[Encoded], tokenizer, model: str) -> None:
     """One warning naming the characters that became the unknown token, how many rows have them, the first."""
     unk = tokenizer.unk_token_id
     if unk is None:  # byte-level vocabularies have no unknown token: every character is encodable
@@ -91,7 +95,7 @@ def warn_unknown_characters(pairs: list[Pair], encoded: list[tuple[list[int], in
     )
 
 
-def collate(batch: list[tuple[list[int], int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(batch: list[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
@@ -130,7 +134,8 @@ def run_sft(
         model, tokenizer = build_tiny(texts, seed=settings.seed, hidden=settings.hidden, layers=settings.layers)
     else:
         raise ValueError(f"unknown init {init!r}: use 'tiny' or give a model path")
-    encoded = encode_conversations(conversations, tokenizer) if conversations else encode(pairs, tokenizer)
+    encoded: list[Encoded] = []
+    encoded += encode_conversations(conversations, tokenizer) if conversations else encode(pairs, tokenizer)
     warn_unknown_characters(pairs, encoded, tokenizer, model_path or "--init tiny")
     steps = max(1, math.ceil(len(encoded) * settings.epochs / settings.batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
@@ -149,7 +154,7 @@ def run_sft(
             order.extend(fresh)
         batch = [encoded[i] for i in order[: settings.batch_size]]
         del order[: settings.batch_size]
-        input_ids, attention, labels = collate(batch, tokenizer.pad_token_id)
+        input_ids, attention, labels = collate(batch, int(tokenizer.pad_token_id))  # pyright: ignore[reportArgumentType] - an int here
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

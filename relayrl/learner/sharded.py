@@ -34,7 +34,7 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -45,12 +45,13 @@ from torch.distributed.fsdp import (
     fully_shard,
     register_fsdp_forward_method,
 )
+from torch.distributed.tensor import DTensor
 
 from relayrl.config import Config
 from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.learner.sharded_lora import push_view
-from relayrl.sync.buckets import Layout, make_layout
+from relayrl.sync.buckets import BucketLayout, make_layout
 from relayrl.types import Experience
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def shard_model(
     shards, their gradients and so the optimizer state live in CPU memory (FSDP2's CPUOffloadPolicy).
     `precision`: FSDP2's mixed-precision policy (None: the parameters' own dtype throughout).
     A model built with activation checkpointing (PolicyLearner) keeps it: the wrap goes around its layers."""
-    policy = {"offload_policy": CPUOffloadPolicy()} if offload else {}
+    policy: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if offload else {}
     if precision is not None:
         policy["mp_policy"] = precision
     for layer in decoder_layers(model):
@@ -85,7 +86,7 @@ def shard_model(
             module.set_gradient_divide_factor(gradient_divide)
             module.set_force_sum_reduction_for_comms(True)  # SUM, then a division (gloo has no PREMUL_SUM or AVG)
     if hasattr(model, "base_model_prefix"):  # a causal LM: its decoder alone, through the root's FSDP hooks
-        model.decoder_forward = types.MethodType(_decoder_forward, model)
+        model.decoder_forward = types.MethodType(_decoder_forward, model)  # pyright: ignore[reportArgumentType] - an instance method, not a submodule
         register_fsdp_forward_method(model, "decoder_forward")
     return model
 
@@ -94,7 +95,7 @@ def _decoder_forward(root: nn.Module, *args, **kwargs):
     """The decoder's output of a sharded causal LM, run as the root's forward (FSDP2's hooks gather the
     embeddings and final norm, and set up the backward). The learner's layout applies the LM head to hidden
     states itself (train.logits_chunk); calling the decoder directly would meet sharded embeddings."""
-    return getattr(root, root.base_model_prefix)(*args, **kwargs)
+    return getattr(root, str(root.base_model_prefix))(*args, **kwargs)
 
 
 def _rebind_optimizer(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
@@ -112,7 +113,7 @@ def _first_pass_with_adapter(network: nn.Module, device: str) -> None:
     reduce dtype and the bf16 gradients refused by the fp32 shards. So a one-token forward, adapter on, comes
     first."""
     network(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device))
-    network.reshard()
+    cast(FSDPModule, network).reshard()
 
 
 class _GlobalNormaliser:
@@ -144,7 +145,7 @@ class ShardedRanks:
         self.rank, self.world = group.rank, group.world
         self.empty_models = group.rank > 0  # only rank 0 reads the weights
         self.tokens = 0.0  # the rank's trained tokens this update: the KL controller's weight
-        self.layout: Layout | None = None
+        self.layout: BucketLayout | None = None
         self.sync_plan: SyncPlan | None = None
 
     def share(self, config: Config) -> Config:
@@ -161,7 +162,7 @@ class ShardedRanks:
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
         if learner.config.model.lora is not None:
             _first_pass_with_adapter(policy.network, policy.device)
-        policy.objective.kl_controller = _GlobalKL(policy.objective.kl_controller, self)
+        policy.objective.kl_controller = _GlobalKL(policy.objective.kl_controller, self)  # pyright: ignore[reportAttributeAccessIssue] - the same two members
 
     def _shard(self, learner: LearnerRole, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
         """Shard one model (built on rank 0, empty elsewhere), fill every rank's shards from rank 0, and point
@@ -177,7 +178,7 @@ class ShardedRanks:
         critic = learner.critic
         for model in (learner.policy.network, learner.policy.reference, critic and critic.model):
             if model is not None:
-                model.reshard()  # a no-grad forward leaves the root's parameters (embeddings, head) gathered
+                cast(FSDPModule, model).reshard()  # a no-grad forward leaves the root's parameters gathered
 
     def update(self, learner: LearnerRole, step: int, exp: Experience) -> dict[str, float]:
         self.tokens = float(exp.loss_mask.sum())
@@ -192,9 +193,9 @@ class ShardedRanks:
         view = push_view(learner.policy)  # with LoRA: what sync.lora sends
         view.reshard()
         for name, param in view.named_parameters():
-            yield name, param.full_tensor().detach()
+            yield name, cast(DTensor, param).full_tensor().detach()
 
-    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> Layout:
+    def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> BucketLayout:
         """From the global shapes alone: nothing is gathered."""
         shapes = ((n, tuple(p.shape)) for n, p in push_view(learner.policy).named_parameters())
         return make_layout(shapes, bucket_mb, wire_dtype)
@@ -213,6 +214,7 @@ class ShardedRanks:
     def send_weights(self, learner: LearnerRole, version: int, only: list[int] | None):
         from relayrl.sync.gather import send_from_shards
 
+        assert self.layout is not None and self.sync_plan is not None, "open_sender runs before the first push"
         return send_from_shards(push_view(learner.policy), self.layout, self.sync_plan, learner.sender, version, only)
 
     # ------------------------------------------------------------------ state (relayrl/learner/dist_checkpoint.py)

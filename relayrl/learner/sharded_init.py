@@ -61,7 +61,7 @@ def fill_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor], devic
             for name, buffer in module.named_buffers(recurse=False):
                 setattr(module, name, buffer.to(device))
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full_state, options=options)
+    set_model_state_dict(model, full_state, options=options)  # pyright: ignore[reportArgumentType] - tensors
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
+from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from relayrl.models import lora
 
@@ -40,13 +43,13 @@ class PushView:
         self.network, self.entries = network, entries
 
     def reshard(self) -> None:
-        self.network.reshard()  # a no-grad forward leaves the root's parameters gathered
+        cast(FSDPModule, self.network).reshard()  # a no-grad forward leaves the root's parameters gathered
 
     def named_parameters(self) -> Iterator[tuple[str, Gathered]]:
         return iter(self.entries.items())
 
 
-def push_view(policy):
+def push_view(policy) -> Any:
     """The sharded policy's network, or with LoRA the view of what `policy.sync_mode` sends."""
     if policy.sync_mode is None:
         return policy.network
@@ -66,7 +69,9 @@ def adapter_entries(model) -> dict[str, Gathered]:
 
 def merged_entries(model) -> dict[str, Gathered]:
     return {
-        name: Gathered(param.shape, param.full_tensor if layer is None else partial(_merged, param, layer))
+        name: Gathered(
+            param.shape, cast(DTensor, param).full_tensor if layer is None else partial(_merged, param, layer)
+        )
         for name, param, layer in lora.base_weights(model)
     }
 

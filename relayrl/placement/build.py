@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import TYPE_CHECKING, cast
 
 import ray
 
@@ -16,6 +17,9 @@ from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.roles import RemoteRole
 from relayrl.sync.remote import RaySync
+
+if TYPE_CHECKING:
+    from relayrl.placement.learner_ranks import LearnerRanks
 
 
 def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | None = None) -> Roles:
@@ -40,10 +44,12 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     engines.ready()
     sync = RaySync(config.sync, effective_transport(config), probe_ids)
     sync.setup(learner, engines)
-    return Roles(engines, learner, sync, close=functools.partial(shutdown, learner, learner_actors, engines, group))
+    close = functools.partial(shutdown, learner, learner_actors, engines, group)
+    # both handles forward every Learner method to the actor(s) by name (__getattr__), which a protocol cannot see
+    return Roles(engines, cast(Learner, learner), sync, close=close)
 
 
-def start_learner(config: Config, group, slot) -> tuple[Learner, list]:
+def start_learner(config: Config, group, slot) -> tuple[RemoteRole | LearnerRanks, list]:
     """The learner's handle and its actors: one `LearnerRole` actor, or `placement.learner_ranks` sharded rank
     actors in the same bundle behind one handle (relayrl/placement/learner_ranks.py)."""
     if config.placement.learner_ranks > 1:

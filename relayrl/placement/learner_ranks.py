@@ -200,7 +200,7 @@ def start_learner_ranks(config: Config, group, slot) -> LearnerRanks:
 
     world, timeout = config.placement.learner_ranks, config.placement.call_timeout_s
     share = dataclasses.replace(slot, cpus=slot.cpus / world, threads=max(1, slot.threads // world))
-    remote = ray.remote(concurrency_groups={"probe": 1})(LearnerRank)  # `where` answers while a call runs
+    remote = ray.remote(concurrency_groups={"probe": 1})(LearnerRank)  # pyright: ignore[reportCallIssue] - `where` answers while a call runs
     actors = [
         remote.options(**actor_options(group, share)).remote(config, rank, world, share.threads)
         for rank in range(world)
@@ -216,7 +216,7 @@ def blame(stacks: dict[int, list[str] | None], held: dict[int, str], late: str, 
     answer). The ranks outside a collective hang, named with the line they are on; if every one waits in a
     collective, the held error of a rank that failed in one is the cause; else no rank can be singled out."""
     pending = sorted(stacks)
-    waiting = [r for r in pending if stacks[r] and COLLECTIVES in stacks[r][-1]]  # by the innermost frame
+    waiting = [r for r in pending if COLLECTIVES in (stacks[r] or [""])[-1]]  # by the innermost frame
     culprits = [r for r in pending if r not in waiting]
     if not culprits and held:
         rank = min(held)

@@ -31,6 +31,7 @@ class WeightSync(Protocol):
 
     def push(self, learner: LearnerWeights, engines: EngineGroup, version: int | None = None) -> int:
         """Send the learner's weights to every engine under `version` (default: the current one + 1)."""
+        ...
 
 
 class RestartingEngines(EngineGroup, Protocol):
@@ -40,3 +41,4 @@ class RestartingEngines(EngineGroup, Protocol):
 
     def recover(self, index: int, failure: RoleFailure, seen: Any = None) -> None:
         """Replace replica `index` after `failure` (seen on the actor `seen`), or re-raise it."""
+        ...

@@ -1,6 +1,6 @@
 """Bucketing for weight sync: many named tensors packed into a few flat buffers, each with a checksum.
 
-A `Layout` is computed once from the learner's parameter names and shapes; it says which bucket and
+A `BucketLayout` is computed once from the learner's parameter names and shapes; it says which bucket and
 offset each tensor occupies in the wire dtype. Packing copies (and casts) the tensors into the bucket
 buffers; unpacking yields views of them under the original names, so the receiver copies each byte once
 more, into its own parameters. `bucket_mb=0` puts every tensor in its own bucket (the per-tensor
@@ -38,7 +38,7 @@ class Slot:
 
 
 @dataclass(frozen=True)
-class Layout:
+class BucketLayout:
     slots: tuple[Slot, ...]
     bucket_sizes: tuple[int, ...]  # elements per bucket
     wire_dtype: str
@@ -58,7 +58,7 @@ class Layout:
         return [torch.empty(size, dtype=self.dtype) for size in self.bucket_sizes]
 
 
-def make_layout(named_shapes: Iterable[tuple[str, tuple[int, ...]]], bucket_mb: float, wire_dtype: str) -> Layout:
+def make_layout(named_shapes: Iterable[tuple[str, tuple[int, ...]]], bucket_mb: float, wire_dtype: str) -> BucketLayout:
     """Greedy, in parameter order: a bucket closes when the next tensor would overflow it. A tensor larger
     than a bucket gets a bucket of its own; `bucket_mb=0` gives one bucket per tensor."""
     if wire_dtype not in WIRE_DTYPES:
@@ -75,16 +75,16 @@ def make_layout(named_shapes: Iterable[tuple[str, tuple[int, ...]]], bucket_mb: 
         slots.append(Slot(name, tuple(shape), len(sizes) - 1, fill))
         fill += numel
         sizes[-1] = fill
-    return Layout(tuple(slots), tuple(sizes), wire_dtype)
+    return BucketLayout(tuple(slots), tuple(sizes), wire_dtype)
 
 
-def layout_of(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: float, wire_dtype: str) -> Layout:
+def layout_of(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_mb: float, wire_dtype: str) -> BucketLayout:
     return make_layout(((name, tuple(t.shape)) for name, t in named_tensors), bucket_mb, wire_dtype)
 
 
 def pack(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
-    layout: Layout,
+    layout: BucketLayout,
     buckets: list[torch.Tensor],
     only: set[int] | None = None,
 ) -> None:
@@ -110,7 +110,7 @@ def pack(
 
 
 def unpack(
-    layout: Layout, buckets: list[torch.Tensor], chosen: list[int] | None = None
+    layout: BucketLayout, buckets: list[torch.Tensor], chosen: list[int] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """The named tensors as views of the buckets (no copy); `buckets[k]` is bucket `chosen[k]`."""
     position = {b: k for k, b in enumerate(chosen)} if chosen is not None else None
@@ -122,12 +122,16 @@ def unpack(
 
 def checksum(bucket: torch.Tensor) -> int:
     """xxh3-64 of the bucket's bytes, as a signed int64 (so a header tensor can carry it)."""
-    value = xxhash.xxh3_64_intdigest(bucket.view(torch.uint8).numpy())
+    value = xxhash.xxh3_64_intdigest(bucket.view(torch.uint8).numpy())  # pyright: ignore[reportArgumentType] - any buffer
     return value - 2**64 if value >= 2**63 else value
 
 
 def verify(
-    layout: Layout, buckets: list[torch.Tensor], expected: list[int], version: int, chosen: list[int] | None = None
+    layout: BucketLayout,
+    buckets: list[torch.Tensor],
+    expected: list[int],
+    version: int,
+    chosen: list[int] | None = None,
 ) -> None:
     """Raise naming the first bucket whose bytes do not match the sender's checksum."""
     for index, bucket, want in zip(chosen or range(len(buckets)), buckets, expected):

@@ -26,11 +26,12 @@ import struct
 import time
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from relayrl.errors import SyncError
-from relayrl.sync.buckets import Layout, checksum, pack
+from relayrl.sync.buckets import BucketLayout, checksum, pack
 from relayrl.sync.transports import (
     BroadcastSender,
     DiskSender,
@@ -60,7 +61,7 @@ class HeldBytes:
         self.now -= nbytes
 
 
-def one_buffer(layout: Layout, held: HeldBytes) -> list[torch.Tensor]:
+def one_buffer(layout: BucketLayout, held: HeldBytes) -> list[torch.Tensor]:
     """Every bucket a view of one buffer the size of the largest: each is published before the next is packed."""
     buffer = held.hold(torch.empty(max(layout.bucket_sizes), dtype=layout.dtype))
     return [buffer[:size] for size in layout.bucket_sizes]
@@ -69,7 +70,7 @@ def one_buffer(layout: Layout, held: HeldBytes) -> list[torch.Tensor]:
 _STREAMING = {"disk": DiskSender, "object_store": ObjectStoreSender, "broadcast": BroadcastSender}
 
 
-def streaming_sender(kind, layout: Layout, checksum: bool, group, timeout_s: float, directory, owner) -> Sender:
+def streaming_sender(kind, layout: BucketLayout, checksum: bool, group, timeout_s: float, directory, owner) -> Sender:
     """The transport's sender, with one reused bucket buffer (shm keeps its shared segments)."""
     held = HeldBytes()
     if kind == "shm":
@@ -97,7 +98,7 @@ class SyncPlan:
 
 
 def send_from_shards(
-    model, layout: Layout, plan: SyncPlan, sender: Sender | None, version: int, only: list[int] | None = None
+    model, layout: BucketLayout, plan: SyncPlan, sender: Sender | None, version: int, only: list[int] | None = None
 ) -> Manifest | None:
     """Gather and send the buckets `only` (all by default), one bucket at a time. Every rank calls this (rank 0
     with its sender, the others with None, returning None); rank 0 returns one manifest for them all."""
@@ -136,7 +137,7 @@ def send_from_shards(
 def _joined(manifests: list[Manifest], version: int, chosen: list[int], seconds: float) -> Manifest:
     """One manifest for buckets published one at a time: checksums in order; object-store refs joined."""
     first = manifests[0]
-    sums = None if first.checksums is None else [s for m in manifests for s in m.checksums]
+    sums = None if first.checksums is None else [s for m in manifests for s in m.checksums or ()]
     handle = [ref for m in manifests for ref in m.handle] if isinstance(first.handle, list) else first.handle
     return Manifest(version, sums, handle, sum(m.nbytes for m in manifests), seconds, chosen)
 
@@ -149,7 +150,8 @@ def _stream_file(sender, chosen: list[int], packed, version: int, start: float) 
     """The disk transport's safetensors file (one tensor per bucket, the version in its metadata), written
     bucket by bucket under a temporary name and renamed into place, as DiskSender writes it whole."""
     layout, item = sender.layout, sender.layout.dtype.itemsize
-    entries, offset = {"__metadata__": {"version": str(version)}}, 0
+    entries: dict[str, Any] = {"__metadata__": {"version": str(version)}}
+    offset = 0
     for i in chosen:
         size = layout.bucket_sizes[i] * item
         entries[f"bucket_{i}"] = {"dtype": _SAFETENSORS_DTYPE[layout.dtype], "shape": [layout.bucket_sizes[i]]}

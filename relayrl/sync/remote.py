@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from relayrl.errors import RoleFailure
 from relayrl.sync.base import RestartingEngines
@@ -22,6 +22,7 @@ from relayrl.sync.transports import Manifest
 
 if TYPE_CHECKING:
     from relayrl.config import SyncConfig
+    from relayrl.rollout.protocols import EngineGroup
 
 
 def free_port() -> int:
@@ -72,14 +73,16 @@ class RaySync:
     def reattach(self) -> None:
         """After an engine restart: a fresh group/receivers, and the learner's current weights under their own
         version (during a push, the version being pushed: the learner already holds those weights)."""
+        assert self.engines is not None, "reattach runs after setup"
         self.setup(self.learner, self.engines)
         self.push(self.learner, self.engines, version=self.version if self.sending is None else self.sending)
 
-    def push(self, learner, engines: RestartingEngines, version: int | None = None) -> int:
+    def push(self, learner, engines: EngineGroup, version: int | None = None) -> int:
+        """`engines` is the Ray group `setup` attached (its replicas restart: a `RestartingEngines`)."""
         version = self.version + 1 if version is None else version
         previous, self.sending = self.sending, version  # a re-push after a restart nests inside a push
         try:
-            return self._push(learner, engines, version)
+            return self._push(learner, cast(RestartingEngines, engines), version)
         finally:
             self.sending = previous
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from relayrl.errors import SyncError
-from relayrl.sync.buckets import Layout, checksum, pack, unpack, verify
+from relayrl.sync.buckets import BucketLayout, checksum, pack, unpack, verify
 
 TRANSPORTS = ("shm", "disk", "object_store", "broadcast")
 
@@ -50,7 +50,9 @@ class Manifest:
 class Sender:
     """Packs the learner's tensors into buckets and publishes them."""
 
-    def __init__(self, layout: Layout, verify_checksums: bool = True, buckets: list[torch.Tensor] | None = None):
+    held: Any = None  # a sharded learner's streaming sender counts the sync tensors alive (sync/gather.py)
+
+    def __init__(self, layout: BucketLayout, verify_checksums: bool = True, buckets: list[torch.Tensor] | None = None):
         """`buckets`: where to pack (one per bucket of `layout`); default fresh buffers of the transport's kind."""
         self.layout = layout
         self.verify_checksums = verify_checksums
@@ -89,7 +91,7 @@ class Sender:
 class Receiver:
     """Fetches the buckets a manifest describes, verifies them and yields the named tensors."""
 
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: BucketLayout):
         self.layout = layout
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
@@ -136,7 +138,7 @@ def sweep_segments(directory: Path = SHM_DIR) -> list[str]:
     return removed
 
 
-def _shm_buckets(prefix: str, layout: Layout) -> list[torch.Tensor]:
+def _shm_buckets(prefix: str, layout: BucketLayout) -> list[torch.Tensor]:
     return [
         torch.from_file(f"{prefix}-{i}", shared=True, size=size, dtype=layout.dtype)
         for i, size in enumerate(layout.bucket_sizes)
@@ -149,7 +151,7 @@ class ShmSender(Sender):
     copies nothing on this side: it only checksums. The engines then copy once, from shared memory into
     their own parameters. Without it (or with a bf16 wire), each push packs a copy first."""
 
-    def __init__(self, layout: Layout, verify_checksums: bool = True, owner: int | None = None):
+    def __init__(self, layout: BucketLayout, verify_checksums: bool = True, owner: int | None = None):
         self.owner = owner or os.getpid()
         super().__init__(layout, verify_checksums)
 
@@ -185,7 +187,7 @@ class ShmSender(Sender):
 
 
 class ShmReceiver(Receiver):
-    def __init__(self, layout: Layout):
+    def __init__(self, layout: BucketLayout):
         super().__init__(layout)
         self.prefix, self.buckets = None, []
 
@@ -206,7 +208,7 @@ class ShmReceiver(Receiver):
 
 
 class DiskSender(Sender):
-    def __init__(self, layout: Layout, verify_checksums: bool = True, directory: str | None = None, buckets=None):
+    def __init__(self, layout: BucketLayout, verify_checksums: bool = True, directory: str | None = None, buckets=None):
         super().__init__(layout, verify_checksums, buckets)
         self.directory = Path(directory or tempfile.mkdtemp(prefix="relayrl-sync-"))
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -257,7 +259,7 @@ class ObjectStoreSender(Sender):
 
 
 class ObjectStoreReceiver(Receiver):
-    def __init__(self, layout: Layout, timeout_s: float = 60.0):
+    def __init__(self, layout: BucketLayout, timeout_s: float = 60.0):
         super().__init__(layout)
         self.timeout_s = timeout_s
 
@@ -275,9 +277,11 @@ class ObjectStoreReceiver(Receiver):
 def join_group(address: str, port: int, rank: int, world: int, timeout_s: float):
     """A process group of its own (never the default one): TCPStore hosted by rank 0, gloo or nccl."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = torch.distributed.TCPStore(address, port, world, rank == 0, timeout=timeout)
-    if torch.cuda.is_available():
-        return torch.distributed.ProcessGroupNCCL(store, rank, world)
+    store = torch.distributed.TCPStore(address, port, world, rank == 0, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage] - exported at run time
+    if torch.cuda.is_available():  # the same deadline as gloo's: a dead peer ends a collective, not the run
+        options = torch.distributed.ProcessGroupNCCL.Options()  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
+        options._timeout = timeout
+        return torch.distributed.ProcessGroupNCCL(store, rank, world, options)  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
     return torch.distributed.ProcessGroupGloo(store, rank, world, timeout)
 
 
@@ -290,7 +294,7 @@ def _broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
 
 
 class BroadcastSender(Sender):
-    def __init__(self, layout: Layout, verify_checksums: bool, group, timeout_s: float, buckets=None):
+    def __init__(self, layout: BucketLayout, verify_checksums: bool, group, timeout_s: float, buckets=None):
         super().__init__(layout, verify_checksums, buckets)
         self.group, self.timeout_s = group, timeout_s
 
@@ -305,7 +309,7 @@ class BroadcastSender(Sender):
 
 
 class BroadcastReceiver(Receiver):
-    def __init__(self, layout: Layout, verify_checksums: bool, group, timeout_s: float):
+    def __init__(self, layout: BucketLayout, verify_checksums: bool, group, timeout_s: float):
         super().__init__(layout)
         self.verify_checksums, self.group, self.timeout_s = verify_checksums, group, timeout_s
         self.buckets = layout.empty_buckets()
@@ -329,7 +333,7 @@ class BroadcastReceiver(Receiver):
 
 def make_sender(
     kind: str,
-    layout: Layout,
+    layout: BucketLayout,
     verify_checksums: bool = True,
     group=None,
     timeout_s: float = 60.0,
@@ -348,7 +352,7 @@ def make_sender(
 
 
 def make_receiver(
-    kind: str, layout: Layout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0
+    kind: str, layout: BucketLayout, verify_checksums: bool = True, group=None, timeout_s: float = 60.0
 ) -> Receiver:
     if kind == "shm":
         return ShmReceiver(layout)
