@@ -11,10 +11,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+# The budget is a prompt to look, not a target to squeeze under: a file past it is read again for two cohesive
+# parts with names of their own (split by what belongs together, never to get under the line count), and a
+# function past it for the steps it is made of. A file that is one thing and must be long is listed here with
+# the reason; so is a function. At most three, each kept short by its reason.
 MAX_FILE_LINES = 450
 MAX_FUNCTION_LINES = 70
-# Exceptions, each with its reason (at most three). Empty today.
-BUDGET_EXCEPTIONS: dict[str, str] = {}
+BUDGET_EXCEPTIONS: dict[str, str] = {}  # "relayrl/x.py" or "relayrl/x.py:LINE name()" -> why it stays whole
 
 
 def _sources() -> list[Path]:
@@ -35,8 +38,11 @@ def test_every_file_and_function_fits_the_budget():
                 where = f"{name}:{node.lineno} {node.name}()"
                 if length > MAX_FUNCTION_LINES and where not in BUDGET_EXCEPTIONS:
                     offenders.append(f"{where}: {length} lines (budget {MAX_FUNCTION_LINES})")
-    assert len(BUDGET_EXCEPTIONS) <= 3
-    assert not offenders, "over the size budget:\n  " + "\n  ".join(offenders)
+    assert len(BUDGET_EXCEPTIONS) <= 3 and all(BUDGET_EXCEPTIONS.values()), "each exception needs its reason"
+    assert not offenders, (
+        "over the size budget (find the cohesive parts and split there, or list the file in BUDGET_EXCEPTIONS "
+        "with why it is one thing):\n  " + "\n  ".join(offenders)
+    )
 
 
 def test_the_readme_example_files_are_the_ones_in_examples():
