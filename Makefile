@@ -3,7 +3,10 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-LOCK := requirements/cpu.lock
+# The GPU lock when `nvidia-smi -L` lists a GPU, the CPU lock otherwise: never both (they hold different torch and
+# vllm builds of the same packages). `make setup LOCK=requirements/gpu.lock` forces one.
+GPU := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo yes)
+LOCK ?= $(if $(GPU),requirements/gpu.lock,requirements/cpu.lock)
 PIP := $(BIN)/python -m pip install -q
 # The local wheel mirror warns about every index it skips; keep real errors.
 QUIET := { grep -v 'is ignored: it is neither' || true; }
@@ -32,9 +35,10 @@ demo: setup
 test: setup lint browser
 	$(BIN)/python -m pytest -q -rs --durations=25 tests
 
-lint: setup  # ruff's lint rules and format from pyproject.toml; `$(BIN)/ruff format` and `ruff check --fix` mend them
+lint: setup  # ruff's lint rules and format, and pyright (basic) on relayrl/, from pyproject.toml
 	$(BIN)/ruff check relayrl tests benchmarks
 	$(BIN)/ruff format --check relayrl tests benchmarks
+	$(BIN)/pyright
 
 # Chromium for the report's screenshot test (tests/integration/test_report_browser.py): installed from the Debian
 # packages when missing and the user is root; otherwise that test skips, saying why.
