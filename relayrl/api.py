@@ -101,7 +101,8 @@ def train(
     result = run_training(final, resume=resume, overwrite=overwrite)
     return TrainResult(
         Path(final.log.dir),
-        *(_short(result.get(when, {})) for when in ("before", "after")),
+        _short(result.get("before", {})),
+        _short(result.get("after", {})),
         _last_metrics(Path(final.log.dir) / "metrics.jsonl"),
     )
 

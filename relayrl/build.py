@@ -81,7 +81,7 @@ def _close(*parts) -> None:
         part.close()
 
 
-def load_data(config: Config, tokenizer) -> tuple[Prompts, Prompts, dict[str, float]]:
+def load_data(config: Config, tokenizer) -> tuple[Prompts, list[Prompt], dict[str, float]]:
     """(training prompts, held-out prompts, data/* metrics), the first prompt shown as the model sees it."""
     data = config.data
     prompts, long_stats = load_prompts(
@@ -93,12 +93,12 @@ def load_data(config: Config, tokenizer) -> tuple[Prompts, Prompts, dict[str, fl
         "data/prompts_truncated": float(long_stats.truncated),
         "data/prompts_unknown_chars": float(long_stats.unknown),
     }
-    eval_prompts: Prompts = []
+    eval_prompts: list[Prompt] = []
     if data.eval:
-        eval_prompts, eval_stats = load_prompts(
+        held_out, eval_stats = load_prompts(
             data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
         )
-        eval_prompts = eval_prompts[: config.eval.max_prompts or None]
+        eval_prompts = held_out[: config.eval.max_prompts or None]  # a list (a large file's table, sliced)
         data_metrics.update(
             {
                 "data/eval_prompts_dropped": float(eval_stats.dropped),

@@ -37,7 +37,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def resume_command(args, run_dir: str) -> str:
+def resume_command(args, run_dir: str | Path) -> str:
     """The command that continues an interrupted run: the user's own `train` line, or the saved config."""
     if args.command == "train":
         return shlex.join(["relayrl", "train", args.config, *args.overrides, "--resume", str(run_dir)])
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         exit_on_next_signal()
         then = (
             f"resume with: {resume_command(args, stop.run_dir)}"
-            if stop.checkpoint is not None
+            if stop.checkpoint is not None and stop.run_dir is not None  # a checkpoint lives in a run dir
             else "nothing was saved; run the same command to start again"
         )
         print(f"relayrl: {stop.describe()}; {then}", file=sys.stderr, flush=True)

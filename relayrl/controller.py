@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from relayrl.config import Config
-from relayrl.data.source import PromptSampler, PromptTable
+from relayrl.data.source import PromptSampler
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import Learner
 from relayrl.metrics.samples import log_samples
@@ -41,7 +41,7 @@ class Trainer:
     sampler: PromptSampler
     make_schedule: Callable[[], Schedule]  # the train.schedule's, drawing on a RolloutSource
     advantages: Callable[[Experience, list[Rollout]], Experience]  # the estimator and DAPO's overlong filter
-    eval_prompts: list[Prompt] | PromptTable
+    eval_prompts: list[Prompt]
     tokenizer: object  # a transformers tokenizer
     run_dir: Path
     data_metrics: dict

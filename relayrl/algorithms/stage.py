@@ -11,6 +11,7 @@ import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, make_inputs, turn_reward_tensor
 from relayrl.algorithms.dapo import overlong_mask
+from relayrl.types import filled
 
 if TYPE_CHECKING:
     from relayrl.config import Config
@@ -38,7 +39,9 @@ def estimate_advantages(
     """Advantages and returns from the rewards (plus the learner's per-token KL penalty when it is in the
     reward); with DAPO's overlong filter, truncated responses count in their group but train nothing.
     `per_turn` (token-level estimators): a multi-turn trajectory's turns' rewards sit on their turns' ends."""
-    placed = turn_reward_tensor(rollouts, exp.prompt_lengths, exp.loss_mask.shape[1]) if per_turn else None
+    placed = None
+    if per_turn:
+        placed = turn_reward_tensor(rollouts, filled(exp.prompt_lengths, "prompt_lengths"), exp.loss_mask.shape[1])
     inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values, placed)
     if exp.reward_penalty is not None:
         inputs.token_rewards = inputs.token_rewards + exp.reward_penalty

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -22,7 +23,7 @@ def register(commands) -> None:
     demo.set_defaults(fn=lambda args: run_demo(args.dir, args.overrides))
 
 
-def run_demo(run_dir: str | Path = "runs/demo", overrides: list[str] = ()) -> dict:
+def run_demo(run_dir: str | Path = "runs/demo", overrides: Sequence[str] = ()) -> dict:
     from relayrl.build import train
     from relayrl.config import dump_config, load_config, read_yaml
     from relayrl.data.toy import write_toy_task
@@ -37,7 +38,8 @@ def run_demo(run_dir: str | Path = "runs/demo", overrides: list[str] = ()) -> di
     else:
         print("warm start: supervised training of a tiny model on the sloppy teacher's answers")
         run_sft(paths["sft"], warm, init="tiny", settings=SFTSettings(epochs=DEMO_SFT_EPOCHS, batch_size=128))
-    base = read_yaml(resources.files("relayrl") / "configs" / "demo.yaml")
+    with resources.as_file(resources.files("relayrl") / "configs" / "demo.yaml") as demo_yaml:  # a Path on disk
+        base = read_yaml(demo_yaml)
     base.update(
         model={"path": str(warm)},
         data={**base.get("data", {}), "train": str(paths["train"]), "eval": str(paths["eval"])},

@@ -56,8 +56,8 @@ def sections(model: type[BaseModel] = Config, prefix: str = "") -> list[tuple[st
     """Every section of the tree as (dotted path, model), parents before their nested sections; root is ""."""
     found = [(prefix, model)]
     for name, field in model.model_fields.items():
-        if _is_section(field):
-            found.extend(sections(_model_of(field), f"{prefix}{name}."))
+        if (section := _model_of(field)) is not None:
+            found.extend(sections(section, f"{prefix}{name}."))
     return [(path.rstrip("."), sub) for path, sub in found]
 
 
@@ -95,8 +95,9 @@ def explain(key: str) -> str:
         field = model.model_fields.get(part)
         if field is None:
             raise ConfigError(f"unknown config key '{path}'{_suggest(path, part, model)}")
-        if _is_section(field):
-            model = _model_of(field)
+        if (section := _model_of(field)) is not None:
+            model = section
+    assert field is not None  # split() yields at least one part, and an unknown one raised above
     if _is_section(field):
         return _explain_section(path, model)
     rows = [
@@ -214,10 +215,14 @@ def _section_about(path: str) -> str:
     """The section field's description, else the section class's own docstring (first paragraph)."""
     if not path:
         return ""
-    model, field = Config, None
+    model: type[BaseModel] = Config
+    field: FieldInfo | None = None
     for part in path.split("."):
         field = model.model_fields[part]
-        model = _model_of(field)
+        section = _model_of(field)
+        assert section is not None, f"'{path}' is not a section"  # callers pass section paths only
+        model = section
+    assert field is not None  # path is non-empty, so the loop ran
     text = field.description or model.__dict__.get("__doc__") or ""
     return " ".join(text.split("\n\n")[0].split())
 
@@ -228,8 +233,8 @@ def _explain_section(path: str, model: type[BaseModel]) -> str:
         lines.append(f"  {about}")
     width = max(len(name) for name in model.model_fields)
     for name, field in model.model_fields.items():
-        if _is_section(field):
-            lines.append(f"  {name:<{width}}  section: {', '.join(_model_of(field).model_fields)}")
+        if (section := _model_of(field)) is not None:
+            lines.append(f"  {name:<{width}}  section: {', '.join(section.model_fields)}")
             continue
         facts = [type_name(field.annotation), f"default {default_text(field)}", constraints_text(field)]
         lines.append(f"  {name:<{width}}  {'; '.join(fact for fact in facts if fact)}")

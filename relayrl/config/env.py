@@ -14,47 +14,49 @@ class EnvConfig(Section):
     """Multi-turn rollouts: an environment answers each turn (relayrl/envs/). Off while `fn` is empty."""
 
     fn: str = Field(
-        "",
+        default="",
         description="Environment class: a built-in (retry, calculator, code_feedback), `module:Class` or "
         "`path/file.py:Class`, one instance per trajectory; '' = single-turn rollouts. Resolved as reward.fn.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
-    max_turns: int = Field(4, ge=1, description="Model turns per trajectory at most; the trajectory then ends.")
+    max_turns: int = Field(default=4, ge=1, description="Model turns per trajectory at most; the trajectory then ends.")
     max_total_tokens: int = Field(
-        512,
+        default=512,
         ge=1,
         description="Tokens after the first prompt (model and observation turns) per trajectory at most; with "
         "the longest prompt it must fit the model's context (checked at start).",
     )
-    max_tokens_per_turn: int = Field(0, ge=0, description="Tokens one model turn may generate; 0 = rollout.max_tokens.")
+    max_tokens_per_turn: int = Field(
+        default=0, ge=0, description="Tokens one model turn may generate; 0 = rollout.max_tokens."
+    )
     on_overflow: Literal["truncate", "drop"] = Field(
-        "truncate",
+        default="truncate",
         description="A trajectory over max_total_tokens: keep it cut at the limit and flagged "
         "(env/truncated_frac), or drop it from the batch.",
     )
     timeout_s: float = Field(
-        30.0, gt=0, description="Seconds one environment step (or reset) may take; its worker is then killed."
+        default=30.0, gt=0, description="Seconds one environment step (or reset) may take; its worker is then killed."
     )
     on_error: Literal["error", "zero", "skip"] = Field(
-        "error",
+        default="error",
         description="An environment that raises, times out or returns a malformed step: fail naming the "
         "trajectory, end it with reward 0, or drop it. Counted as env/errors, env/timeouts.",
     )
     reward: Literal["sum", "final", "discounted"] = Field(
-        "sum",
+        default="sum",
         description="A trajectory's reward from its turns' rewards for the group estimators: their sum, the last "
         "one, or sum of gamma^t * r_t (earlier success is worth more). A reward.fn set as well is added. gae and "
         "reinforce_pp(_baseline) put each turn's reward on the turn's last token instead (discounted by algorithm.gamma).",
     )
-    gamma: float = Field(0.9, gt=0, le=1, description="Discount per turn of env.reward=discounted.")
+    gamma: float = Field(default=0.9, gt=0, le=1, description="Discount per turn of env.reward=discounted.")
     max_inflight: int = Field(
-        16,
+        default=16,
         ge=1,
         description="Trajectories in flight at once (one environment worker process each), per driver: under "
         "one_step_off and async the background trajectories (one set per async producer) have workers of their own.",
     )
     tito: Literal["strict", "fork", "retokenize"] = Field(
-        "strict",
+        default="strict",
         description="When the chat template would change earlier tokens: stop with an error naming the turn, "
         "start a new sample from that point, or re-render the history (earlier turns then not trained).",
     )

@@ -27,18 +27,18 @@ class LearnerConfig(Section):
     """`learner`: memory options of the policy and critic learners."""
 
     activation_checkpointing: bool = Field(
-        False,
+        default=False,
         description="Recompute each decoder layer's activations in the backward instead of keeping them "
         "(policy and critic): activation memory of one layer instead of all, for about one more forward.",
     )
     return_freed_memory: bool = Field(
-        False,
+        default=False,
         description="CPU learners: fix glibc's mmap threshold at 64 KiB so freed activation blocks go back to the "
         "system: peak RSS follows the live tensors (checkpointed, 8k response tokens: 406 vs 900 MB) at a time cost "
         "that shrinks with length (1.8x at 1k tokens, 1.2x at 8k, 1.02x at 16k). relayrl/learner/malloc.py.",
     )
     offload: Literal["none", "optimizer", "params"] = Field(
-        "none",
+        default="none",
         description="GPU learner ranks only: `params` = FSDP2's CPUOffloadPolicy (parameters, gradients and "
         "AdamW state in CPU memory, the optimizer step on the CPU); needs placement.learner_ranks >= 2. "
         "`optimizer` alone is not an FSDP2 policy and is refused.",

@@ -14,6 +14,7 @@ import copy
 import difflib
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ _Loader.add_implicit_resolver(
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] = (), base: dict | None = None, stacklevel: int = 1
+    path: str | Path | None = None, overrides: Sequence[str] = (), base: dict | None = None, stacklevel: int = 1
 ) -> Config:
     """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly, resolve the `auto`
     choices, then warn about settings without effect (at the line `stacklevel` frames up: 1 = this caller's).
@@ -53,7 +54,7 @@ def load_config(
         return _load(path, overrides, base)
 
 
-def _load(path: str | Path | None, overrides: list[str], base: dict | None) -> Config:
+def _load(path: str | Path | None, overrides: Sequence[str], base: dict | None) -> Config:
     file_tree = read_yaml(path) if path is not None else {}
     if _is_resolved_dump(file_tree):  # a saved config.yaml: only what differs from a default was a choice
         file_tree = _without_defaults(file_tree)

@@ -13,17 +13,17 @@ class LoraConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)  # as every config section
 
-    rank: int = Field(16, ge=1, description="LoRA rank r (RL needs small ranks: 1-32).")
-    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the adapter's update is scaled by alpha / rank.")
+    rank: int = Field(default=16, ge=1, description="LoRA rank r (RL needs small ranks: 1-32).")
+    alpha: float = Field(default=32.0, gt=0, description="LoRA alpha; the adapter's update is scaled by alpha / rank.")
     dropout: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         lt=1,
         description="LoRA dropout. The learner runs in eval mode (the on-policy ratio is exactly 1), so a "
         "non-zero value has no effect and is warned about.",
     )
     target_modules: str | list[str] = Field(
-        "all-linear",
+        default="all-linear",
         description="Modules given an adapter: all-linear (every linear layer but the LM head) or a list of "
         "module names (q_proj, v_proj, ...).",
     )

@@ -25,30 +25,37 @@ class Section(BaseModel):
 
 
 class ModelConfig(Section):
-    path: str = Field("", description="HF model directory (config.json + weights + tokenizer). " + INPUT_PATH_RULE)
+    path: str = Field(
+        default="", description="HF model directory (config.json + weights + tokenizer). " + INPUT_PATH_RULE
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="Learner dtype: auto = float32 on CPU, bf16 autocast with fp32 master weights on GPU."
+        default="auto",
+        description="Learner dtype: auto = float32 on CPU, bf16 autocast with fp32 master weights on GPU.",
     )
     lora: LoraConfig | None = Field(
-        None, description="Train a LoRA adapter (peft) on a frozen base; absent = full fine-tuning."
+        default=None, description="Train a LoRA adapter (peft) on a frozen base; absent = full fine-tuning."
     )
 
 
 class DataConfig(Section):
     train: str = Field(
-        "", description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`. " + INPUT_PATH_RULE
+        default="",
+        description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`. " + INPUT_PATH_RULE,
     )
     eval: str | None = Field(
-        None, description="Held-out prompts, same format; evaluated before and after training. Relative: as data.train."
+        default=None,
+        description="Held-out prompts, same format; evaluated before and after training. Relative: as data.train.",
     )
-    max_prompt_tokens: int = Field(256, ge=1, description="Longest prompt, in tokens, after the chat template.")
+    max_prompt_tokens: int = Field(default=256, ge=1, description="Longest prompt, in tokens, after the chat template.")
     on_long_prompt: Literal["error", "drop", "truncate"] = Field(
-        "error", description="What to do with a longer prompt: fail naming it, drop it, or keep its last tokens."
+        default="error",
+        description="What to do with a longer prompt: fail naming it, drop it, or keep its last tokens.",
     )
     chat_template: bool = Field(
-        True, description="Render `messages` rows with the tokenizer's chat template (`prompt` rows are used as-is)."
+        default=True,
+        description="Render `messages` rows with the tokenizer's chat template (`prompt` rows are used as-is).",
     )
-    shuffle: bool = Field(True, description="Shuffle the training prompts each epoch (seeded by train.seed).")
+    shuffle: bool = Field(default=True, description="Shuffle the training prompts each epoch (seeded by train.seed).")
 
 
 class RewardComponentConfig(Section):
@@ -58,14 +65,14 @@ class RewardComponentConfig(Section):
         description="Built-in name, `module:function` or `path/file.py:function` (resolved as `reward.fn`)."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments bound to the function.")
-    weight: float = Field(1.0, description="Its weight in the reward: reward = sum of weight * component.")
+    weight: float = Field(default=1.0, description="Its weight in the reward: reward = sum of weight * component.")
     name: str = Field(
-        "",
+        default="",
         pattern=r"^[A-Za-z0-9_.-]*$",
         description="Logged as reward/<name>; empty = the function's name (`math`, `score` of `m:score`).",
     )
     style: Literal["auto", "relayrl", "trl", "verl"] = Field(
-        "auto",
+        default="auto",
         description="How the function is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
         "keyword), verl's compute_score (per sample); auto = read from its signature.",
     )
@@ -77,7 +84,7 @@ class RewardComponentConfig(Section):
 
 class RewardConfig(Section):
     fn: str = Field(
-        "exact_match",
+        default="exact_match",
         description="Built-in name (exact_match, math, regex, code, reward_model, judge) or `module:function` or "
         "`path/file.py:function`. The file, or a module's `module.py`, is looked for as data.train is "
         "(a module beside the config file imports); else the module must be importable.",
@@ -94,30 +101,32 @@ class RewardConfig(Section):
         "each logged as reward/<name>. Set this or `fn`/`kwargs`, not both.",
     )
     style: Literal["auto", "relayrl", "trl", "verl"] = Field(
-        "auto",
+        default="auto",
         description="How reward.fn is called: relayrl's fn(prompts, completions, **columns), TRL's (by "
         "keyword), verl's compute_score (per sample); auto = read from its signature.",
     )
     on_error: Literal["error", "zero", "skip"] = Field(
-        "error",
+        default="error",
         description="A reward that raises, times out or is not a finite number: fail naming the sample, "
         "score it 0, or drop the sample from the batch. Counted as reward/errors, reward/timeouts.",
     )
     workers: int = Field(
-        0,
+        default=0,
         ge=0,
         description="Reward worker processes scoring in parallel; 0 = score in the training process "
         "(no timeouts: a hanging reward hangs the run).",
     )
     timeout_s: float = Field(
-        60.0,
+        default=60.0,
         gt=0,
         description="With workers: seconds one sample may take; a sample over it is killed with its "
         "worker (replaced) and handled per on_error. A batch gets timeout_s per sample.",
     )
-    batch_size: int = Field(8, ge=1, description="With workers: samples per call of a reward function in a worker.")
+    batch_size: int = Field(
+        default=8, ge=1, description="With workers: samples per call of a reward function in a worker."
+    )
     max_error_frac: float = Field(
-        1.0,
+        default=1.0,
         ge=0,
         le=1,
         description="Stop when a reward function fails (raises, times out, not a number) on this "
@@ -148,34 +157,34 @@ class RewardConfig(Section):
 
 class RolloutConfig(Section):
     engine: Literal["auto", "vllm", "hf"] = Field(
-        "auto",
+        default="auto",
         description="vllm, or hf (transformers generate). auto = hf under 5M params (config.json) on CPU, the measured "
         "crossover; else vllm (GPU, Ray too). Chosen at each load (resumes too), noted in the resolved config.",
     )
-    n: int = Field(8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
+    n: int = Field(default=8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
     prompts_per_step: int = Field(
-        16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n."
+        default=16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n."
     )
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature for training rollouts.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
-    top_k: int = Field(-1, ge=-1, description="Sample among the k most likely tokens (-1 = off).")
-    max_tokens: int = Field(64, ge=1, description="Longest response, in tokens.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for training rollouts.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
+    top_k: int = Field(default=-1, ge=-1, description="Sample among the k most likely tokens (-1 = off).")
+    max_tokens: int = Field(default=64, ge=1, description="Longest response, in tokens.")
     min_tokens: int = Field(
-        0,
+        default=0,
         ge=0,
         description="Shortest response, in tokens: end-of-sequence and stop strings are "
         "ignored before it (decode-heavy benchmarks, length floors).",
     )
     stop: list[str] = Field(default_factory=list, description="Strings that end a response.")
-    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), GiB.")
+    kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), GiB.")
     prefix_caching: Literal["auto", "on", "off"] = Field(
-        "auto",
+        default="auto",
         description="vLLM prefix caching. `auto`: on unless no sequence can fill one KV block (then it only "
         "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
     )
-    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
     tensor_parallel: int = Field(
-        1,
+        default=1,
         ge=1,
         description="vLLM ranks per engine replica (T): each rank holds 1/T of every layer's heads; needs vLLM, "
         "T dividing the attention heads, and a core or GPU per rank (under ray an unset placement.engine_cpus "
@@ -184,56 +193,57 @@ class RolloutConfig(Section):
 
 
 class TrainConfig(Section):
-    steps: int = Field(20, ge=1, description="Training steps (one rollout batch each).")
-    lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    steps: int = Field(default=20, ge=1, description="Training steps (one rollout batch each).")
+    lr: float = Field(default=1e-5, gt=0, description="AdamW peak learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
     lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="After warmup: constant or cosine decay."
+        default="constant", description="After warmup: constant or cosine decay."
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup, in optimizer steps.")
-    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
-    grad_clip: float = Field(1.0, gt=0, description="Max global gradient norm.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warmup, in optimizer steps.")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="Cosine floor as a fraction of lr.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Max global gradient norm.")
     mini_batch: int | None = Field(
-        None, ge=1, description="Responses per optimizer step; default = the whole rollout batch (one step)."
+        default=None, ge=1, description="Responses per optimizer step; default = the whole rollout batch (one step)."
     )
-    micro_batch: int = Field(16, ge=1, description="Responses per forward/backward (gradient accumulation).")
+    micro_batch: int = Field(default=16, ge=1, description="Responses per forward/backward (gradient accumulation).")
     micro_batch_tokens: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="Instead of train.micro_batch: fill each micro-batch up to this many forward positions "
         "(whole groups when packing); one sample over it gets its own (learner/over_budget_units).",
     )
-    epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
-    seed: int = Field(0, ge=0, description="Seeds data order, sampling and initialisation.")
-    threads: int = Field(0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
+    epochs: int = Field(default=1, ge=1, description="Passes over each rollout batch.")
+    seed: int = Field(default=0, ge=0, description="Seeds data order, sampling and initialisation.")
+    threads: int = Field(default=0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
     packing: Literal["auto", "groups", "none"] = Field(
-        "auto",
+        default="auto",
         description="Learner forward layout: `groups` packs each group into one row (the prompt once, then "
         "every response, block attention mask), `none` right-pads one row per sample, `auto` "
         "packs when that computes at least 10% fewer positions.",
     )
     logits_chunk: int = Field(
-        1024,
+        default=1024,
         ge=0,
         description="Apply the LM head only where a response token is predicted, this many positions at "
         "a time (recomputed in the backward): full-vocabulary logits are never held for more. "
         "0 = take the model's own logits over every position.",
     )
     schedule: Literal["sync", "one_step_off", "async"] = Field(
-        "sync",
+        default="sync",
         description="sync: generate, then train. one_step_off: generate step k+1 while training on step k. "
         "async: engines generate continuously into a bounded buffer. one_step_off and async "
         "need placement.mode=ray.",
     )
     max_staleness: int = Field(
-        1, ge=0, description="async: the most policy versions a sample may lag the policy it trains."
+        default=1, ge=0, description="async: the most policy versions a sample may lag the policy it trains."
     )
     on_stale: Literal["wait", "drop"] = Field(
-        "wait", description="async: keep within max_staleness by making producers wait, or by dropping old samples."
+        default="wait",
+        description="async: keep within max_staleness by making producers wait, or by dropping old samples.",
     )
     partial_rollouts: float = Field(
-        0.0,
+        default=0.0,
         ge=0,
         description="async: over-provision factor for partial rollouts (APRIL): generate this many times "
         "the groups needed, stop when enough finish, continue the rest later (0 = off).",
@@ -252,31 +262,35 @@ class TrainConfig(Section):
 
 
 class EvalConfig(Section):
-    every: int = Field(0, ge=0, description="Evaluate held-out accuracy every N steps (0 = only before and after).")
-    max_prompts: int = Field(0, ge=0, description="Evaluate on at most this many held-out prompts (0 = all).")
-    temperature: float = Field(1.0, gt=0, description="Temperature of the sampled evaluation (greedy is also run).")
+    every: int = Field(
+        default=0, ge=0, description="Evaluate held-out accuracy every N steps (0 = only before and after)."
+    )
+    max_prompts: int = Field(default=0, ge=0, description="Evaluate on at most this many held-out prompts (0 = all).")
+    temperature: float = Field(
+        default=1.0, gt=0, description="Temperature of the sampled evaluation (greedy is also run)."
+    )
 
 
 class SamplesConfig(Section):
     every: int = Field(
-        10,
+        default=10,
         ge=0,
         description="Write some samples of every N-th step (and of the last) to "
         "<dir>/samples.jsonl: text, reward, advantage, versions (0 = never).",
     )
     max_per_step: int = Field(
-        16, ge=1, description="Samples written per logged step: the step's first ones, whole groups first."
+        default=16, ge=1, description="Samples written per logged step: the step's first ones, whole groups first."
     )
 
 
 class LogConfig(Section):
     dir: str = Field(
-        "runs/default",
+        default="runs/default",
         description="Run directory: config.yaml (resolved: input paths absolute), "
         "metrics.jsonl, model/. Relative to the working directory.",
     )
-    progress: bool = Field(True, description="Show a rich progress bar on the console.")
-    save_model: bool = Field(True, description="Save the final policy with save_pretrained into <dir>/model.")
+    progress: bool = Field(default=True, description="Show a rich progress bar on the console.")
+    save_model: bool = Field(default=True, description="Save the final policy with save_pretrained into <dir>/model.")
     samples: SamplesConfig = Field(default_factory=SamplesConfig, description="Per-sample logs (samples.jsonl).")
     backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=list,
@@ -301,30 +315,37 @@ class LogConfig(Section):
 
 
 class CheckpointConfig(Section):
-    every: int = Field(0, ge=0, description="Write a checkpoint every N steps into <log.dir>/checkpoints (0 = never).")
-    keep: int = Field(2, ge=1, description="How many of the newest checkpoints to keep.")
+    every: int = Field(
+        default=0, ge=0, description="Write a checkpoint every N steps into <log.dir>/checkpoints (0 = never)."
+    )
+    keep: int = Field(default=2, ge=1, description="How many of the newest checkpoints to keep.")
 
 
 class PlacementConfig(Section):
     mode: Literal["local", "ray"] = Field(
-        "local", description="local: every role in this process. ray: each role a Ray actor in a placement group."
+        default="local",
+        description="local: every role in this process. ray: each role a Ray actor in a placement group.",
     )
     layout: Literal["colocated", "disaggregated"] = Field(
-        "disaggregated",
+        default="disaggregated",
         description="ray: roles share one bundle and take turns (colocated), or each role has "
         "its own bundle and engines generate while the learner trains (disaggregated).",
     )
     engines: int = Field(
-        1, ge=1, description="ray: rollout-engine replicas; each step's prompts are split across them."
+        default=1, ge=1, description="ray: rollout-engine replicas; each step's prompts are split across them."
     )
-    learner_cpus: float = Field(1.0, gt=0, description="ray: CPUs reserved for the learner (and its reference/critic).")
-    engine_cpus: float = Field(1.0, gt=0, description="ray: CPUs reserved for each rollout engine.")
-    learner_threads: int = Field(0, ge=0, description="ray: torch threads in the learner (0 = its reserved CPUs).")
-    engine_threads: int = Field(0, ge=0, description="ray: OpenMP threads per engine (0 = its reserved CPUs).")
-    num_cpus: int = Field(0, ge=0, description="ray: CPUs Ray may use when it starts the cluster (0 = all).")
-    address: str = Field("", description="ray: address of a running cluster to join ('' = start one here).")
+    learner_cpus: float = Field(
+        default=1.0, gt=0, description="ray: CPUs reserved for the learner (and its reference/critic)."
+    )
+    engine_cpus: float = Field(default=1.0, gt=0, description="ray: CPUs reserved for each rollout engine.")
+    learner_threads: int = Field(
+        default=0, ge=0, description="ray: torch threads in the learner (0 = its reserved CPUs)."
+    )
+    engine_threads: int = Field(default=0, ge=0, description="ray: OpenMP threads per engine (0 = its reserved CPUs).")
+    num_cpus: int = Field(default=0, ge=0, description="ray: CPUs Ray may use when it starts the cluster (0 = all).")
+    address: str = Field(default="", description="ray: address of a running cluster to join ('' = start one here).")
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
-        "PACK",
+        default="PACK",
         description="ray: the placement group's strategy across nodes: PACK fills one node first, SPREAD spreads "
         "the bundles (learner, each engine), STRICT_* require it.",
     )
@@ -338,19 +359,24 @@ class PlacementConfig(Section):
         description="ray: extra Ray resources in each engine's bundle, e.g. {engine_node: 1} per engine "
         "(see learner_resources).",
     )
-    placement_timeout_s: float = Field(60.0, gt=0, description="ray: deadline for the placement group to be placed.")
+    placement_timeout_s: float = Field(
+        default=60.0, gt=0, description="ray: deadline for the placement group to be placed."
+    )
     call_timeout_s: float = Field(
-        600.0,
+        default=600.0,
         gt=0,
         description="ray: deadline for any one call into a role (a step's "
         "generate, update, ...); a miss names the role.",
     )
     on_engine_failure: Literal["restart", "fail"] = Field(
-        "restart", description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop."
+        default="restart",
+        description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop.",
     )
-    max_engine_restarts: int = Field(3, ge=0, description="ray: engine restarts allowed per run before giving up.")
+    max_engine_restarts: int = Field(
+        default=3, ge=0, description="ray: engine restarts allowed per run before giving up."
+    )
     learner_ranks: int = Field(
-        1,
+        default=1,
         ge=1,
         description="ray: learner ranks (W): one torch.distributed group whose ranks shard the policy, reference "
         "and critic with FSDP2 and split each step's groups (rollout.prompts_per_step and train.mini_batch "
@@ -369,27 +395,33 @@ class PlacementConfig(Section):
 
 class SyncConfig(Section):
     transport: Literal["auto", "inprocess", "shm", "broadcast", "disk", "object_store"] = Field(
-        "auto",
+        default="auto",
         description="How weights reach the engines: auto = inprocess under placement.mode=local; under ray, shm "
         "on one node, broadcast when an engine is on another node than the learner.",
     )
-    bucket_mb: float = Field(64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor).")
-    wire_dtype: Literal["fp32", "bf16"] = Field("fp32", description="Dtype on the wire (bf16 halves the bytes).")
+    bucket_mb: float = Field(
+        default=64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor)."
+    )
+    wire_dtype: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="Dtype on the wire (bf16 halves the bytes)."
+    )
     checksum: bool = Field(
-        True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything."
+        default=True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything."
     )
     parity_probe: bool = Field(
-        False,
+        default=False,
         description="After each push, compare engine and learner log-probs on a fixed sequence (sync/parity_abs_max).",
     )
-    timeout_s: float = Field(120.0, gt=0, description="Deadline for one push (every collective and wait within it).")
+    timeout_s: float = Field(
+        default=120.0, gt=0, description="Deadline for one push (every collective and wait within it)."
+    )
     lora: Literal["auto", "adapter", "merged"] = Field(
-        "auto",
+        default="auto",
         description="With model.lora: push only the adapter (the engine loads each version as a new adapter), "
         "or merged full weights; auto = adapter on vLLM with a GPU, merged on CPU (faster there) and on HF.",
     )
     directory: str = Field(
-        "",
+        default="",
         description="disk transport: where the weights file goes ('' = a temporary "
         "directory); relative to the working directory.",
     )

@@ -34,9 +34,11 @@ def check_file(path: str | Path, model: str | None = None, max_prompt_tokens: in
             raise DataError(f"{where}: id {prompt_id!r} is already used at {first}; ids must be unique")
         seen[prompt_id] = index  # the row, not its location string: a million of those is ~100 MB
         if maker is not None:
-            lengths.append(len(maker.make(index, where, row).token_ids))
+            prompt = maker.make(index, where, row)
+            assert prompt is not None  # on_long_prompt=truncate keeps every prompt
+            lengths.append(len(prompt.token_ids))
     summary = f"{path}: {len(rows)} rows, all readable ({time.perf_counter() - start:.1f} s)"
-    if lengths:
+    if maker is not None and lengths:
         summary += (
             f"; prompt tokens mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)} (cut at the limit); "
             f"{maker.stats.truncated} over --max-prompt-tokens={max_prompt_tokens} (data.on_long_prompt "

@@ -136,7 +136,7 @@ def _load_from_disk(path: Path):
 
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
-        raise DataError(f"{path}: a DatasetDict (splits {', '.join(loaded)}); point at one split's directory")
+        raise DataError(f"{path}: a DatasetDict (splits {', '.join(map(str, loaded))}); point at one split's directory")
     return loaded.data.table
 
 

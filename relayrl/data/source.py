@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -199,6 +199,12 @@ class PromptTable:
         prompt = self.maker.make(index, where, row, count=not self.read[index])
         self.read[index] = 1
         return prompt
+
+    @overload
+    def __getitem__(self, index: int) -> Prompt: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Prompt]: ...
 
     def __getitem__(self, index: int | slice) -> Prompt | list[Prompt]:
         if isinstance(index, slice):

@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,7 +49,7 @@ class Environment(Protocol):
     def step(self, action: str) -> Step | tuple[Observation, float, bool]: ...
 
 
-def load_env_class(spec: str) -> type:
+def load_env_class(spec: str) -> Callable[..., Any]:
     """A built-in name, `package.module:Class` or `path/to/file.py:Class`. Imports stay light (no torch): the
     environment workers load it by spec."""
     from relayrl.envs.builtins import BUILTINS
@@ -82,6 +83,7 @@ def _import(target: str, spec: str):
         if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(file):
             return sys.modules[name]
         module_spec = importlib.util.spec_from_file_location(name, file)
+        assert module_spec is not None and module_spec.loader is not None  # a .py file always has both
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         module_spec.loader.exec_module(module)
@@ -144,7 +146,7 @@ def as_step(result: Any, where: str) -> Step:
     return Step(observation, reward, bool(result.done), dict(result.info or {}))
 
 
-def observation_message(observation: Observation) -> dict[str, Any]:
+def observation_message(observation: str | dict[str, Any]) -> dict[str, Any]:
     """A step's observation as the chat message appended to the history (a string is a user turn)."""
     if isinstance(observation, str):
         return {"role": "user", "content": observation}

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import ast
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.envs.base import Step
 from relayrl.errors import EnvError
+
+if TYPE_CHECKING:
+    from relayrl.rewards.sandbox import Isolation
 
 
 def _normalise(text: str) -> str:
@@ -118,10 +121,11 @@ class CalculatorEnv:
 class CodeFeedbackEnv:
     """The program must pass the row's `tests`; failing output comes back (at most `feedback_chars` of it)."""
 
-    def __init__(self, isolation: str = "auto", feedback_chars: int = 400, **limits: Any):
+    def __init__(self, isolation: Isolation = "auto", feedback_chars: int = 400, **limits: Any):
         from relayrl.rewards.sandbox import SandboxLimits
 
-        self.isolation, self.feedback_chars = isolation, feedback_chars
+        self.isolation: Isolation = isolation
+        self.feedback_chars = feedback_chars
         self.limits = SandboxLimits(**limits)
 
     def reset(self, row: dict[str, Any]):

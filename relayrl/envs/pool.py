@@ -51,6 +51,7 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> N
                 messages = as_messages(call(env.reset, payload), f"{where}: {cls.__name__}.reset")
                 connection.send(("ok", (messages, tuple(getattr(env, "stop", ()) or ()))))
             else:
+                assert env is not None, "a step before the trajectory's reset"  # the pool resets first
                 connection.send(("ok", as_step(call(env.step, payload), f"{where}: {cls.__name__}.step")))
         except EnvError as err:
             connection.send(("env_error", str(err)))
@@ -74,7 +75,7 @@ class _EnvWorker(Worker):
         return self.calling or self.queued is not None
 
 
-class EnvPool(SupervisedPool):
+class EnvPool(SupervisedPool[_EnvWorker]):
     role, loads, error = "environment worker", "env.fn", EnvError
     startup_timeout_s = STARTUP_TIMEOUT_S
     worker_class = _EnvWorker

@@ -7,7 +7,7 @@ environment failed on (errors, timeouts) or that ran over max_total_tokens (trun
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 
 def evaluate_env_model(
@@ -22,7 +22,7 @@ def evaluate_env_model(
     temperature: float = 0.0,
     engine: str = "vllm",
     max_prompts: int = 0,
-    reward: str = "sum",
+    reward: Literal["sum", "final", "discounted"] = "sum",
     seed: int = 0,
     workers: int = 16,
     timeout_s: float = 30.0,
@@ -51,7 +51,7 @@ def evaluate_env_model(
     )
     tokenizer = load_tokenizer(model, key="--model")
     prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)
-    prompts = prompts[:max_prompts] if max_prompts else prompts
+    prompts = prompts[:max_prompts] if max_prompts else list(prompts)  # a large file's lazy table, read whole
     max_len = max(len(p.token_ids) for p in prompts) + 16 + max_total_tokens  # room for the chat template's turns
     sampling = Sampling(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)
     pool = EnvPool(env, settings.kwargs, workers, timeout_s)  # before the engine: a spec that cannot load fails first

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from relayrl.config import RewardConfig
 from relayrl.types import Sampling
@@ -22,7 +22,7 @@ def evaluate_model(
     min_tokens: int = 0,
     max_prompts: int = 0,
     reward_kwargs: dict[str, Any] | None = None,
-    on_error: str = "zero",
+    on_error: Literal["error", "zero", "skip"] = "zero",
     reward_workers: int = 0,
     reward_timeout_s: float | None = None,
 ) -> dict[str, float]:
@@ -51,7 +51,7 @@ def evaluate_model(
     model = merged_model_dir(model)  # a peft adapter directory (relayrl export) is merged into its base first
     tokenizer = load_tokenizer(model, key="--model")
     prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)  # the context is checked below, in flags
-    prompts = prompts[:max_prompts] if max_prompts else prompts
+    prompts = prompts[:max_prompts] if max_prompts else list(prompts)  # a large file's lazy table, read whole
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))
     max_tokens = fit_max_tokens(model, max_tokens, len(prompts[longest].token_ids), data, longest)
     if min_tokens > max_tokens:
@@ -60,7 +60,7 @@ def evaluate_model(
             f"{max_tokens} for this model and data; lower --min-tokens"
         )
     if isinstance(reward, str):
-        deadline = {} if reward_timeout_s is None else {"timeout_s": reward_timeout_s}
+        deadline: dict[str, Any] = {} if reward_timeout_s is None else {"timeout_s": reward_timeout_s}
         reward = RewardConfig(
             fn=reward, kwargs=reward_kwargs or {}, on_error=on_error, workers=reward_workers, **deadline
         )

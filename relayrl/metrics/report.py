@@ -29,6 +29,7 @@ import math
 import statistics
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -38,7 +39,9 @@ from relayrl.metrics.samples import samples_section
 from relayrl.run.jsonl import read_jsonl
 
 PHASES = ("generate", "reward", "logprobs", "advantage", "update", "sync", "wait")  # wait: async learner idle
-PHASE_COLORS = dict(zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#bbbbbb")))
+PHASE_COLORS: dict[str, str] = dict(
+    zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#bbbbbb"))
+)
 EXTRA_COLORS = ("#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 TIMELINE_STEPS = 8
 TIMELINE_KEYS = {"step": int, "role": str, "phase": str, "start": (int, float), "end": (int, float)}
@@ -61,7 +64,7 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
-def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, object]:
+def _figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(8, 3.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)  # explicit Agg canvas: no pyplot, no global backend state
     ax = fig.add_subplot()

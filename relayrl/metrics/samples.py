@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,10 +40,13 @@ def sample_rows(
     step: int, rollouts: list[Rollout], scores: list[Score], exp: Experience, max_per_step: int
 ) -> list[dict]:
     """The rows of one step: its first `max_per_step` samples; `exp` must hold the step's advantages."""
+    from relayrl.types import filled  # here, not at the top: the report reads samples.jsonl without torch
+
     count = min(max_per_step, len(rollouts))
     mask = exp.loss_mask[:count]  # [n, T-1]
     trained = mask.sum(dim=1)
-    advantage = (exp.advantages[:count] * mask).sum(dim=1) / trained.clamp(min=1)  # [n] sequence means
+    advantages = filled(exp.advantages, "advantages")[:count]
+    advantage = (advantages * mask).sum(dim=1) / trained.clamp(min=1)  # [n] sequence means
     rows = []
     for index in range(count):
         rollout, score = rollouts[index], scores[index]
@@ -132,7 +136,7 @@ def samples_section(run_dir: Path, notes: list[str]) -> str:
 COLUMNS = ("sample", "reward", "components", "advantage", "versions", "finish", "prompt", "completion")
 
 
-def _table(rows: list[dict | None]) -> str:
+def _table(rows: Sequence[dict | None]) -> str:
     head = "".join(f"<th>{name}</th>" for name in COLUMNS)
     body = []
     for row in rows:

@@ -8,8 +8,12 @@ Light on purpose (no torch, no peft): the planner and the config's resolution re
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from relayrl.errors import ConfigError, SyncError
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
 
 
 def engine_serves_lora(kind: str) -> bool:
@@ -46,7 +50,7 @@ class AdapterSpec:
     keep: int  # versions kept loaded: max_staleness + 1 that samples may come from, and the one loading
 
 
-def kept_versions(config) -> int:
+def kept_versions(config: Config) -> int:
     train = config.train
     staleness = {"sync": 0, "one_step_off": 1}.get(train.schedule, train.max_staleness)
     return staleness + 2  # a rollout started on the oldest usable version finishes on it while the next loads

@@ -62,7 +62,9 @@ def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path
 
     check_model_dir(path, key)
     try:
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which pyright reads unbound
+        return model.to(device)  # pyright: ignore[reportArgumentType]
     except (OSError, ValueError) as err:
         raise ModelError(f"{key}={str(path)!r}: cannot load the model: {err}") from None
 

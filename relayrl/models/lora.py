@@ -15,8 +15,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraLayer
 
 ADAPTER_DIR = "adapter"  # beside a finished run's merged model: <run>/model/adapter
 
@@ -60,7 +64,7 @@ def trainable_count(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def base_weights(model) -> Iterator[tuple[str, torch.nn.Parameter, object]]:
+def base_weights(model) -> Iterator[tuple[str, torch.nn.Parameter, LoraLayer | None]]:
     """(name in the base model, parameter, its `LoraLayer` or None) of every weight of a peft model's base, under
     the base model's own names (peft's `.base_layer.` removed, tied weights once, adapter tensors skipped); the
     layer is given for an adapted layer's `weight` only (its bias, norms and embeddings get None)."""
@@ -84,8 +88,10 @@ def merged_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
         if layer is None:
             yield name, param.detach()
             continue
-        delta = sum(layer.get_delta_weight(adapter) for adapter in layer.active_adapters)
-        yield name, param.detach() + delta.to(param.dtype)
+        # peft defines get_delta_weight on each LoraLayer kind (Linear, Embedding, ...), not on the base class; an
+        # adapted layer has an active adapter, so the sum is a tensor (pyright allows for sum's int start, 0)
+        delta = sum(layer.get_delta_weight(adapter) for adapter in layer.active_adapters)  # pyright: ignore[reportAttributeAccessIssue]
+        yield name, param.detach() + delta.to(param.dtype)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def resolved_config(model) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from relayrl.errors import ModelError
 
@@ -80,7 +81,7 @@ def load_shape(model_path: str, **flags: float | None) -> ModelShape:
 
     With every flag given, no config.json is needed (a 7B plan without weights).
     """
-    given = {name: int(value) for name, value in flags.items() if value is not None}
+    given: dict[str, Any] = {name: int(value) for name, value in flags.items() if value is not None}  # ModelShape's
     if set(given) >= SHAPE_FLAGS:
         return ModelShape(**given)
     if not model_path or not (Path(model_path) / "config.json").is_file():

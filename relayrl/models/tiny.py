@@ -65,7 +65,7 @@ def build_tiny_model(
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).float()
@@ -74,13 +74,10 @@ def build_tiny_model(
 def build_tiny(texts: Iterable[str], out_dir: str | Path | None = None, seed: int = 0, **model_kwargs):
     """Tokenizer trained on `texts` plus a fresh tiny model sized to it; saved to `out_dir` if given."""
     tokenizer = train_char_tokenizer(texts)
+    pad, bos, eos = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
+    assert isinstance(pad, int) and isinstance(bos, int) and isinstance(eos, int)  # all three are in its vocabulary
     model = build_tiny_model(
-        vocab_size=len(tokenizer),
-        seed=seed,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        **model_kwargs,
+        vocab_size=len(tokenizer), seed=seed, pad_token_id=pad, bos_token_id=bos, eos_token_id=eos, **model_kwargs
     )
     if out_dir is not None:
         model.save_pretrained(out_dir)

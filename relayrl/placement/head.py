@@ -53,6 +53,7 @@ class Head:
         ray.shutdown()
         end_session(self.session, STOP_GRACE_S)
         if self.watcher is not None:
+            assert self.watcher.stdin is not None  # reaper.watch starts it with stdin=PIPE
             self.watcher.stdin.close()  # what is left (nothing, normally) is the watcher's to end
             with suppress(subprocess.TimeoutExpired):
                 self.watcher.wait(STOP_GRACE_S)
@@ -125,7 +126,8 @@ def auth_env() -> dict[str, str]:
 def refresh_ray_auth() -> None:
     """Ray reads RAY_AUTH_MODE and the token once, when it is imported; re-read them, as `ray.init()` does
     when it turns token authentication on (ray/_private/authentication/authentication_token_setup.py)."""
-    from ray._raylet import AuthenticationTokenLoader, Config
+    # compiled; ray's _raylet.pyi stub leaves these two out
+    from ray._raylet import AuthenticationTokenLoader, Config  # pyright: ignore[reportAttributeAccessIssue]
 
     Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()

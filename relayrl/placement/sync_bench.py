@@ -15,6 +15,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Literal
 
 import torch
 
@@ -32,7 +33,7 @@ def synthetic_shapes(params: int) -> list[tuple[str, tuple[int, ...]]]:
     if params - 2 * vocab * hidden < per_layer:
         vocab = max(1, int(params) // (4 * hidden))
     layers = max(1, round((params - 2 * vocab * hidden) / per_layer))
-    shapes = [("model.embed_tokens.weight", (vocab, hidden))]
+    shapes: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
         p = f"model.layers.{i}."
         shapes += [
@@ -107,12 +108,12 @@ class Row:
 
 def run(
     params: int,
-    transports: list[str],
+    transports: list[Literal["auto", "inprocess", "shm", "broadcast", "disk", "object_store"]],  # sync.transport
     receivers: int = 1,
     repeats: int = 3,
     checksum: bool = True,
     bucket_mb: float = 64.0,
-    wire_dtype: str = "fp32",
+    wire_dtype: Literal["fp32", "bf16"] = "fp32",
     timeout_s: float = 300.0,
     adopt: bool = True,
 ) -> dict:
@@ -128,7 +129,9 @@ def run(
     sink_actors = [ray.remote(num_cpus=0)(CopyingSink).remote(shapes) for _ in range(receivers)]
     source = RemoteRole(source_actor, "sender", timeout_s)
     sinks = [RemoteRole(a, f"receiver {i}", timeout_s) for i, a in enumerate(sink_actors)]
-    source.ping(), [s.ping() for s in sinks]
+    source.ping()
+    for sink in sinks:
+        sink.ping()
     group = SimpleNamespace(replicas=sinks, on_restart=None, recover=_no_recovery)
     memcpy = source.memcpy_gbps()
     expected = sum(float(t.double().sum()) for t in _regenerate(shapes))

@@ -187,7 +187,7 @@ def workload_from_config(
     broadcast_checks = config.sync.transport == "broadcast" and config.sync.checksum
     return Workload(
         learner_ranks=learner_ranks or config.placement.learner_ranks,
-        mini_batch=config.train.mini_batch,
+        mini_batch=config.train.mini_batch or 0,  # unset (None: the rollout batch) is 0 here
         gather_passes=2 if broadcast_checks else 1,
         longest_prompt_tokens=longest_prompt_tokens,
         longest_response_tokens=longest_response_tokens,
@@ -357,7 +357,7 @@ class Placement:
     train_phase: float
     colocated_peak: float  # max over phases
     disaggregated: float  # sum of the pools
-    colocated_devices: int
+    colocated_devices: float  # a device count; math.inf when generating leaves no room for the resident states
     trainer_devices: int
     rollout_devices: int
     group_devices: int  # one node of this hardware

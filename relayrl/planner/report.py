@@ -226,6 +226,7 @@ def _learner_rows(plan: Plan) -> Rows:
     """The update's activations and logits (relayrl/planner/learner_memory.py)."""
     s, w, m, pr = plan.shape, plan.workload, plan.memory, plan.precision
     peak, b = m.learner, pr.activation_bytes
+    assert peak is not None  # estimate_memory always sets it
     kept = f"{s.layers} x h" if peak.checkpointing else f"{s.layers} x (4h + 4q + 4kv + 4I + heads)"
     backward = "one layer rebuilt + h (activation checkpointing)" if peak.checkpointing else "3h"
     if peak.chunk > 0:

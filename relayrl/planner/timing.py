@@ -81,7 +81,13 @@ def forward_flops_per_token(shape: ModelShape, context: float) -> float:
 
 
 def decode_step_time(
-    shape: ModelShape, infer_bytes: int, batch: int, context: float, kv_bytes_per_token: int, mem_bw: float, rate: float
+    shape: ModelShape,
+    infer_bytes: int,
+    batch: float,
+    context: float,
+    kv_bytes_per_token: int,
+    mem_bw: float,
+    rate: float,
 ) -> tuple[float, str]:
     """One decode step: weights streamed once + `batch` sequences' KV caches of `context` tokens read, or the
     step's FLOPs at `rate`, whichever is slower."""
@@ -149,8 +155,10 @@ def estimate_time(
 ) -> StepTime:
     """Phases run one after another (a synchronous step) on the recommended placement: the rollout batch is
     split over the engine replicas, and training is data-parallel over the trainer devices at ideal scaling."""
-    rollout_devices = placement.colocated_devices if placement.colocated else placement.rollout_devices
-    train_devices = placement.colocated_devices if placement.colocated else placement.trainer_devices
+    if placement.colocated:  # it fits one node, so its device count is finite
+        rollout_devices = train_devices = int(placement.colocated_devices)
+    else:
+        rollout_devices, train_devices = placement.rollout_devices, placement.trainer_devices
     if work.learner_ranks > 1:
         train_devices = work.learner_ranks
     replicas = max(1, rollout_devices // memory.engine_devices)

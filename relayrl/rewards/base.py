@@ -57,7 +57,7 @@ class ConventionReward:
         return _to_score(value)
 
 
-def load_reward(spec: str, kwargs: dict[str, Any] | None = None, style: str = "auto") -> RewardFn:
+def load_reward(spec: str, kwargs: dict[str, Any] | None = None, style: str = "auto") -> RewardFn | ConventionReward:
     """A built-in name, `package.module:function`, or `path/to/file.py:function` (or a factory of one, given
     kwargs); `style` forces a convention (conventions.py), `auto` reads it from the signature."""
     from relayrl.rewards.verifiers import BUILTINS
@@ -106,6 +106,7 @@ def _import_file(path: str, spec: str):
         raise RewardError(f"reward.fn={spec!r}: file not found: {file}")
     name = f"relayrl_user_reward_{file.stem}"
     module_spec = importlib.util.spec_from_file_location(name, file)
+    assert module_spec is not None and module_spec.loader is not None  # a .py file always has both
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # as importlib's recipe does: dataclasses and pickling look the module up
     try:
@@ -124,7 +125,7 @@ class Raised:
 
 
 def score_rollouts(
-    fn: RewardFn, rollouts: list[Rollout], on_error: str = "error"
+    fn: RewardFn | ConventionReward, rollouts: list[Rollout], on_error: str = "error"
 ) -> tuple[list[Score | None], list[str]]:
     """Score a batch; return the scores and one line per sample that failed (`sample <id> raised ...` or `is <value>`; it is
     scored 0 under `on_error=zero`, with the line as its Score's `error`, and None under `on_error=skip`).
@@ -167,7 +168,7 @@ def score_rollouts(
     return scores, failures
 
 
-def _expected(fn: RewardFn) -> str:
+def _expected(fn: RewardFn | ConventionReward) -> str:
     if isinstance(fn, ConventionReward) and fn.style == "verl":
         return "a finite number or a dict with a finite 'score' (verl's compute_score)"
     return "a finite number"
@@ -178,7 +179,7 @@ def _shown(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _call(fn: RewardFn, rollouts: list[Rollout]) -> Any:
+def _call(fn: RewardFn | ConventionReward, rollouts: list[Rollout]) -> Any:
     if isinstance(fn, ConventionReward):
         return fn.call(rollouts)
     names = {name for r in rollouts for name in r.prompt.columns}
@@ -186,7 +187,7 @@ def _call(fn: RewardFn, rollouts: list[Rollout]) -> Any:
     return fn([r.prompt.text for r in rollouts], [r.response_text for r in rollouts], **columns)
 
 
-def _call_one(fn: RewardFn, rollout: Rollout, on_error: str) -> Any:
+def _call_one(fn: RewardFn | ConventionReward, rollout: Rollout, on_error: str) -> Any:
     try:
         return _call(fn, [rollout])[0]
     except RewardError:
@@ -222,8 +223,9 @@ def _finite(value: Any) -> float | None:
 def _to_score(value: Any) -> Score | None:
     if isinstance(value, dict):
         parts = {str(k): _finite(v) for k, v in value.items()}
-        if not parts or any(v is None for v in parts.values()):
+        finite = {k: v for k, v in parts.items() if v is not None}
+        if not parts or len(finite) < len(parts):
             return None
-        return Score(sum(parts.values()), parts)
+        return Score(sum(finite.values()), finite)
     reward = _finite(value)
     return None if reward is None else Score(reward)

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from relayrl.errors import RewardError
-from relayrl.rewards.sandbox import SandboxLimits, run_tests
+from relayrl.rewards.sandbox import Isolation, SandboxLimits, run_tests
 
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 
@@ -26,7 +26,7 @@ def extract_program(completion: str) -> str:
 
 
 def code(
-    prompts: list[str], completions: list[str], tests: list | None = None, isolation: str = "auto", **limits: Any
+    prompts: list[str], completions: list[str], tests: list | None = None, isolation: Isolation = "auto", **limits: Any
 ) -> list[float]:
     """Pass fraction per completion. `reward.kwargs` may set `isolation` and any SandboxLimits field."""
     if tests is None:

@@ -167,7 +167,7 @@ def call_trl(fn: Callable, rollouts: list[Rollout]) -> Any:
         "completion_ids": [list(r.response_ids) for r in rollouts],
     }
     result = fn(**_accepted(fn, arguments))
-    return asyncio.run(result) if inspect.isawaitable(result) else result
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
 
 
 def _ground_truth(rollout: Rollout) -> Any:

@@ -29,6 +29,8 @@ def parse_judgement(answer: str, pattern: re.Pattern, sample: str, default: floa
     match = pattern.search(answer)
     text = (match.group(1) if match and match.re.groups else match.group(0)) if match else None
     try:
+        if text is None:  # no match, or its group took no part in it
+            raise ValueError(text)
         return float(text)
     except (TypeError, ValueError):
         if default is not None:

@@ -78,12 +78,12 @@ class _RewardWorker(Worker):
         self.connection.send(task)
 
 
-class WorkerPool(SupervisedPool):
+class WorkerPool(SupervisedPool[_RewardWorker]):
     role, loads, error = "reward worker", "the reward functions", RewardError
     startup_timeout_s = STARTUP_TIMEOUT_S
     worker_class = _RewardWorker
 
-    def __init__(self, workers: int, components: list[tuple[str, dict]], on_error: str, timeout_s: float):
+    def __init__(self, workers: int, components: list[tuple[str, dict, str]], on_error: str, timeout_s: float):
         super().__init__(_worker_main, (components, on_error), workers)
         self.timeout_s = timeout_s
         self._wake_receive, self._wake_send = socket.socketpair()
@@ -113,6 +113,7 @@ class WorkerPool(SupervisedPool):
                 continue
             worker = self.workers[index]
             task, worker.task = worker.task, None
+            assert task is not None  # a worker answers only the task it was sent
             scores, failures = payload if kind == "ok" else (None, [])
             yield task, Outcome(kind, scores, failures, payload if kind != "ok" else "")
         for index in list(self._overdue()):

@@ -14,15 +14,19 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from relayrl.errors import RewardError
 from relayrl.rewards.pool import DIED, STARTUP_TIMEOUT_S, TIMEOUT, Outcome, Task
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 WAKE_S = 0.05  # the longest a task submitted while the dispatcher waits can sit beside an idle actor
 
 
 class RewardActor:
-    def __init__(self, components: list[tuple[str, dict]], on_error: str):
+    def __init__(self, components: list[tuple[str, dict, str]], on_error: str):
         from relayrl.rewards.base import load_reward
 
         self.fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
@@ -41,14 +45,14 @@ class RewardActor:
 
 
 class RayWorkerPool:
-    def __init__(self, workers: int, components: list[tuple[str, dict]], on_error: str, timeout_s: float):
+    def __init__(self, workers: int, components: list[tuple[str, dict, str]], on_error: str, timeout_s: float):
         import ray
 
         self._actor_class = ray.remote(num_cpus=0, max_restarts=0)(RewardActor)
         self._args = (components, on_error)
         self.timeout_s = timeout_s
         self.actors = [self._start() for _ in range(workers)]
-        self.busy_actors: dict[int, tuple[Task, object, float]] = {}  # actor index -> (task, ref, deadline)
+        self.busy_actors: dict[int, tuple[Task, ObjectRef, float]] = {}  # actor index -> (task, ref, deadline)
         self._check_started()
 
     def _start(self):
@@ -109,12 +113,13 @@ class RayWorkerPool:
     def _replace(self, index: int) -> None:
         import ray
 
-        ray.kill(self.actors[index], no_restart=True)
+        # ray types a started actor as ActorProxy (handle | class) for its methods' sake; it is an ActorHandle
+        ray.kill(self.actors[index], no_restart=True)  # pyright: ignore[reportArgumentType]
         self.actors[index] = self._start()
 
     def close(self) -> None:
         import ray
 
         for actor in self.actors:
-            ray.kill(actor, no_restart=True)
+            ray.kill(actor, no_restart=True)  # pyright: ignore[reportArgumentType] - an ActorHandle (_replace)
         self.actors, self.busy_actors = [], {}

@@ -69,6 +69,7 @@ LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
 EXIT_SETUP_FAILED = 125  # the launcher's own code for "the sandbox could not be set up"
 MARKER_PREFIX = "relayrl-sandbox-"  # in every sandbox process's command line, so tests can look for leftovers
 TEARDOWN_S = 10.0  # the longest a killed sandbox may take to leave no process (far more than it ever needs)
+Isolation = Literal["auto", "namespaces", "rlimits"]  # `isolation=`, checked at run time (resolve_isolation)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp/work"}
 
 
@@ -121,10 +122,7 @@ class TestReport:
 
 
 def run_tests(
-    program: str,
-    tests: list[dict] | str,
-    limits: SandboxLimits = SandboxLimits(),
-    isolation: Literal["auto", "namespaces", "rlimits"] = "auto",
+    program: str, tests: list[dict] | str, limits: SandboxLimits = SandboxLimits(), isolation: Isolation = "auto"
 ) -> TestReport:
     """Run `program` once per test case, each in a fresh sandbox; a bad test list raises naming the case."""
     cases = parse_tests(tests)
@@ -161,7 +159,7 @@ def run_program(
     stdin: str = "",
     call: str | None = None,
     limits: SandboxLimits = SandboxLimits(),
-    isolation: Literal["auto", "namespaces", "rlimits"] = "auto",
+    isolation: Isolation = "auto",
 ) -> ProgramRun:
     """Run one program in a fresh sandbox; never outlives `limits.timeout_s` by more than the kill."""
     mode = resolve_isolation(isolation)
@@ -227,7 +225,7 @@ def run_program(
 
 
 @functools.cache
-def resolve_isolation(isolation: str) -> str:
+def resolve_isolation(isolation: str) -> Literal["namespaces", "rlimits"]:
     """`auto` -> `namespaces` if a trivial program runs in them here, else `rlimits` (probed once)."""
     if isolation not in ("auto", "namespaces", "rlimits"):
         raise RewardError(f"code sandbox: isolation={isolation!r} is not one of auto, namespaces, rlimits")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, Self
 
 from relayrl.config import RewardComponentConfig, RewardConfig
 from relayrl.errors import RelayWarning, RewardError
@@ -34,6 +34,9 @@ from relayrl.rewards.dispatch import Dispatcher
 from relayrl.rewards.pool import TIMEOUT, Task, WorkerPool
 from relayrl.types import Rollout, Score
 
+if TYPE_CHECKING:
+    from relayrl.rewards.ray_pool import RayWorkerPool
+
 WARN_ERROR_FRAC = 0.5  # a function failing on more of a batch than this is warned about, once per service
 
 
@@ -41,6 +44,10 @@ class RewardService(Protocol):
     def score(self, rollouts: list[Rollout]) -> tuple[list[Score | None], dict[str, float]]: ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Self: ...  # `with build_reward_service(...) as service:` closes it
+
+    def __exit__(self, *exc: object) -> None: ...
 
 
 def build_reward_service(config: RewardConfig, on_ray: bool = False) -> RewardService:
@@ -118,7 +125,7 @@ class InProcessRewards:
 
 
 class WorkerRewards(InProcessRewards):
-    def __init__(self, config: RewardConfig, pool_class=WorkerPool):
+    def __init__(self, config: RewardConfig, pool_class: type[WorkerPool] | type[RayWorkerPool] = WorkerPool):
         self.components = config.resolved_components()
         self.on_error = config.on_error
         self.max_error_frac = config.max_error_frac
@@ -143,6 +150,7 @@ class WorkerRewards(InProcessRewards):
             )
             for task, outcome in call.outcomes():
                 if outcome.status == "ok":
+                    assert outcome.scores is not None  # an ok outcome carries its scores
                     per_component[task.component][task.offset : task.offset + len(task.rollouts)] = outcome.scores
                     errors[task.component] += outcome.failures
                 elif outcome.status == "reward_error":

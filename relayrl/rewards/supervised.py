@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 DIED = "died"
 
@@ -74,35 +75,40 @@ class Worker:
         self.connection.close()
 
 
-class SupervisedPool:
-    """Workers of one kind; subclasses name them (`role`), say what they load and which error to raise."""
+W = TypeVar("W", bound=Worker)
+
+
+class SupervisedPool(Generic[W]):
+    """Workers of one kind (`worker_class`, W); subclasses name them (`role`), say what they load and which
+    error to raise."""
 
     role = "worker"  # "reward worker", "environment worker"
     loads = "its code"  # what a load_error failed to load
     error: type[Exception] = RuntimeError
     startup_timeout_s = 120.0
-    worker_class = Worker
+    # pyright cannot check a default against the class's own type variable; Worker is right for a bare pool
+    worker_class: type[W] = Worker  # pyright: ignore[reportAssignmentType]
 
     def __init__(self, target: Callable, args: tuple, count: int):
         self._context = multiprocessing.get_context("spawn")
         self._target, self._args = target, args
         self.workers = [self._spawn() for _ in range(count)]
 
-    def _spawn(self) -> Worker:
+    def _spawn(self) -> W:
         return self.worker_class(self._context, self._target, self._args)
 
-    def _messages(self, timeout: float, wakers: tuple = ()) -> Iterator[tuple[int, str, Any]]:
+    def _messages(self, timeout: float, wakers: tuple[socket.socket, ...] = ()) -> Iterator[tuple[int, str, Any]]:
         """Answers that arrive within `timeout` s: `(index, kind, payload)`, and `(index, DIED, text)` for a
         worker that exited after it was ready. A `ready` is recorded (then `_on_ready`), not yielded; a worker
         that fails to load or exits while starting closes the pool and raises. `wakers` (sockets) only cut the
         wait short; they are drained."""
         connections = [w.connection for w in self.workers]
-        for connection in wait(connections + list(wakers), timeout=max(0.0, timeout)):
-            if connection not in connections:
-                connection.recv(4096)
+        for ready in wait(connections + list(wakers), timeout=max(0.0, timeout)):
+            if ready not in connections:
+                cast(socket.socket, ready).recv(4096)  # a waker
                 continue
-            index = connections.index(connection)
-            worker = self.workers[index]
+            index = connections.index(ready)
+            connection, worker = connections[index], self.workers[index]
             try:
                 kind, payload = connection.recv()
             except (EOFError, OSError):
@@ -125,7 +131,7 @@ class SupervisedPool:
             worker.deadline = float("inf")
             yield index, kind, payload
 
-    def _on_ready(self, worker: Worker) -> None:
+    def _on_ready(self, worker: W) -> None:
         """A worker just said `ready` (the env pool sends the message it queued)."""
 
     def _overdue(self) -> Iterator[int]:
@@ -138,7 +144,7 @@ class SupervisedPool:
                 self.close()
                 raise self.error(f"{_a(self.role)} did not start within {self.startup_timeout_s:g} s")
 
-    def _replace(self, index: int) -> Worker:
+    def _replace(self, index: int) -> W:
         """Kill worker `index` and start a fresh one in its place; returns the old one (its call is lost)."""
         old = self.workers[index]
         old.kill()
@@ -155,7 +161,7 @@ def _a(noun: str) -> str:
     return ("an " if noun[0] in "aeiou" else "a ") + noun
 
 
-def first_deadline(workers: list[Worker], cap: float) -> float:
+def first_deadline(workers: Sequence[Worker], cap: float) -> float:
     """Seconds until the earliest call deadline, at most `cap`."""
     now = time.monotonic()
     return max(0.0, min([w.deadline - now for w in workers] + [cap]))

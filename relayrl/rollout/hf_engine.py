@@ -28,7 +28,9 @@ class HFEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(self.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which pyright reads unbound
+        self.model = model.to(self.device).eval()  # pyright: ignore[reportArgumentType]
         self.params = dict(self.model.named_parameters())  # load_weights' targets (the same tensors every push)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -59,7 +61,9 @@ class HFEngine:
     def _generate_hf(self, input_ids, attention, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
         """`generate` itself, returning what `_decode` returns."""
         greedy = sampling.temperature == 0
-        out = self.model.generate(
+        # transformers types generate's self as its GenerativePreTrainedModel protocol, which pyright does not
+        # match against the auto class's return type
+        out = self.model.generate(  # pyright: ignore[reportAttributeAccessIssue]
             input_ids=input_ids,
             attention_mask=attention,
             do_sample=not greedy,
@@ -118,7 +122,7 @@ class HFEngine:
 
     def _processors(self, sampling: Sampling, prompt_width: int):
         """generate's logits processors for these settings, in its order (length rules, then the warpers)."""
-        from transformers import generation as g
+        from transformers.generation import logits_process as g  # their home: `generation` exports them lazily
 
         eos = torch.tensor([self.eos_id], device=self.device)
         chain = g.LogitsProcessorList()

@@ -19,48 +19,67 @@ class Engine(Protocol):
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         """`sampling.n` rollouts per prompt, prompt-major, with behaviour log-probs of the sampling pass."""
+        ...
 
     def generate_until(
         self, samples: list[PartialSample], sampling: Sampling, groups_needed: int
     ) -> list[PartialSample]:
         """Partial rollouts: continue `samples` until `groups_needed` groups have finished (the async schedule)."""
+        ...
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the policy weights (checkpoint names) and drop any cache computed with the old ones."""
+        ...
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the sync's parity probe)."""
+        ...
 
 
 class EngineGroup(Protocol):
     """What the controller, the schedules and the sync hold: the run's engine replicas (a local engine is a
     one-replica group, relayrl/rollout/local_group.py; Ray actors are relayrl/placement/engines.py)."""
 
-    replicas: Sequence[Any]  # one handle per replica, each with the `Engine` methods
-    # the in-process engine whose own request/step loop takes a new request between two steps (vLLM's), so a
-    # multi-turn trajectory's next turn joins the running batch (relayrl/sources/turn_requests.py); None: turns go in
-    # batches through `generate` (HF generate, Ray replicas)
-    request_loop: Engine | None
+    # The two attributes are read-only properties here so that a group may declare narrower types (a list of
+    # replicas; a request_loop that is always None).
+    @property
+    def replicas(self) -> Sequence[Any]:
+        """One handle per replica, each with the `Engine` methods."""
+        ...
+
+    @property
+    def request_loop(self) -> Engine | None:
+        """The in-process engine whose own request/step loop takes a new request between two steps (vLLM's), so
+        a multi-turn trajectory's next turn joins the running batch (relayrl/sources/turn_requests.py); None:
+        turns go in batches through `generate` (HF generate, Ray replicas)."""
+        ...
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         """`submit` to every replica, then `finish`: the rollouts in prompt order."""
+        ...
 
     def submit(self, prompts: list[Prompt], sampling: Sampling, version: int, replicas: list[int] | None = None) -> Any:
         """Start generating (the prompts split across `replicas`, default all); `finish` collects."""
+        ...
 
     def finish(self, pending: Any) -> list[Rollout]:
         """The rollouts of a `submit`, in prompt order."""
+        ...
 
     def generate_until(
         self, replica: int, samples: list[PartialSample], sampling: Sampling, groups_needed: int
     ) -> list[PartialSample]:
         """`Engine.generate_until` on one replica."""
+        ...
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """`Engine.prompt_logprobs` on the first replica."""
+        ...
 
     def take_spans(self) -> list[tuple[int, float, float]]:
         """(replica, start, end) of the generate calls since the last take, for the timeline."""
+        ...
 
     def metrics(self) -> dict[str, float]:
         """The group's own metrics (restarts), added to every step's."""
+        ...

@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -36,6 +37,9 @@ from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, r
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
 from relayrl.rollout.vllm_tp import started as tp_started
 from relayrl.types import PartialSample, Prompt, Rollout, Sampling
+
+if TYPE_CHECKING:
+    from vllm.inputs import TokensPrompt
 
 
 def _configure_environment(kv_cache_gib: float, cores: str | None = None) -> None:
@@ -114,7 +118,7 @@ class VLLMEngine:
             )
             for index in range(len(prompts))
         ]
-        requests = [{"prompt_token_ids": p.token_ids} for p in prompts]
+        requests: list[TokensPrompt] = [{"prompt_token_ids": p.token_ids} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter())
         completions = [
             (prompt, index, completion)
@@ -124,7 +128,8 @@ class VLLMEngine:
         texts = (
             [c.text for _, _, c in completions]
             if sampling.stop
-            else self.llm.get_tokenizer().batch_decode(
+            # vLLM's TokenizerLike protocol leaves batch_decode out; the object is the HF tokenizer
+            else self.llm.get_tokenizer().batch_decode(  # pyright: ignore[reportAttributeAccessIssue]
                 [c.token_ids for _, _, c in completions], skip_special_tokens=True
             )
         )
@@ -165,7 +170,7 @@ class VLLMEngine:
                 seed=None if sample.seed is None else sample.seed + 7919 * len(sample.token_ids),
             )
             request_id = f"p{index}"
-            prompt = {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}
+            prompt: TokensPrompt = {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}
             engine.add_request(request_id, prompt, params, lora_request=adapter)
             live[request_id] = sample
         groups: dict[int, list[PartialSample]] = {}
@@ -177,10 +182,14 @@ class VLLMEngine:
                 sample = live.get(out.request_id)
                 if sample is None:
                     continue
-                completion = out.outputs[0]
+                completion = out.outputs[0]  # pyright: ignore[reportIndexIssue] - a RequestOutput: not pooling
                 tokens = list(completion.token_ids)
                 sample.token_ids += tokens
-                sample.logprobs += [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
+                # vLLM types each position's logprobs as optional (the prompt's first has none); sampled ones are set
+                sample.logprobs += [
+                    step[t].logprob  # pyright: ignore[reportOptionalSubscript]
+                    for step, t in zip(completion.logprobs or (), tokens)
+                ]
                 sample.versions += [version if adapter is not None else self.version] * len(tokens)
                 sample.text += completion.text
                 if out.finished:
@@ -220,8 +229,10 @@ class VLLMEngine:
             use_tqdm=False,
             lora_request=adapter or self._adapter(),
         )
-        steps = out[0].prompt_logprobs[1:]
-        return [step[token].logprob for step, token in zip(steps, token_ids[1:])]
+        prompt_logprobs = out[0].prompt_logprobs
+        assert prompt_logprobs is not None  # asked for (prompt_logprobs=0)
+        steps = prompt_logprobs[1:]  # the first position has none; vLLM's type keeps every position optional
+        return [step[token].logprob for step, token in zip(steps, token_ids[1:])]  # pyright: ignore[reportOptionalSubscript]
 
     def complete(self, texts: list[str], max_tokens: int) -> list[str]:
         """Greedy text completions of plain-text prompts (an LLM judge's call; relayrl/rewards/judge.py)."""
@@ -236,7 +247,8 @@ class VLLMEngine:
 
     def _worker(self):
         # Internal path (vLLM 0.32, in-process V1 engine); tested in tests/integration/test_vllm_engine.py.
-        return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+        # vLLM types llm_engine.engine_core as the base EngineCoreClient; in process it is the InprocClient
+        return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def _rollout(prompt: Prompt, index: int, completion, text: str, version: int) -> Rollout:

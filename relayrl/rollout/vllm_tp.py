@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,6 +110,10 @@ def ranks_bound(cores: str | None, tensor_parallel: int) -> Iterator[None]:
 class TPWeightLoader:
     """vLLM worker extension (mixed into every rank's worker): vLLM's in-place `reload_weights`, split so the
     tensors arrive in several calls. Each rank's weight loaders slice the full tensors it is given."""
+
+    # the worker's own, once mixed in (annotations only: no class attribute clashes with the worker's)
+    model_runner: Any
+    vllm_config: Any
 
     def relayrl_reload_begin(self) -> int:
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload

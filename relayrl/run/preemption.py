@@ -16,10 +16,14 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None  # what signal.signal returns
 
 
 class Interrupted(BaseException):
@@ -60,7 +64,7 @@ class StopSignals:
     def __init__(self, log=lambda text: print(text, file=sys.stderr, flush=True)):
         self.requested: int | None = None
         self.deferred = False
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Handler] = {}
         self._log = log
 
     def __enter__(self) -> StopSignals:

@@ -110,7 +110,10 @@ class OneStepOff(Schedule):
     def sampler_state(self) -> dict[str, int]:
         """The batch in flight at a checkpoint is not trained before it: a resumed run draws its prompts again
         (and generates them with the checkpoint's weights, one version newer than the lost batch had)."""
-        return self.before_pending if self.pending is not None else self.source.sampler.state()
+        if self.pending is None:
+            return self.source.sampler.state()
+        assert self.before_pending is not None  # `_submit` sets it with the batch it starts
+        return self.before_pending
 
     def collect(self, step: int, timer: StepTimer) -> Batch:
         if self.pending is None:

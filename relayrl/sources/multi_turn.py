@@ -139,7 +139,8 @@ class MultiTurnSource(RolloutSource):
             batch = self._generated.pop(id(rollouts), None)
         if batch is None or batch.rollouts is not rollouts:
             raise RuntimeError("MultiTurnSource.score takes the rollouts a generate or finish returned")
-        scores: list[Score | None] = [Score(r, {"env": r}) for r in batch.rewards]
+        env_scores = [Score(r, {"env": r}) for r in batch.rewards]
+        scores: list[Score | None] = list(env_scores)
         metrics = dict(batch.metrics)
         if self.with_reward_fn and rollouts:
             extra, reward_metrics = self.rewards.score(rollouts)
@@ -148,7 +149,7 @@ class MultiTurnSource(RolloutSource):
                 None
                 if e is None
                 else Score(s.reward + e.reward, {**s.components, **(e.components or {"fn": e.reward})}, e.error)
-                for s, e in zip(scores, extra)
+                for s, e in zip(env_scores, extra)
             ]
         return scores, metrics
 

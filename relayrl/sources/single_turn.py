@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from relayrl.rollout.protocols import EngineGroup
 from relayrl.types import Prompt, Rollout, Sampling, Score
@@ -88,7 +88,7 @@ class RolloutSource:
             kept = [(r, s) for r, s in zip(rollouts, scores) if r.prompt.id not in skipped]
             rollouts, scores = [r for r, _ in kept], [s for _, s in kept]
             metrics["reward/skipped_groups"] = float(len(skipped))
-        return Batch(rollouts, scores, metrics)
+        return Batch(rollouts, cast("list[Score]", scores), metrics)  # no None is left: its group is dropped
 
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out mean reward, greedy and sampled at `eval.temperature`; the policy's length rules (max/min

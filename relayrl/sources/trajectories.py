@@ -60,6 +60,7 @@ class Trajectory:
         return sum(len(s.token_ids) for s in self.segments)
 
     def prompt_ids(self) -> list[int]:
+        assert self.first is not None  # rendered from reset's answer, before the first turn
         return self.first.token_ids + [t for s in self.segments for t in s.token_ids]
 
     def where(self) -> str:
@@ -179,6 +180,7 @@ class MultiTurnDriver:
         trajectory.success = bool(step.info.get("success", trajectory.success))
         if step.done or trajectory.turns >= self.env.max_turns:
             return self._finish(trajectory)
+        assert step.observation is not None  # as_step allows None only with done=True
         self._observe(trajectory, observation_message(step.observation))
 
     def _on_turn(self, trajectory: Trajectory, output: TurnOutput) -> None:
@@ -244,6 +246,7 @@ class MultiTurnDriver:
             )
         trajectory.rerendered = True
         ids = self.codec.encode(full_text)
+        assert trajectory.first is not None  # an observation comes after reset's answer
         first = trajectory.first.token_ids
         if ids[: len(first)] != first:
             raise EnvError(
@@ -299,6 +302,7 @@ class MultiTurnDriver:
     def _rollout(self, trajectory: Trajectory, group_index: int | None = None) -> Rollout:
         segments = trajectory.segments
         ids = [t for s in segments for t in s.token_ids]
+        assert trajectory.first is not None  # only trajectories that were reset become rollouts
         return Rollout(
             prompt=trajectory.first,
             group_index=trajectory.group_index if group_index is None else group_index,
@@ -331,16 +335,17 @@ class MultiTurnDriver:
             rewards.append(reward)
             forks += [(trajectory, fork, reward) for fork in trajectory.forks]
         for _trajectory, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
-            members = [i for i, r in enumerate(rollouts) if r.prompt.id == fork.prompt.id]
-            fork.group_index = max(rollouts[i].group_index for i in members) + 1
-            rollouts.insert(members[-1] + 1, fork)
-            rewards.insert(members[-1] + 1, reward)
+            siblings = [i for i, r in enumerate(rollouts) if r.prompt.id == fork.prompt.id]
+            fork.group_index = max(rollouts[i].group_index for i in siblings) + 1
+            rollouts.insert(siblings[-1] + 1, fork)
+            rewards.insert(siblings[-1] + 1, reward)
         return MultiTurnBatch(rollouts, rewards, self._metrics(order, rollouts))
 
     def _metrics(self, order: list[Trajectory], rollouts: list[Rollout]) -> dict[str, float]:
         count = max(1, len(order))
         tokens = sum(len(r.response_ids) for r in rollouts)
-        observed = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts)
+        # every rollout here has a loss mask (`_rollout` sets one)
+        observed = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
         return {
             "env/turns_mean": sum(t.turns for t in order) / count,
             "env/turns_max": float(max((t.turns for t in order), default=0)),

@@ -87,7 +87,7 @@ class VLLMTurns:
                 continue
             completion = out.outputs[0]
             tokens = list(completion.token_ids)
-            logprobs = [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
+            logprobs: list[float] = [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
             if len(logprobs) != len(tokens):
                 raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(tokens)} tokens of a turn")
             output = TurnOutput(
