@@ -84,7 +84,7 @@ def best_of(fn, times: int = 3) -> float:
 
 def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
     from relayrl.config import load_config
-    from relayrl.learner.ranks import split_by_groups
+    from relayrl.learner.process_group import split_by_groups
 
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", f"rollout.n={N}", f"rollout.prompts_per_step={GROUPS}"]
@@ -161,7 +161,7 @@ def startup_main(rank, world, port, model_dir, results):
     import transformers.models.llama.modeling_llama  # noqa: F401  (imports count in the baseline)
 
     from relayrl.config import load_config
-    from relayrl.learner.ranks import leave_learner_group
+    from relayrl.learner.process_group import leave_learner_group
     from relayrl.learner.role import LearnerRole
     from relayrl.learner.sharded import sharded_learner
 

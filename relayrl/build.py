@@ -29,7 +29,7 @@ from relayrl.rewards.service import build_reward_service
 from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
-from relayrl.schedules.overlap import SCHEDULES
+from relayrl.schedules.modes import SCHEDULES
 from relayrl.sources.multi_turn import MultiTurnSource, check_env, response_budget
 from relayrl.sources.single_turn import RolloutSource
 from relayrl.types import Prompt

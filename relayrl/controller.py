@@ -25,7 +25,7 @@ from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.rollout.protocols import EngineGroup
 from relayrl.run.preemption import Interrupted, StopSignals
-from relayrl.schedules.overlap import Schedule
+from relayrl.schedules.modes import Schedule
 from relayrl.sources.single_turn import Batch, RolloutSource
 from relayrl.sync.base import WeightSync
 from relayrl.types import Experience, Prompt, Rollout

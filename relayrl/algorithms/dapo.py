@@ -8,7 +8,7 @@ soft overlong punishment (a length penalty added to the reward).
 runs the rounds through a function it is given, which generates and scores one round.
 
 Deliberately left out: Clip-Higher (the asymmetric clip range) and token-level loss aggregation, which are
-loss settings in losses.py; generating and scoring, which the schedules do (relayrl/schedules/overlap.py).
+loss settings in losses.py; generating and scoring, which the schedules do (relayrl/schedules/modes.py).
 Nothing here does I/O or touches a model.
 """
 

@@ -195,10 +195,3 @@ def kl_penalty(
     """(aggregated KL to the reference, sum of per-token KL over unmasked tokens). See kl.py for estimators."""
     per_token = kl_estimator(estimator)(logprobs, ref_logprobs)
     return aggregate(per_token, mask, agg, normaliser), (per_token * mask).sum().detach()
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of softmax(logits): [B, T, V] -> [B, T]. -inf logits (a top-k/top-p mask) add 0."""
-    logp = torch.log_softmax(logits, dim=-1)
-    # 0 * -inf is nan: clamping -inf to the most negative float makes those terms 0 (and their gradient 0)
-    return -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(-1)

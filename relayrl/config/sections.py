@@ -40,7 +40,8 @@ class ModelConfig(Section):
 class DataConfig(Section):
     train: str = Field(
         default="",
-        description="Training prompts: a .jsonl or .parquet file with `prompt` or `messages`. " + INPUT_PATH_RULE,
+        description="Training prompts: a .jsonl or .parquet file, or a `datasets` save_to_disk directory, with "
+        "`prompt` or `messages`. " + INPUT_PATH_RULE,
     )
     eval: str | None = Field(
         default=None,

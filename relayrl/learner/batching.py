@@ -55,12 +55,6 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
     )
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[target] without materialising the full log-softmax: [B, T, V], [B, T] -> [B, T]."""
-    picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
 class MicroBatcher:
     """Splits a mini-batch (sample indices into an Experience) into micro-batches.
 

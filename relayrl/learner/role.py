@@ -2,7 +2,7 @@
 
 The controller talks to this object and nothing inside it. Under `placement.mode=local` it lives in the
 driver; under `ray` the same class runs inside an actor (or one per rank, `placement.learner_ranks`) and the
-controller holds a proxy with the same methods (`relayrl/placement/roles.py`). Methods therefore take and
+controller holds a proxy with the same methods (`relayrl/placement/handles.py`). Methods therefore take and
 return values (an `Experience` comes back filled) rather than mutating the caller's objects, and checkpoints
 are written from here, where the weights are. How the models are spread over processes (whole here, or FSDP2
 shards across ranks) is its `distribution`, chosen once (relayrl/learner/distribution.py). The sending half of
@@ -30,7 +30,7 @@ from relayrl.types import Experience
 
 class Learner(LearnerWeights, Protocol):
     """What the controller calls on the learner, wherever it runs: a `LearnerRole` here, a proxy on one in a Ray
-    actor (relayrl/placement/roles.py), or a handle on W sharded ranks; the Ray syncs add the `WeightSource` half."""
+    actor (relayrl/placement/handles.py), or a handle on W sharded ranks; the Ray syncs add the `WeightSource` half."""
 
     def prepare(self, exp: Experience) -> Experience: ...
 

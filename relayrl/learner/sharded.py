@@ -1,6 +1,6 @@
 """`ShardedRanks`: the learner's distribution (learner/distribution.py) when this process is one of W FSDP2 ranks.
 
-Each rank joins the learner group (ranks.py) and wraps the policy, the reference and the critic with
+Each rank joins the learner group (process_group.py) and wraps the policy, the reference and the critic with
 `fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients and AdamW
 state. Only rank 0 reads the weights; the other ranks build the models on the meta device and receive their
 shards from rank 0 (sharded_init.py), so their peak at start is their share, not the model. On GPU, FSDP2's
@@ -14,7 +14,7 @@ many rows on each rank). Two things make the step independent of W and of the mi
 - FSDP's reduce-scatter *sums* the ranks' gradients (divide factor 1) instead of averaging them: averaging
   would divide that global sum by W once more.
 The adaptive KL controller sees the token-weighted KL of the whole batch, so its coefficient agrees on every
-rank. Each rank trains with its share of `rollout.prompts_per_step` and `train.mini_batch` (ranks.rank_config),
+rank. Each rank trains with its share of `rollout.prompts_per_step` and `train.mini_batch` (process_group.rank_config),
 so the optimizer steps per training step and the schedule are those of W=1; with several mini-batches a rank
 shuffles its own rows.
 
@@ -48,7 +48,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import DTensor
 
 from relayrl.config import Config
-from relayrl.learner.ranks import all_reduce_sum, join_learner_group, rank_config
+from relayrl.learner.process_group import all_reduce_sum, join_learner_group, rank_config
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.learner.sharded_lora import push_view
 from relayrl.sync.buckets import BucketLayout, make_layout

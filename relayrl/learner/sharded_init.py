@@ -12,7 +12,7 @@ which `to_empty` leaves as garbage) are broadcast from rank 0 too.
 forward and backward and reduce-scatters gradients in fp32, while the shards the optimizer steps stay fp32
 (the master weights). On CPU, or with model.dtype=float32, everything stays fp32 (no policy).
 
-Leaves out: the sharding itself and the group (sharded.py, ranks.py).
+Leaves out: the sharding itself and the group (sharded.py, process_group.py).
 """
 
 from __future__ import annotations

@@ -60,10 +60,6 @@ def adapter_tensors(model) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor.detach()
 
 
-def trainable_count(model) -> int:
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
 def base_weights(model) -> Iterator[tuple[str, torch.nn.Parameter, LoraLayer | None]]:
     """(name in the base model, parameter, its `LoraLayer` or None) of every weight of a peft model's base, under
     the base model's own names (peft's `.base_layer.` removed, tied weights once, adapter tensors skipped); the

@@ -15,7 +15,7 @@ from relayrl.placement import Roles
 from relayrl.placement.cluster import actor_options, engine_actor_options, reserve
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
-from relayrl.placement.roles import RemoteRole
+from relayrl.placement.handles import RemoteRole
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:

@@ -69,13 +69,13 @@ def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dic
 
 
 def start_ray(placement: PlacementConfig) -> None:
-    """Join `placement.address`, or start this run's own head in a session of its own (see `head.py`: a
+    """Join `placement.address`, or start this run's own head in a session of its own (see `ray_head.py`: a
     signal to the driver's process group must not reach Ray) and join it; the head ends when the driver does."""
     import atexit
 
     import ray
 
-    from relayrl.placement import head
+    from relayrl.placement import ray_head
 
     global _head
     if ray.is_initialized():
@@ -85,7 +85,7 @@ def start_ray(placement: PlacementConfig) -> None:
         return
     if _head is not None:  # a previous cluster of this process, disconnected since
         _head.stop()
-    _head = head.start_head(int(placement.num_cpus or os.cpu_count() or 1))
+    _head = ray_head.start_head(int(placement.num_cpus or os.cpu_count() or 1))
     atexit.register(_head.stop)  # registered before ray.init's own hook, so it runs after Ray's shutdown
     ray.init(address=_head.address, log_to_driver=True, runtime_env={"env_vars": WORKER_ENV})
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from relayrl.config import PlacementConfig
 from relayrl.errors import RoleFailure
-from relayrl.placement.roles import RemoteRole
+from relayrl.placement.handles import RemoteRole
 from relayrl.types import Prompt, Rollout, Sampling
 
 

@@ -31,9 +31,9 @@ import torch
 
 from relayrl.config import Config
 from relayrl.errors import PlacementError, RoleFailure
-from relayrl.learner.ranks import merge_experience, merge_stats, split_by_groups
+from relayrl.learner.process_group import merge_experience, merge_stats, split_by_groups
 from relayrl.learner.sharded import sharded_learner
-from relayrl.placement.roles import get
+from relayrl.placement.handles import get
 from relayrl.types import Experience
 
 # calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts; Ray's

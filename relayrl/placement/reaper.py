@@ -1,6 +1,6 @@
 """When the driver of a Ray run dies, however it dies (SIGKILL included), end the Ray session it started.
 
-The run's head (GCS, raylet, their agents, every worker) runs in a session of its own (`head.py`), so that a
+The run's head (GCS, raylet, their agents, every worker) runs in a session of its own (`ray_head.py`), so that a
 signal to the driver's process group does not reach it; nothing ties it to the driver's life. So the driver
 starts this watcher, in a session of its own too, holding the write end of a pipe to it. When the pipe closes
 (the driver exited or was killed: the kernel closes it either way), the watcher kills every process of the

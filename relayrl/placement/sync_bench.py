@@ -119,7 +119,7 @@ def run(
 ) -> dict:
     import ray
 
-    from relayrl.placement.roles import RemoteRole
+    from relayrl.placement.handles import RemoteRole
     from relayrl.sync.remote import RaySync
 
     if not ray.is_initialized():

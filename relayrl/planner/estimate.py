@@ -340,7 +340,7 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
 
 def smallest_ranks(memory: Memory, work: Workload, hardware: Hardware, most: int = 1024) -> int | None:
     """The least W whose rank's update phase fits one device, among the W that divide the step's groups and
-    the mini-batch (relayrl/learner/ranks.py splits by whole groups); None if none does (the activations and
+    the mini-batch (relayrl/learner/process_group.py splits by whole groups); None if none does (the activations and
     logits of one micro-batch, which W does not divide, are too large alone)."""
     per_device = hardware.memory_gb * 1e9
     for ranks in range(1, most + 1):

@@ -7,7 +7,7 @@ reward into its `Score` (component `env`), adds a `reward.fn` when one is config
 transcript), and hands the env/tito metrics to the step's metrics. `evaluate` runs held-out trajectories
 greedily.
 
-Every schedule works (relayrl/schedules/overlap.py). `submit` runs a batch of trajectories on a thread of its
+Every schedule works (relayrl/schedules/modes.py). `submit` runs a batch of trajectories on a thread of its
 own and `finish` joins it: under `one_step_off` the next step's trajectories advance while the learner
 trains, under `async` each producer (one per engine replica) runs its chunks there. Each such lane has its own
 environment workers (a pool serves one driver at a time), so held-out evaluation in the training thread never

@@ -50,7 +50,7 @@ class RaySync:
         self.sending: int | None = None  # the version of the push in flight, if any
 
     def setup(self, learner, engines: RestartingEngines) -> None:
-        """`learner`: the learner actor's handle (relayrl/placement/roles.py), with the `WeightSource` methods."""
+        """`learner`: the learner actor's handle (relayrl/placement/handles.py), with the `WeightSource` methods."""
         o, replicas = self.options, engines.replicas
         self.learner, self.engines = learner, engines
         layout = learner.weight_layout(o.bucket_mb, o.wire_dtype)

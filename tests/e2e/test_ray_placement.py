@@ -25,7 +25,7 @@ def rows(run_dir):
 
 def engine_pids(driver: int) -> list[int]:
     """The engine actors of this run only, so another run's engines on a shared machine are never counted or
-    killed: the run's Ray head lives in a session of its own (placement/head.py), named by the argument of the
+    killed: the run's Ray head lives in a session of its own (placement/ray_head.py), named by the argument of the
     reaper the driver started for it (placement/reaper.py)."""
     sessions = {
         int(p.cmdline()[-2])

@@ -8,8 +8,8 @@ import torch
 from relayrl.algorithms.advantages import degenerate_group_fraction, grpo, make_inputs
 from relayrl.algorithms.kl import k3
 from relayrl.algorithms.losses import aggregate, kl_penalty, ppo_clip_loss
-from relayrl.learner.batching import token_logprobs
 from relayrl.learner.optim import lr_factor
+from tests.reference import token_logprobs
 
 
 def test_degenerate_group_has_exactly_zero_advantage_and_gradient():

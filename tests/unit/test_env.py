@@ -123,9 +123,10 @@ class RecordingTurns(BatchTurns):
 
 
 def test_through_a_real_engine_prompts_are_the_segments_and_only_generated_tokens_train(random_model_dir):
-    from relayrl.learner.batching import make_experience, token_logprobs
+    from relayrl.learner.batching import make_experience
     from relayrl.rollout.hf_engine import HFEngine
     from relayrl.types import Score
+    from tests.reference import token_logprobs
 
     engine = HFEngine(str(random_model_dir))
     codec = ChatCodec(engine.tokenizer)

@@ -17,7 +17,7 @@ from relayrl.data.source import PromptSampler
 from relayrl.errors import ConfigError
 from relayrl.metrics.timer import StepTimer
 from relayrl.rollout.local_group import LocalEngineGroup
-from relayrl.schedules.overlap import AsyncSchedule, OneStepOff, split_groups
+from relayrl.schedules.modes import AsyncSchedule, OneStepOff, split_groups
 from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.types import Prompt, Rollout
 

@@ -12,6 +12,7 @@ from relayrl.errors import ConfigError, ConfigWarning
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
+from tests.reference import trainable_count
 from tests.unit.test_learner import _experience
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-2"]
@@ -41,9 +42,9 @@ def test_reference_for_free_loads_no_second_copy(random_model_dir):
     base = _tensor_count(PolicyLearner(load_config(None, [f"model.path={random_model_dir}"])))  # with buffers
     assert full.reference is not None and _tensor_count(full) == 2 * base  # full fine-tuning: a frozen copy
     assert adapted.reference is None and adapted.use_reference
-    assert _tensor_count(adapted) == base + lora.trainable_count(adapted.model)  # base + adapter, nothing else
+    assert _tensor_count(adapted) == base + trainable_count(adapted.model)  # base + adapter, nothing else
     optimized = sum(p.numel() for group in adapted.optimizer.param_groups for p in group["params"])
-    assert optimized == lora.trainable_count(adapted.model) < base // 5
+    assert optimized == trainable_count(adapted.model) < base // 5
 
 
 def test_reference_is_the_base_with_the_adapter_disabled(random_model_dir):
@@ -75,7 +76,7 @@ def test_adapter_mode_sends_only_adapter_tensors(random_model_dir):
     assert learner.sync_mode == "adapter"
     sent = dict(learner.named_weights())
     assert sent and all(".lora_A." in n or ".lora_B." in n for n in sent)
-    assert sum(t.numel() for t in sent.values()) == lora.trainable_count(learner.model)
+    assert sum(t.numel() for t in sent.values()) == trainable_count(learner.model)
 
 
 def test_adapter_sync_needs_an_engine_that_serves_adapters(random_model_dir):
@@ -159,7 +160,7 @@ def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
     config = _config(random_model_dir, ["algorithm.kl.coef=0.1", "rollout.engine=vllm", "sync.lora=adapter"])
     shape, hardware = load_shape(str(random_model_dir)), Hardware("cpu", "cpu", 24, 10.0, 1.0, 10.0, 0.3, 1, "test")
     learner = PolicyLearner(config)
-    assert adapter_params(shape, 4) == lora.trainable_count(learner.model)  # counted as peft builds it
+    assert adapter_params(shape, 4) == trainable_count(learner.model)  # counted as peft builds it
     shape_only = replace(shape, intermediate=None)  # the MLP width inferred from the parameter count
     assert adapter_params(shape_only, 4) == adapter_params(shape, 4)
     work, precision = workload_from_config(config), precision_for(hardware)

@@ -10,12 +10,12 @@ from relayrl.algorithms.losses import (
     POLICY_LOSSES,
     aggregate,
     entropy_bonus,
-    entropy_from_logits,
     gspo_loss,
     kl_penalty,
     mini_batch_normaliser,
     ppo_clip_loss,
 )
+from tests.reference import entropy_from_logits
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])

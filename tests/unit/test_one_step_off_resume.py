@@ -12,7 +12,7 @@ from relayrl.metrics.timer import StepTimer
 from relayrl.rewards.service import build_reward_service
 from relayrl.rollout.build import build_engine
 from relayrl.rollout.local_group import LocalEngineGroup
-from relayrl.schedules.overlap import OneStepOff, SyncSchedule
+from relayrl.schedules.modes import OneStepOff, SyncSchedule
 from relayrl.sources.single_turn import RolloutSource
 from relayrl.types import Prompt
 

@@ -5,7 +5,7 @@ import pytest
 from relayrl.config import PlacementConfig
 from relayrl.placement.cluster import check_fits, plan_slots, unplaceable_message
 from relayrl.placement.engines import split
-from relayrl.placement.roles import root_cause
+from relayrl.placement.handles import root_cause
 
 
 def test_split_gives_contiguous_even_shares_with_their_offsets():

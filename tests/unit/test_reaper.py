@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from relayrl.placement.head import end_session
+from relayrl.placement.ray_head import end_session
 from relayrl.placement.reaper import raylet_processes, session_processes
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]

@@ -1,6 +1,6 @@
 """A role's failure message keeps Ray's cause in whole sentences (it used to be cut at 400 characters)."""
 
-from relayrl.placement.roles import root_cause, whole_sentences
+from relayrl.placement.handles import root_cause, whole_sentences
 
 RAY_DEATH = (
     "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"

@@ -149,7 +149,7 @@ def test_a_take_that_drops_stale_groups_wakes_waiting_producers():
 
 
 def test_partial_state_discards_carried_finished_groups_too_old_to_train():
-    from relayrl.schedules.overlap import PartialState
+    from relayrl.schedules.modes import PartialState
     from relayrl.types import PartialSample
 
     def sample(group, versions, finished):

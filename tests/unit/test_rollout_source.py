@@ -9,7 +9,7 @@ from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
 from relayrl.rollout.local_group import LocalEngineGroup
-from relayrl.schedules.overlap import OneStepOff, SyncSchedule
+from relayrl.schedules.modes import OneStepOff, SyncSchedule
 from relayrl.sources.single_turn import RolloutSource
 from relayrl.sync.inprocess import InProcessSync
 from relayrl.types import Prompt, Rollout, Score

@@ -50,7 +50,7 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
     from transformers import PreTrainedModel
 
     from relayrl.learner import sharded
-    from relayrl.learner.ranks import all_reduce_sum, leave_learner_group, split_by_groups
+    from relayrl.learner.process_group import all_reduce_sum, leave_learner_group, split_by_groups
 
     torch.set_num_threads(1)
     if rank > 0:  # a rank other than 0 must build its models without reading the weights
@@ -98,7 +98,7 @@ def mixed_precision_step(sharded, rank, port, model_dir, part, extra) -> dict:
 def lora_scenarios(sharded, rank, port, model_dir, checkpoint, out_dir) -> dict:
     """1 -> 2: the W=1 LoRA checkpoint into two ranks; 2 -> 2: a sharded one written and read back. Each then
     takes the second step; the 2 -> 2 learner also writes the run's final model."""
-    from relayrl.learner.ranks import split_by_groups
+    from relayrl.learner.process_group import split_by_groups
 
     def learner():
         return sharded.sharded_learner(config(model_dir, LORA), rank, WORLD, "127.0.0.1", port, timeout_s=60)
@@ -118,7 +118,7 @@ def lora_scenarios(sharded, rank, port, model_dir, checkpoint, out_dir) -> dict:
 
 def lora_step(learner, part) -> tuple[float, dict, dict]:
     """(global loss, what sync.lora=merged sends, what sync.lora=adapter would send) after one step."""
-    from relayrl.learner.ranks import all_reduce_sum
+    from relayrl.learner.process_group import all_reduce_sum
 
     loss = all_reduce_sum(learner.update(1, learner.prepare(part))["loss/total"])
     merged = dict(learner.named_weights())

@@ -47,13 +47,13 @@ def experience(seed=0, groups=4, n=4, vocab=16):
 
 
 def share(seed: int, rank: int):
-    from relayrl.learner.ranks import split_by_groups
+    from relayrl.learner.process_group import split_by_groups
 
     return split_by_groups(experience(seed), WORLD)[rank]
 
 
 def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
-    from relayrl.learner.ranks import leave_learner_group
+    from relayrl.learner.process_group import leave_learner_group
     from relayrl.learner.sharded import sharded_learner
 
     torch.set_num_threads(1)
@@ -77,7 +77,7 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
 
 def step(learner, part, loss_name):
     """(full weights, global loss, grad norm) after one update on this rank's share."""
-    from relayrl.learner.ranks import all_reduce_sum
+    from relayrl.learner.process_group import all_reduce_sum
 
     stats = learner.update(0, learner.prepare(part))
     loss = all_reduce_sum(stats[loss_name])  # each rank's loss is its part of the global sum

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from relayrl.errors import ConfigError, PlacementError
-from relayrl.learner.ranks import merge_experience, merge_stats, rank_config, split_by_groups
+from relayrl.learner.process_group import merge_experience, merge_stats, rank_config, split_by_groups
 from tests.unit.test_sharded_scenarios import config, experience
 
 

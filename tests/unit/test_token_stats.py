@@ -74,8 +74,7 @@ def test_a_model_whose_logits_are_not_its_head_is_stopped_with_one_message(rando
 def test_log_probs_and_entropy_come_from_one_pass_over_the_vocabulary(monkeypatch, entropy_grad):
     """One log-softmax per call (there was a logsumexp for the log-probs and a second log-softmax for the
     entropy), with the values and gradients of the two-pass formulas."""
-    from relayrl.algorithms.losses import entropy_from_logits
-    from relayrl.learner.batching import token_logprobs
+    from tests.reference import entropy_from_logits, token_logprobs
 
     gen = torch.Generator().manual_seed(1)
     logits, targets = torch.randn(9, 13, generator=gen), torch.randint(0, 13, (9,), generator=gen)
