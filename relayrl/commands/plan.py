@@ -55,7 +55,38 @@ def register(commands) -> None:
         help="expected mean response (default the longest): compute-bound decode and the engine's per-token "
         "costs scale with it as the batch thins; e.g. a previous run's response/length_mean",
     )
-    plan.set_defaults(fn=run_plan)
+    place = plan.add_argument_group("placement dry run (relayrl/placement/dry_run.py)")
+    place.add_argument(
+        "--place",
+        action="store_true",
+        help="place the roles on Ray as the run would (placement.address, this machine, or --nodes) and print "
+        "where each lands: node, bundle, GPU ids, CPUs; starts no engine and loads no weights",
+    )
+    place.add_argument("--nodes", type=int, help="with --place: simulate a cluster of this many nodes")
+    place.add_argument("--gpus-per-node", type=int, default=0, help="with --nodes: logical GPUs on each node")
+    place.add_argument("--cpus-per-node", type=int, default=8, help="with --nodes: CPUs on each node (default 8)")
+    place.add_argument("--json", action="store_true", help="with --place: the rows as a JSON list of objects")
+    plan.set_defaults(fn=run)
+
+
+def run(args) -> None:
+    """The memory/time plan, or with --place the placement dry run."""
+    if not args.place:
+        if args.nodes is not None or args.json:
+            from relayrl.errors import ConfigError
+
+            raise ConfigError("relayrl plan: --nodes, --gpus-per-node, --cpus-per-node and --json go with --place")
+        return run_plan(args)
+    from relayrl.config import load_config
+    from relayrl.placement.dry_run import SimulatedCluster, place, print_placement
+
+    config = load_config(args.config, args.overrides)
+    simulated = None if args.nodes is None else SimulatedCluster(args.nodes, args.gpus_per_node, args.cpus_per_node)
+    placement = place(config, simulated)
+    if args.json:
+        print(placement.to_json())
+    else:
+        print_placement(placement)
 
 
 def run_plan(args) -> None:

@@ -15,6 +15,7 @@ starts Ray actors).
 from __future__ import annotations
 
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
@@ -31,8 +32,8 @@ def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s
             raise PlacementError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}")
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":  # a Ray GPU actor sees its one device; spawned ranks on one machine see them all
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+    if backend == "nccl":
+        torch.cuda.set_device(local_cuda_index())
     try:
         dist.init_process_group(
             backend,
@@ -46,6 +47,13 @@ def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s
             f"learner rank {rank} of {world} could not join the learner group at {address}:{port} "
             f"within {timeout_s:.0f} s: {err}"
         ) from err
+
+
+def local_cuda_index() -> int:
+    """This process's CUDA device: Ray shows an actor only the GPUs it was assigned (CUDA_VISIBLE_DEVICES), so
+    under Ray it is the first of those; ranks started another way say theirs with LOCAL_RANK (torchrun, spawned
+    ranks), else 0. Never a rank modulo a device count: two ranks on one GPU is an NCCL error to surface."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def leave_learner_group() -> None:

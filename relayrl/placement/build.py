@@ -12,7 +12,7 @@ import ray
 from relayrl.config import Config, effective_transport
 from relayrl.learner.role import Learner, LearnerRole
 from relayrl.placement import Roles
-from relayrl.placement.cluster import actor_options, engine_actor_options, reserve
+from relayrl.placement.cluster import Slot, actor_options, reserve, split_slots
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
@@ -26,15 +26,15 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     """Every actor started and the first weights already on the engines."""
     placement = config.placement
     group, slots = reserve(config)
-    learner_slot, engine_slots = slots[0], slots[1:]
+    learner_slots, engine_slots = split_slots(slots)
     timeout = placement.call_timeout_s
-    learner, learner_actors = start_learner(config, group, learner_slot)
+    learner, learner_actors = start_learner(config, group, learner_slots)
 
     def spawn(index: int) -> RemoteRole:
         slot = engine_slots[index]
         actor = (
             ray.remote(EngineWorker)
-            .options(**actor_options(group, slot), **engine_actor_options(config))  # + T GPUs of a TP engine
+            .options(**actor_options(group, slot))  # with GPUs: its T, which the actor alone then sees
             .remote(config, max_model_len, slot.threads, slot.cores)
         )
         return RemoteRole(actor, slot.role, timeout)
@@ -49,14 +49,16 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     return Roles(engines, cast(Learner, learner), sync, close=close)
 
 
-def start_learner(config: Config, group, slot) -> tuple[RemoteRole | LearnerRanks, list]:
+def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole | LearnerRanks, list]:
     """The learner's handle and its actors: one `LearnerRole` actor, or `placement.learner_ranks` sharded rank
-    actors in the same bundle behind one handle (relayrl/placement/learner_ranks.py)."""
+    actors behind one handle (relayrl/placement/learner_ranks.py): in one shared bundle on CPUs, one bundle (and
+    GPU) each on GPUs."""
     if config.placement.learner_ranks > 1:
         from relayrl.placement.learner_ranks import start_learner_ranks
 
-        ranks = start_learner_ranks(config, group, slot)
+        ranks = start_learner_ranks(config, group, slots)
         return ranks, list(ranks.actors)
+    (slot,) = slots
     actor = ray.remote(LearnerRole).options(**actor_options(group, slot)).remote(config, slot.threads)
     return RemoteRole(actor, "learner", config.placement.call_timeout_s), [actor]
 

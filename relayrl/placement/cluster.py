@@ -2,7 +2,9 @@
 
 Disaggregated: a bundle per role (learner, each engine), packed on one node unless `placement.strategy` says
 otherwise; each role is pinned to its own cores and runs while the others run. Colocated: one bundle that every
-role shares (fractional CPUs), roles take turns. Which node a role lands on is Ray's choice under the strategy,
+role shares (fractional CPUs), roles take turns. On a cluster with GPUs every bundle also holds the GPUs of its
+roles (`plan_slots`): each learner rank one, each engine `rollout.tensor_parallel`, a colocated rank and engine
+half of one each; an actor sees only the GPUs Ray assigned it. Which node a role lands on is Ray's choice under the strategy,
 or the user's: `placement.learner_resources` / `engine_resources` add custom resources to the role's bundles, so
 only the nodes started with them (`ray start --resources`) can hold it. Once placed, a transport that cannot
 cross nodes (`shm`, `disk` in a private temporary directory) is refused naming the roles and their nodes, before
@@ -34,20 +36,34 @@ WORKER_ENV = {
 
 @dataclass(frozen=True)
 class Slot:
-    """Where one role's actor goes: its bundle, the CPUs it reserves there, its threads and cores."""
+    """Where one role's actor goes: its bundle, the CPUs and GPUs it reserves there, its threads and cores."""
 
-    role: str
+    role: str  # "learner", "learner rank 1", "engine 0"
     bundle: int
     cpus: float
     threads: int
     cores: str
+    gpus: float = 0.0  # what the actor asks Ray for (num_gpus): Ray then shows it those GPUs alone
+
+    @property
+    def is_learner(self) -> bool:
+        return self.role.startswith("learner")
 
 
-def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dict], list[Slot]]:
-    """The bundles to reserve and the slot of each role: the learner first, then engine 0..N-1."""
+def plan_slots(
+    placement: PlacementConfig, machine_cores: int, gpus: bool = False, tensor_parallel: int = 1
+) -> tuple[list[dict], list[Slot]]:
+    """The bundles to reserve and the slot of each role: the learner's first, then engine 0..N-1.
+
+    Without GPUs in the cluster, the learner's W ranks share one bundle (`learner`). With GPUs (`gpus`), every
+    actor takes its devices from the bundles: disaggregated, each learner rank a bundle with one GPU (so ranks
+    may land on different nodes) and each engine a bundle with its `tensor_parallel` GPUs; colocated, learner rank
+    i and engine i share bundle i's one GPU (half each, the OpenRLHF way). Which GPU an actor gets is Ray's
+    assignment, never a rank modulo a count."""
+    if gpus:
+        return _plan_gpu_slots(placement, tensor_parallel)
     n = placement.engines
-    learner_threads = placement.learner_threads or max(1, math.floor(placement.learner_cpus))
-    engine_threads = placement.engine_threads or max(1, math.floor(placement.engine_cpus))
+    learner_threads, engine_threads = _threads(placement)
     learner_extra, engine_extra = dict(placement.learner_resources), dict(placement.engine_resources)
     if placement.layout == "colocated":
         size = max(placement.learner_cpus, placement.engine_cpus)
@@ -66,6 +82,45 @@ def plan_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dic
         first += threads
         slots.append(Slot(role, index, bundles[index]["CPU"], threads, ",".join(map(str, cores))))
     return bundles, slots
+
+
+def _threads(placement: PlacementConfig) -> tuple[int, int]:
+    learner = placement.learner_threads or max(1, math.floor(placement.learner_cpus))
+    return learner, placement.engine_threads or max(1, math.floor(placement.engine_cpus))
+
+
+def _plan_gpu_slots(placement: PlacementConfig, tensor_parallel: int) -> tuple[list[dict], list[Slot]]:
+    """plan_slots on a cluster with GPUs (see there). A rank's CPUs are its share of learner_cpus."""
+    ranks, n = placement.learner_ranks, placement.engines
+    learner_threads, engine_threads = _threads(placement)
+    learner_extra, engine_extra = dict(placement.learner_resources), dict(placement.engine_resources)
+    rank_cpus, rank_threads = placement.learner_cpus / ranks, max(1, learner_threads // ranks)
+    names = ["learner"] if ranks == 1 else [f"learner rank {r}" for r in range(ranks)]
+    if placement.layout == "colocated":
+        if tensor_parallel > 1 or n != ranks:
+            raise PlacementError(
+                "placement.layout=colocated on GPUs puts learner rank i and engine i on GPU i: it needs "
+                f"placement.engines = placement.learner_ranks (got {n} and {ranks}) and rollout.tensor_parallel=1 "
+                f"(got {tensor_parallel}); use placement.layout=disaggregated for other shapes"
+            )
+        cpus = max(rank_cpus, placement.engine_cpus)
+        bundles = [{"CPU": 2 * cpus, "GPU": 1.0, **engine_extra, **learner_extra} for _ in range(ranks)]
+        slots = [Slot(name, r, cpus, rank_threads, "", gpus=0.5) for r, name in enumerate(names)]
+        slots += [Slot(f"engine {i}", i, cpus, engine_threads, "", gpus=0.5) for i in range(n)]
+        return bundles, slots
+    bundles = [{"CPU": rank_cpus, "GPU": 1.0, **learner_extra} for _ in range(ranks)]
+    bundles += [{"CPU": placement.engine_cpus, "GPU": float(tensor_parallel), **engine_extra} for _ in range(n)]
+    slots = [Slot(name, r, rank_cpus, rank_threads, "", gpus=1.0) for r, name in enumerate(names)]
+    slots += [
+        Slot(f"engine {i}", ranks + i, placement.engine_cpus, engine_threads, "", gpus=float(tensor_parallel))
+        for i in range(n)
+    ]
+    return bundles, slots
+
+
+def split_slots(slots: list[Slot]) -> tuple[list[Slot], list[Slot]]:
+    """(the learner's slots: one, or one per rank; the engines' slots, in order)."""
+    return [s for s in slots if s.is_learner], [s for s in slots if not s.is_learner]
 
 
 def start_ray(placement: PlacementConfig) -> None:
@@ -94,17 +149,21 @@ _head = None  # the head this driver started, if any
 
 
 def reserve(config: Config):
-    """The placement group for every role, placed within `placement.placement_timeout_s`, and the slots."""
+    """The placement group for every role, placed within `placement.placement_timeout_s`, and the slots. Joins
+    (or starts) the cluster first, unless this process is connected to one already (`relayrl plan --place` on a
+    simulated cluster)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
     placement = config.placement
-    bundles, slots = plan_slots(placement, os.cpu_count() or 1)
-    if not placement.address:  # the cluster we are about to start: its size is known now
+    if not ray.is_initialized() and not placement.address:  # the cluster we are about to start: its size is known
         cpus = float(placement.num_cpus or os.cpu_count() or 1)
-        check_fits(placement, bundles, {"CPU": cpus}, {"CPU": cpus})
+        bundles, _ = plan_slots(placement, os.cpu_count() or 1, local_gpus() > 0, config.rollout.tensor_parallel)
+        check_fits(placement, bundles, {"CPU": cpus, "GPU": local_gpus()}, {"CPU": cpus, "GPU": local_gpus()})
     start_ray(placement)
-    check_fits(placement, bundles, ray.cluster_resources(), ray.available_resources())
+    total, free = ray.cluster_resources(), ray.available_resources()
+    bundles, slots = plan_slots(placement, os.cpu_count() or 1, total.get("GPU", 0) > 0, config.rollout.tensor_parallel)
+    check_fits(placement, bundles, total, free)
     group = placement_group(bundles, strategy=placement.strategy)
     if not group.wait(timeout_seconds=placement.placement_timeout_s):
         remove_placement_group(group)
@@ -119,11 +178,24 @@ def reserve(config: Config):
     return group, slots
 
 
+def local_gpus() -> int:
+    """CUDA devices this machine has (what a head this run starts would offer Ray), without initialising CUDA."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def check_fits(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> None:
     """Raise at once when the bundles ask for more CPUs, or more of a resource, than the cluster has in all:
     waiting for the placement group could only end at its deadline with the same message."""
     if sum(b["CPU"] for b in bundles) > total.get("CPU", 0) + 1e-9:
         raise PlacementError(unplaceable_message(placement, bundles, total, free))
+    if (asked := sum(b.get("GPU", 0) for b in bundles)) > total.get("GPU", 0) + 1e-9:
+        raise PlacementError(
+            f"placement.layout={placement.layout} asks for {asked:g} GPUs ({gpu_roles(placement, bundles)}) but the "
+            f"cluster has {total.get('GPU', 0):g} ({free.get('GPU', 0):g} free). Lower placement.learner_ranks, "
+            "placement.engines or rollout.tensor_parallel, or add nodes with GPUs"
+        )
     for key, extra in (
         ("learner_resources", placement.learner_resources),
         ("engine_resources", placement.engine_resources),
@@ -160,6 +232,16 @@ def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: 
         f"({free.get('CPU', 0):g} free). Lower placement.engines, placement.engine_cpus or "
         "placement.learner_cpus, or use placement.layout=colocated"
     )
+
+
+def gpu_roles(placement: PlacementConfig, bundles: list[dict]) -> str:
+    """What asks for the GPUs, role by role, for a message: `learner rank 0: 1, ..., engine 0: 2`."""
+    ranks = placement.learner_ranks
+    names = ["learner"] if ranks == 1 else [f"learner rank {r}" for r in range(ranks)]
+    if placement.layout == "colocated":
+        names = [f"{name} + engine {r}" for r, name in enumerate(names)]
+    names += [f"engine {i}" for i in range(len(bundles) - len(names))]
+    return ", ".join(f"{name}: {b.get('GPU', 0):g}" for name, b in zip(names, bundles))
 
 
 def bundle_nodes(group) -> dict[int, str]:
@@ -199,21 +281,17 @@ def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, st
 
 
 def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:
+    """Ray options of a role's actor in its bundle: its CPUs and GPUs (Ray then shows the actor the GPUs it was
+    assigned, and no others), its threads, the run's environment."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     env = {**WORKER_ENV, "OMP_NUM_THREADS": str(slot.threads), **(extra_env or {})}
     return {
         "num_cpus": slot.cpus,
+        **({"num_gpus": slot.gpus} if slot.gpus else {}),
         "scheduling_strategy": PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=slot.bundle
         ),
         "runtime_env": {"env_vars": env},
         "max_restarts": 0,  # a dead role is reported (and engines restarted) by the driver, with fresh weights
     }
-
-
-def engine_actor_options(config) -> dict:
-    """Ray options of an engine actor beyond its CPUs, from what its config section asks: a T-rank engine
-    (`rollout.tensor_parallel`) takes the GPUs its bundle reserves (`placement.engine_resources`)."""
-    gpus = config.placement.engine_resources.get("GPU", 0) if config.rollout.tensor_parallel > 1 else 0
-    return {"num_gpus": gpus} if gpus else {}

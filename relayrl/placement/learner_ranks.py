@@ -194,16 +194,19 @@ class LearnerRanks:
         return merge_stats(stats, [float(p.loss_mask.sum()) for p in parts])
 
 
-def start_learner_ranks(config: Config, group, slot) -> LearnerRanks:
-    """W rank actors in the learner's bundle, joined into one process group within placement.call_timeout_s."""
+def start_learner_ranks(config: Config, group, slots: list) -> LearnerRanks:
+    """W rank actors joined into one process group within placement.call_timeout_s: sharing the learner's one
+    bundle (a 1/W share of its CPUs and threads each), or each in its own slot (a bundle with its GPU)."""
     from relayrl.placement.cluster import actor_options
 
     world, timeout = config.placement.learner_ranks, config.placement.call_timeout_s
-    share = dataclasses.replace(slot, cpus=slot.cpus / world, threads=max(1, slot.threads // world))
+    if len(slots) == 1:
+        share = dataclasses.replace(slots[0], cpus=slots[0].cpus / world, threads=max(1, slots[0].threads // world))
+        slots = [share] * world
     remote = ray.remote(concurrency_groups={"probe": 1})(LearnerRank)  # pyright: ignore[reportCallIssue] - `where` answers while a call runs
     actors = [
-        remote.options(**actor_options(group, share)).remote(config, rank, world, share.threads)
-        for rank in range(world)
+        remote.options(**actor_options(group, slot)).remote(config, rank, world, slot.threads)
+        for rank, slot in enumerate(slots)
     ]
     ranks = LearnerRanks(actors, timeout)
     address, port = ranks.wait(_Calls([actors[0].rendezvous_address.remote()], [0]), "choosing an address")

@@ -218,20 +218,20 @@ def check_tensor_parallel(config) -> None:
 
 
 def check_devices(config, tp: int) -> None:
-    """T cores (CPU) or T GPUs per engine. Under Ray the engine bundles must reserve them: an engine size the
-    user left unset is raised to T (the resolved config shows it); one set below T is an error naming it."""
+    """T cores (CPU) or T GPUs per engine. Under Ray the engine bundles reserve them (relayrl/placement/cluster.py
+    gives each engine's bundle T GPUs, and the cluster's GPUs are counted when it is placed: the driver's node may
+    have none); a GPU count the user set below T in placement.engine_resources is an error naming it. In one
+    process, this machine must have T GPUs. On CPU: an engine size the user left unset is raised to T cores."""
     placement, ray = config.placement, config.placement.mode == "ray"
+    if ray and placement.engine_resources.get("GPU", tp) < tp:
+        raise ConfigError(
+            f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine bundle, "
+            f"placement.engine_resources gives GPU: {placement.engine_resources['GPU']:g}"
+        )
     if _on_gpu():
         have = torch.cuda.device_count()
-        if have < tp:
+        if not ray and have < tp:
             raise ConfigError(f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine, this machine has {have}")
-        if ray:
-            asked = placement.engine_resources.setdefault("GPU", float(tp))
-            if asked < tp:
-                raise ConfigError(
-                    f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine bundle, "
-                    f"placement.engine_resources gives GPU: {asked:g}"
-                )
         return
     if not ray:
         if (os.cpu_count() or 1) < tp:

@@ -108,12 +108,12 @@ def test_a_rank_that_cannot_answer_is_blamed_and_a_failed_collective_is_the_caus
 
 
 def test_no_address_is_hard_coded_to_loopback():
-    """The sync and placement paths reach other nodes; only the run's private head (head.py) is loopback."""
+    """The sync and placement paths reach other nodes; only the run's private head (ray_head.py) is loopback."""
     root = Path(__file__).parents[2] / "relayrl"
     found = [
         str(path.relative_to(root))
         for folder in ("sync", "placement", "learner")
         for path in (root / folder).glob("*.py")
-        if path.name != "head.py" and ("127.0.0.1" in path.read_text() or "localhost" in path.read_text())
+        if path.name != "ray_head.py" and ("127.0.0.1" in path.read_text() or "localhost" in path.read_text())
     ]
     assert not found

@@ -1,4 +1,4 @@
-"""The session watcher (relayrl/placement/reaper.py) and the head's session (head.py) without Ray: when the
+"""The session watcher (relayrl/placement/reaper.py) and the head's session (ray_head.py) without Ray: when the
 driver's pipe closes, the processes of the run's session and those carrying its raylet's pid are killed, and
 nothing else is."""
 

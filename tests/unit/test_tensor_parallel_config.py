@@ -81,7 +81,7 @@ def test_each_rank_needs_a_core(tmp_path):
 
 
 def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch):
-    from relayrl.placement.cluster import engine_actor_options
+    from relayrl.placement.cluster import plan_slots
 
     monkeypatch.setattr(vllm_tp, "_on_gpu", lambda: True)
     monkeypatch.setattr(choice, "_cuda_available", lambda: True)
@@ -89,7 +89,8 @@ def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch
     monkeypatch.setattr(vllm_tp.torch.cuda, "device_count", lambda: 2)
     model = write_model(tmp_path / "m", heads=8, kv_heads=8)
     config = load(model, "rollout.tensor_parallel=2", "placement.mode=ray")
-    assert config.placement.engine_resources == {"GPU": 2.0} and engine_actor_options(config) == {"num_gpus": 2.0}
+    bundles, slots = plan_slots(config.placement, 4, gpus=True, tensor_parallel=2)
+    assert config.placement.engine_resources == {} and bundles[1]["GPU"] == 2.0 and slots[1].gpus == 2.0
     with pytest.raises(ConfigError, match=r"needs 2 GPUs per engine bundle, placement.engine_resources gives GPU: 1"):
         load(model, "rollout.tensor_parallel=2", "placement.mode=ray", "placement.engine_resources={GPU: 1}")
     with pytest.raises(ConfigError, match=r"rollout.tensor_parallel=4 needs 4 GPUs per engine, this machine has 2"):
