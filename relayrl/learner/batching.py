@@ -138,8 +138,9 @@ def even_out(parts: list[torch.Tensor], target: int | None = None) -> list[torch
     if target is None:
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return parts
-        most = torch.tensor([len(parts)])
-        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        from relayrl.learner.process_group import all_reduce, group_device
+
+        most = all_reduce(torch.tensor([len(parts)], device=group_device()), op=dist.ReduceOp.MAX)
         target = int(most[0])
     parts = list(parts)
     while len(parts) < target:

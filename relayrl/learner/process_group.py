@@ -47,6 +47,10 @@ def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s
             f"learner rank {rank} of {world} could not join the learner group at {address}:{port} "
             f"within {timeout_s:.0f} s: {err}"
         ) from err
+    from relayrl.sync.transports import check_backends
+
+    store = dist.distributed_c10d._get_default_store()
+    check_backends(store, rank, world, backend, "the learner group (its ranks)")
 
 
 def local_cuda_index() -> int:
@@ -61,13 +65,29 @@ def leave_learner_group() -> None:
         dist.destroy_process_group()
 
 
+def group_device() -> torch.device:
+    """The device the learner group's collectives take tensors on: this process's GPU under NCCL, else the CPU.
+    Every tensor relayrl hands the group (scalars and counts included) is made there: NCCL refuses CPU tensors."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce(tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """`dist.all_reduce` on the learner group, refusing a tensor that is not on the group's device."""
+    if tensor.device != (device := group_device()):
+        raise PlacementError(
+            f"a tensor on {tensor.device} was handed to the learner group, whose collectives take tensors on {device}"
+        )
+    dist.all_reduce(tensor, op=op)
+    return tensor
+
+
 def all_reduce_sum(value: float) -> float:
     """Sum of `value` over the learner ranks (fp64 so token counts stay exact)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return float(value)
-    total = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(total)
-    return float(total[0])
+    return float(all_reduce(torch.tensor([float(value)], dtype=torch.float64, device=group_device()))[0])
 
 
 def rank_config(config: Config, world: int) -> Config:

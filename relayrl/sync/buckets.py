@@ -54,8 +54,8 @@ class BucketLayout:
     def bucket_slots(self, bucket: int) -> list[Slot]:
         return [s for s in self.slots if s.bucket == bucket]
 
-    def empty_buckets(self) -> list[torch.Tensor]:
-        return [torch.empty(size, dtype=self.dtype) for size in self.bucket_sizes]
+    def empty_buckets(self, device: torch.device | str = "cpu") -> list[torch.Tensor]:
+        return [torch.empty(size, dtype=self.dtype, device=device) for size in self.bucket_sizes]
 
 
 def make_layout(named_shapes: Iterable[tuple[str, tuple[int, ...]]], bucket_mb: float, wire_dtype: str) -> BucketLayout:
@@ -121,8 +121,9 @@ def unpack(
 
 
 def checksum(bucket: torch.Tensor) -> int:
-    """xxh3-64 of the bucket's bytes, as a signed int64 (so a header tensor can carry it)."""
-    value = xxhash.xxh3_64_intdigest(bucket.view(torch.uint8).numpy())  # pyright: ignore[reportArgumentType] - any buffer
+    """xxh3-64 of the bucket's bytes, as a signed int64 (so a header tensor can carry it). A bucket on a GPU is
+    hashed from a host copy (the check costs a device-to-host copy there: sync.checksum=false skips it)."""
+    value = xxhash.xxh3_64_intdigest(bucket.view(torch.uint8).cpu().numpy())  # pyright: ignore[reportArgumentType] - any buffer
     return value - 2**64 if value >= 2**63 else value
 
 

@@ -61,9 +61,9 @@ class HeldBytes:
         self.now -= nbytes
 
 
-def one_buffer(layout: BucketLayout, held: HeldBytes) -> list[torch.Tensor]:
+def one_buffer(layout: BucketLayout, held: HeldBytes, device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """Every bucket a view of one buffer the size of the largest: each is published before the next is packed."""
-    buffer = held.hold(torch.empty(max(layout.bucket_sizes), dtype=layout.dtype))
+    buffer = held.hold(torch.empty(max(layout.bucket_sizes), dtype=layout.dtype, device=device))
     return [buffer[:size] for size in layout.bucket_sizes]
 
 
@@ -84,7 +84,8 @@ def streaming_sender(kind, layout: BucketLayout, checksum: bool, group, timeout_
     }
     if kind not in args:
         raise SyncError(f"sync.transport={kind!r} cannot carry weights from sharded learner ranks")
-    sender = _STREAMING[kind](*args[kind], buckets=one_buffer(layout, held))
+    device = group.device if kind == "broadcast" else "cpu"  # a broadcast packs on the sync group's device
+    sender = _STREAMING[kind](*args[kind], buckets=one_buffer(layout, held, device))
     sender.held = held
     return sender
 
@@ -178,7 +179,8 @@ _SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16"}
 def _stream_broadcast(sender, chosen: list[int], packed, version: int, start: float) -> Manifest:
     """BroadcastSender's protocol (a header of version and checksums, then each bucket), bucket by bucket."""
     sums = [checksum(packed(i)) for i in chosen] if sender.verify_checksums else []
-    _broadcast(sender.group, torch.tensor([version] + sums, dtype=torch.int64), sender.timeout_s)
+    header = torch.tensor([version] + sums, dtype=torch.int64, device=sender.group.device)
+    _broadcast(sender.group, header, sender.timeout_s)
     for i in chosen:
         bucket = packed(i)
         _broadcast(

@@ -274,33 +274,71 @@ class ObjectStoreReceiver(Receiver):
 # ---------------------------------------------------------------------------- torch.distributed broadcast
 
 
-def join_group(address: str, port: int, rank: int, world: int, timeout_s: float):
-    """A process group of its own (never the default one): TCPStore hosted by rank 0, gloo or nccl."""
+@dataclass(frozen=True)
+class SyncGroup:
+    """The weight-sync process group and the device its collectives take tensors on: CUDA for NCCL, CPU for gloo.
+    Every tensor handed to it must be on that device (`broadcast` refuses any other: NCCL would refuse a CPU
+    tensor, and the CPU suite, all gloo, then fails the same way)."""
+
+    group: Any
+    backend: str  # "nccl" or "gloo"
+    device: torch.device
+
+    def broadcast(self, tensor: torch.Tensor, timeout_s: float) -> None:
+        if tensor.device != self.device:
+            raise SyncError(
+                f"a {tuple(tensor.shape)} tensor on {tensor.device} was handed to the weight-sync group, whose "
+                f"{self.backend} collectives take tensors on {self.device}"
+            )
+        options = torch.distributed.BroadcastOptions()
+        options.rootRank = 0
+        work = self.group.broadcast([tensor], options)
+        if not work.wait(datetime.timedelta(seconds=timeout_s)):
+            raise SyncError(f"weight broadcast did not complete within {timeout_s} s")
+
+
+def join_group(address: str, port: int, rank: int, world: int, timeout_s: float) -> SyncGroup:
+    """A process group of its own (never the default one): TCPStore hosted by rank 0, gloo or nccl. Every member
+    says its backend through the store first: a group whose sides differ (NCCL on a GPU learner, gloo on a CPU
+    engine) is refused at join, naming both, instead of hanging at its first collective."""
     timeout = datetime.timedelta(seconds=timeout_s)
     store = torch.distributed.TCPStore(address, port, world, rank == 0, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage] - exported at run time
-    if torch.cuda.is_available():  # the same deadline as gloo's: a dead peer ends a collective, not the run
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    check_backends(store, rank, world, backend, "the weight-sync group (rank 0 the learner, 1.. the engines)")
+    if backend == "nccl":  # the same deadline as gloo's: a dead peer ends a collective, not the run
         options = torch.distributed.ProcessGroupNCCL.Options()  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
         options._timeout = timeout
-        return torch.distributed.ProcessGroupNCCL(store, rank, world, options)  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
-    return torch.distributed.ProcessGroupGloo(store, rank, world, timeout)
+        group = torch.distributed.ProcessGroupNCCL(store, rank, world, options)  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
+        return SyncGroup(group, backend, torch.device("cuda", torch.cuda.current_device()))
+    return SyncGroup(torch.distributed.ProcessGroupGloo(store, rank, world, timeout), backend, torch.device("cpu"))
 
 
-def _broadcast(group, tensor: torch.Tensor, timeout_s: float) -> None:
-    options = torch.distributed.BroadcastOptions()
-    options.rootRank = 0
-    work = group.broadcast([tensor], options)
-    if not work.wait(datetime.timedelta(seconds=timeout_s)):
-        raise SyncError(f"weight broadcast did not complete within {timeout_s} s")
+def check_backends(store, rank: int, world: int, backend: str, what: str) -> None:
+    """Every member's backend through `store`; raise SyncError naming the sides when they differ."""
+    store.set(f"relayrl/backend/{rank}", backend)
+    sides = {r: store.get(f"relayrl/backend/{r}").decode() for r in range(world)}
+    if len(set(sides.values())) > 1:
+        listed = ", ".join(f"rank {r}: {b}" for r, b in sides.items())
+        raise SyncError(
+            f"{what} mixes collective backends ({listed}): every member must see a GPU (nccl) or none (gloo)"
+        )
+
+
+def _broadcast(group: SyncGroup, tensor: torch.Tensor, timeout_s: float) -> None:
+    group.broadcast(tensor, timeout_s)
 
 
 class BroadcastSender(Sender):
-    def __init__(self, layout: BucketLayout, verify_checksums: bool, group, timeout_s: float, buckets=None):
+    def __init__(self, layout: BucketLayout, verify_checksums: bool, group: SyncGroup, timeout_s: float, buckets=None):
+        self.group, self.timeout_s = group, timeout_s  # before the buckets: they are allocated on its device
         super().__init__(layout, verify_checksums, buckets)
-        self.group, self.timeout_s = group, timeout_s
+
+    def _allocate(self) -> list[torch.Tensor]:
+        return self.layout.empty_buckets(self.group.device)
 
     def _publish(self, version: int, chosen: list[int]) -> None:
         sums = [checksum(self.buckets[i]) for i in chosen] if self.verify_checksums else []
-        header = torch.tensor([version] + sums, dtype=torch.int64)
+        header = torch.tensor([version] + sums, dtype=torch.int64, device=self.group.device)
         _broadcast(self.group, header, self.timeout_s)
         for bucket in (self.buckets[i] for i in chosen):
             _broadcast(
@@ -312,11 +350,13 @@ class BroadcastReceiver(Receiver):
     def __init__(self, layout: BucketLayout, verify_checksums: bool, group, timeout_s: float):
         super().__init__(layout)
         self.verify_checksums, self.group, self.timeout_s = verify_checksums, group, timeout_s
-        self.buckets = layout.empty_buckets()
+        self.buckets = layout.empty_buckets(group.device)
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
         chosen = list(range(len(self.buckets))) if manifest.buckets is None else manifest.buckets
-        header = torch.zeros(1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64)
+        header = torch.zeros(
+            1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64, device=self.group.device
+        )
         _broadcast(self.group, header, self.timeout_s)
         for bucket in (self.buckets[i] for i in chosen):
             _broadcast(
@@ -347,7 +387,7 @@ def make_sender(
     if kind == "object_store":
         return ObjectStoreSender(layout, verify_checksums)
     if kind == "broadcast":
-        return BroadcastSender(layout, verify_checksums, group, timeout_s)
+        return BroadcastSender(layout, verify_checksums, _joined(group), timeout_s)
     raise SyncError(f"sync.transport={kind!r}: expected one of {', '.join(TRANSPORTS)}")
 
 
@@ -361,5 +401,11 @@ def make_receiver(
     if kind == "object_store":
         return ObjectStoreReceiver(layout, timeout_s)
     if kind == "broadcast":
-        return BroadcastReceiver(layout, verify_checksums, group, timeout_s)
+        return BroadcastReceiver(layout, verify_checksums, _joined(group), timeout_s)
     raise SyncError(f"sync.transport={kind!r}: expected one of {', '.join(TRANSPORTS)}")
+
+
+def _joined(group: SyncGroup | None) -> SyncGroup:
+    if group is None:
+        raise SyncError("the broadcast transport needs the weight-sync group: join_sync_group comes first")
+    return group

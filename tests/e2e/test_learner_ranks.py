@@ -79,7 +79,7 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
     from relayrl.placement.learner_ranks import start_learner_ranks
     from relayrl.sync.transports import make_receiver
 
-    ranks = start_learner_ranks(config(random_model_dir, 2), ray_group, Slot("learner", 0, 2.0, 2, "0,1"))
+    ranks = start_learner_ranks(config(random_model_dir, 2), ray_group, [Slot("learner", 0, 2.0, 2, "0,1")])
     exp = experience()
     stats = ranks.update(0, ranks.prepare(exp))
     single = LearnerRole(config(random_model_dir, 1))
