@@ -24,6 +24,7 @@ from relayrl.errors import ConfigError, RoleFailure
 from relayrl.metrics.timeline import Timeline
 from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
 from relayrl.placement import build_roles
+from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import build_reward_service
 from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
@@ -71,6 +72,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         data_metrics=data_metrics,
         pad_id=pad_token_id(tokenizer),
         close=functools.partial(_close, rewards, roles, source),
+        time_sharing=TimeSharing.from_config(config, roles.engines, roles.learner),
         timeline=Timeline(run_dir / "timeline.jsonl"),
     )
 

@@ -23,6 +23,7 @@ from relayrl.metrics.step_metrics import step_metrics
 from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
+from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rollout.protocols import EngineGroup
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import Schedule
@@ -48,6 +49,7 @@ class Trainer:
     pad_id: int
     close: Callable[[], None] = lambda: None  # release actors and shared memory
     timeline: Timeline | None = None
+    time_sharing: TimeSharing = field(default_factory=TimeSharing.off)  # colocated: engine and learner take turns
     schedule: Schedule | None = None  # made when the run starts (async producers begin generating then)
     signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
 
@@ -56,6 +58,7 @@ class Trainer:
         timer, schedule = StepTimer(self.timeline, step), self.schedule
         assert schedule is not None, "run() makes the schedule before the first step"
         batch = schedule.batch(step, timer)  # generate and reward, overlapped as the schedule says
+        self.time_sharing.before_update(timer)  # colocated: the engine sleeps, the learner's states come back
         with timer("logprobs"):  # old and reference log-probs, values, a KL penalty in the reward
             exp = self.learner.prepare(make_experience(batch.rollouts, batch.scores, self.pad_id))
         with timer("advantage"):
@@ -63,8 +66,10 @@ class Trainer:
         with timer("update"):
             stats = self.learner.update(step, exp)
         trained = self.sync.version  # the version this update started from
+        self.time_sharing.before_push(timer)  # colocated: the learner's states leave, the engine's weights wake
         with timer("sync"):
             self.sync.push(self.learner, self.engines)
+        self.time_sharing.after_push(timer)  # colocated: the engine's KV cache wakes
         schedule.published(self.sync.version)
         metrics = step_metrics(self.config, trained, batch, exp, stats, timer, self.sync.last, self.engines.metrics())
         self.record(step, batch, exp)
@@ -88,6 +93,7 @@ class Trainer:
         with self.signals.during_steps():  # a signal from here on ends the current step first
             trackers = build_trackers(cfg, self.run_dir)
             self.schedule = self.make_schedule()  # async producers start generating here
+            self.time_sharing.start()  # colocated: the engine has the device for the first generate
             try:
                 for step in range(start_step, cfg.train.steps):
                     metrics = self.step(step)

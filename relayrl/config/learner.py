@@ -37,11 +37,13 @@ class LearnerConfig(Section):
         "system: peak RSS follows the live tensors (checkpointed, 8k response tokens: 406 vs 900 MB) at a time cost "
         "that shrinks with length (1.8x at 1k tokens, 1.2x at 8k, 1.02x at 16k). relayrl/learner/malloc.py.",
     )
-    offload: Literal["none", "optimizer", "params"] = Field(
-        default="none",
-        description="GPU learner ranks only: `params` = FSDP2's CPUOffloadPolicy (parameters, gradients and "
-        "AdamW state in CPU memory, the optimizer step on the CPU); needs placement.learner_ranks >= 2. "
-        "`optimizer` alone is not an FSDP2 policy and is refused.",
+    offload: Literal["auto", "none", "optimizer", "params", "between_phases"] = Field(
+        default="auto",
+        description="GPU learners: `between_phases` = the learner's parameters, gradients and AdamW state leave the "
+        "device while the engine generates (colocated time-sharing, with rollout.sleep); `params` = FSDP2's "
+        "CPUOffloadPolicy on learner ranks (placement.learner_ranks >= 2: everything in CPU memory, the optimizer "
+        "step on the CPU); auto = between_phases when rollout.sleep is on, else none. `optimizer` alone is not an "
+        "FSDP2 policy and is refused.",
     )
 
 
@@ -50,7 +52,7 @@ def check_learner(config) -> None:
     from relayrl.errors import ConfigError
 
     offload = config.learner.offload
-    if offload == "none":
+    if offload in ("none", "auto"):  # auto: resolved to none or between_phases with rollout.sleep
         return
     if offload == "optimizer":
         raise ConfigError(
@@ -60,13 +62,19 @@ def check_learner(config) -> None:
     import torch
 
     if not torch.cuda.is_available():
+        moves = "FSDP2 shards" if offload == "params" else "the learner's states"
         raise ConfigError(
-            f"learner.offload={offload} needs a CUDA device (it moves FSDP2 shards off the GPU); this machine has "
+            f"learner.offload={offload} needs a CUDA device (it moves {moves} off the GPU); this machine has "
             "none, and on CPU the states already live in CPU memory: use learner.offload=none"
         )
     ranks = config.placement.learner_ranks
-    if ranks < 2:
+    if offload == "params" and ranks < 2:
         raise ConfigError(
             f"learner.offload={offload} needs FSDP2 learner ranks (placement.mode=ray, placement.learner_ranks >= 2); "
             f"placement.learner_ranks={ranks} runs the unsharded learner, which has no offload"
+        )
+    if offload == "between_phases" and ranks > 1:
+        raise ConfigError(
+            f"learner.offload=between_phases moves a whole learner off its GPU; placement.learner_ranks={ranks} "
+            "shards it: use learner.offload=params (FSDP2 keeps the shards in CPU memory)"
         )

@@ -115,7 +115,23 @@ def dump_config(config: Config) -> str:
         for key in ("fn", "kwargs"):
             del tree["reward"][key]
     text = yaml.safe_dump(tree, sort_keys=False)
-    return text if config._engine_choice is None else config._engine_choice.noted(text)
+    text = text if config._engine_choice is None else config._engine_choice.noted(text)
+    return _noted(text, config._auto)
+
+
+def _noted(text: str, chosen: dict[str, tuple[Any, str]]) -> str:
+    """Each `auto` line of the dump with what auto chose and why beside it (the first `name: auto` of its section)."""
+    lines = text.split("\n")
+    for key, (value, reason) in chosen.items():
+        section, name = key.split(".")
+        start = lines.index(f"{section}:") if f"{section}:" in lines else None
+        for i in range(start + 1 if start is not None else len(lines), len(lines)):
+            if not lines[i].startswith("  "):
+                break
+            if lines[i] == f"  {name}: auto":
+                lines[i] += f"  # auto chose {value}: {reason}"
+                break
+    return "\n".join(lines)
 
 
 def _deep_merge(base: dict, update: dict) -> dict:

@@ -47,13 +47,28 @@ class Config(Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     _engine_choice: Any = PrivateAttr(None)  # what `rollout.engine: auto` chose, and why (relayrl/rollout/choice.py)
     _resolved: bool = PrivateAttr(False)  # the `auto` choices made (relayrl/config/resolve.py)
+    _auto: dict[str, tuple[Any, str]] = PrivateAttr(default_factory=dict)  # "rollout.dtype" -> (chosen, why)
+
+    def choose(self, key: str, value: Any, reason: str) -> None:
+        """Set an `auto` key (`section.key`) to what the run uses, keeping why: the dump writes `auto` back with the
+        choice and its reason beside it, so a reload (another machine, a resume) chooses again."""
+        section, name = key.split(".")
+        setattr(getattr(self, section), name, value)
+        getattr(self, section).model_fields_set.discard(name)  # chosen, not set: the no-effect warnings agree
+        self._auto[key] = (value, reason)
 
     @model_serializer(mode="wrap")
     def _dump_engine_as_asked(self, handler) -> dict:
         """`auto` where auto chose: a reloaded dump (a resume, `relayrl.train`'s reload) chooses again, noted."""
         tree = handler(self)
-        if self._engine_choice is not None and isinstance(tree, dict) and isinstance(tree.get("rollout"), dict):
+        if not isinstance(tree, dict):
+            return tree
+        if self._engine_choice is not None and isinstance(tree.get("rollout"), dict):
             tree["rollout"]["engine"] = self._engine_choice.as_asked(tree["rollout"].get("engine"))
+        for key, (value, _) in self._auto.items():
+            section, name = key.split(".")
+            if isinstance(tree.get(section), dict) and tree[section].get(name) == value:
+                tree[section][name] = "auto"
         return tree
 
     @property

@@ -7,6 +7,7 @@ loading and the messages are root.py and load.py.
 
 from __future__ import annotations
 
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
@@ -22,6 +23,19 @@ INPUT_PATH_RULE = (
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_off(cls, data: Any) -> Any:
+        """YAML 1.1 reads a bare `on` / `off` as a boolean: a key whose values are the words `on`/`off` takes it back
+        as the word (`rollout.prefix_caching: off`, `rollout.sleep: off`)."""
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if isinstance(value, bool) and field is not None and "off" in typing.get_args(field.annotation):
+                data = {**data, name: "on" if value else "off"}
+        return data
 
 
 class ModelConfig(Section):
@@ -184,6 +198,23 @@ class RolloutConfig(Section):
         "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
     )
     gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="The engine's weights and activations: auto = bfloat16 on a GPU that supports it, float16 on one "
+        "that does not, float32 on CPU (where bf16 is 6-8x slower and its log-probs stray from fp32's by up to 0.2).",
+    )
+    enforce_eager: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="vLLM eager mode (no CUDA graphs or compilation): auto = on on CPU (compiling costs 40-95 s a "
+        "start there and is not faster), off on a GPU.",
+    )
+    sleep: Literal["auto", "off", 1, 2] = Field(
+        default="auto",
+        description="Colocated memory time-sharing: after generating, the engine sleeps (vLLM sleep level 1 keeps "
+        "its weights in CPU memory, 2 drops them: the next push reloads them) and wakes for the push, then its KV "
+        "cache. auto = 2 (1 with sync.lora=adapter) for a colocated run on a GPU under train.schedule=sync; off "
+        "otherwise (vLLM's CPU platform has no sleep mode; overlapped schedules generate while training).",
+    )
     tensor_parallel: int = Field(
         default=1,
         ge=1,

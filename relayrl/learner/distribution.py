@@ -66,6 +66,11 @@ class Distribution(Protocol):
 
     def save(self, learner: LearnerRole, run_dir: str | Path, tokenizer=None) -> None: ...
 
+    def move_states(self, learner: LearnerRole, device: str) -> int:
+        """`learner.offload=between_phases`: every state the learner holds to `device` (relayrl/learner/offload.py);
+        the bytes moved."""
+        ...
+
 
 class OneProcess:
     """The whole learner in this process (see the module docstring)."""
@@ -140,6 +145,13 @@ class OneProcess:
             critic.optimizer.load_state_dict(state["critic"]["optimizer"])
             critic.generator.set_state(state["critic"]["generator"])
         torch.set_rng_state(state["torch_rng"])
+
+    def move_states(self, learner: LearnerRole, device: str) -> int:
+        from relayrl.learner.offload import move_states
+
+        policy, critic = learner.policy, learner.critic
+        models = [policy.model, policy.reference, critic and critic.model]
+        return move_states(models, [policy.optimizer, critic and critic.optimizer], device)
 
     def save(self, learner: LearnerRole, run_dir: str | Path, tokenizer=None) -> None:
         """The final policy (and critic); a failed write (disk full) names the path, the cause and what is kept."""

@@ -60,6 +60,8 @@ class PolicyLearner:
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference
         if self.use_reference and config.model.lora is None:
             self.reference = load(config.model.path, self.device).eval().requires_grad_(False)
+            if use_bf16 and not torch.distributed.is_initialized():  # frozen, and its passes run in bf16 anyway:
+                self.reference.to(torch.bfloat16)  # half the memory (sharded ranks cast in FSDP2's policy instead)
         rollout = config.rollout
         self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.use_reference)
         train = config.train

@@ -101,6 +101,15 @@ class LearnerRole(WeightSource):
         """The final policy (and critic) as `save_pretrained` directories under `run_dir`."""
         self.distribution.save(self, run_dir, tokenizer)
 
+    def offload_states(self) -> int:
+        """learner.offload=between_phases: parameters, gradients and optimizer state off the device (the engine
+        generates meanwhile); the bytes moved."""
+        return self.distribution.move_states(self, "cpu")
+
+    def reload_states(self) -> int:
+        """Back on the device for the update (the inverse of `offload_states`)."""
+        return self.distribution.move_states(self, self.policy.device)
+
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return self.distribution.named_weights(self)

@@ -217,6 +217,10 @@ class ShardedRanks:
         assert self.layout is not None and self.sync_plan is not None, "open_sender runs before the first push"
         return send_from_shards(push_view(learner.policy), self.layout, self.sync_plan, learner.sender, version, only)
 
+    def move_states(self, learner: LearnerRole, device: str) -> int:
+        """Refused by the config (relayrl/config/learner.py): FSDP2 shards move with learner.offload=params."""
+        raise NotImplementedError("learner.offload=between_phases on sharded ranks: use learner.offload=params")
+
     # ------------------------------------------------------------------ state (relayrl/learner/dist_checkpoint.py)
     def state(self, learner: LearnerRole) -> dict:
         from relayrl.learner.dist_checkpoint import shared_state

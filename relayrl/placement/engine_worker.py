@@ -21,11 +21,23 @@ class EngineWorker(WeightSink):
         import torch
 
         torch.set_num_threads(threads)
+        start = time.perf_counter()
         self.engine = engine_from_config(config, max_model_len, cores=cores)
+        self.start_s = time.perf_counter() - start
         torch.set_num_threads(threads)
 
     def ping(self) -> int:
         return os.getpid()
+
+    def start_seconds(self) -> float:
+        """How long the engine took to start (vLLM's load, profile and KV-cache allocation included)."""
+        return self.start_s
+
+    def sleep(self, level: int) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
 
     def generate(self, prompts, sampling, version=None):
         """Tokens are tagged with the version this engine holds when it runs the call (calls and weight

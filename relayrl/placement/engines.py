@@ -32,14 +32,29 @@ class RayEngineGroup:
         )
         self.on_restart: Callable[[], None] = lambda: None  # set by the sync: re-attach and push weights
         self.restarts = 0
+        self.start_s = 0.0  # the slowest replica's engine start (ready)
         self.lock = threading.RLock()  # one restart at a time
         self.spans_lock = threading.Lock()  # producer threads record spans while the loop takes them
         self.spans: list[tuple[int, float, float]] = []
 
     def ready(self) -> list[int]:
-        """Wait until every replica has started (vLLM loaded); their process ids."""
+        """Wait until every replica has started (vLLM loaded); their process ids. The slowest start is kept for the
+        metrics (`engine/start_s`)."""
         refs = [r.submit("ping") for r in self.replicas]
-        return [r.wait(ref, "start-up") for r, ref in zip(self.replicas, refs)]
+        pids = [r.wait(ref, "start-up") for r, ref in zip(self.replicas, refs)]
+        self.start_s = max(r.wait(r.submit("start_seconds"), "start-up") for r in self.replicas)
+        return pids
+
+    def sleep(self, level: int) -> None:
+        self._on_every_replica("sleep", level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self._on_every_replica("wake_up", tags)
+
+    def _on_every_replica(self, method: str, *args) -> None:
+        refs = [r.submit(method, *args) for r in self.replicas]
+        for replica, ref in zip(self.replicas, refs):
+            replica.wait(ref, method)
 
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         return self.finish(self.submit(prompts, sampling, version))
@@ -129,7 +144,7 @@ class RayEngineGroup:
         self.on_restart()
 
     def metrics(self) -> dict[str, float]:
-        return {"placement/engine_restarts": float(self.restarts)}
+        return {"placement/engine_restarts": float(self.restarts), "engine/start_s": self.start_s}
 
 
 def split(items: list, parts: int) -> list[tuple[int, list]]:

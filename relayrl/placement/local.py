@@ -6,6 +6,8 @@ setting reaches one placement and not the other, and is held as a one-replica gr
 
 from __future__ import annotations
 
+import time
+
 from relayrl.config import Config
 from relayrl.learner.role import LearnerRole
 from relayrl.placement import Roles
@@ -15,5 +17,7 @@ from relayrl.sync.inprocess import InProcessSync
 
 
 def build_local_roles(config: Config, max_len: int, probe_ids: list[int] | None) -> Roles:
-    engines = LocalEngineGroup(engine_from_config(config, max_len))
+    start = time.perf_counter()
+    engine = engine_from_config(config, max_len)
+    engines = LocalEngineGroup(engine, start_s=time.perf_counter() - start)
     return Roles(engines, LearnerRole(config), InProcessSync(probe_ids=probe_ids), close=lambda: None)

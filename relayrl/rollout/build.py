@@ -3,10 +3,31 @@ Ray engine actor alike. Imports an engine's module only for the engine asked for
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relayrl.rollout.protocols import Engine
+
+
+@dataclass(frozen=True)
+class EngineDevice:
+    """How the engine uses its device, decided where the engine is built (an engine actor may have a GPU its
+    driver lacks): `rollout.dtype` and `rollout.enforce_eager` resolved, and whether it may sleep."""
+
+    dtype: str  # "bfloat16", "float16", "float32"
+    eager: bool
+    sleep: bool  # rollout.sleep is a level: vLLM is built with its sleep mode on
+
+    @classmethod
+    def resolve(cls, dtype: str = "auto", enforce_eager: str = "auto", sleep: int | str = "off") -> EngineDevice:
+        import torch
+
+        gpu = torch.cuda.is_available()
+        if dtype == "auto":
+            dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if gpu else "float32"
+        eager = not gpu if enforce_eager == "auto" else enforce_eager == "on"
+        return cls(dtype, eager, sleep not in ("off", "auto"))
 
 
 def engine_from_config(config, max_model_len: int, cores: str | None = None) -> Engine:
@@ -29,6 +50,7 @@ def engine_from_config(config, max_model_len: int, cores: str | None = None) -> 
             config
         ),  # sync.lora=adapter: the engine serves LoRA adapters (relayrl/models/adapter_sync.py)
         tensor_parallel=r.tensor_parallel,
+        device=EngineDevice.resolve(r.dtype, r.enforce_eager, r.sleep),
     )
 
 
@@ -43,7 +65,10 @@ def build_engine(
     cores: str | None = None,
     adapter=None,
     tensor_parallel: int = 1,
+    device: EngineDevice | None = None,
 ) -> Engine:
+    """An engine of `kind`; `device` defaults to `EngineDevice.resolve()` (auto dtype and eager mode, no sleep)."""
+    device = device or EngineDevice.resolve()
     if kind == "vllm":
         from relayrl.rollout.vllm_engine import VLLMEngine
 
@@ -57,9 +82,10 @@ def build_engine(
             cores,
             adapter,
             tensor_parallel=tensor_parallel,
+            device=device,
         )
     if kind == "hf":
         from relayrl.rollout.hf_engine import HFEngine
 
-        return HFEngine(model_path)
+        return HFEngine(model_path, dtype=device.dtype)
     raise ValueError(f"unknown rollout engine {kind!r}")

@@ -24,11 +24,12 @@ from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
 
 class HFEngine:
-    def __init__(self, model_path: str):
+    def __init__(self, model_path: str, dtype: str = "float32"):
+        """`dtype`: the weights' (rollout.dtype as relayrl/rollout/build.py resolves it: bf16 on a GPU, fp32 on CPU)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
         # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which pyright reads unbound
         self.model = model.to(self.device).eval()  # pyright: ignore[reportArgumentType]
         self.params = dict(self.model.named_parameters())  # load_weights' targets (the same tensors every push)
@@ -181,6 +182,17 @@ class HFEngine:
         ids = torch.tensor([token_ids], device=self.device)
         logits = self.model(input_ids=ids).logits[0, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+
+    def sleep(self, level: int) -> None:
+        """Free the device between phases: the weights wait in CPU memory (either level: generate allocates its
+        cache per call, so there is no KV cache to drop)."""
+        self.model.to("cpu")  # pyright: ignore[reportArgumentType] - transformers' wrapped .to, read unbound
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        if tags is None or "weights" in tags:
+            self.model.to(self.device)  # pyright: ignore[reportArgumentType] - as in __init__
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         params = self.params

@@ -16,8 +16,9 @@ from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
 
 class LocalEngineGroup:
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, start_s: float = 0.0):
+        """`start_s`: how long the engine took to start (reported as `engine/start_s`)."""
+        self.engine, self.start_s = engine, start_s
         self.replicas: list[Engine] = [engine]
         self.request_loop = engine if is_vllm(engine) else None
 
@@ -42,11 +43,17 @@ class LocalEngineGroup:
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         return self.engine.prompt_logprobs(token_ids)
 
+    def sleep(self, level: int) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
+
     def take_spans(self) -> list[tuple[int, float, float]]:
         return []
 
     def metrics(self) -> dict[str, float]:
-        return {}
+        return {"engine/start_s": self.start_s}
 
 
 def is_vllm(engine: Engine) -> bool:

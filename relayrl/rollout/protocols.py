@@ -35,6 +35,14 @@ class Engine(Protocol):
         """Teacher-forced log-probs of tokens 1..N-1 at temperature 1 (the sync's parity probe)."""
         ...
 
+    def sleep(self, level: int) -> None:
+        """Free the device between phases (level 1: weights to CPU memory; 2: dropped, a push refills them)."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Back on the device: `["weights"]`, `["kv_cache"]`, or everything (None)."""
+        ...
+
 
 class EngineGroup(Protocol):
     """What the controller, the schedules and the sync hold: the run's engine replicas (a local engine is a
@@ -74,6 +82,14 @@ class EngineGroup(Protocol):
 
     def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """`Engine.prompt_logprobs` on the first replica."""
+        ...
+
+    def sleep(self, level: int) -> None:
+        """`Engine.sleep` on every replica."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """`Engine.wake_up` on every replica."""
         ...
 
     def take_spans(self) -> list[tuple[int, float, float]]:

@@ -32,6 +32,7 @@ import torch
 
 from relayrl.errors import SyncError
 from relayrl.models.adapter_sync import AdapterSpec, map_adapter_keys
+from relayrl.rollout.build import EngineDevice
 from relayrl.rollout.seeds import request_seed
 from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, ranks_bound
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
@@ -68,8 +69,10 @@ class VLLMEngine:
         cores: str | None = None,
         adapter: AdapterSpec | None = None,
         tensor_parallel: int = 1,
+        device: EngineDevice | None = None,
     ):
         _configure_environment(kv_cache_gib, cores)
+        device = device or EngineDevice.resolve()
         threads = torch.get_num_threads()
         from vllm import LLM
 
@@ -78,8 +81,9 @@ class VLLMEngine:
         with nullcontext() if tensor_parallel == 1 or on_gpu else ranks_bound(cores, tensor_parallel):
             self.llm = LLM(
                 model=model_path,
-                dtype="bfloat16" if on_gpu else "float32",
-                enforce_eager=not on_gpu,
+                dtype=device.dtype,  # pyright: ignore[reportArgumentType] - one of vLLM's dtype names
+                enforce_eager=device.eager,
+                **({"enable_sleep_mode": True} if device.sleep else {}),  # GPU only: refused on CPU by the config
                 logprobs_mode="processed_logprobs",
                 max_model_len=max_model_len,
                 seed=seed,
@@ -208,6 +212,15 @@ class VLLMEngine:
             return
         self.load_base_weights(named_tensors)
         self.version = version
+
+    def sleep(self, level: int) -> None:
+        """Free the device between phases: level 1 moves the weights to CPU memory, 2 drops them (a push refills
+        them); the KV cache is dropped either way (relayrl/placement/time_sharing.py calls this)."""
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Back on the device: `["weights"]` before a push lands, then `["kv_cache"]`; None = everything."""
+        self.llm.wake_up(tags=tags)
 
     def load_base_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the model's own weights (full or merged); an adapter engine's adapters stay registered."""

@@ -367,3 +367,11 @@ def test_packing_takes_only_its_layouts():
     assert load_config(None, []).train.packing == "auto"
     with pytest.raises(ConfigError, match="train.packing"):
         load_config(None, ["train.packing=rows"])
+
+
+def test_a_bare_on_or_off_is_the_word_not_yaml_s_boolean(tmp_path):
+    """YAML 1.1 reads `off` as false: keys whose values are the words on/off take them back as words."""
+    path = write(tmp_path, "rollout:\n  prefix_caching: off\n  enforce_eager: on\n  sleep: off\n")
+    rollout = load_config(path).rollout
+    assert (rollout.prefix_caching, rollout.enforce_eager, rollout.sleep) == ("off", "on", "off")
+    assert load_config(None, ["rollout.prefix_caching=off"]).rollout.prefix_caching == "off"

@@ -45,6 +45,7 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
         "prefix_caching": "off",
         "adapter": None,  # sync.lora=adapter only
         "tensor_parallel": 1,
+        "device": rollout_base.EngineDevice("float32", eager=True, sleep=False),  # auto on this CPU
     }
 
 
@@ -54,3 +55,15 @@ def test_the_engine_pins_its_threads_to_the_cores_it_was_given(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1")  # inherited from the driver's environment
     _configure_environment(1.0, cores="1")
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_the_engines_device_settings_are_resolved_where_it_is_built(monkeypatch):
+    from relayrl.rollout.build import EngineDevice
+
+    assert EngineDevice.resolve() == EngineDevice("float32", eager=True, sleep=False)  # this CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert EngineDevice.resolve() == EngineDevice("float16", eager=False, sleep=False)  # an older GPU: fp16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert EngineDevice.resolve("auto", "on", 2) == EngineDevice("bfloat16", eager=True, sleep=True)
+    assert EngineDevice.resolve("float32", "off", "off") == EngineDevice("float32", eager=False, sleep=False)

@@ -1,0 +1,61 @@
+"""Colocated time-sharing: one device, the engine and the learner each holding it only for their phase.
+
+With `rollout.sleep` a level (and `learner.offload=between_phases`), a step runs in this order:
+  generate (the learner's states in CPU memory) -> the engine sleeps (level 1: weights to CPU; 2: dropped) ->
+  the learner's states come back -> log-probs, update -> the learner's states leave the device -> the engine
+  wakes its weights -> the push lands -> the engine wakes its KV cache -> the next generate.
+The learner leaves the device once before the first generate. `TimeSharing.off()` is the no-op the step holds
+when time-sharing is off (disaggregated runs, CPU, overlapped schedules): the step never asks which it has.
+The memory each phase frees is measured on a GPU by benchmarks/gpu_check.sh (the `colocated` step).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class TimeSharing:
+    engines: Any  # an EngineGroup (sleep, wake_up)
+    learner: Any  # a Learner with offload_states / reload_states
+    sleep_level: int | None  # None: the engine stays awake
+    offload: bool  # learner.offload=between_phases
+
+    @classmethod
+    def from_config(cls, config, engines, learner) -> TimeSharing:
+        level = config.rollout.sleep if config.rollout.sleep != "off" else None
+        return cls(engines, learner, level, config.learner.offload == "between_phases")
+
+    @classmethod
+    def off(cls) -> TimeSharing:
+        return cls(None, None, None, False)
+
+    @property
+    def on(self) -> bool:
+        return self.sleep_level is not None or self.offload
+
+    def start(self) -> None:
+        """Before the first generate: the engine has the device."""
+        if self.offload:
+            self.learner.offload_states()
+
+    def before_update(self, timer) -> None:
+        with timer("swap") if self.on else nullcontext():
+            if self.sleep_level is not None:
+                self.engines.sleep(self.sleep_level)
+            if self.offload:
+                self.learner.reload_states()
+
+    def before_push(self, timer) -> None:
+        with timer("swap") if self.on else nullcontext():
+            if self.offload:
+                self.learner.offload_states()
+            if self.sleep_level is not None:
+                self.engines.wake_up(["weights"])
+
+    def after_push(self, timer) -> None:
+        if self.sleep_level is not None:
+            with timer("swap"):
+                self.engines.wake_up(["kv_cache"])
