@@ -1,8 +1,8 @@
 """The typed config tree: one pydantic model per section, strict keys, loaded from YAML plus dotted overrides.
 
 - root.py: `Config`, the sections it holds, the batch sizes derived from them, the rules across sections;
-- sections.py, algorithm.py, env.py, lora.py, learner.py: the sections, every key with its type, default, bounds
-  and one-line description (`docs/config.md` is generated from them: docs.py);
+- section.py: the base of every section; sections.py, rollout.py, algorithm.py, env.py, lora.py, learner.py: the
+  sections, every key with its type, default, bounds and one-line description (`docs/config.md`: docs.py);
 - load.py: files, overrides, unknown keys with a "did you mean", messages naming the key, the resolved dump;
 - resolve.py: the `auto` choices, each made by the package that owns it;
 - effects.py: settings that cannot take effect in the chosen mode, warned about by name;

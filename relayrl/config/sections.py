@@ -7,35 +7,19 @@ loading and the messages are root.py and load.py.
 
 from __future__ import annotations
 
-import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from relayrl.config.lora import LoraConfig
+from relayrl.config.rollout import RolloutConfig  # noqa: F401 - re-exported: the sections of the tree, in one place
+from relayrl.config.section import Section
 from relayrl.config.warn import warn
 
 INPUT_PATH_RULE = (
     "A relative path is taken against the config file's directory, else the working directory (an "
     "override's: the working directory); the saved config.yaml holds it absolute."
 )
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_on_off(cls, data: Any) -> Any:
-        """YAML 1.1 reads a bare `on` / `off` as a boolean: a key whose values are the words `on`/`off` takes it back
-        as the word (`rollout.prefix_caching: off`, `rollout.sleep: off`)."""
-        if not isinstance(data, dict):
-            return data
-        for name, value in data.items():
-            field = cls.model_fields.get(name)
-            if isinstance(value, bool) and field is not None and "off" in typing.get_args(field.annotation):
-                data = {**data, name: "on" if value else "off"}
-        return data
 
 
 class ModelConfig(Section):
@@ -168,60 +152,6 @@ class RewardConfig(Section):
     def resolved_components(self) -> list[RewardComponentConfig]:
         """`components`, or the single `fn`/`kwargs` as one component of weight 1."""
         return list(self.components) or [RewardComponentConfig(fn=self.fn, kwargs=self.kwargs, style=self.style)]
-
-
-class RolloutConfig(Section):
-    engine: Literal["auto", "vllm", "hf"] = Field(
-        default="auto",
-        description="vllm, or hf (transformers generate). auto = hf under 5M params (config.json) on CPU, the measured "
-        "crossover; else vllm (GPU, Ray too). Chosen at each load (resumes too), noted in the resolved config.",
-    )
-    n: int = Field(default=8, ge=1, description="Responses sampled per prompt (the GRPO group size).")
-    prompts_per_step: int = Field(
-        default=16, ge=1, description="Prompts per training step; rollout batch = prompts_per_step * n."
-    )
-    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature for training rollouts.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass (1 = off).")
-    top_k: int = Field(default=-1, ge=-1, description="Sample among the k most likely tokens (-1 = off).")
-    max_tokens: int = Field(default=64, ge=1, description="Longest response, in tokens.")
-    min_tokens: int = Field(
-        default=0,
-        ge=0,
-        description="Shortest response, in tokens: end-of-sequence and stop strings are "
-        "ignored before it (decode-heavy benchmarks, length floors).",
-    )
-    stop: list[str] = Field(default_factory=list, description="Strings that end a response.")
-    kv_cache_gib: float = Field(default=1.0, gt=0, description="vLLM CPU KV-cache size (VLLM_CPU_KVCACHE_SPACE), GiB.")
-    prefix_caching: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="vLLM prefix caching. `auto`: on unless no sequence can fill one KV block (then it only "
-        "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
-    )
-    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="auto",
-        description="The engine's weights and activations: auto = bfloat16 on a GPU that supports it, float16 on one "
-        "that does not, float32 on CPU (where bf16 is 6-8x slower and its log-probs stray from fp32's by up to 0.2).",
-    )
-    enforce_eager: Literal["auto", "on", "off"] = Field(
-        default="auto",
-        description="vLLM eager mode (no CUDA graphs or compilation): auto = on on CPU (compiling costs 40-95 s a "
-        "start there and is not faster), off on a GPU.",
-    )
-    sleep: Literal["auto", "off", 1, 2] = Field(
-        default="auto",
-        description="Colocated memory time-sharing: after generating, the engine sleeps (vLLM sleep level 1 keeps "
-        "its weights in CPU memory, 2 drops them: the next push reloads them) and wakes for the push, then its KV "
-        "cache. auto = 2 (1 with sync.lora=adapter) for a colocated run on a GPU under train.schedule=sync; off "
-        "otherwise (vLLM's CPU platform has no sleep mode; overlapped schedules generate while training).",
-    )
-    tensor_parallel: int = Field(
-        default=1,
-        ge=1,
-        description="vLLM ranks per engine replica (T): each rank holds 1/T of every layer's heads; needs vLLM, "
-        "T dividing the attention heads, and a core or GPU per rank (under ray an unset placement.engine_cpus "
-        "becomes T; engine bundles reserve T GPUs).",
-    )
 
 
 class TrainConfig(Section):

@@ -25,8 +25,13 @@ from relayrl.errors import ConfigError, PlacementError
 from relayrl.types import Experience
 
 
-def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s: float) -> None:
-    """Rendezvous at tcp://address:port within `timeout_s`; the group's collectives time out after as long."""
+def join_learner_group(
+    rank: int, world: int, address: str, port: int, timeout_s: float, cpu_collectives: bool = False
+) -> None:
+    """Rendezvous at tcp://address:port within `timeout_s`; the group's collectives time out after as long.
+    `cpu_collectives` (learner.offload=params on GPU): gloo beside NCCL (`cpu:gloo,cuda:nccl`), for the
+    collectives FSDP2 runs on offloaded CPU shards (gradient clipping's norm, full_tensor gathers), which NCCL
+    alone refuses."""
     if dist.is_initialized():  # one group per process, reused by every learner built in it
         if (dist.get_rank(), dist.get_world_size()) != (rank, world):
             raise PlacementError(f"this process is already rank {dist.get_rank()} of {dist.get_world_size()}")
@@ -34,6 +39,7 @@ def join_learner_group(rank: int, world: int, address: str, port: int, timeout_s
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_cuda_index())
+        backend = "cpu:gloo,cuda:nccl" if cpu_collectives else backend
     try:
         dist.init_process_group(
             backend,
@@ -68,7 +74,7 @@ def leave_learner_group() -> None:
 def group_device() -> torch.device:
     """The device the learner group's collectives take tensors on: this process's GPU under NCCL, else the CPU.
     Every tensor relayrl hands the group (scalars and counts included) is made there: NCCL refuses CPU tensors."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

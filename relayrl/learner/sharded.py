@@ -135,13 +135,14 @@ class RankGroup:
     address: str
     port: int
     timeout_s: float
+    cpu_collectives: bool = False  # learner.offload=params: gloo beside NCCL for the offloaded shards
 
 
 class ShardedRanks:
     """The learner's models FSDP2-sharded across the ranks of `group` (see the module docstring)."""
 
     def __init__(self, group: RankGroup):
-        join_learner_group(group.rank, group.world, group.address, group.port, group.timeout_s)
+        join_learner_group(group.rank, group.world, group.address, group.port, group.timeout_s, group.cpu_collectives)
         self.rank, self.world = group.rank, group.world
         self.empty_models = group.rank > 0  # only rank 0 reads the weights
         self.tokens = 0.0  # the rank's trained tokens this update: the KL controller's weight
@@ -270,4 +271,5 @@ def sharded_learner(
     """One rank's learner: joins the group at `address:port`, then builds and shards its models."""
     from relayrl.learner.role import LearnerRole
 
-    return LearnerRole(config, threads, ShardedRanks(RankGroup(rank, world, address, port, timeout_s)))
+    offload = config.learner.offload == "params"
+    return LearnerRole(config, threads, ShardedRanks(RankGroup(rank, world, address, port, timeout_s, offload)))

@@ -11,18 +11,18 @@ from dataclasses import dataclass
 
 from relayrl.config import Config
 from relayrl.models.shape import ModelShape, count_params, load_shape
+from relayrl.planner.advice import Advice, advise
 from relayrl.planner.estimate import (
     Memory,
-    Placement,
     Precision,
     Workload,
     estimate_memory,
-    place,
     precision_for,
     smallest_ranks,
     workload_from_config,
 )
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
+from relayrl.planner.placement import Placement, place
 from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 
@@ -38,10 +38,12 @@ class Plan:
     time: StepTime
     rates: Rates
     offload: bool
+    advice: Advice  # a placement the code can express, with its overrides (relayrl/planner/advice.py)
     # Per --hardware profile: the least learner ranks W whose rank fits and that rank's update phase in bytes;
     # None and the activations + logits of one micro-batch when no W fits
     smallest_ranks: tuple[tuple[str, int | None, float], ...] = ()
     prompts: PromptLengths | str = "not asked to"  # prompt lengths sampled from data.train, or why not
+    sleep: bool = False  # colocated: the engine sleeps while the learner trains (rollout.sleep, on the target)
 
 
 def make_plan(
@@ -78,7 +80,11 @@ def make_plan(
     )
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
-    placement = place(memory, hardware, work.gpu_memory_utilization, offload)
+    from relayrl.rollout.sleep import time_sharing_on
+
+    sleep, offloads = time_sharing_on(config, hardware.kind != "cpu")
+    offload = offload or offloads
+    placement = place(memory, hardware, work.gpu_memory_utilization, offload, sleep)
     rates = profile_rates(hardware)
     if measure:
         rates = _measured_rates(config, shape, work, memory.concurrent)
@@ -92,8 +98,10 @@ def make_plan(
         estimate_time(shape, work, memory, placement, hardware, precision, rates),
         rates,
         offload,
+        advise(shape, work, hardware, precision, memory, sleep, offload),
         tuple(_smallest_ranks(shape, work, fp32_master, infer_dtype)),
         prompts,
+        sleep,
     )
 
 

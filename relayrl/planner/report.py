@@ -36,7 +36,7 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         for row in rows:
             table.add_row(*row)
         console.print(table)
-    console.print(f"[bold]recommendation:[/] {plan.placement.recommendation}")
+    console.print(f"[bold]recommendation:[/] {plan.advice.line}")
     if advice := engine_advice(plan):
         console.print(f"[bold]engine:[/] {advice}")
 
@@ -252,8 +252,9 @@ def _placement_rows(plan: Plan) -> Rows:
     if hw.kind == "cpu":
         colocated_rule, rollout_rule = f"ceil(peak / M={hw.memory_gb:g} GB)", "ceil(engine / M)"
     else:
+        room = f"M={hw.memory_gb:g} GB" if plan.sleep else f"(1 - {w.gpu_memory_utilization:g}) x M, engine awake"
         colocated_rule = (
-            f"max(ceil(train / M={hw.memory_gb:g} GB), ceil(resident / ((1 - "
+            f"max(ceil(train / {room}), ceil(resident / ((1 - "
             f"{w.gpu_memory_utilization:g}) x M)), engine devices {m.engine_devices})"
         )
         rollout_rule = "engine devices"
@@ -283,7 +284,11 @@ def _rank_placement_rows(plan: Plan) -> Rows:
             f"per device: engine / {pl.rollout_devices} device(s) + {resident} (<= {beside})",
             _gb(pl.generate_phase),
         ),
-        ("train phase", f"per rank: states / W + activations + logits (<= M={hw.memory_gb:g} GB)", _gb(pl.train_phase)),
+        (
+            "train phase",
+            f"per rank: states / W + activations + logits (<= {'M' if plan.sleep or hw.kind == 'cpu' else beside})",
+            _gb(pl.train_phase),
+        ),
         ("colocated devices", f"max(W, engine devices {pl.rollout_devices})", f"{pl.colocated_devices}"),
         ("disaggregated", "engine + W x train phase", _gb(pl.disaggregated)),
         (

@@ -25,10 +25,11 @@ import math
 from dataclasses import dataclass
 
 from relayrl.models.shape import ModelShape
-from relayrl.planner.estimate import Memory, Placement, Precision, Workload, sync_params
+from relayrl.planner.estimate import Memory, Precision, Workload, sync_params
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_probe import LearnerOverhead
 from relayrl.planner.pass_probe import PassRates
+from relayrl.planner.placement import Placement
 from relayrl.planner.probe import EngineOverhead, MatmulRates
 
 

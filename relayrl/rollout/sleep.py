@@ -26,7 +26,7 @@ def resolve_sleep(config, cuda: Callable[[], bool] | None = None) -> None:
     colocated = config.placement.mode == "local" or config.placement.layout == "colocated"
     sleep = config.rollout.sleep
     if sleep == "auto":
-        level, reason = _auto_level(config, colocated, cuda())
+        level, reason = auto_level(config, colocated, cuda())
         config.choose("rollout.sleep", level, reason)
     elif sleep != "off":
         _check_level(config, sleep, colocated, cuda())
@@ -38,7 +38,20 @@ def resolve_sleep(config, cuda: Callable[[], bool] | None = None) -> None:
         config.choose("learner.offload", "between_phases" if on else "none", why)
 
 
-def _auto_level(config, colocated: bool, gpu: bool) -> tuple[int | str, str]:
+def time_sharing_on(config, gpu: bool) -> tuple[bool, bool]:
+    """(the engine sleeps between phases, the learner's states leave the device while it generates) for `config` on
+    a machine with or without a GPU: the settings as set, or `auto` as it would resolve there (the planner asks
+    this for its target hardware, whatever this machine has)."""
+    colocated = config.placement.mode == "local" or config.placement.layout == "colocated"
+    asked = "auto" if "rollout.sleep" in config._auto else config.rollout.sleep
+    sleeps = auto_level(config, colocated, gpu)[0] != "off" if asked == "auto" else asked != "off"
+    offload = config.learner.offload
+    if "learner.offload" in config._auto or offload == "auto":
+        return sleeps, sleeps and config.placement.learner_ranks == 1
+    return sleeps, offload == "between_phases"
+
+
+def auto_level(config, colocated: bool, gpu: bool) -> tuple[int | str, str]:
     if not gpu:
         return "off", "no GPU here (vLLM's CPU platform has no sleep mode)"
     if not colocated:

@@ -62,9 +62,7 @@ def test_the_learner_group_refuses_a_tensor_off_its_device():
 def test_members_with_different_backends_are_refused_at_join_naming_both():
     store = torch.distributed.HashStore()
     store.set("relayrl/backend/0", "nccl")  # rank 0 (the learner) sees a GPU
-    with pytest.raises(
-        SyncError, match=r"weight-sync group mixes collective backends \(rank 0: nccl, rank 1: gloo\)"
-    ):
+    with pytest.raises(SyncError, match=r"weight-sync group mixes collective backends \(rank 0: nccl, rank 1: gloo\)"):
         check_backends(store, 1, 2, "gloo", "the weight-sync group")
     agreed = torch.distributed.HashStore()
     agreed.set("relayrl/backend/0", "gloo")

@@ -11,9 +11,10 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from relayrl.cli import main
 from relayrl.config import load_config
 from relayrl.planner import PROFILES, ModelShape, count_params, load_shape, make_plan
-from relayrl.planner.estimate import Memory, place
+from relayrl.planner.estimate import Memory
 from relayrl.planner.hardware import measure_cpu
 from relayrl.planner.pass_probe import measure_pass_rates, whole_model
+from relayrl.planner.placement import place
 from relayrl.planner.probe import EngineOverhead, fit_engine_overhead, linear_shapes, measure_matmul_rates, split_reload
 from relayrl.planner.timing import Rates, decode_step_time, engine_overhead_time, forward_flops_per_token, sync_time
 
@@ -426,3 +427,24 @@ def test_cli_plan_prints_the_smallest_learner_ranks_per_profile(capsys, monkeypa
     assert main(["plan", "examples/grpo_7b/config.yaml", *small, "--hardware", "H200", "--learner-ranks", "2"]) == 0
     out = capsys.readouterr().out
     assert "gather per sync" in out and "smallest W" not in out
+
+
+def test_the_recommendation_is_a_placement_the_code_expresses_with_its_overrides():
+    """7B on H100s: colocated time-sharing (rollout.sleep auto on a GPU) fits 4 colocated pairs; with the engine
+    awake while training it does not, and the advice is disaggregated. Either set of overrides loads."""
+    from relayrl.config import load_config
+    from relayrl.planner import get_profile, load_shape, make_plan
+
+    example = "examples/grpo_7b/config.yaml"
+    config = load_config(example)
+    hardware = get_profile("H100-80GB")
+    shared = make_plan(config, load_shape(config.model.path), hardware, read_prompts=False)
+    assert shared.sleep and shared.advice.overrides == (
+        "placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=4", "placement.engines=4"
+    )  # fmt: skip
+    awake = load_config(example, ["rollout.sleep=off"])
+    apart = make_plan(awake, load_shape(awake.model.path), hardware, read_prompts=False).advice
+    assert apart.text.startswith("disaggregated") and "placement.layout=disaggregated" in apart.overrides
+    for overrides in (shared.advice.overrides, apart.overrides):
+        placed = load_config(example, list(overrides)).placement
+        assert placed.mode == "ray" and placed.learner_ranks in (4, 5, 8)

@@ -1,0 +1,26 @@
+"""`Section`: the base of every config section: strict keys, validated assignment, and YAML's bare on/off read back
+as the words they are."""
+
+from __future__ import annotations
+
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on_off(cls, data: Any) -> Any:
+        """YAML 1.1 reads a bare `on` / `off` as a boolean: a key whose values are the words `on`/`off` takes it back
+        as the word (`rollout.prefix_caching: off`, `rollout.sleep: off`)."""
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if isinstance(value, bool) and field is not None and "off" in typing.get_args(field.annotation):
+                data = {**data, name: "on" if value else "off"}
+        return data
