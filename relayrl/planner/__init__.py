@@ -7,6 +7,7 @@ arithmetic, `timing` the step time, `report` prints every input and formula. Not
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from relayrl.config import Config
@@ -44,6 +45,7 @@ class Plan:
     smallest_ranks: tuple[tuple[str, int | None, float], ...] = ()
     prompts: PromptLengths | str = "not asked to"  # prompt lengths sampled from data.train, or why not
     sleep: bool = False  # colocated: the engine sleeps while the learner trains (rollout.sleep, on the target)
+    busy: str = ""  # --measure on a machine whose load average passed its cores: said in the plan, not hidden
 
 
 def make_plan(
@@ -85,9 +87,16 @@ def make_plan(
     sleep, offloads = time_sharing_on(config, hardware.kind != "cpu")
     offload = offload or offloads
     placement = place(memory, hardware, work.gpu_memory_utilization, offload, sleep)
-    rates = profile_rates(hardware)
+    rates, busy = profile_rates(hardware), ""
     if measure:
+        before = os.getloadavg()[0]
         rates = _measured_rates(config, shape, work, memory.concurrent)
+        load, cores = max(before, os.getloadavg()[0]), os.cpu_count() or 1
+        if load > cores:
+            busy = (
+                f"measured at load average {load:.1f} on {cores} cores: other work shared the machine, so the "
+                "rates (each the best of repeated probes) may still read low and the times high; measure when idle"
+            )
     return Plan(
         shape,
         work,
@@ -102,6 +111,7 @@ def make_plan(
         tuple(_smallest_ranks(shape, work, fp32_master, infer_dtype)),
         prompts,
         sleep,
+        busy,
     )
 
 

@@ -36,6 +36,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
         for row in rows:
             table.add_row(*row)
         console.print(table)
+    if plan.busy:
+        console.print(f"[bold]note:[/] {plan.busy}")
     console.print(f"[bold]recommendation:[/] {plan.advice.line}")
     if advice := engine_advice(plan):
         console.print(f"[bold]engine:[/] {advice}")

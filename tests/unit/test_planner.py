@@ -448,3 +448,21 @@ def test_the_recommendation_is_a_placement_the_code_expresses_with_its_overrides
     for overrides in (shared.advice.overrides, apart.overrides):
         placed = load_config(example, list(overrides)).placement
         assert placed.mode == "ray" and placed.learner_ranks in (4, 5, 8)
+
+
+def test_a_measurement_on_a_busy_machine_is_said_in_the_plan(monkeypatch, capsys):
+    import relayrl.planner as planner
+    from relayrl.config import load_config
+    from relayrl.planner import get_profile, load_shape, make_plan
+    from relayrl.planner.report import print_plan
+
+    config = load_config("examples/grpo_7b/config.yaml")
+    cpu = get_profile("cpu")
+    monkeypatch.setattr(planner, "_measured_rates", lambda *args: planner.profile_rates(cpu))
+    monkeypatch.setattr(planner.os, "getloadavg", lambda: (64.0, 1.0, 1.0))
+    plan = make_plan(config, load_shape(config.model.path), cpu, read_prompts=False, measure=True)
+    assert plan.busy.startswith("measured at load average 64.0 on ")
+    print_plan(plan)
+    assert "note: measured at load average 64.0" in " ".join(capsys.readouterr().out.split())
+    monkeypatch.setattr(planner.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    assert make_plan(config, load_shape(config.model.path), cpu, read_prompts=False, measure=True).busy == ""
