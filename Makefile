@@ -38,7 +38,7 @@ test: setup lint browser
 lint: setup  # ruff's lint rules and format, and pyright (basic) on relayrl/, from pyproject.toml
 	$(BIN)/ruff check relayrl tests benchmarks
 	$(BIN)/ruff format --check relayrl tests benchmarks
-	$(BIN)/pyright
+	$(BIN)/pyright -p pyproject.toml
 
 # Chromium for the report's screenshot test (tests/integration/test_report_browser.py): installed from the Debian
 # packages when missing and the user is root; otherwise that test skips, saying why.
