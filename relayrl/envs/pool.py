@@ -1,17 +1,20 @@
-"""Environment workers: one spawned process per in-flight trajectory, each step under a deadline.
+"""Environment workers: one process per in-flight trajectory, each step under a deadline.
 
 A trajectory takes a free worker at `reset` and keeps it (its environment instance lives there) until
 `release`. `reset` and `step` only send; `poll(timeout)` waits for results, at most until the earliest
 deadline, and returns `(key, status, payload)` triples: `ok` (the messages of `reset`, or a `Step`),
 `env_error` (the environment returned something malformed: an EnvError message), `error` (it raised),
-`timeout` or `died`. A worker past its deadline is killed (SIGKILL: a hung C call or a sleeping tool dies
-with it) and replaced by a fresh one, so a hanging step costs only its own trajectory.
+`timeout`, `died` (the worker exited), or `killed` (a signal from outside ended it: the kernel's
+out-of-memory killer, a kill aimed at it; not the environment's failure). A worker past its deadline is killed
+(SIGKILL: a hung C call or a sleeping tool dies with it) and replaced by a fresh one, so a hanging step costs
+only its own trajectory.
 
 Unlike the reward service's workers (relayrl/rewards/pool.py), which are stateless (any worker takes a batch),
 an environment is an object with state that lives across the turns of one trajectory: killing a worker that
-held several trajectories' environments would cost all of them, hence one trajectory per worker. Spawning,
-deadlines and kill-and-replace are shared (relayrl/rewards/supervised.py). Workers import only relayrl.envs (no
-torch): a start costs ~0.1 s plus the environment's own imports.
+held several trajectories' environments would cost all of them, hence one trajectory per worker. Starting
+(forked from a worker server, without re-running the driver's `__main__`), ignoring the group's stop signals,
+deadlines and kill-and-replace are shared (relayrl/rewards/supervised.py). A start costs a fork plus the
+environment's own imports (benchmarks/env_workers_start.py measures 64 of them).
 """
 
 from __future__ import annotations
@@ -22,17 +25,15 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from relayrl.errors import EnvError
-from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline
+from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline, receive
 
 STARTUP_TIMEOUT_S = 120.0
+KILLED = "killed"  # a worker ended by a signal from outside
 
 
 def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> None:
-    import signal
-
     from relayrl.envs.base import as_messages, as_step, call, load_env_class
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver ends the workers on Ctrl-C
     try:
         cls = load_env_class(spec)
     except Exception as err:  # noqa: BLE001 - whatever the user's module raises is sent back as the load error
@@ -40,7 +41,7 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> N
         return
     connection.send(("ready", None))
     env = None
-    while (message := connection.recv()) is not None:
+    while (message := receive(connection)) is not None:
         kind, payload, where = message
         try:
             if kind == "reset":
@@ -66,7 +67,7 @@ class _EnvWorker(Worker):
     def send(self, message: tuple, timeout_s: float) -> None:
         if self.ready:
             self.deadline = time.monotonic() + timeout_s
-            self.connection.send(message)
+            self.post(message)
         else:  # its deadline starts when it is ready
             self.queued = message
 
@@ -119,7 +120,7 @@ class EnvPool(SupervisedPool[_EnvWorker]):
         results = []
         for index, kind, payload in self._messages(min(timeout, first_deadline(self.workers, timeout) + 0.01)):
             if kind == DIED:
-                results += self._lost(index, DIED, payload)
+                results += self._lost(index, KILLED if self.workers[index].killed else DIED, payload)
             else:
                 results.append((self.workers[index].key, kind, payload))
         for index in list(self._overdue()):

@@ -6,8 +6,9 @@ once, and returns the `(task, outcome)` pairs that finished. A worker past its d
 hung C call, a sleeping sandbox, a held lock all die with it) and replaced (relayrl/rewards/supervised.py); its task
 comes back as `TIMEOUT`. A worker that dies comes back as `DIED`. The caller decides what a timeout means (service.py).
 
-Workers are started with `spawn` (no forked copy of a trainer holding threads, CUDA or vLLM state) and
-say `ready` once every reward function has loaded; a function that cannot load fails the pool with the
+Workers are forked from a worker server of their own (no forked copy of a trainer holding threads, CUDA or
+vLLM state; the driver's `__main__` is not re-run; they ignore a stop signal sent to the whole process group:
+relayrl/rewards/supervised.py) and say `ready` once every reward function has loaded; a function that cannot load fails the pool with the
 worker's message. Reward functions travel by spec string (`exact_match`, `module:function`,
 `path/file.py:function`), so nothing but data is pickled.
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 from relayrl.errors import RewardError
-from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline
+from relayrl.rewards.supervised import DIED, SupervisedPool, Worker, first_deadline, receive
 from relayrl.types import Rollout
 
 TIMEOUT = "timeout"
@@ -49,12 +50,8 @@ class Outcome:
 
 
 def _worker_main(connection: Connection, components: list[tuple[str, dict, str]], on_error: str) -> None:
-    import signal
-
     from relayrl.rewards.base import load_reward, score_rollouts
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the terminal's whole process group: the driver
-    # finishes its step and then closes the workers (relayrl/run/preemption.py)
     try:
         fns = [load_reward(*component) for component in components]  # (spec, kwargs, style)
     except Exception as err:  # noqa: BLE001 - whatever the user's module raises is sent back as the load error
@@ -63,7 +60,7 @@ def _worker_main(connection: Connection, components: list[tuple[str, dict, str]]
         )
         return
     connection.send(("ready", None))
-    while (task := connection.recv()) is not None:
+    while (task := receive(connection)) is not None:
         try:
             connection.send(("ok", score_rollouts(fns[task.component], task.rollouts, on_error)))
         except RewardError as err:
@@ -75,7 +72,7 @@ class _RewardWorker(Worker):
 
     def send(self, task: Task, timeout_s: float) -> None:
         self.task, self.deadline = task, time.monotonic() + timeout_s * len(task.rollouts)
-        self.connection.send(task)
+        self.post(task)
 
 
 class WorkerPool(SupervisedPool[_RewardWorker]):

@@ -3,8 +3,9 @@
 `StopSignals` holds the driver's handlers for the length of a run. Until the training loop starts, a signal
 stops the run at once (`Interrupted` is raised in the handler: there is nothing to save yet). Once the loop
 runs (`during_steps`), the first signal only records itself: the step finishes, the loop writes a
-checkpoint and raises `Interrupted`, and the caller closes every role (Ray actors, reward workers) on the
-way out. A second signal exits the process at once, without a checkpoint, for a run that will not stop.
+checkpoint and raises `Interrupted`, and the caller closes every role (Ray actors, reward and environment
+workers) on the way out. A signal sent to the whole process group (Ctrl-C, `timeout`, a scheduler) reaches those
+workers too; they ignore it and wait to be closed (relayrl/rewards/supervised.py). A second signal exits the process at once, without a checkpoint, for a run that will not stop.
 Handlers are process-wide and only the main thread may install them; elsewhere (a run started from a
 worker thread) the signals keep their previous behaviour. Left out: SIGHUP, and scheduler-specific
 warnings (SLURM's --signal), which can point at SIGTERM.

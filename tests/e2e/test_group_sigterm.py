@@ -1,6 +1,7 @@
 """SIGTERM to the whole process group of a Ray run (Slurm's scancel, `kill -TERM -PGID`) stops it like a SIGTERM to
 the driver alone: the step finishes, a checkpoint is written, the last line gives the resume command, exit 143,
-and nothing of the run's Ray session is left. Resuming it to its end leaves nothing either.
+and nothing of the run's Ray session is left. Resuming it to its end leaves nothing either. A multi-turn run
+(environment workers in the driver's group) stops the same way on a group SIGTERM or SIGINT.
 
 The run's processes are found by the Ray temp dir the test gives it (RAY_TMPDIR, inherited by every process
 of the session), never by a name pattern: other people's Ray clusters run on this machine."""
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.learning_cases import write_config
-from tests.e2e.test_preemption import signal_after_rows
+from benchmarks.learning_cases import CASES, write_config
+from tests.e2e.test_preemption import session_processes, signal_after_rows
 from tests.e2e.test_ray_faults import processes_with
 from tests.e2e.test_resume import metric_rows
 
@@ -99,3 +100,46 @@ def test_group_sigterm_under_ray_checkpoints_and_prints_the_resume_line(tmp_path
         if process.poll() is None:
             process.kill()
         kill_leftovers(marker)
+
+
+MULTI_TURN = [  # the multi-turn learning case (HF engine, the `retry` environment), a few steps
+    *CASES["multiturn_retry"].overrides,
+    "train.steps=6",
+    "checkpoint.every=0",
+    "eval.max_prompts=16",
+    "log.progress=false",
+]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_group_signal_stops_a_multi_turn_run_like_a_single_turn_one(tmp_path, warm_model_dir, toy_task, signum):
+    """The environment workers get the group's signal too: they ignore it, and the driver stops them once the
+    step is saved (they used to die of it, and the pool then wrote to a dead pipe: BrokenPipeError)."""
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, CASES["multiturn_retry"].engine)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *MULTI_TURN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    try:
+        _, err, seconds = signal_after_rows(process, run_dir, 1, signum, to_group=True)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signum, err[-3000:]
+    assert seconds < 60 and "Traceback" not in err and "env.on_error" not in err, err[-3000:]
+    step = len(metric_rows(run_dir)) - 1
+    checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+    assert checkpoint.is_dir() and step < 5
+    command = shlex.join(["relayrl", "train", str(config), *MULTI_TURN, "--resume", str(run_dir)])
+    ours = [line for line in err.splitlines() if line.startswith("relayrl: ")]
+    name = signal.Signals(signum).name
+    assert ours[-1] == f"relayrl: interrupted by {name} at step {step}; checkpoint {checkpoint}; resume with: {command}"
+    deadline = time.monotonic() + 10  # the environment workers' server leaves with the driver
+    while session_processes(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert session_processes(process.pid) == []

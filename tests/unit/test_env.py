@@ -1,9 +1,16 @@
 """Environments: loading by spec, the built-ins, worker processes with deadlines (a hanging step costs only its
 trajectory), and a multi-turn batch through a real engine (HF generate on a tiny fp32 model): every turn's prompt
 is the concatenation of the trajectory's segments, every trained token has the engine's log-prob (matching the
-learner's forward), every observation token has mask 0."""
+learner's forward), every observation token has mask 0. And the workers' start (the driver's script is not re-run
+in them) and stop signals (ignored: the driver stops them), and a worker killed from outside."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -221,3 +228,74 @@ def test_a_pool_whose_workers_cannot_load_fails_naming_env_fn_and_releasing_afte
             pool.poll(5.0)
     pool.release("a")  # the driver's clean-up after the error: the pool is closed, nothing left to replace
     assert pool.workers == []
+
+
+def ready_pool(slots: int) -> EnvPool:
+    pool = EnvPool("retry", {}, slots=slots, timeout_s=30.0)
+    deadline = time.monotonic() + 60
+    while not all(w.ready for w in pool.workers):
+        assert time.monotonic() < deadline, "the workers did not start"
+        assert pool.poll(0.5) == []
+    return pool
+
+
+def test_workers_and_their_server_ignore_the_stop_signals_a_group_gets():
+    """SIGTERM/SIGINT to the whole process group (`timeout`, a scheduler, Ctrl-C) reach every worker: they carry
+    on, and the driver stops them after its step (relayrl/run/preemption.py)."""
+    from relayrl.rewards import supervised
+
+    pool = ready_pool(2)
+    try:
+        for pid in [w.process.pid for w in pool.workers] + [supervised._SERVER._forkserver_pid]:
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert all(w.process.is_alive() for w in pool.workers)
+        pool.reset("a", {"prompt": "1+1=", "answer": "2"}, "a")
+        assert next_results(pool) == [("a", "ok", ([{"role": "user", "content": "1+1="}], ()))]
+        pool.step("a", "2", "a")
+        [(key, status, step)] = next_results(pool)
+        assert (key, status, step.reward, step.done) == ("a", "ok", 1.0, True)
+    finally:
+        pool.close()
+
+
+def test_a_step_sent_to_a_worker_killed_by_a_signal_is_reported_killed_not_raised():
+    pool = ready_pool(1)
+    try:
+        pool.reset("a", {"prompt": "1+1=", "answer": "2"}, "a")
+        next_results(pool)
+        process = pool.workers[0].process
+        os.kill(process.pid, signal.SIGKILL)
+        process.join(10)
+        time.sleep(0.2)  # its end of the pipe is closed: a write gets EPIPE
+        pool.step("a", "2", "a")  # used to raise BrokenPipeError
+        assert next_results(pool) == [("a", "killed", "environment worker died (killed by signal 9 (SIGKILL))")]
+        assert pool.free == 1 and pool.workers[0].process.is_alive()  # replaced
+    finally:
+        pool.close()
+
+
+DRIVER = """
+import sys
+print("driver module run", flush=True)  # once: workers do not re-run the driver's script
+import torch  # a heavy top-level import, as a training script has
+
+from relayrl.envs.pool import EnvPool
+
+if __name__ == "__main__":
+    pool = EnvPool("retry", {}, slots=3, timeout_s=30.0)
+    while not all(w.ready for w in pool.workers):
+        pool.poll(0.5)
+    pool.close()
+    print("started 3", flush=True)
+"""
+
+
+def test_workers_do_not_re_run_the_drivers_main_module(tmp_path):
+    (tmp_path / "driver.py").write_text(DRIVER)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "driver.py")], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["driver module run", "started 3"]  # spawn printed it 4 times
