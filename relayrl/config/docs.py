@@ -289,12 +289,12 @@ def _header(paths) -> list[str]:
         "a value of the wrong type or out of range fails naming the key.",
         "- Every unknown key of the file and the overrides is reported at once; another framework's name "
         "(TRL's `num_generations`) is answered with the relayrl key it means (table at the end).",
-        "- A relative input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py` or "
-        "`module`) in a config file is taken against the file's directory, else the working directory; in an "
-        "override, against the working directory. Output paths (`log.dir`, `sync.directory`) are relative to the "
-        "working directory.",
-        "- The resolved config (defaults filled in, input paths absolute) is printed when a run starts and saved as "
-        "`<log.dir>/config.yaml`; it re-runs from any directory.",
+        "- A relative input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's or `env.fn`'s "
+        "`file.py` or `module`) in a config file is taken against the file's directory, else the working directory; "
+        "in an override, against the working directory. Output paths (`log.dir`, `sync.directory`) are relative to "
+        "the working directory (a `log.dir` leading outside it is warned about).",
+        "- The resolved config (defaults filled in, input and set output paths absolute) is printed when a run starts "
+        "and saved as `<log.dir>/config.yaml`; it re-runs from any directory.",
         "",
         "Sections: "
         + ", ".join(f"[{path or 'top level'}](#{path.replace('.', '') or 'top-level'})" for path in paths)

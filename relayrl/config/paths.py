@@ -1,18 +1,22 @@
 """Relative paths in a config: the directory each is taken against, and the absolute form a run saves.
 
 The rule (the field descriptions and `docs/config.md` state it too):
-- An input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py:function`)
-  written in a config file is taken against the config file's directory; when nothing of that name exists
+- An input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py:function`, the
+  environment's `env.fn` `file.py:Class`) written in a config file is taken against the config file's directory; when nothing of that name exists
   there, against the working directory (configs written for the directory they are run from keep working).
   So is the model directory of the `reward_model` and `judge` rewards (`kwargs.path`, `kwargs.model`), when
   it exists in one of them (else it is left as written: its reward reports it).
   One given as an override (or in a `base` tree) is taken against the working directory.
-- A reward `module:function` whose module is a file in one of those directories (`rewards.py`, or
-  `pkg/mod.py` for `pkg.mod`) becomes that file's absolute `file.py:function` (imported as a file, so a
-  package's relative imports need the package installed); otherwise the module must be importable.
-- Output paths (`log.dir`, `sync.directory`) are relative to the working directory and left as written.
+- A reward `module:function` (or `env.fn` `module:Class`) whose module is a file in one of those directories
+  (`rewards.py`, or `pkg/mod.py` for `pkg.mod`) becomes that file's absolute `file.py:function` (imported as a
+  file, so a package's relative imports need the package installed); otherwise the module must be importable.
+  Built-in names (`exact_match`, `retry`) stay as written.
+- Output paths (`log.dir`, `sync.directory`) are relative to the working directory, wherever they are written,
+  and made absolute against it when set (log.dir's default, `runs/default`, stays as the default is), so the
+  printed and saved config says where the run writes. A relative log.dir that leads outside the working directory (`../../runs/x`) draws a warning naming
+  the key and the absolute path.
 - Relative input paths are made absolute when the config is loaded, so the resolved config a run saves
-  (`<log.dir>/config.yaml`) re-runs from any directory. An input path found in none of its directories is
+  (`<log.dir>/config.yaml`) re-runs from any directory, writing where the run wrote. An input path found in none of its directories is
   taken against the working directory and draws a warning naming every directory looked in; a reward file
   or module found nowhere is an error, since no run can start without it.
 """
@@ -29,7 +33,8 @@ from relayrl.config.warn import warn
 from relayrl.errors import ConfigError
 
 INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
-PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components")
+PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn")
+OUTPUT_PATHS = ("log.dir", "sync.directory")  # against the working directory, whoever sets them
 MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords
 
 
@@ -76,6 +81,10 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
         node = tree.get(section)
         if key in origin and isinstance(node, dict) and isinstance(node.get(name), str) and node[name]:
             node[name] = resolve_path(key, node[name], origin[key])
+    _resolve_outputs(tree)
+    env = tree.get("env")
+    if isinstance(env, dict) and isinstance(env.get("fn"), str) and env["fn"] and "env.fn" in origin:
+        env["fn"] = resolve_reward_spec("env.fn", env["fn"], origin["env.fn"])
     reward = tree.get("reward")
     if not isinstance(reward, dict):
         return tree
@@ -90,6 +99,27 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
                 component["fn"] = resolve_reward_spec(f"reward.components.{i}.fn", component["fn"], bases)
                 _resolve_model_kwarg(f"reward.components.{i}", component, bases)
     return tree
+
+
+def _resolve_outputs(tree: dict[str, Any]) -> None:
+    """`log.dir` and `sync.directory` absolute, against the working directory, when set."""
+    for key in OUTPUT_PATHS:
+        section, name = key.split(".")
+        node = tree.get(section)
+        if isinstance(node, dict) and isinstance(node.get(name), str) and node[name]:
+            node[name] = output_path(key, node[name])
+
+
+def output_path(key: str, value: str) -> str:
+    """`value` absolute against the working directory; a relative one leading out of it is warned about."""
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return os.path.normpath(path)
+    cwd = Path.cwd()
+    found = Path(os.path.normpath(cwd / path))
+    if key == "log.dir" and not found.is_relative_to(cwd):
+        warn(f"{key}={value!r} leads outside the working directory {cwd}: the run writes to {found}")
+    return str(found)
 
 
 def _resolve_model_kwarg(prefix: str, spec: dict[str, Any], bases: Bases) -> None:
@@ -113,7 +143,8 @@ def resolve_path(key: str, value: str, bases: Bases) -> str:
 
 
 def resolve_reward_spec(key: str, spec: str, bases: Bases) -> str:
-    """`file.py:fn` and beside-the-config `module:fn` -> `/abs/file.py:fn`; built-ins and importable modules stay."""
+    """`file.py:fn` and beside-the-config `module:fn` -> `/abs/file.py:fn`; built-ins and importable modules stay.
+    The same for an environment class (`env.fn`)."""
     target, colon, function = spec.rpartition(":")
     if not colon or not target:
         return spec  # a built-in name (or a malformed spec, which loading the reward reports)

@@ -249,7 +249,7 @@ class LogConfig(Section):
     dir: str = Field(
         default="runs/default",
         description="Run directory: config.yaml (resolved: input paths absolute), "
-        "metrics.jsonl, model/. Relative to the working directory.",
+        "metrics.jsonl, model/. Relative to the working directory (saved absolute; one leading outside it warns).",
     )
     progress: bool = Field(default=True, description="Show a rich progress bar on the console.")
     save_model: bool = Field(default=True, description="Save the final policy with save_pretrained into <dir>/model.")
@@ -385,5 +385,5 @@ class SyncConfig(Section):
     directory: str = Field(
         default="",
         description="disk transport: where the weights file goes ('' = a temporary "
-        "directory); relative to the working directory.",
+        "directory); relative to the working directory (saved absolute).",
     )

@@ -11,8 +11,11 @@
 
 `on_error` covers a reward that raises, returns a non-number, times out or kills its worker: `error`
 raises a RewardError naming the sample, `zero` scores it 0, `skip` returns None in its place (the caller
-drops it). Metrics: reward/errors, reward/timeouts, reward/skipped (samples returned as None) and
-reward/<name> (mean of each component over the samples it scored). Failures are not left to hide as
+drops it). Metrics: reward/errors, reward/timeouts, reward/skipped (samples returned as None),
+reward/<name> (mean of each component over the samples it scored) and the means of the named parts a function
+returns (`{"correct": ..., "format": ...}`) over the samples that have them, named as the combined Score names
+them (what samples.jsonl shows): reward/<name>.<part>, or reward/<part> for a single component of weight 1
+(reward/<name>.<part> there too for a part named like a metric of the step's own: mean, std, errors, ...). Failures are not left to hide as
 zeros: a function failing on more than half of a scored batch is warned about (once), and on
 `max_error_frac` of it or more the call raises a RewardError naming the function and the count.
 
@@ -200,7 +203,24 @@ def combine(
         values = [s.reward for s in scores if s is not None]
         if values:
             metrics[f"reward/{component.label}"] = sum(values) / len(values)
+        metrics.update(part_means(component, scores, alone=len(components) == 1 and component.weight == 1.0))
     return combined, metrics
+
+
+RESERVED = frozenset({"mean", "std", "degenerate_group_frac", "errors", "timeouts", "skipped", "skipped_groups"})
+
+
+def part_means(component: RewardComponentConfig, scores: list[Score | None], alone: bool) -> dict[str, float]:
+    """reward/<part> (a component `alone`, whose Score is kept as is) or reward/<name>.<part>: each named part's
+    mean over the samples whose Score has it."""
+    values: dict[str, list[float]] = {}
+    for score in scores:
+        for part, value in (score.components if score is not None else {}).items():
+            values.setdefault(part, []).append(value)
+    return {
+        f"reward/{part if alone and part not in RESERVED else f'{component.label}.{part}'}": sum(v) / len(v)
+        for part, v in values.items()
+    }
 
 
 def add_counts(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """Relative paths in a config: against the config file's directory (else the working directory), overrides
-against the working directory, output directories as written, and messages that name the directories tried."""
+against the working directory, output directories made absolute against the working directory (a log.dir leading
+out of it warned about), env.fn resolved as reward.fn, and messages that name the directories tried."""
 
 from __future__ import annotations
 
@@ -113,10 +114,50 @@ def test_installed_modules_and_builtins_stay_as_written(task):
     assert [c.fn for c in config.reward.components] == ["math", "relayrl.rewards.verifiers:exact_match"]
 
 
-def test_output_directories_stay_relative_to_the_working_directory(task):
-    here, _ = task
-    config = load_config(write_config(here, {"log": {"dir": "runs/x"}}))
-    assert config.log.dir == "runs/x"
+ENV = "from relayrl.envs import Step\n\nclass Echo:\n    def reset(self, row):\n        return row['prompt']\n\n" + (
+    "    def step(self, action):\n        return Step(None, 1.0, True)\n"
+)
+
+
+def test_output_directories_are_absolute_against_the_working_directory_wherever_they_are_set(task):
+    here, elsewhere = task
+    config = load_config(write_config(here, {"log": {"dir": "runs/x"}}), ["sync.directory=weights"])
+    assert config.log.dir == str(elsewhere / "runs" / "x") and config.sync.directory == str(elsewhere / "weights")
+    saved = yaml.safe_load(dump_config(config))
+    assert saved["log"]["dir"] == str(elsewhere / "runs" / "x")  # the saved (and printed) config says where
+    assert load_config(None, ["log.dir=/abs/run"]).log.dir == "/abs/run"
+
+
+def test_a_log_dir_leading_outside_the_working_directory_warns_naming_the_key_and_the_path(task):
+    here, elsewhere = task
+    with pytest.warns(ConfigWarning) as caught:
+        config = load_config(write_config(here, {"log": {"dir": "../../runs/x"}}))
+    outside = str(elsewhere.parent.parent / "runs" / "x")
+    assert config.log.dir == outside
+    assert [str(w.message) for w in caught] == [
+        f"log.dir='../../runs/x' leads outside the working directory {elsewhere}: the run writes to {outside}"
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(write_config(here, {"log": {"dir": "runs/../runs/y"}}))  # inside: no warning
+
+
+def test_env_fn_resolves_beside_the_config_as_reward_fn_does(task):
+    from relayrl.envs import load_env_class
+
+    here, elsewhere = task
+    (here / "envs.py").write_text(ENV)
+    by_path = load_config(write_config(here, {"env": {"fn": "envs.py:Echo"}}))
+    assert by_path.env.fn == f"{here / 'envs.py'}:Echo" and load_env_class(by_path.env.fn).__name__ == "Echo"
+    assert load_config(write_config(here, {"env": {"fn": "envs:Echo"}})).env.fn == f"{here / 'envs.py'}:Echo"
+    assert load_config(write_config(here, {"env": {"fn": "retry"}})).env.fn == "retry"  # a built-in
+    with pytest.raises(ConfigError) as info:
+        load_config(write_config(here, {"env": {"fn": "nope.py:Echo"}}))
+    assert (
+        "env.fn='nope.py:Echo'" in str(info.value)
+        and str(here) in str(info.value)
+        and str(elsewhere) in str(info.value)
+    )
 
 
 def test_the_saved_config_holds_absolute_input_paths(task):

@@ -1,7 +1,7 @@
 """relayrl.rewards.service: weighted components, on_error policies, and worker processes with deadlines.
 
-The worker tests start real spawned processes (~3 s each to import torch); a hanging reward must cost no
-more than its timeout.
+The worker tests start real worker processes (forked from the workers' server, which imports torch once); a
+hanging reward must cost no more than its timeout.
 """
 
 from __future__ import annotations
@@ -96,6 +96,22 @@ def test_a_single_weighted_component_keeps_its_weight():
 def test_a_single_component_of_weight_one_keeps_its_score():
     scores, _ = build_reward_service(RewardConfig(components=[{"fn": f"{FNS}:parts"}])).score(batch("ab"))
     assert scores[0] == Score(1.5, {"correct": 1.0, "format": 0.5})
+
+
+def test_the_parts_a_function_returns_are_logged_as_the_score_names_them():
+    """They reached samples.jsonl (the Score's components) but not metrics.jsonl."""
+    _, alone = build_reward_service(RewardConfig(fn=f"{FNS}:parts")).score(batch("ab", "cd"))
+    assert alone["reward/correct"] == 1.0 and alone["reward/format"] == 0.5  # the Score is kept as is
+    config = RewardConfig(components=[{"fn": f"{FNS}:length"}, {"fn": f"{FNS}:parts", "name": "judged"}])
+    _, several = build_reward_service(config).score(batch("ab"))
+    assert several["reward/judged.correct"] == 1.0 and several["reward/judged.format"] == 0.5
+    assert "reward/correct" not in several and several["reward/judged"] == 1.5
+
+
+def test_a_part_named_like_a_step_metric_keeps_its_component_name(tmp_path):
+    (tmp_path / "stats.py").write_text("def stats(prompts, completions, **columns):\n    return [{'mean': 2.0}]\n")
+    _, metrics = build_reward_service(RewardConfig(fn=f"{tmp_path / 'stats.py'}:stats")).score(batch("ab"))
+    assert metrics["reward/stats.mean"] == 2.0 and "reward/mean" not in metrics  # the step's own reward/mean
 
 
 @pytest.mark.parametrize("on_error, expected, skipped", [("zero", [1.0, 0.0, 0.0], 0), ("skip", [1.0, None, None], 2)])
@@ -216,6 +232,21 @@ def test_timeout_with_on_error_zero_and_error():
             service.score(batch("HANG"))
         assert time.monotonic() - start < 2.5
         assert [s.reward for s in service.score(batch("ok"))[0]] == [1.0]  # still serving after the error
+
+
+def test_a_worker_carries_on_through_a_stop_signal_sent_to_the_whole_group():
+    import os
+    import signal
+
+    config = RewardConfig(fn=f"{FNS}:length", workers=1)
+    with build_reward_service(config) as service:
+        service.score(batch("warm"))
+        (worker,) = service.dispatcher.pool.workers
+        os.kill(worker.process.pid, signal.SIGTERM)  # as `timeout` or a scheduler sends it to the group
+        os.kill(worker.process.pid, signal.SIGINT)
+        scores, metrics = service.score(batch("abc"))
+        assert scores[0].reward == 3.0 and metrics["reward/errors"] == 0
+        assert service.dispatcher.pool.workers == [worker] and worker.process.is_alive()
 
 
 def test_a_dying_worker_is_replaced_and_counted():
