@@ -170,15 +170,28 @@ class PromptMaker:
         first, self.stats.unknown = self.stats.unknown == 0, self.stats.unknown + count
         if not first:
             return
-        unk = self.tokenizer.unk_token_id
-        missing = sorted({c for c in text if unk in self.tokenizer(c, add_special_tokens=False)["input_ids"]})
-        shown = ", ".join(repr(c) for c in missing[:10]) + (" ..." if len(missing) > 10 else "")
         warnings.warn(
-            f"{where}: {shown or 'some text'} not in the tokenizer's vocabulary: the prompt holds its unk token "
+            f"{where}: {shown_characters(unknown_characters(self.tokenizer, text))} not in the tokenizer's "
+            "vocabulary: the prompt holds its unk token "
             f"{self.tokenizer.unk_token!r} instead (later prompts like it are counted in data/prompts_unknown_chars)",
             DataWarning,
             stacklevel=2,
         )
+
+
+def unknown_characters(tokenizer, text: str) -> list[str]:
+    """The characters of `text` that the tokenizer writes only as its unk token, sorted (none without one)."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return []
+    return sorted({c for c in text if unk in tokenizer(c, add_special_tokens=False)["input_ids"]})
+
+
+def shown_characters(characters: list[str], most: int = 10) -> str:
+    """`'é', '€'` for a warning: the first `most`, then `...`."""
+    if not characters:
+        return "some text"
+    return ", ".join(repr(c) for c in characters[:most]) + (" ..." if len(characters) > most else "")
 
 
 class PromptTable:

@@ -5,8 +5,11 @@ A group's staleness, when the learner takes it to train policy version `v + 1` f
 `v - oldest`, where `oldest` is the earliest policy version that produced any of its tokens (a partial
 rollout can span several). Nothing older than `max_staleness` is ever handed out:
 
-- `on_stale="drop"`: producers run freely (up to `capacity` groups waiting); groups that have become too
-  stale by the time they are taken are dropped and counted.
+- `on_stale="drop"`: producers stay at most one batch ahead of the learner: a group may be admitted while fewer
+  than `capacity` (default: one batch, G) are admitted and not yet taken or dropped, those being generated
+  included. While the learner trains on one batch the producers make the next; groups that have become too
+  stale by the time they are taken are dropped and counted (counting only the groups waiting let the producers
+  run batches ahead, to be dropped).
 - `on_stale="wait"`: admission control. A producer must `admit` a group (get a ticket) before generating
   it. The learner training version `v` takes exactly tickets `[v*G, (v+1)*G)` (G = groups per step), in
   ticket order, waiting for stragglers; and ticket `t` is admitted only once the published version `a`
@@ -44,9 +47,10 @@ class RolloutBuffer:
         if on_stale not in ("drop", "wait"):
             raise ValueError(f"on_stale must be drop or wait, got {on_stale!r}")
         self.groups_per_step, self.max_staleness, self.on_stale = groups_per_step, max_staleness, on_stale
-        self.capacity = capacity or groups_per_step * (max_staleness + 1)
+        self.capacity = capacity or groups_per_step
         self.version = version  # the newest policy version on the engines
         self.admitted = version * groups_per_step  # next ticket
+        self.released = self.admitted  # groups taken or dropped (drop mode: admitted - released are outstanding)
         self.dropped = 0
         self.closed = False
         self._groups: dict[int, Group] = {}  # by ticket (wait) or by arrival (drop)
@@ -65,10 +69,19 @@ class RolloutBuffer:
             self.admitted += 1
             return self.admitted - 1
 
+    def admit_now(self) -> int | None:
+        """A ticket if one may be admitted without waiting, else None: a producer filling its chunk does not wait
+        holding tickets it has not generated (the learner could be waiting for them)."""
+        with self._cond:
+            if self.closed or not self._may_admit():
+                return None
+            self.admitted += 1
+            return self.admitted - 1
+
     def _may_admit(self) -> bool:
         if self.on_stale == "wait":
             return self.admitted < (self.version + self.max_staleness + 1) * self.groups_per_step
-        return len(self._groups) < self.capacity
+        return self.admitted - self.released < self.capacity
 
     def put(self, group: Group) -> None:
         with self._cond:
@@ -109,6 +122,7 @@ class RolloutBuffer:
         if len(self._groups) < g:
             return None
         keys = sorted(self._groups)[:g]  # arrival order
+        self.released += g
         return [self._groups.pop(k) for k in keys]
 
     def _drop_staler_than(self, version: int) -> None:
@@ -121,6 +135,7 @@ class RolloutBuffer:
         for key in stale:
             del self._groups[key]
         self.dropped += len(stale)
+        self.released += len(stale)
         if stale:
             self._cond.notify_all()
 

@@ -7,7 +7,10 @@
 - `async`: one producer thread per engine replica generates continuously into a `RolloutBuffer`, scoring
   each chunk as soon as it finishes (streaming rewards, overlapped with the other replicas and the
   learner); the learner takes a batch per step. Staleness is bounded by `train.max_staleness`, by
-  waiting (admission control) or dropping (`train.on_stale`). With `train.partial_rollouts` (APRIL), each
+  waiting (admission control) or dropping (`train.on_stale`; the producers then stay at most one batch ahead,
+  relayrl/schedules/buffer.py). A producer waits for the first ticket of its chunk only, so it never sleeps
+  holding tickets the learner waits for. The chunks' metrics are merged by the source (`merge_metrics`:
+  reward counts add up, env/* are weighted by trajectories). With `train.partial_rollouts` (APRIL), each
   producer starts that factor more groups than it needs, stops the engine once enough have finished and
   carries the unfinished responses into its next call, where they continue under the newest weights
   (their tokens then span versions, each tagged; groups too old to be used are discarded and counted).
@@ -31,7 +34,6 @@ from relayrl.algorithms.dapo import DynamicSampling, add_overlong_penalty
 from relayrl.config import Config
 from relayrl.errors import PlacementError
 from relayrl.metrics.timer import StepTimer
-from relayrl.rewards.service import add_counts
 from relayrl.rollout.seeds import request_seed
 from relayrl.schedules.buffer import Group, RolloutBuffer
 from relayrl.sources.single_turn import Batch, RolloutSource
@@ -77,7 +79,7 @@ class SyncSchedule(Schedule):
         self.rounds = rounds.collect if dapo.dynamic_sampling else one_round
 
     def collect(self, step: int, timer: StepTimer) -> Batch:
-        reward_metrics: dict[str, float] = {}  # summed over the rounds
+        reward_metrics: dict[str, float] = {}  # over the rounds, merged by the source
         rollouts, scores, metrics = self.rounds(functools.partial(self._round, step, timer, reward_metrics))
         return Batch(rollouts, scores, {**reward_metrics, **metrics})
 
@@ -87,7 +89,7 @@ class SyncSchedule(Schedule):
             rollouts = self.source.generate(prompts, self.source.sampling(step, round_index))
         with timer("reward"):
             scored = self.source.score(rollouts)
-        reward_metrics.update(add_counts(reward_metrics, scored.metrics))
+        reward_metrics.update(self.source.merge_metrics(reward_metrics, scored.metrics))
         return scored.rollouts, scored.scores
 
 
@@ -139,7 +141,7 @@ class AsyncSchedule(Schedule):
         replicas = len(source.engines.replicas)
         self.chunk = max(1, config.rollout.prompts_per_step // replicas)
         self.metrics_lock = threading.Lock()
-        self.reward_metrics: dict[str, float] = {}  # summed over the chunks scored since the last batch
+        self.reward_metrics: dict[str, float] = {}  # the chunks scored since the last batch, merged by the source
         self.failure = None
         self.partial_states: list[PartialState] = []
         self.threads = [
@@ -164,11 +166,12 @@ class AsyncSchedule(Schedule):
             self.buffer.close()
 
     def _admit_chunk(self) -> list[int] | None:
-        tickets = []
-        for _ in range(self.chunk):
-            ticket = self.buffer.admit()
-            if ticket is None:
-                return None
+        """Up to a chunk of tickets: waits for the first only (None once the buffer is closed)."""
+        first = self.buffer.admit()
+        if first is None:
+            return None
+        tickets = [first]
+        while len(tickets) < self.chunk and (ticket := self.buffer.admit_now()) is not None:
             tickets.append(ticket)
         return tickets
 
@@ -188,7 +191,7 @@ class AsyncSchedule(Schedule):
         was kept, env.on_error=skip or env.on_overflow=drop: the chunk's last tickets are then empty)."""
         scores, metrics = self.source.score_samples(rollouts)
         with self.metrics_lock:
-            self.reward_metrics = add_counts(self.reward_metrics, metrics)
+            self.reward_metrics = self.source.merge_metrics(self.reward_metrics, metrics)
         groups = split_groups(rollouts, scores)
         for i, ticket in enumerate(tickets):
             group, group_scores = groups[i] if i < len(groups) else ([], [])
@@ -212,7 +215,7 @@ class AsyncSchedule(Schedule):
         state.running = s.engines.generate_until(replica, state.running, sampling, needed)  # a remote copy
         state.collect()
         rollouts = [sample.to_rollout() for group in state.ready[: len(tickets)] for sample in group]
-        self._score_and_put(rollouts, tickets[: len(state.ready)], self.buffer.version)
+        self._score_and_put(rollouts, tickets, self.buffer.version)  # every ticket is put (short: empty groups)
         state.ready = state.ready[len(tickets) :]
         return True
 

@@ -4,7 +4,8 @@ single-turn one, with the same methods).
 `generate` runs the step's trajectories (relayrl/sources/trajectories.py) through the run's engines and the
 environment workers, which live for the whole run; `score` turns each trajectory's combined environment
 reward into its `Score` (component `env`), adds a `reward.fn` when one is configured (scored on the final
-transcript), and hands the env/tito metrics to the step's metrics. `evaluate` runs held-out trajectories
+transcript), and hands the env/tito metrics to the step's metrics; `merge_metrics` joins those of several chunks
+(the async producers', one per replica) weighted by their trajectories. `evaluate` runs held-out trajectories
 greedily.
 
 Every schedule works (relayrl/schedules/modes.py). `submit` runs a batch of trajectories on a thread of its
@@ -33,7 +34,7 @@ from relayrl.data.chat import ChatCodec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
 from relayrl.sources.single_turn import RolloutSource
-from relayrl.sources.trajectories import MultiTurnBatch, MultiTurnDriver
+from relayrl.sources.trajectories import MultiTurnBatch, MultiTurnDriver, UnknownCharacters
 from relayrl.sources.turn_requests import turn_requests
 from relayrl.types import Prompt, Rollout, Sampling, Score
 
@@ -85,6 +86,46 @@ def check_env_context(config, longest_prompt: int) -> None:
         )
 
 
+# How two batches' metrics (MultiTurnDriver._metrics) make one batch's: the async producers' chunks, DAPO's rounds.
+SUMMED = frozenset(
+    (
+        "env/trajectories",
+        "env/errors",
+        "env/timeouts",
+        "env/unknown_chars",
+        "time/env",
+        "tito/prefix_mismatch",
+        "tito/forks",
+    )
+)
+LARGEST = frozenset(("env/turns_max",))
+PER_TRAJECTORY = frozenset(  # means over trajectories (obs_token_frac, over tokens, is weighted alike)
+    (
+        "env/turns_mean",
+        "env/success",
+        "env/first_turn_success",
+        "env/tool_calls",
+        "env/truncated_frac",
+        "response/obs_token_frac",
+    )
+)
+
+
+def merge_batch_metrics(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+    """`part`'s trajectory metrics joined to `total`'s (the others are left as `part` has them): counts add up,
+    the largest stays, every mean is weighted by the trajectories of each side (env/trajectories)."""
+    out = dict(part)
+    before, now = total.get("env/trajectories", 0.0), part.get("env/trajectories", 0.0)
+    for key in part.keys() & total.keys():
+        if key in SUMMED:
+            out[key] = total[key] + part[key]
+        elif key in LARGEST:
+            out[key] = max(total[key], part[key])
+        elif key in PER_TRAJECTORY and before + now > 0:
+            out[key] = (total[key] * before + part[key] * now) / (before + now)
+    return out
+
+
 @dataclass
 class Lane:
     """What one driver at a time uses: environment workers, and a tokenizer of its own (a fast tokenizer is not
@@ -105,6 +146,7 @@ class MultiTurnSource(RolloutSource):
         self._lanes: dict[str, Lane] = {}
         self._generated: dict[int, MultiTurnBatch] = {}  # by id(batch.rollouts), until scored
         self._threads: ThreadPoolExecutor | None = None
+        self.unknown = UnknownCharacters()  # characters the tokenizer lacks: warned about once per run
         self.codec = self._lane_of(MAIN).codec  # the main lane's workers start now, as the run is built
 
     def run(
@@ -114,7 +156,8 @@ class MultiTurnSource(RolloutSource):
         own = self._lane_of(lane)
         with own.lock:
             turns = turn_requests(self.engines, self.version, replicas)
-            batch = MultiTurnDriver(turns, own.pool, own.codec, self.env, sampling).run(prompts, sampling.n)
+            driver = MultiTurnDriver(turns, own.pool, own.codec, self.env, sampling, unknown=self.unknown)
+            batch = driver.run(prompts, sampling.n)
         with self._lock:
             self._generated[id(batch.rollouts)] = batch
         return batch
@@ -152,6 +195,10 @@ class MultiTurnSource(RolloutSource):
                 for s, e in zip(env_scores, extra)
             ]
         return scores, metrics
+
+    def merge_metrics(self, total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+        """As the single-turn source for the reward's metrics; env/* and tito/* weighted by trajectories."""
+        return merge_batch_metrics(total, super().merge_metrics(total, part))
 
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out trajectories, greedy: mean reward, success, first-turn success, turns."""

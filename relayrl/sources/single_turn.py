@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from relayrl.rewards.service import add_counts
 from relayrl.rollout.protocols import EngineGroup
 from relayrl.types import Prompt, Rollout, Sampling, Score
 
@@ -89,6 +90,10 @@ class RolloutSource:
             rollouts, scores = [r for r, _ in kept], [s for _, s in kept]
             metrics["reward/skipped_groups"] = float(len(skipped))
         return Batch(rollouts, cast("list[Score]", scores), metrics)  # no None is left: its group is dropped
+
+    def merge_metrics(self, total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
+        """The metrics of two scored parts of one batch (the async producers' chunks, DAPO's rounds) as one."""
+        return add_counts(total, part)
 
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out mean reward, greedy and sampled at `eval.temperature`; the policy's length rules (max/min

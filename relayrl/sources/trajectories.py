@@ -4,28 +4,37 @@ One thread runs an event loop over two sources: finished turns from the engine (
 and finished environment steps from the workers (relayrl/envs/pool.py). A trajectory's next turn is
 submitted as soon as its step returns, so the engine keeps generating for the others while one waits on a
 slow tool; at most `env.max_inflight` trajectories are in flight (one environment worker each). A step past
-`env.timeout_s` is killed with its worker and costs only its trajectory (`env.on_error`).
+`env.timeout_s` is killed with its worker and costs only its trajectory (`env.on_error`); so does a worker a
+signal killed from outside, whose error does not blame the environment.
 
 Token in, token out (relayrl/data/chat.py): a trajectory is a list of segments, generated tokens exactly as
 the engine sampled them (loss mask 1, behaviour log-probs, versions) and observation tokens (mask 0); every
 turn's prompt is the concatenation of the segments. The output is one `Rollout` per trajectory (more under
-`env.tito=fork`): its `response_ids` are every token after the first prompt, with `loss_mask`. Its reward
+`env.tito=fork`): its `response_ids` are every token after the first prompt, with `loss_mask`. Its
+`finish_reason` is `length` when it was cut at env.max_total_tokens or its last model turn stopped at its token
+budget (rollout.max_tokens or env.max_tokens_per_turn), as a single-turn response cut at max_tokens is. Its reward
 is the turns' rewards combined per `env.reward`; `turn_rewards` keeps each turn's reward with the index of the
-turn's last token, for the token-level estimators. `lockstep=True` is the baseline the benchmark compares
+turn's last token, for the token-level estimators. Text the tokenizer can only write as its unk token (in
+reset's first prompt or an observation) is counted (env/unknown_chars, observations) and warned about once per
+run, naming the environment and the characters. `lockstep=True` is the baseline the benchmark compares
 with: every trajectory's turn waits for the whole batch's generation, and every step for the slowest step.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from relayrl.data.chat import ChatCodec
+from relayrl.data.source import shown_characters, unknown_characters
 from relayrl.envs.base import Step, observation_message
-from relayrl.errors import EnvError
+from relayrl.envs.pool import KILLED
+from relayrl.errors import DataWarning, EnvError
 from relayrl.sources.turn_requests import TurnOutput
 from relayrl.types import Prompt, Rollout, Sampling
 
@@ -52,6 +61,7 @@ class Trajectory:
     success: bool = False
     truncated: bool = False
     failed: str = ""  # "", "error" or "timeout"
+    last_turn_cut: bool = False  # its last model turn stopped at its token budget (reported as finish "length")
     forks: list[Rollout] = field(default_factory=list)
     rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
 
@@ -98,14 +108,47 @@ def combine_rewards(rewards: list[float], how: str, gamma: float) -> float:
     return sum(rewards)
 
 
+class UnknownCharacters:
+    """Warns once (per source: a run) that an environment's text holds characters the tokenizer lacks, naming
+    them; the drivers count such observations per batch (env/unknown_chars), as data/prompts_unknown_chars
+    counts prompts (relayrl/data/source.py)."""
+
+    def __init__(self):
+        self.warned = False
+        self._lock = threading.Lock()  # drivers on several threads (the async producers) share one
+
+    def warn(self, tokenizer, text: str, where: str) -> None:
+        with self._lock:
+            if self.warned:
+                return
+            self.warned = True
+        warnings.warn(
+            f"{where}: the observation holds {shown_characters(unknown_characters(tokenizer, text))}, not in the "
+            f"tokenizer's vocabulary: the model sees its unk token {tokenizer.unk_token!r} instead (later "
+            "observations like it are counted in env/unknown_chars)",
+            DataWarning,
+            stacklevel=2,
+        )
+
+
 GATHER_S = 0.02  # an environment answer later than this after the previous one waits for the next engine call
 
 
 class MultiTurnDriver:
     """Runs `n` trajectories per prompt through `turns` (an engine adapter) and `pool` (environment workers)."""
 
-    def __init__(self, turns, pool, codec: ChatCodec, env, sampling: Sampling, lockstep: bool = False):
+    def __init__(
+        self,
+        turns,
+        pool,
+        codec: ChatCodec,
+        env,
+        sampling: Sampling,
+        lockstep: bool = False,
+        unknown: UnknownCharacters | None = None,
+    ):
         self.turns, self.pool, self.codec, self.env = turns, pool, codec, env
+        self.unknown = unknown or UnknownCharacters()  # the source passes its own: one warning per run
         self.sampling = sampling
         self.per_turn = env.max_tokens_per_turn or sampling.max_tokens
         self.lockstep = lockstep
@@ -118,7 +161,7 @@ class MultiTurnDriver:
         self.live: dict[int, Trajectory] = {}
         self.held_turns: list[Trajectory] = []  # lockstep only: turns waiting for every step to return
         self.held_actions: list[tuple[Trajectory, str]] = []  # lockstep only: steps waiting for the engine
-        self.stats = {"mismatch": 0, "forks": 0, "env_wait_s": 0.0}
+        self.stats = {"mismatch": 0, "forks": 0, "unknown_chars": 0, "env_wait_s": 0.0}
         try:
             while waiting or self.live:
                 while waiting and self.pool.free:
@@ -169,6 +212,7 @@ class MultiTurnDriver:
         if trajectory.first is None:  # reset's answer: the first observation, and the environment's stop strings
             messages, stop = payload
             text, ids = self.codec.first_prompt(messages)
+            self._check_known(trajectory, ids, "".join(m["content"] for m in messages))
             p = trajectory.prompt
             trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages)
             trajectory.history = list(messages)
@@ -187,6 +231,7 @@ class MultiTurnDriver:
         output = self._cut_at_stop(output)
         trajectory.segments.append(Segment(output.token_ids, True, output.logprobs, output.versions))
         trajectory.turns += 1
+        trajectory.last_turn_cut = output.finish_reason == "length"
         action = self.codec.action_text(output.token_ids)
         trajectory.history.append({"role": "assistant", "content": action})
         if output.finish_reason == "length" and trajectory.response_length >= self.env.max_total_tokens:
@@ -218,6 +263,7 @@ class MultiTurnDriver:
     def _observe(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
         generated = trajectory.segments[-1].token_ids
         delta = self.codec.observation(trajectory.history, generated, message)
+        self._check_known(trajectory, delta.token_ids, message["content"])
         trajectory.history.append(message)
         if not delta.prefix_ok:
             self.stats["mismatch"] += 1
@@ -287,7 +333,19 @@ class MultiTurnDriver:
                 self._submit(trajectory)
             self.lockstep = True
 
+    def _check_known(self, trajectory: Trajectory, ids: list[int], text: str) -> None:
+        """Count an observation the tokenizer writes with its unk token (the model never sees those characters)."""
+        unk = self.codec.tokenizer.unk_token_id
+        if unk is not None and unk in ids:
+            self.stats["unknown_chars"] += 1
+            self.unknown.warn(self.codec.tokenizer, text, f"{trajectory.where()}: env.fn={self.env.fn!r}")
+
     def _fail(self, trajectory: Trajectory, status: str, message: str) -> None:
+        if self.env.on_error == "error" and status == KILLED:  # not the environment's failure: no env.on_error hint
+            raise EnvError(
+                f"{trajectory.where()}: {message}: a signal from outside the run ended the worker (the kernel's "
+                "out-of-memory killer sends SIGKILL: check the environment's memory use)"
+            )
         if self.env.on_error == "error":
             raise EnvError(f"{trajectory.where()}: {message} (set env.on_error=zero or skip to go on without it)")
         trajectory.failed = "timeout" if status == "timeout" else "error"
@@ -309,7 +367,7 @@ class MultiTurnDriver:
             response_ids=ids,
             response_text=self.codec.action_text(ids),
             behaviour_logprobs=[lp for s in segments for lp in s.logprobs],
-            finish_reason="length" if trajectory.truncated else "stop",
+            finish_reason="length" if trajectory.truncated or trajectory.last_turn_cut else "stop",
             versions=[v for s in segments for v in s.versions],
             loss_mask=[int(s.trained) for s in segments for _ in s.token_ids],
             turn_rewards=None
@@ -347,6 +405,7 @@ class MultiTurnDriver:
         # every rollout here has a loss mask (`_rollout` sets one)
         observed = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
         return {
+            "env/trajectories": float(len(order)),
             "env/turns_mean": sum(t.turns for t in order) / count,
             "env/turns_max": float(max((t.turns for t in order), default=0)),
             "env/success": sum(t.success for t in order) / count,
@@ -354,6 +413,7 @@ class MultiTurnDriver:
             "env/tool_calls": sum(t.tool_calls for t in order) / count,
             "env/errors": float(sum(t.failed == "error" for t in order)),
             "env/timeouts": float(sum(t.failed == "timeout" for t in order)),
+            "env/unknown_chars": float(self.stats["unknown_chars"]),
             "env/truncated_frac": sum(t.truncated for t in order) / count,
             "time/env": self.stats["env_wait_s"],
             "tito/prefix_mismatch": float(self.stats["mismatch"]),

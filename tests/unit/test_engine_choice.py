@@ -92,7 +92,7 @@ def test_the_resolved_config_shows_the_choice_and_reloads_to_the_same(small, no_
         again = load_config(saved)
     assert again == config and again.rollout.engine == "hf" and dump_config(again) == text
     explicit = dump_config(load_config(None, [f"model.path={small}", "rollout.engine=hf"]))
-    assert "\n  engine: hf\n" in explicit and "auto chose" not in explicit
+    assert "\n  engine: hf\n" in explicit and "auto chose hf" not in explicit
 
 
 def test_a_run_prints_and_saves_the_choice(small, no_gpu, tmp_path, monkeypatch, capsys):

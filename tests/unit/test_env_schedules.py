@@ -155,3 +155,42 @@ def test_groups_of_several_sizes_fill_the_tickets_in_order():
     rollouts = [Rollout(prompt, i, [1], "", [0.0], "stop", [0]) for i in (0, 1, 0, 0, 1, 2)]
     groups = split_groups(rollouts, list(range(6)))
     assert [scores for _, scores in groups] == [[0, 1], [2], [3, 4, 5]]
+
+
+class RightFirst(RetryEngine):
+    """Answers 5 (right) on the first turn: its trajectories take one turn."""
+
+    def generate(self, prompts, sampling, version):
+        out = []
+        for p in prompts:
+            ids = self.tokenizer("5", add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+            out.append(Rollout(p, 0, ids, "", [-0.1] * len(ids), "stop", [self.version] * len(ids)))
+        return out
+
+
+class TwoReplicas(LocalEngineGroup):
+    """Replica 0 answers wrong first (two turns a trajectory), replica 1 right first (one)."""
+
+    def __init__(self, tokenizer):
+        super().__init__(RetryEngine(tokenizer))
+        self.replicas = [self.engine, RightFirst(tokenizer)]
+
+    def submit(self, prompts, sampling, version, replicas=None):
+        return self.replicas[(replicas or [0])[0]].generate(prompts, sampling, version)
+
+
+def test_async_env_metrics_are_the_mean_over_the_replicas_chunks_not_the_last_chunks(random_model_dir):
+    """Each producer (one per replica) scores its own chunk; the batch's env/* used to be the last chunk's."""
+    source, config, _, sync = build(random_model_dir, schedule="async", max_staleness=1, on_stale="wait")
+    from relayrl.models.loading import load_tokenizer
+
+    source.engines = TwoReplicas(load_tokenizer(str(random_model_dir)))
+    schedule = AsyncSchedule(source, config)
+    try:
+        metrics = schedule.batch(0, StepTimer()).metrics
+    finally:
+        schedule.close()
+        source.close()
+    # a chunk of each replica at least (the batch takes one group of each); a producer may have scored one more
+    assert 1 < metrics["env/turns_mean"] < 2 and metrics["env/trajectories"] >= 4
+    assert metrics["env/turns_max"] == 2 and metrics["env/success"] == 1.0

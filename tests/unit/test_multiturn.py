@@ -234,3 +234,62 @@ def test_a_turn_is_cut_where_it_completes_the_environments_stop_string():
     assert trained == "<calc>2+3</calc>5<|im_end|>" and batch.rewards == [1.0]
     assert batch.metrics["env/tool_calls"] == 1 and batch.metrics["env/success"] == 1
     assert "<tool_response>\n5\n</tool_response>" in codec.tokenizer.decode(turns.prompts[1][1])
+
+
+def test_a_trajectory_whose_last_turn_was_cut_at_its_budget_finishes_length():
+    """It used to report "stop" (only max_total_tokens counted), so response/truncated_frac missed it."""
+    cut, _, _ = run(Again, ["x=12345"], max_turns=1, max_tokens_per_turn=3)
+    assert [r.finish_reason for r in cut.rollouts] == ["length", "length"]
+    assert cut.metrics["env/truncated_frac"] == 0  # within max_total_tokens: kept whole, not flagged as overflow
+    earlier, _, _ = run(Again, ["x=12345", "1"], max_turns=2, max_tokens_per_turn=3)  # only the first turn cut
+    assert [r.finish_reason for r in earlier.rollouts] == ["stop", "stop"]
+
+
+class Accented(Again):
+    def step(self, action):
+        return Step("encore: réessaie €", 0.0, False)
+
+
+def test_observation_characters_the_tokenizer_lacks_are_counted_and_warned_about_once():
+    from relayrl.errors import DataWarning
+
+    with pytest.warns(DataWarning) as caught:
+        batch, _, _ = run(Accented, ["1"], max_turns=3, n=2)
+    assert batch.metrics["env/unknown_chars"] == 4  # two observations in each of two trajectories
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and messages[0].startswith(
+        "sample 0#0 turn 1: env.fn='x': the observation holds 'é', '€', not in"
+    )
+    assert "env/unknown_chars" in messages[0]
+    clean, _, _ = run(Again, ["1"], max_turns=3)
+    assert clean.metrics["env/unknown_chars"] == 0
+
+
+class KilledPool(InlinePool):
+    """A worker that a signal from outside ended, as EnvPool reports it."""
+
+    def step(self, key, action, where):
+        self.ready.append((key, "killed", "environment worker died (killed by signal 9 (SIGKILL))"))
+
+
+def test_a_worker_killed_by_a_signal_is_not_blamed_on_the_environment():
+    with pytest.raises(EnvError) as info:
+        run(Again, ["1"], n=1, pool=KilledPool)
+    message = str(info.value)
+    assert message.startswith("sample 0#0 turn 1: environment worker died (killed by signal 9 (SIGKILL)): a signal")
+    assert "env.on_error" not in message
+    zero, _, _ = run(Again, ["1"], on_error="zero", pool=KilledPool)  # still handled per env.on_error
+    assert zero.rewards == [0.0, 0.0]
+
+
+def test_the_metrics_of_two_batches_merge_as_one_weighted_by_trajectories():
+    from relayrl.errors import DataWarning
+    from relayrl.sources.multi_turn import LARGEST, PER_TRAJECTORY, SUMMED, merge_batch_metrics
+
+    short, _, _ = run(Again, ["1"], max_turns=1, n=1)  # 1 trajectory of 1 turn
+    with pytest.warns(DataWarning):
+        long, _, _ = run(Accented, ["1"], max_turns=3, n=3)  # 3 of 3 turns, 2 unknown-character observations each
+    assert set(short.metrics) == SUMMED | LARGEST | PER_TRAJECTORY
+    merged = merge_batch_metrics(short.metrics, {**long.metrics, "reward/errors": 1.0})
+    assert merged["env/trajectories"] == 4 and merged["env/turns_mean"] == (1 * 1 + 3 * 3) / 4
+    assert merged["env/turns_max"] == 3 and merged["env/unknown_chars"] == 6 and merged["reward/errors"] == 1.0

@@ -1,4 +1,5 @@
-"""The async buffer never hands out a sample staler than max_staleness; drop and wait do what they say."""
+"""The async buffer never hands out a sample staler than max_staleness; drop and wait do what they say; in drop
+mode the producers stay at most one batch ahead of the learner."""
 
 import threading
 import time
@@ -57,6 +58,8 @@ def test_no_handed_out_sample_is_staler_than_the_bound(actions, per_step, max_st
         assert all(version - o <= max_staleness for o in oldest), (version, oldest)
     if on_stale == "wait":
         assert buffer.dropped == 0
+    else:  # admitted and not yet taken or dropped, those being generated included: at most one batch
+        assert buffer.admitted - buffer.released <= per_step
 
 
 def test_drop_discards_stale_groups_and_counts_them():
@@ -116,9 +119,24 @@ def test_close_releases_waiting_producers_and_fails_the_learner():
         buffer.take(version=0, timeout_s=1)
 
 
+def test_drop_producers_stay_one_batch_ahead_counting_the_groups_being_generated():
+    """They used to count only the groups waiting in the buffer: producers ran batches ahead of the learner
+    (the groups they were generating uncounted) and many of those groups were dropped as too stale."""
+    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="drop")
+    assert [buffer.admit(0), buffer.admit(0)] == [0, 1]  # being generated, none put yet
+    with pytest.raises(PlacementError, match="room in the buffer"):
+        buffer.admit(timeout_s=0)
+    assert buffer.admit_now() is None
+    buffer.put(Group([], [], oldest=0)), buffer.put(Group([], [], oldest=0))
+    with pytest.raises(PlacementError):  # waiting for the learner: still the next batch
+        buffer.admit(timeout_s=0)
+    buffer.take(version=0, timeout_s=0)
+    assert [buffer.admit(0), buffer.admit_now(), buffer.admit_now()] == [2, 3, None]
+
+
 def full_of_stale_groups() -> RolloutBuffer:
     """A drop-mode buffer at capacity (4 groups, from version 0) with a producer's next admit blocked."""
-    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="drop")
+    buffer = RolloutBuffer(groups_per_step=2, max_staleness=1, on_stale="drop", capacity=4)
     for _ in range(4):
         buffer.admit(0)
         buffer.put(Group([], [], oldest=0))
