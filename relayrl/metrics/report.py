@@ -38,7 +38,16 @@ from relayrl.errors import DataError
 from relayrl.metrics.samples import samples_section
 from relayrl.run.jsonl import read_jsonl
 
-PHASES = ("generate", "reward", "logprobs", "advantage", "update", "sync", "wait")  # wait: async learner idle
+PHASES = (
+    "generate",
+    "reward",
+    "logprobs",
+    "advantage",
+    "update",
+    "swap",
+    "sync",
+    "wait",
+)  # swap: colocated time-sharing; wait: async learner idle
 PHASE_COLORS: dict[str, str] = dict(
     zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#bbbbbb"))
 )

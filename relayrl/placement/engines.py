@@ -39,7 +39,7 @@ class RayEngineGroup:
 
     def ready(self) -> list[int]:
         """Wait until every replica has started (vLLM loaded); their process ids. The slowest start is kept for the
-        metrics (`engine/start_s`)."""
+        metrics (`time/engine_start`)."""
         refs = [r.submit("ping") for r in self.replicas]
         pids = [r.wait(ref, "start-up") for r, ref in zip(self.replicas, refs)]
         self.start_s = max(r.wait(r.submit("start_seconds"), "start-up") for r in self.replicas)
@@ -144,7 +144,7 @@ class RayEngineGroup:
         self.on_restart()
 
     def metrics(self) -> dict[str, float]:
-        return {"placement/engine_restarts": float(self.restarts), "engine/start_s": self.start_s}
+        return {"placement/engine_restarts": float(self.restarts), "time/engine_start": self.start_s}
 
 
 def split(items: list, parts: int) -> list[tuple[int, list]]:

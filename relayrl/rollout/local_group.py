@@ -17,7 +17,7 @@ from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
 class LocalEngineGroup:
     def __init__(self, engine: Engine, start_s: float = 0.0):
-        """`start_s`: how long the engine took to start (reported as `engine/start_s`)."""
+        """`start_s`: how long the engine took to start (reported as `time/engine_start`)."""
         self.engine, self.start_s = engine, start_s
         self.replicas: list[Engine] = [engine]
         self.request_loop = engine if is_vllm(engine) else None
@@ -53,7 +53,7 @@ class LocalEngineGroup:
         return []
 
     def metrics(self) -> dict[str, float]:
-        return {"engine/start_s": self.start_s}
+        return {"time/engine_start": self.start_s}
 
 
 def is_vllm(engine: Engine) -> bool:

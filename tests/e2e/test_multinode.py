@@ -108,13 +108,13 @@ def test_roles_on_two_nodes_sync_across_them_and_a_hung_rank_is_named(cluster, r
             assert sync.last["sync/bytes"] > 0
             assert sync.last["sync/parity_abs_max"] < 1e-4, transport  # the engine holds the learner's new weights
 
-        def hang_in_forward(rank):  # runs in learner rank 1: its next forward sleeps inside the step
+        def hang_in_forward(rank):  # runs in learner rank 1's actor: its learner's next forward sleeps in the step
             from relayrl.learner.sharded import decoder_layers
 
             def hang(module, args):
                 time.sleep(600)
 
-            decoder_layers(rank.policy.model)[1].register_forward_pre_hook(hang)
+            decoder_layers(rank.learner.policy.model)[1].register_forward_pre_hook(hang)
 
         import ray
 

@@ -73,7 +73,7 @@ def test_a_local_engine_is_a_one_replica_group():
     assert group.finish(group.submit(prompts, sampling, 0, replicas=[0])) == group.generate(prompts, sampling, 0)
     with pytest.raises(ValueError, match="replica 0 only"):
         group.submit(prompts, sampling, 0, replicas=[1])
-    assert group.take_spans() == [] and group.metrics() == {"engine/start_s": 0.0}
+    assert group.take_spans() == [] and group.metrics() == {"time/engine_start": 0.0}
 
     class Learner:
         def named_weights(self):
