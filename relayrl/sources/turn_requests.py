@@ -23,6 +23,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, replace
 
 from relayrl.rollout.protocols import EngineGroup
+from relayrl.rollout.seeds import turn_seed
 from relayrl.types import Prompt, Sampling
 
 
@@ -53,6 +54,7 @@ class VLLMTurns:
         self._core = engine.llm.llm_engine
         self._live: dict[str, Hashable] = {}
         self._ids = itertools.count()
+        self._turns: dict[Hashable, int] = {}  # turns submitted per trajectory key, for their seeds
 
     @property
     def pending(self) -> int:
@@ -63,6 +65,10 @@ class VLLMTurns:
         from vllm.sampling_params import RequestOutputKind
 
         number = next(self._ids)
+        turn = self._turns[key] = self._turns.get(key, -1) + 1
+        # keyed by trajectory and turn, not by `number`: the order turns arrive in follows the environments'
+        # timing. (The driver's keys are trajectory numbers; any other key is numbered in submission order.)
+        seed = turn_seed(sampling.seed, key if isinstance(key, int) else number, turn)
         params = SamplingParams(
             n=1,
             temperature=sampling.temperature,
@@ -72,7 +78,7 @@ class VLLMTurns:
             stop=list(sampling.stop) or None,
             logprobs=0,
             output_kind=RequestOutputKind.FINAL_ONLY,
-            seed=None if sampling.seed is None else sampling.seed * 1_000_003 + number,
+            seed=seed,
         )
         request_id = f"turn{number}"
         # under sync.lora=adapter the newest pushed adapter, as the engine's own generate uses

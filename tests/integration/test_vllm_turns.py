@@ -45,3 +45,31 @@ def test_turns_interleave_in_the_request_loop_and_match_generate(random_model_di
         assert len(done[key].logprobs) == len(done[key].token_ids) and done[key].versions == [0] * len(
             rollout.response_ids
         )
+
+
+def test_a_turns_seed_follows_its_trajectory_not_the_order_turns_arrive(random_model_dir):
+    """Environment steps return in any order, so turns reach the engine in any order: a sampled turn's seed
+    is its trajectory's and turn's, and two runs that submit the same turns in opposite orders draw the same
+    tokens. (Each turn runs alone here, so only the seeds can differ.)"""
+    from transformers import AutoTokenizer
+
+    from relayrl.rollout.local_group import LocalEngineGroup
+    from relayrl.rollout.vllm_engine import VLLMEngine
+    from relayrl.sources.turn_requests import turn_requests
+
+    engine = VLLMEngine(str(random_model_dir), max_model_len=64, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
+    prompt = tokenizer("12+7=", add_special_tokens=False)["input_ids"]
+    sampled = Sampling(n=1, temperature=1.0, max_tokens=12, seed=5)
+
+    def draw(order):
+        turns, drawn = turn_requests(LocalEngineGroup(engine)), {}
+        for key in order:
+            turns.submit(key, prompt, sampled)
+            while turns.pending:
+                drawn.update((k, out.token_ids) for k, out in turns.step())
+        return drawn
+
+    forward, backward = draw([0, 1, 2]), draw([2, 1, 0])
+    assert forward == backward
+    assert len({tuple(tokens) for tokens in forward.values()}) > 1  # three trajectories, three streams
