@@ -6,9 +6,9 @@ minute on the dead GCS and exited 1, without its checkpoint or its resume line. 
 `ray start --head` in a new session (setsid): GCS, raylet, agents and every worker the raylet spawns stay in that
 session, out of reach of a signal to the driver's group, and the driver joins with `ray.init(address=...)`.
 
-The session is this run's alone (its id is the pid of the `ray start` that led it, and the kernel does not reuse
+The session is this run's alone (its id is the pid of the guard that leads it and runs `ray start`, and the kernel does not reuse
 a pid while its session lives), so ending the run ends exactly it: `Head.stop` at the driver's exit (a normal
-end, an error or a signal), and the watcher of `reaper.py` when the driver is killed.
+end, an error or a signal), and the watcher and the session's guard of `reaper.py` when the driver is killed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relayrl.errors import PlacementError
-from relayrl.placement.reaper import session_processes, watch
+from relayrl.placement.reaper import raylet_of, session_processes, start_guarded, watch
 
 LOOPBACK = "127.0.0.1"  # the driver reaches its own head here: on this machine, this run's alone (other nodes join a
 # cluster of the user's, `placement.address`, never this one; the head's node IP is Ray's to pick)
@@ -35,11 +35,13 @@ STOP_GRACE_S = 2  # SIGTERM first: workers and agents leave within ~1 s; GCS and
 
 @dataclass
 class Head:
-    """A Ray head started by this driver: its GCS address, its session id, the watcher that outlives us."""
+    """A Ray head started by this driver: its GCS address, its session id, the watcher that outlives us and the guard
+    that leads the session (reaper.py)."""
 
     address: str
     session: int
     watcher: subprocess.Popen | None = None
+    guard: subprocess.Popen | None = None
     stopped: bool = False
 
     def stop(self) -> None:
@@ -57,6 +59,11 @@ class Head:
             self.watcher.stdin.close()  # what is left (nothing, normally) is the watcher's to end
             with suppress(subprocess.TimeoutExpired):
                 self.watcher.wait(STOP_GRACE_S)
+        if self.guard is not None:  # ended with its session above; reaped here
+            assert self.guard.stdin is not None
+            self.guard.stdin.close()
+            with suppress(subprocess.TimeoutExpired):
+                self.guard.wait(STOP_GRACE_S)
 
 
 def start_head(num_cpus: int) -> Head:
@@ -77,19 +84,14 @@ def start_head(num_cpus: int) -> Head:
                 "--include-dashboard=false",
                 "--disable-usage-stats",
             ]
-            starter = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-            )
-            try:
-                output, _ = starter.communicate(timeout=START_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                end_session(starter.pid, 0)
-                raise PlacementError(f"the Ray head did not start within {START_TIMEOUT_S} s") from None
-            if starter.returncode == 0:
-                return Head(f"{LOOPBACK}:{port}", starter.pid, watch(starter.pid, raylet_of(starter.pid)))
-            end_session(starter.pid, 0)
+            guard, output, status = start_guarded(command, START_TIMEOUT_S)
+            if status == 0:
+                return Head(f"{LOOPBACK}:{port}", guard.pid, watch(guard.pid, raylet_of(guard.pid)), guard)
+            end_session(guard.pid, 0)
+            if status is None:
+                raise PlacementError(f"the Ray head did not start within {START_TIMEOUT_S} s:\n{output[-2000:]}")
     tail = "\n".join(output.strip().splitlines()[-15:])
-    raise PlacementError(f"could not start the Ray head (`ray start --head` exited {starter.returncode}):\n{tail}")
+    raise PlacementError(f"could not start the Ray head (`ray start --head` exited {status}):\n{tail}")
 
 
 @contextmanager
@@ -137,17 +139,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((LOOPBACK, 0))
         return probe.getsockname()[1]
-
-
-def raylet_of(session: int) -> int | None:
-    for pid in session_processes(session):
-        try:
-            with open(f"/proc/{pid}/comm") as comm:
-                if comm.read().strip() == "raylet":
-                    return pid
-        except OSError:
-            continue
-    return None
 
 
 def end_session(session: int, grace_s: float) -> None:

@@ -7,18 +7,26 @@ starts this watcher, in a session of its own too, holding the write end of a pip
 head's session, and every process whose environment names the run's raylet (`RAY_RAYLET_PID`: its agents and
 workers, should one ever leave the session), then sweeps the shared-memory segments of dead processes. It knows
 nothing of other people's clusters: only this run's processes are in its session or carry its raylet's pid.
+
+A watcher can die with its driver (`pkill -9 -f relayrl`, an OOM kill of both), so the head's session has a
+guard of its own as well: `ray start` runs under it (`start_guarded`), and it holds the read end of a second
+pipe from the driver and reaps its own session when that pipe closes. Ending the head now takes the driver, the
+watcher and a process of the head's own session killed together, and killing that session ends the head anyway.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 _watchers: list[subprocess.Popen] = []  # referenced for the driver's lifetime: closing the pipe ends the run
+EXIT_MARK = "relayrl-guard: the command exited"  # the guard's last line to the driver, before the status
 
 
 def watch(session: int, raylet_pid: int | None) -> subprocess.Popen:
@@ -71,11 +79,65 @@ def raylet_processes(raylet_pid: int) -> list[int]:
     return found
 
 
+def raylet_of(session: int) -> int | None:
+    for pid in session_processes(session):
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if comm.read().strip() == "raylet":
+                    return pid
+        except OSError:
+            continue
+    return None
+
+
+def start_guarded(command: list[str], timeout_s: float) -> tuple[subprocess.Popen, str, int | None]:
+    """Run `command` (`ray start --head ...`) in a new session under a guard: (the guard, the command's output, its
+    exit status; None when it did not finish within `timeout_s` or the guard died first). When the status is 0 the
+    guard stays, the session's leader, until the driver closes its stdin (or dies); the caller keeps it."""
+    guard = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.placement.reaper", "guard", *command],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    assert guard.stdout is not None
+    chunks, deadline = [], time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0 and select.select([guard.stdout], [], [], left)[0]:
+        chunk = os.read(guard.stdout.fileno(), 65536)
+        if not chunk:  # the guard closed its stdout: the command has exited
+            break
+        chunks.append(chunk)
+    output = b"".join(chunks).decode(errors="replace")
+    head, mark, status = output.rpartition(EXIT_MARK)
+    if mark and status.strip().lstrip("-").isdigit():
+        return guard, head.rstrip(), int(status)
+    return guard, output, None
+
+
+def _guard(command: list[str]) -> int:
+    """The guard's side: run the command with this process's stdout (the driver reads it to its end), then, if it
+    succeeded, wait for the driver's pipe to close and reap this session (the daemons it left here)."""
+    started = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    sys.stdout.buffer.write(started.stdout + f"\n{EXIT_MARK} {started.returncode}\n".encode())
+    sys.stdout.flush()
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # the pipe's last write end: the driver's read returns
+    if started.returncode != 0:
+        return started.returncode
+    session = os.getsid(0)
+    raylet_pid = raylet_of(session)
+    sys.stdin.buffer.read()  # returns at end of file: the driver has stopped the head, or is gone
+    reap(session, raylet_pid or 0)
+    return 0
+
+
 def reap(session: int, raylet_pid: int) -> None:
     from relayrl.sync.transports import sweep_segments
 
     doomed = set(session_processes(session)) if session else set()
     doomed |= set(raylet_processes(raylet_pid)) if raylet_pid else set()
+    doomed.discard(os.getpid())  # the guard reaps its own session: itself last, by returning
     for pid in doomed:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -83,6 +145,8 @@ def reap(session: int, raylet_pid: int) -> None:
 
 
 def main() -> None:
+    if sys.argv[1] == "guard":
+        sys.exit(_guard(sys.argv[2:]))
     session, raylet_pid = int(sys.argv[1]), int(sys.argv[2])
     sys.stdin.buffer.read()  # returns at end of file: the driver is gone
     reap(session, raylet_pid)

@@ -25,12 +25,12 @@ def rows(run_dir):
 
 def engine_pids(driver: int) -> list[int]:
     """The engine actors of this run only, so another run's engines on a shared machine are never counted or
-    killed: the run's Ray head lives in a session of its own (placement/ray_head.py), named by the argument of the
-    reaper the driver started for it (placement/reaper.py)."""
+    killed: the run's Ray head lives in a session of its own (placement/ray_head.py), led by the guard the driver
+    started for it (placement/reaper.py), whose pid is the session's id."""
     sessions = {
-        int(p.cmdline()[-2])
+        p.pid
         for p in psutil.Process(driver).children()
-        if "relayrl.placement.reaper" in " ".join(p.cmdline())
+        if p.cmdline()[1:4] == ["-m", "relayrl.placement.reaper", "guard"]
     }
     return [
         pid

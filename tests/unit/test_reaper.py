@@ -63,3 +63,41 @@ def test_ending_a_session_spares_the_callers_and_others():
         for process in (head, other_session):
             process.kill()
             process.wait()
+
+
+# a stand-in for `ray start --head`: leaves a daemon in its session (output closed, as Ray's are) and exits 0
+FAKE_RAY_START = [
+    sys.executable,
+    "-c",
+    "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+    "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); print('head started')",
+]
+# a driver that starts the guard, says its pid, and waits to be killed (it starts no watcher)
+DRIVER = (
+    "import sys, time; from relayrl.placement.reaper import start_guarded; "
+    f"guard, output, status = start_guarded({FAKE_RAY_START!r}, 60); "
+    "print(guard.pid, status, output.strip(), flush=True); time.sleep(120)"
+)
+
+
+def test_the_guard_ends_the_head_when_the_driver_dies_without_its_watcher():
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, text=True)
+    try:
+        guard_pid, status, said = driver.stdout.readline().strip().split(maxsplit=2)
+        assert status == "0" and said == "head started"
+        session = int(guard_pid)
+        assert wait_for(lambda: len(session_processes(session)) == 2)  # the guard and the daemon
+        driver.kill()  # SIGKILL: no exit handler runs, no watcher was started
+        driver.wait()
+        assert wait_for(lambda: session_processes(session) == [])
+    finally:
+        driver.kill()
+        driver.wait()
+
+
+def test_a_failed_start_passes_its_output_and_status_and_leaves_nothing():
+    from relayrl.placement.reaper import start_guarded
+
+    guard, output, status = start_guarded([sys.executable, "-c", "print('port taken'); raise SystemExit(3)"], 60)
+    assert (output.strip(), status) == ("port taken", 3)
+    assert guard.wait(30) == 3 and session_processes(guard.pid) == []
