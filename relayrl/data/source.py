@@ -308,7 +308,11 @@ def show_first_prompt(
 
 class PromptSampler:
     """Deterministic epochs over the prompts: shuffled by (seed, epoch), resumable from `state()`. Over a
-    `PromptTable` the order is over rows; a row dropped as too long is passed over when it is drawn."""
+    `PromptTable` the order is over rows; a row dropped as too long is passed over when it is drawn.
+
+    `replay` holds rows to hand out before the epoch order goes on: the prompts an async run had drawn but not
+    yet trained when its checkpoint was written (relayrl/sources/ledger.py), which a resumed run draws again.
+    They are part of `state()` (only when there are some, so a state without them reads as before)."""
 
     def __init__(self, prompts: list[Prompt] | PromptTable, seed: int, shuffle: bool = True):
         if not prompts:
@@ -319,6 +323,7 @@ class PromptSampler:
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
+        self.replay: list[int] = []
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
@@ -327,24 +332,39 @@ class PromptSampler:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.prompts))
 
     def next(self, count: int) -> list[Prompt]:
+        return [prompt for _, prompt in self.next_rows(count)]
+
+    def next_rows(self, count: int) -> list[tuple[int, Prompt]]:
+        """The next `count` prompts with their rows (replayed rows first)."""
         batch, dropped = [], 0
         while len(batch) < count:
-            if self.position == len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._epoch_order(self.epoch)
-            prompt = self._get(int(self._order[self.position]))
-            self.position += 1
+            row = self._next_row()
+            prompt = self._get(row)
             if prompt is not None:
-                batch.append(prompt)
+                batch.append((row, prompt))
                 dropped = 0
             elif (dropped := dropped + 1) > len(self._order):  # a lazy table's row dropped as too long
                 raise DataError(f"every prompt was dropped: a whole epoch of {len(self._order)} rows is too long")
         return batch
 
-    def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position}
+    def _next_row(self) -> int:
+        if self.replay:
+            return self.replay.pop(0)
+        if self.position == len(self._order):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order(self.epoch)
+        self.position += 1
+        return int(self._order[self.position - 1])
 
-    def load_state(self, state: dict[str, int]) -> None:
+    def state(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            **({"replay": list(self.replay)} if self.replay else {}),
+        }
+
+    def load_state(self, state: dict) -> None:
         self.epoch, self.position = state["epoch"], state["position"]
+        self.replay = [int(row) for row in state.get("replay", [])]
         self._order = self._epoch_order(self.epoch)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from relayrl.errors import PlacementError
@@ -42,7 +43,13 @@ class Group:
 
 class RolloutBuffer:
     def __init__(
-        self, groups_per_step: int, max_staleness: int, on_stale: str = "drop", capacity: int = 0, version: int = 0
+        self,
+        groups_per_step: int,
+        max_staleness: int,
+        on_stale: str = "drop",
+        capacity: int = 0,
+        version: int = 0,
+        on_drop: Callable[[list[Group]], None] | None = None,
     ):
         if on_stale not in ("drop", "wait"):
             raise ValueError(f"on_stale must be drop or wait, got {on_stale!r}")
@@ -52,6 +59,7 @@ class RolloutBuffer:
         self.admitted = version * groups_per_step  # next ticket
         self.released = self.admitted  # groups taken or dropped (drop mode: admitted - released are outstanding)
         self.dropped = 0
+        self.on_drop = on_drop  # told of every group dropped as too stale (under the buffer's lock)
         self.closed = False
         self._groups: dict[int, Group] = {}  # by ticket (wait) or by arrival (drop)
         self._arrivals = 0
@@ -132,8 +140,9 @@ class RolloutBuffer:
         if self.on_stale != "drop":
             return
         stale = [k for k, x in self._groups.items() if version - x.oldest > self.max_staleness]
-        for key in stale:
-            del self._groups[key]
+        dropped = [self._groups.pop(key) for key in stale]
+        if dropped and self.on_drop is not None:
+            self.on_drop(dropped)
         self.dropped += len(stale)
         self.released += len(stale)
         if stale:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from relayrl.rewards.service import add_counts
 from relayrl.rollout.protocols import EngineGroup
+from relayrl.sources.ledger import PromptLedger
 from relayrl.types import Prompt, Rollout, Sampling, Score
 
 if TYPE_CHECKING:
@@ -46,9 +47,21 @@ class RolloutSource:
         """The policy version the engines hold (the last one pushed)."""
         return self.sync.version
 
-    def prompts(self, n: int) -> list[Prompt]:
+    def prompts(self, n: int, ledger: PromptLedger | None = None) -> list[Prompt]:
+        """The next `n` prompts; with a ledger (async), the draw is recorded in it, in draw order."""
         with self._sampler_lock:
-            return self.sampler.next(n)
+            drawn = self.sampler.next_rows(n)
+            if ledger is not None:
+                ledger.drawn(drawn)
+            return [prompt for _, prompt in drawn]
+
+    def sampler_state(self, ledger: PromptLedger | None = None) -> dict:
+        """The sampler's state, with the ledger's unsettled draws to be replayed first (taken between two draws)."""
+        with self._sampler_lock:
+            state = self.sampler.state()
+            if ledger is not None and (rows := ledger.open_rows()):
+                state["replay"] = rows + state.get("replay", [])
+            return state
 
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
         """The step's sampling settings; the seed differs per step and per DAPO round."""

@@ -1,4 +1,5 @@
-"""Kill a run with SIGKILL mid-training, resume it, and get the same metrics as a run never interrupted."""
+"""Kill a run with SIGKILL mid-training, resume it, and get the same metrics as a run never interrupted (sync);
+under async, the resumed run trains every prompt the uninterrupted one would, none staler than the bound."""
 
 import json
 import os
@@ -48,18 +49,7 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_ta
 
     killed = tmp_path / "killed"
     config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, killed, "vllm")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "relayrl.cli", "train", str(config), *settings],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 600
-    while not (killed / "checkpoints" / "step_000003").is_dir() and process.poll() is None:
-        assert time.time() < deadline
-        time.sleep(0.05)
-    os.kill(process.pid, signal.SIGKILL)  # somewhere in step 4 (or writing its metrics)
-    process.wait()
-    assert not (killed / "eval.json").exists()
+    kill_after_checkpoint(config, settings, killed, "step_000003")  # somewhere in step 4 (or writing its metrics)
 
     resumed = run_cli("train", str(config), *settings, "--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -68,6 +58,56 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_ta
     assert_same_metrics(metric_rows(straight), metric_rows(killed))
     assert json.loads((killed / "eval.json").read_text()) == json.loads((straight / "eval.json").read_text())
     assert sorted(p.name for p in (killed / "checkpoints").glob("step_*")) == ["step_000003", "step_000005"]
+
+
+def kill_after_checkpoint(config, settings, run_dir, step_dir: str) -> None:
+    """Start `relayrl train`, SIGKILL it once `checkpoints/<step_dir>` exists (somewhere in the next step)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relayrl.cli", "train", str(config), *settings],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 600
+    while not (run_dir / "checkpoints" / step_dir).is_dir() and process.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (run_dir / "eval.json").exists()
+
+
+def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_would(tmp_path, warm_model_dir, toy_task):
+    """One producer, on_stale=wait: the uninterrupted run trains the sampler's draws in order, G per step (step v
+    takes tickets [vG, (v+1)G)), so the expected prompts are the sampler's first steps x G. The kill lands while
+    the producers are a batch or two ahead; the resumed run must draw those prompts again, not skip them."""
+    from relayrl.config import Config
+    from relayrl.data.source import PromptSampler, load_prompts
+    from relayrl.models.loading import load_tokenizer
+
+    steps, groups, n = 6, 8, 4
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "e.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    settings = [
+        *("placement.mode=ray", "train.schedule=async", "train.on_stale=wait", "train.max_staleness=1"),
+        *(f"train.steps={steps}", f"rollout.prompts_per_step={groups}", f"rollout.n={n}"),
+        *("checkpoint.every=1", "checkpoint.keep=2", "eval.max_prompts=8", "log.save_model=false"),
+        *("log.samples.every=1", f"log.samples.max_per_step={groups * n}"),
+    ]
+    kill_after_checkpoint(config, settings, run_dir, "step_000001")
+    resumed = run_cli("train", str(config), *settings, "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stdout
+
+    metrics = metric_rows(run_dir)
+    assert [r["step"] for r in metrics] == list(range(steps))
+    assert max(r["stale/version_max"] for r in metrics) <= 1  # the bound holds across the resume
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    trained = {step: sorted({s["sample"].split("#")[0] for s in samples if s["step"] == step}) for step in range(steps)}
+    prompts, _ = load_prompts(toy_task["train"], load_tokenizer(str(warm_model_dir)), 16)
+    sampler = PromptSampler(prompts, Config.model_validate({"model": {"path": "m"}}).train.seed, shuffle=True)
+    draws = [p.id for p in sampler.next(steps * groups)]
+    expected = {step: sorted(draws[step * groups : (step + 1) * groups]) for step in range(steps)}
+    assert trained == expected
 
 
 def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, warm_model_dir, toy_task):

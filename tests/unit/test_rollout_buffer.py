@@ -168,11 +168,11 @@ def test_a_take_that_drops_stale_groups_wakes_waiting_producers():
 
 def test_partial_state_discards_carried_finished_groups_too_old_to_train():
     from relayrl.schedules.modes import PartialState
-    from relayrl.types import PartialSample
+    from relayrl.types import PartialSample, Prompt
 
     def sample(group, versions, finished):
         return PartialSample(
-            prompt=None,
+            prompt=Prompt(f"p{group}", "", [1]),
             group=group,
             group_index=0,
             seed=None,
@@ -184,7 +184,7 @@ def test_partial_state_discards_carried_finished_groups_too_old_to_train():
     state = PartialState()
     state.ready = [[sample(0, [0, 1], True)], [sample(1, [1, 1], True)]]
     state.running = [sample(2, [0], False), sample(3, [1], False), sample(4, [], False)]
-    state.discard_older_than(1)
+    assert sorted(state.discard_older_than(1)) == ["p0", "p2"]  # their prompts, settled in the async ledger
     assert [g[0].group for g in state.ready] == [1]
     assert [s.group for s in state.running] == [3, 4]
     assert state.discarded == 2
