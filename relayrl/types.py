@@ -112,6 +112,9 @@ class Sampling:
     stop: tuple[str, ...] = field(default_factory=tuple)
     seed: int | None = None
     request_offset: int = 0  # index of the first prompt within the step's batch (a replica's share of it)
+    # one request seed per prompt, when the caller keys them itself (multi-turn turns: by trajectory and turn);
+    # None: spaced from `seed` by the prompt's index in the batch (relayrl/rollout/seeds.py `prompt_seeds`)
+    seeds: tuple[int | None, ...] | None = None
 
     @classmethod
     def greedy(cls, max_tokens: int, stop: Iterable[str] = (), min_tokens: int = 0) -> Sampling:

@@ -176,7 +176,12 @@ class TrainConfig(Section):
         "(whole groups when packing); one sample over it gets its own (learner/over_budget_units).",
     )
     epochs: int = Field(default=1, ge=1, description="Passes over each rollout batch.")
-    seed: int = Field(default=0, ge=0, description="Seeds data order, sampling and initialisation.")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        description="Seeds data order, sampling and initialisation: the same config and seed give the same metrics "
+        "and samples (sync, one_step_off; async varies with timing: drops, which replica makes which group).",
+    )
     threads: int = Field(default=0, ge=0, description="torch intra-op threads for the learner (0 = all cores).")
     packing: Literal["auto", "groups", "none"] = Field(
         default="auto",

@@ -11,7 +11,6 @@ the sync re-attach and push the current weights, and retries that share; `fail` 
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from collections.abc import Callable
 from relayrl.config import PlacementConfig
 from relayrl.errors import RoleFailure
 from relayrl.placement.handles import RemoteRole
+from relayrl.rollout.seeds import share_of
 from relayrl.types import Prompt, Rollout, Sampling
 
 
@@ -66,7 +66,7 @@ class RayEngineGroup:
         pending = []
         for index, (offset, share) in zip(replicas, shares):
             if share:
-                args = (share, dataclasses.replace(sampling, request_offset=sampling.request_offset + offset), version)
+                args = (share, share_of(sampling, offset, len(share)), version)
                 pending.append((index, args, self.replicas[index].submit("generate_timed", *args)))
         return pending
 

@@ -33,7 +33,7 @@ import torch
 from relayrl.errors import SyncError
 from relayrl.models.adapter_sync import AdapterSpec, map_adapter_keys
 from relayrl.rollout.build import EngineDevice
-from relayrl.rollout.seeds import request_seed
+from relayrl.rollout.seeds import prompt_seeds
 from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, ranks_bound
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
 from relayrl.rollout.vllm_tp import started as tp_started
@@ -105,6 +105,7 @@ class VLLMEngine:
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
 
+        seeds = prompt_seeds(sampling, len(prompts))
         params = [
             SamplingParams(
                 n=sampling.n,
@@ -118,9 +119,9 @@ class VLLMEngine:
                 # vLLM's per-step detokenizing costs ~8% of a short rollout; it is needed only to match stop
                 # strings, otherwise the texts are decoded once for the batch below
                 detokenize=bool(sampling.stop),
-                seed=request_seed(sampling.seed, sampling.request_offset + index, sampling.n),
+                seed=seed,
             )
-            for index in range(len(prompts))
+            for seed in seeds
         ]
         requests: list[TokensPrompt] = [{"prompt_token_ids": p.token_ids} for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter())

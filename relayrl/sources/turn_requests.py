@@ -46,6 +46,21 @@ def turn_requests(engines: EngineGroup, version: int = 0, replicas: list[int] | 
     return BatchTurns(engines, version, replicas)
 
 
+class TurnSeeds:
+    """The seed of each turn submitted, keyed by trajectory and turn (relayrl/rollout/seeds.py `turn_seed`), not
+    by the order turns arrive in, which follows the environments' timing. The driver's keys are trajectory
+    numbers; any other key is numbered in the order it is first seen."""
+
+    def __init__(self):
+        self._turns: dict[Hashable, int] = {}  # turns submitted per trajectory key
+        self._numbers: dict[Hashable, int] = {}
+
+    def next(self, key: Hashable, sampling: Sampling) -> int | None:
+        turn = self._turns[key] = self._turns.get(key, -1) + 1
+        trajectory = key if isinstance(key, int) else self._numbers.setdefault(key, len(self._numbers))
+        return turn_seed(sampling.seed, trajectory, turn)
+
+
 class VLLMTurns:
     one_call_per_step = False  # a turn joins the running batch whenever it is submitted
 
@@ -54,7 +69,7 @@ class VLLMTurns:
         self._core = engine.llm.llm_engine
         self._live: dict[str, Hashable] = {}
         self._ids = itertools.count()
-        self._turns: dict[Hashable, int] = {}  # turns submitted per trajectory key, for their seeds
+        self._seeds = TurnSeeds()
 
     @property
     def pending(self) -> int:
@@ -65,10 +80,7 @@ class VLLMTurns:
         from vllm.sampling_params import RequestOutputKind
 
         number = next(self._ids)
-        turn = self._turns[key] = self._turns.get(key, -1) + 1
-        # keyed by trajectory and turn, not by `number`: the order turns arrive in follows the environments'
-        # timing. (The driver's keys are trajectory numbers; any other key is numbered in submission order.)
-        seed = turn_seed(sampling.seed, key if isinstance(key, int) else number, turn)
+        seed = self._seeds.next(key, sampling)
         params = SamplingParams(
             n=1,
             temperature=sampling.temperature,
@@ -114,13 +126,14 @@ class BatchTurns:
     def __init__(self, engines: EngineGroup, version: int = 0, replicas: list[int] | None = None):
         self.engine, self.version, self.replicas = engines, version, replicas
         self._queued: list[tuple[Hashable, list[int], Sampling]] = []
+        self._seeds = TurnSeeds()
 
     @property
     def pending(self) -> int:
         return len(self._queued)
 
     def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling) -> None:
-        self._queued.append((key, list(prompt_ids), sampling))
+        self._queued.append((key, list(prompt_ids), replace(sampling, seeds=(self._seeds.next(key, sampling),))))
 
     def step(self) -> list[tuple[Hashable, TurnOutput]]:
         """Generate every queued turn in one call, to the longest budget; each is cut to its own budget after
@@ -130,7 +143,9 @@ class BatchTurns:
             return []
         longest = max(s.max_tokens for _, _, s in queued)
         # stop strings are matched by the driver (HF generate's matcher fails on some tokenizers)
-        sampling = replace(queued[0][2], n=1, max_tokens=longest, stop=())
+        # each turn with its own seed (by trajectory and turn): what it draws does not depend on the turns beside it
+        seeds = tuple(s.seeds[0] for _, _, s in queued if s.seeds)
+        sampling = replace(queued[0][2], n=1, max_tokens=longest, stop=(), seeds=seeds)
         prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
         if self.replicas is None:  # every replica: the group splits the call
             rollouts = self.engine.generate(prompts, sampling, self.version)

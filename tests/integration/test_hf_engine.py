@@ -1,5 +1,7 @@
 """The HF `generate` fallback engine: same contract as vLLM's, behaviour log-probs of the sampled distribution."""
 
+from dataclasses import replace
+
 import torch
 
 from relayrl.rollout.hf_engine import HFEngine
@@ -69,3 +71,37 @@ def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
     sync = InProcessSync(probe_ids=probe)
     sync.push(learner, LocalEngineGroup(engine))
     assert sync.last["sync/parity_abs_max"] < 1e-5
+
+
+def test_a_sampled_row_draws_the_same_tokens_whatever_batch_it_shares(random_model_dir):
+    """Each row samples from its own stream, seeded per request: a prompt's samples are the same alone or
+    batched beside another prompt (of another length: other padding), given the same request seeds."""
+    engine = HFEngine(str(random_model_dir))
+    a, b = (Prompt(t, t, engine.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in ("12+7=", "3+45+6="))
+    sampling = Sampling(n=3, temperature=1.0, max_tokens=10)
+    together = engine.generate([a, b], replace(sampling, seeds=(11, 29)), version=0)
+    alone = engine.generate([b], replace(sampling, seeds=(29,)), version=0)
+    assert [r.response_ids for r in together[3:]] == [r.response_ids for r in alone]
+    assert len({tuple(r.response_ids) for r in together}) > 2  # six rows, six streams
+
+
+def test_batched_turns_draw_by_trajectory_and_turn_not_by_arrival(random_model_dir):
+    """BatchTurns (HF generate, Ray engines) batches whatever turns are queued: the same turns queued in other
+    orders and batchings draw the same tokens (the multi-turn driver's keys are trajectory numbers)."""
+    from relayrl.rollout.local_group import LocalEngineGroup
+    from relayrl.sources.turn_requests import turn_requests
+
+    engine = HFEngine(str(random_model_dir))
+    prompt = engine.tokenizer("12+7=", add_special_tokens=False)["input_ids"]
+    sampled = Sampling(n=1, temperature=1.0, max_tokens=10, seed=5)
+
+    def draw(batches):
+        turns, drawn = turn_requests(LocalEngineGroup(engine)), {}
+        for batch in batches:
+            for key in batch:
+                turns.submit(key, prompt, sampled)
+            drawn.update((k, tuple(out.token_ids)) for k, out in turns.step())
+        return drawn
+
+    assert draw([[0, 1, 2]]) == draw([[2], [1, 0]]) == draw([[1], [2], [0]])
+    assert len(set(draw([[0, 1, 2]]).values())) == 3  # three trajectories, three streams
