@@ -41,3 +41,42 @@ def warm_model_dir(tmp_path_factory, toy_task):
     return run_sft(
         toy_task["sft"], out, init="tiny", settings=SFTSettings(epochs=4.0, batch_size=128), log=lambda *_: None
     )
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """One Ray head for the e2e runs that only need a cluster to place on, joined with `placement.address` (the
+    path a user's own cluster takes): a run that starts its own head spends ~15 s starting and stopping it. The
+    tests of a run's own head (its start, its end with the driver, signals, its processes) and runs whose workers
+    need an environment set by the test keep their own. 8 logical CPUs, so that a run's actors still ending never
+    leave the next run short."""
+    from relayrl.placement.ray_head import start_head
+
+    head = start_head(8)
+    yield head.address
+    head.stop()
+
+
+@pytest.fixture(scope="session")
+def straight_sync_run(tmp_path_factory, warm_model_dir, toy_task):
+    """A 6-step sync run through vLLM, never interrupted, with checkpoints after steps 1, 3 and 5 (the last two
+    kept): what the kill, signal and corrupt-checkpoint resume tests compare with (`settings` is how each of
+    them runs; read the run, copy it before changing it)."""
+    from types import SimpleNamespace
+
+    from benchmarks.learning_cases import run_cli, write_config
+
+    settings = [
+        "train.steps=6",
+        "checkpoint.every=2",
+        "checkpoint.keep=2",
+        "eval.max_prompts=16",
+        "rollout.prompts_per_step=16",
+        "log.save_model=false",
+        "log.progress=false",
+    ]
+    root = tmp_path_factory.mktemp("straight")
+    config = write_config(root / "straight.yaml", warm_model_dir, toy_task, root / "run", "vllm")
+    result = run_cli("train", str(config), *settings)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return SimpleNamespace(dir=root / "run", config=config, settings=settings)

@@ -16,13 +16,14 @@ pytestmark = pytest.mark.slow
 STEPS = 12
 
 
-def test_partial_rollouts_with_drop_do_not_stall(tmp_path, random_model_dir, toy_task):
+def test_partial_rollouts_with_drop_do_not_stall(tmp_path, random_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", random_model_dir, toy_task, run_dir, "vllm")
     result = run_cli(
         "train",
         str(config),
         "placement.mode=ray",
+        f"placement.address={ray_address}",
         "log.progress=false",
         "algorithm.correction.mode=tis_token",
         "train.schedule=async",

@@ -58,7 +58,9 @@ def pairs(path) -> list[tuple[str, float]]:
     return [tuple(json.loads(line)) for line in path.read_text().splitlines()]
 
 
-def test_two_engines_score_concurrently_and_each_sample_keeps_its_reward(tmp_path, random_model_dir, toy_task):
+def test_two_engines_score_concurrently_and_each_sample_keeps_its_reward(
+    tmp_path, random_model_dir, toy_task, ray_address
+):
     (tmp_path / "reward.py").write_text(REWARD)
     (tmp_path / "driver.py").write_text(DRIVER)
     scored_log, buffered_log, run_dir = tmp_path / "scored.jsonl", tmp_path / "buffered.jsonl", tmp_path / "run"
@@ -75,6 +77,7 @@ def test_two_engines_score_concurrently_and_each_sample_keeps_its_reward(tmp_pat
             "reward.workers=2",
             "reward.batch_size=2",
             "placement.mode=ray",
+            f"placement.address={ray_address}",
             "placement.engines=2",
             "placement.learner_cpus=1",
             "placement.engine_cpus=0.5",

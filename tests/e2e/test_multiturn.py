@@ -37,7 +37,7 @@ def test_a_retry_run_trains_on_trajectories(tmp_path, random_model_dir):
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.parametrize("schedule", ["async"])
-def test_overlapped_schedules_train_on_trajectories(tmp_path, random_model_dir, schedule):
+def test_overlapped_schedules_train_on_trajectories(tmp_path, random_model_dir, schedule, ray_address):
     """Under Ray (a vLLM engine actor, environment workers in the driver): trajectories are generated while the
     learner trains; each sample's tokens carry the versions that produced them, within the staleness bound.
     A run is mostly Ray's and the engine actor's start, so only async runs here: one_step_off passes this test
@@ -52,7 +52,7 @@ def test_overlapped_schedules_train_on_trajectories(tmp_path, random_model_dir, 
         "data": {"train": str(tmp_path / "train.jsonl"), "max_prompt_tokens": 8},
         "env": {"fn": "retry", "kwargs": {"feedback": " 1+1="}, "max_turns": 3, "max_total_tokens": 24},
         "rollout": {"engine": "vllm", "n": 2, "prompts_per_step": 4, "max_tokens": 4},
-        "placement": {"mode": "ray"},
+        "placement": {"mode": "ray", "address": ray_address},
         "algorithm": {"correction": {"mode": "tis_token"}},
         "train": {"steps": 3, "lr": 1e-4, "schedule": schedule},
         "log": {"dir": str(tmp_path / "run"), "progress": False, "save_model": False, "samples": {"every": 1}},

@@ -16,9 +16,10 @@ from tests.e2e.test_resume import assert_same_metrics, metric_rows
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = [
-    "train.steps=5",
+SETTINGS = [  # as the straight_sync_run fixture's (tests/conftest.py), which the resumed run is compared with
+    "train.steps=6",
     "checkpoint.every=2",
+    "checkpoint.keep=2",
     "eval.max_prompts=16",
     "rollout.prompts_per_step=16",
     "log.save_model=false",
@@ -66,11 +67,9 @@ def session_processes(sid):
     return alive
 
 
-def test_sigterm_saves_the_step_and_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task):
-    straight = tmp_path / "straight"
-    config = write_config(tmp_path / "a.yaml", warm_model_dir, toy_task, straight, "vllm")
-    assert run_cli("train", str(config), *SETTINGS).returncode == 0
-
+def test_sigterm_saves_the_step_and_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task, straight_sync_run):
+    straight = straight_sync_run.dir
+    assert straight_sync_run.settings == SETTINGS
     stopped = tmp_path / "stopped"
     config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, stopped, "vllm")
     process = start(config)
@@ -89,12 +88,12 @@ def test_sigterm_saves_the_step_and_resumes_to_the_same_metrics(tmp_path, warm_m
 
     resumed = run_cli(*shlex.split(command)[1:])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [r["step"] for r in metric_rows(stopped)] == list(range(5))
+    assert [r["step"] for r in metric_rows(stopped)] == list(range(6))
     assert_same_metrics(metric_rows(straight), metric_rows(stopped))  # mismatch/* to 1e-5: engine float noise
     assert json.loads((stopped / "eval.json").read_text()) == json.loads((straight / "eval.json").read_text())
     timeline = [json.loads(line) for line in (stopped / "timeline.jsonl").read_text().splitlines()]
     updates = [row["step"] for row in timeline if row["phase"] == "update"]
-    assert updates == list(range(5))  # the first run's rows kept up to its checkpoint, none twice
+    assert updates == list(range(6))  # the first run's rows kept up to its checkpoint, none twice
 
 
 def test_ctrl_c_under_ray_stops_with_one_line_and_no_traceback(tmp_path, random_model_dir, toy_task):

@@ -47,12 +47,12 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_dir, toy_task):
+def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_dir, toy_task, ray_address):
     """Held-out gain over seeds 0-4: 0.165 / 0.195 / 0.235 (min / mean / max); asserted >= 0.05."""
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["ray_shm"]
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_cli("train", str(config), *case.overrides, f"placement.address={ray_address}")
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     assert gain(scores) >= case.min_gain, (scores, case.spread)
@@ -79,13 +79,14 @@ def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_d
         ("object_store", []),
     ],
 )
-def test_every_replica_gets_every_push(tmp_path, warm_model_dir, toy_task, transport, extra):
+def test_every_replica_gets_every_push(tmp_path, warm_model_dir, toy_task, transport, extra, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     result = run_cli(
         "train",
         str(config),
         *RAY,
+        f"placement.address={ray_address}",
         f"sync.transport={transport}",
         *extra,
         "train.steps=3",

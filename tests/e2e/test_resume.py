@@ -3,6 +3,7 @@ under async, the resumed run trains every prompt the uninterrupted one would, no
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,18 +36,8 @@ def assert_same_metrics(expected, got):
             assert have[key] == pytest.approx(value, abs=tolerance), (want["step"], key)
 
 
-def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task):
-    settings = [
-        "train.steps=6",
-        "checkpoint.every=2",
-        "checkpoint.keep=2",
-        "eval.max_prompts=50",
-        "rollout.prompts_per_step=16",
-    ]
-    straight = tmp_path / "straight"
-    config = write_config(tmp_path / "a.yaml", warm_model_dir, toy_task, straight, "vllm")
-    assert run_cli("train", str(config), *settings).returncode == 0
-
+def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task, straight_sync_run):
+    straight, settings = straight_sync_run.dir, straight_sync_run.settings
     killed = tmp_path / "killed"
     config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, killed, "vllm")
     kill_after_checkpoint(config, settings, killed, "step_000003")  # somewhere in step 4 (or writing its metrics)
@@ -76,7 +67,9 @@ def kill_after_checkpoint(config, settings, run_dir, step_dir: str) -> None:
     assert not (run_dir / "eval.json").exists()
 
 
-def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_would(tmp_path, warm_model_dir, toy_task):
+def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_would(
+    tmp_path, warm_model_dir, toy_task, ray_address
+):
     """One producer, on_stale=wait: the uninterrupted run trains the sampler's draws in order, G per step (step v
     takes tickets [vG, (v+1)G)), so the expected prompts are the sampler's first steps x G. The kill lands while
     the producers are a batch or two ahead; the resumed run must draw those prompts again, not skip them."""
@@ -88,7 +81,13 @@ def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_wo
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "e.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     settings = [
-        *("placement.mode=ray", "train.schedule=async", "train.on_stale=wait", "train.max_staleness=1"),
+        *(
+            "placement.mode=ray",
+            f"placement.address={ray_address}",
+            "train.schedule=async",
+            "train.on_stale=wait",
+            "train.max_staleness=1",
+        ),
         *(f"train.steps={steps}", f"rollout.prompts_per_step={groups}", f"rollout.n={n}"),
         *("checkpoint.every=1", "checkpoint.keep=2", "eval.max_prompts=8", "log.save_model=false"),
         *("log.samples.every=1", f"log.samples.max_per_step={groups * n}"),
@@ -110,24 +109,18 @@ def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_wo
     assert trained == expected
 
 
-def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, warm_model_dir, toy_task):
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, straight_sync_run):
     run_dir = tmp_path / "run"
-    settings = [
-        "train.steps=4",
-        "checkpoint.every=1",
-        "checkpoint.keep=3",
-        "eval.max_prompts=20",
-        "rollout.prompts_per_step=8",
-    ]
-    config = write_config(tmp_path / "c.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    assert run_cli("train", str(config), *settings).returncode == 0
-    newest = run_dir / "checkpoints" / "step_000003" / "trainer_state.pt"
+    shutil.copytree(straight_sync_run.dir, run_dir)  # checkpoints after steps 3 and 5
+    newest = run_dir / "checkpoints" / "step_000005" / "trainer_state.pt"
     newest.write_bytes(newest.read_bytes()[:100])  # a torn write
+    config, settings = straight_sync_run.config, straight_sync_run.settings
     resumed = run_cli("train", str(config), *settings, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "step_000003 is unusable (trainer_state.pt does not match its checksum)" in resumed.stdout
-    assert "resuming from" in resumed.stdout and "step_000002" in resumed.stdout
-    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    assert "step_000005 is unusable (trainer_state.pt does not match its checksum)" in resumed.stdout
+    assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(range(6))
+    assert_same_metrics(metric_rows(straight_sync_run.dir), metric_rows(run_dir))
 
 
 def test_resume_without_checkpoints_is_a_clear_error(tmp_path, warm_model_dir, toy_task):

@@ -17,13 +17,14 @@ def rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_one_step_off_samples_are_one_version_old(tmp_path, warm_model_dir, toy_task):
+def test_one_step_off_samples_are_one_version_old(tmp_path, warm_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     result = run_cli(
         "train",
         str(config),
         *RAY,
+        f"placement.address={ray_address}",
         "train.schedule=one_step_off",
         "train.steps=4",
         "eval.max_prompts=16",
@@ -39,12 +40,12 @@ def test_one_step_off_samples_are_one_version_old(tmp_path, warm_model_dir, toy_
     assert all(row["end"] >= row["start"] for row in timeline)
 
 
-def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_dir, toy_task):
+def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_dir, toy_task, ray_address):
     """Held-out gain over seeds 0-4: 0.125 / 0.198 / 0.245 (min / mean / max); asserted >= 0.04."""
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["async_wait"]
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_cli("train", str(config), *case.overrides, f"placement.address={ray_address}")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     assert len(metrics) == 14
@@ -54,13 +55,14 @@ def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_
     assert gain(scores) >= case.min_gain, (scores, case.spread)
 
 
-def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm_model_dir, toy_task):
+def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     result = run_cli(
         "train",
         str(config),
         *RAY,
+        f"placement.address={ray_address}",
         "train.schedule=async",
         "train.max_staleness=1",
         "train.on_stale=drop",
@@ -76,13 +78,14 @@ def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm
     assert metrics[-1]["buffer/dropped"] == 0
 
 
-def test_async_partial_rollouts_carry_responses_across_versions(tmp_path, warm_model_dir, toy_task):
+def test_async_partial_rollouts_carry_responses_across_versions(tmp_path, warm_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     result = run_cli(
         "train",
         str(config),
         *RAY,
+        f"placement.address={ray_address}",
         "train.schedule=async",
         "train.max_staleness=2",
         "train.on_stale=drop",
