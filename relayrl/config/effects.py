@@ -24,11 +24,10 @@ def warn_ineffective(config: Config) -> None:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
         warn(f"{names} has no effect under train.schedule={train.schedule}")
     if train.schedule != "sync" and config.checkpoint.every:
-        lost = {"one_step_off": "the batch in flight is drawn again and generated with the checkpoint's weights"}
         warn(
-            f"checkpoints under train.schedule={train.schedule} resume the learner exactly but not the rollouts in "
-            f"flight ({lost.get(train.schedule, 'the groups in flight or buffered are dropped, not drawn again')}): "
-            "a resumed run is not a replay of an uninterrupted one"
+            f"checkpoints under train.schedule={train.schedule} lose no prompt, but the rollouts in flight or "
+            "buffered at one are drawn again and generated with the checkpoint's weights: a resumed run is not a "
+            "replay of an uninterrupted one"
         )
     off_policy = train.schedule == "one_step_off" or (train.schedule == "async" and train.max_staleness > 0)
     if off_policy and config.algorithm.correction.mode == "none":

@@ -341,7 +341,7 @@ def test_overlapped_schedules_need_ray_and_warn_about_what_they_change():
     with pytest.warns(UserWarning) as caught:
         load_config(overrides=["placement.mode=ray", "train.schedule=one_step_off", "checkpoint.every=2"])
     messages = " ".join(str(w.message) for w in caught)
-    assert "not a replay" in messages and "without correction" in messages
+    assert "lose no prompt" in messages and "not a replay" in messages and "without correction" in messages
     with pytest.warns(UserWarning, match="train.max_staleness has no effect under train.schedule=sync"):
         load_config(overrides=["train.max_staleness=3"])
 
