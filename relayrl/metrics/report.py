@@ -49,7 +49,7 @@ PHASES = (
     "wait",
 )  # swap: colocated time-sharing; wait: async learner idle
 PHASE_COLORS: dict[str, str] = dict(
-    zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#bbbbbb"))
+    zip(PHASES, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#2ca02c", "#937860", "#bbbbbb"), strict=True)
 )
 EXTRA_COLORS = ("#da8bc3", "#8c8c8c", "#ccb974", "#64b5cd")
 TIMELINE_STEPS = 8

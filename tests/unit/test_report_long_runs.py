@@ -23,13 +23,14 @@ ROLE = {
 }
 
 
-def _metrics_row(step: int) -> dict:
+def _metrics_row(step: int, schedule: str | None = "sync") -> dict:
+    phases = {**PHASE_SECONDS, **({"wait": 0.02} if schedule == "async" else {})}  # the async learner's idle time
     return {
         "step": step,
         "reward/mean": 0.3 + 0.01 * step,
         "reward/std": 0.2,
-        **{f"time/{phase}": seconds for phase, seconds in PHASE_SECONDS.items()},
-        "time/step": sum(PHASE_SECONDS.values()) + 0.01,
+        **{f"time/{phase}": seconds for phase, seconds in phases.items()},
+        "time/step": sum(phases.values()) + 0.01,
         "stale/mean": 0.0,
         "stale/max": 0.0,
         "mismatch/logprob_abs_mean": 1e-6,
@@ -68,7 +69,7 @@ def _timeline(schedule: str, steps: int, engines: int = 2) -> list[dict]:
 
 def _write_run(run: Path, steps: int, schedule: str | None = "sync") -> Path:
     run.mkdir(parents=True, exist_ok=True)
-    (run / "metrics.jsonl").write_text("".join(json.dumps(_metrics_row(s)) + "\n" for s in range(steps)))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(_metrics_row(s, schedule)) + "\n" for s in range(steps)))
     if schedule:
         (run / "timeline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _timeline(schedule, steps)))
     return run
@@ -80,6 +81,18 @@ def test_report_of_a_50_step_run_draws_every_schedules_timeline(tmp_path, schedu
     page = write_report(run).read_text()
     assert (run / "report" / "timeline.png").read_bytes().startswith(b"\x89PNG")
     assert 'alt="timeline"' in page and ">50 (last step 49)<" in page
+
+
+def test_every_phase_a_run_logs_is_drawn_in_the_phase_chart(tmp_path):
+    """time/swap (colocated time-sharing) and time/wait (the async learner idle) as well as the loop's phases:
+    a phase without a colour crashed the report of every async run."""
+    from relayrl.metrics.report import PHASES
+
+    run = _write_run(tmp_path / "run", steps=3, schedule=None)
+    rows = [{**_metrics_row(step), **{f"time/{phase}": 0.01 for phase in PHASES}} for step in range(3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_report(run)
+    assert (run / "report" / "phase_times.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_timeline_with_many_unknown_phases_does_not_run_out_of_colours(tmp_path):
