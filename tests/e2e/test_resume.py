@@ -27,13 +27,16 @@ def metric_rows(run_dir):
 
 
 def assert_same_metrics(expected, got):
-    """Every numeric key of every step equal to 1e-6 (mismatch/* to its noise), no key missing or extra."""
+    """Every numeric key of every step equal to 1e-6, absolute or relative (mismatch/* to its noise), no key missing
+    or extra. Relative too: on a loaded machine fp32 reductions may run in another order (measured beside a busy
+    core: actor/grad_norm 5.4242630 resumed vs 5.4242606 straight, 4.4e-7 apart relatively); a resume that got
+    anything wrong (another batch, optimizer state, RNG) moves every metric far more."""
     assert [r["step"] for r in got] == [r["step"] for r in expected]
     for want, have in zip(expected, got):
         assert want.keys() == have.keys()
         for key, value in want.items():
             tolerance = next((t for prefix, t in NOISE_TOLERANCE.items() if key.startswith(prefix)), 1e-6)
-            assert have[key] == pytest.approx(value, abs=tolerance), (want["step"], key)
+            assert have[key] == pytest.approx(value, rel=1e-6, abs=tolerance), (want["step"], key)
 
 
 def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_task, straight_sync_run):
