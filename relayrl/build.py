@@ -46,7 +46,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
     longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
-    check_env(config, longest)  # env.fn: multi-turn rollouts (relayrl/envs/), a whole trajectory in the context
+    check_env(config, longest)  # env.fn or env.agent: multi-turn rollouts, a whole trajectory in the context
     max_len = longest + response_budget(config)
     check_context(config, max_len)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
@@ -56,7 +56,9 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     roles = build_roles(config, max_len, probe_ids)
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     sampler = PromptSampler(prompts, config.train.seed, config.data.shuffle)
-    source = (MultiTurnSource if config.env.fn else RolloutSource)(config, roles.engines, rewards, sampler, roles.sync)
+    source = (MultiTurnSource if config.env.multi_turn else RolloutSource)(
+        config, roles.engines, rewards, sampler, roles.sync
+    )
     return Trainer(
         config=config,
         engines=roles.engines,

@@ -1,24 +1,40 @@
-"""The `env.*` config section (multi-turn rollouts). Its own module: relayrl/config/sections.py is at its line
-budget. The root `Config` (relayrl/config/) holds it as `env`."""
+"""The `env.*` config section (multi-turn rollouts: an environment class, or an agent program calling the
+policy through an OpenAI-compatible endpoint). Its own module: relayrl/config/sections.py is at its line budget.
+The root `Config` (relayrl/config/) holds it as `env`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from relayrl.config.sections import Section
 
 
 class EnvConfig(Section):
-    """Multi-turn rollouts: an environment answers each turn (relayrl/envs/). Off while `fn` is empty."""
+    """Multi-turn rollouts: an environment answers each turn (relayrl/envs/), or an agent program makes the calls
+    (relayrl/agents/). Off while `fn` and `agent` are empty."""
 
     fn: str = Field(
         default="",
         description="Environment class: a built-in (retry, calculator, code_feedback), `module:Class` or "
-        "`path/file.py:Class`, one instance per trajectory; '' = single-turn rollouts. Resolved as reward.fn.",
+        "`path/file.py:Class`, one instance per trajectory; '' = single-turn rollouts (unless env.agent is set). "
+        "Resolved as reward.fn.",
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment class.")
+    agent: str = Field(
+        default="",
+        description="An agent program instead of an environment: `module:function` or `path/file.py:function`, "
+        "called as agent(client, row, **env.kwargs) with an OpenAI client served by the run's engines, one call "
+        "per trajectory; it returns the reward (or {reward, success}). relayrl/agents/. Resolved as reward.fn.",
+    )
+    tool_parser: str = Field(
+        default="",
+        description="vLLM tool parser for the agent's `tools=` calls (hermes, llama3_json, ...): the model's tool "
+        "calls come back as OpenAI tool_calls; '' = none (tool calls stay in the text).",
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the environment class (or of the agent function)."
+    )
     max_turns: int = Field(default=4, ge=1, description="Model turns per trajectory at most; the trajectory then ends.")
     max_total_tokens: int = Field(
         default=512,
@@ -60,3 +76,17 @@ class EnvConfig(Section):
         description="When the chat template would change earlier tokens: stop with an error naming the turn, "
         "start a new sample from that point, or re-render the history (earlier turns then not trained).",
     )
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if self.fn and self.agent:
+            raise ValueError(
+                f"env.fn={self.fn!r} and env.agent={self.agent!r} are both set: a trajectory is answered either by an "
+                "environment class or by an agent program (set one of them)"
+            )
+        return self
+
+    @property
+    def multi_turn(self) -> bool:
+        """Trajectories of several turns: an environment (fn) or an agent answers each turn."""
+        return bool(self.fn or self.agent)

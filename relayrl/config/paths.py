@@ -33,7 +33,7 @@ from relayrl.config.warn import warn
 from relayrl.errors import ConfigError
 
 INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
-PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn")
+PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn", "env.agent")
 OUTPUT_PATHS = ("log.dir", "sync.directory")  # against the working directory, whoever sets them
 MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords
 
@@ -83,8 +83,9 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
             node[name] = resolve_path(key, node[name], origin[key])
     _resolve_outputs(tree)
     env = tree.get("env")
-    if isinstance(env, dict) and isinstance(env.get("fn"), str) and env["fn"] and "env.fn" in origin:
-        env["fn"] = resolve_reward_spec("env.fn", env["fn"], origin["env.fn"])
+    for name in ("fn", "agent"):
+        if isinstance(env, dict) and isinstance(env.get(name), str) and env[name] and f"env.{name}" in origin:
+            env[name] = resolve_reward_spec(f"env.{name}", env[name], origin[f"env.{name}"])
     reward = tree.get("reward")
     if not isinstance(reward, dict):
         return tree

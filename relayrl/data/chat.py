@@ -40,17 +40,20 @@ class ChatCodec:
         self.templated = chat_template and tokenizer.chat_template is not None
         self.assistant_suffix = self._assistant_suffix() if self.templated else ""
 
-    def render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    def render(self, messages: list[dict[str, Any]], generation_prompt: bool, tools: list | None = None) -> str:
+        """The chat template's text (with `tools`, as an agent's call offers them: the template renders them)."""
         if not self.templated:
             return "".join(m["content"] for m in messages)
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def first_prompt(self, messages: list[dict[str, Any]]) -> tuple[str, list[int]]:
+    def first_prompt(self, messages: list[dict[str, Any]], tools: list | None = None) -> tuple[str, list[int]]:
         """The first prompt's text and ids (a plain prompt gets the tokenizer's special tokens, e.g. BOS)."""
-        text = self.render(messages, generation_prompt=True)
+        text = self.render(messages, generation_prompt=True, tools=tools)
         return text, self.tokenizer(text, add_special_tokens=not self.templated)["input_ids"]
 
     def action_text(self, generated_ids: list[int]) -> str:
@@ -58,14 +61,20 @@ class ChatCodec:
         return self.tokenizer.decode(generated_ids, skip_special_tokens=True)
 
     def observation(
-        self, history: list[dict[str, Any]], generated_ids: list[int], observation: dict[str, Any]
+        self,
+        history: list[dict[str, Any]],
+        generated_ids: list[int],
+        observation: dict[str, Any] | list[dict[str, Any]],
+        tools: list | None = None,
     ) -> Delta:
         """The tokens that follow the model's last turn (`history` ends with it, as text) up to and including
-        the next generation prompt."""
+        the next generation prompt: the observation's message, or messages (an agent's tool results and more)."""
+        if isinstance(observation, dict):
+            observation = [observation]
         if not self.templated:
-            return Delta(self.encode(observation["content"]), True)
-        before = self.render(history, generation_prompt=False)
-        after = self.render(history + [observation], generation_prompt=True)
+            return Delta(self.encode("".join(m["content"] for m in observation)), True)
+        before = self.render(history, generation_prompt=False, tools=tools)
+        after = self.render(history + observation, generation_prompt=True, tools=tools)
         if not after.startswith(before):
             return Delta([], False, after)
         emitted = self.tokenizer.decode(generated_ids, skip_special_tokens=False)

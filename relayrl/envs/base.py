@@ -9,7 +9,7 @@ An environment is a class, one instance per trajectory:
 
 `async def` versions of either method are accepted. `row` is the dataset row, every column (`prompt` or
 `messages` included). A step's observation is a string (a user turn), a message dict (`{"role": "tool",
-"content": ...}`) or None (nothing to say: only sensible with done=True). An optional class attribute
+"content": ...}`), a list of them (several tool results) or None (nothing to say: only sensible with done=True). An optional class attribute
 `stop` (a tuple of strings) ends a turn's generation early, e.g. at `</calc>` for a tool call.
 
 Checking what `step` returned lives here (`as_step`), so a malformed result is named once, with the class.
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from relayrl.errors import EnvError
 
-Observation = str | dict[str, Any] | None
+Observation = str | dict[str, Any] | list[dict[str, Any]] | None
 
 
 @dataclass
@@ -131,9 +131,11 @@ def as_step(result: Any, where: str) -> Step:
     if not isinstance(result, Step):
         raise EnvError(f"{where}: step must return relayrl.envs.Step or (observation, reward, done), got {result!r}")
     observation = result.observation
-    if not (observation is None or isinstance(observation, str) or _is_message(observation)):
+    several = isinstance(observation, list) and bool(observation) and all(_is_message(m) for m in observation)
+    if not (observation is None or isinstance(observation, str) or _is_message(observation) or several):
         raise EnvError(
-            f"{where}: the observation must be a string, a {{role, content}} dict or None, got {observation!r}"
+            f"{where}: the observation must be a string, a {{role, content}} dict, a non-empty list of them or "
+            f"None, got {observation!r}"
         )
     if observation is None and not result.done:
         raise EnvError(f"{where}: an observation of None needs done=True (the model has nothing to answer)")
@@ -146,11 +148,13 @@ def as_step(result: Any, where: str) -> Step:
     return Step(observation, reward, bool(result.done), dict(result.info or {}))
 
 
-def observation_message(observation: str | dict[str, Any]) -> dict[str, Any]:
-    """A step's observation as the chat message appended to the history (a string is a user turn)."""
+def observation_messages(observation: str | dict[str, Any] | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's observation as the chat messages appended to the history (a string is a user turn)."""
     if isinstance(observation, str):
-        return {"role": "user", "content": observation}
-    return dict(observation)
+        return [{"role": "user", "content": observation}]
+    if isinstance(observation, dict):
+        return [dict(observation)]
+    return [dict(m) for m in observation]
 
 
 def _is_message(value: Any) -> bool:

@@ -102,7 +102,8 @@ class EnvPool(SupervisedPool[_EnvWorker]):
         self._by_key[key] = worker
         worker.send(("reset", row, where), self.timeout_s)
 
-    def step(self, key: Hashable, action: str, where: str) -> None:
+    def step(self, key: Hashable, action: str, where: str, turn=None) -> None:
+        """Send the turn's text (`turn`, the sampled tokens, is for agents' pools: an environment sees text)."""
         self._by_key[key].send(("step", action, where), self.timeout_s)
 
     def release(self, key: Hashable) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from relayrl.algorithms.advantages import TOKEN_LEVEL
 from relayrl.config.env import EnvConfig
@@ -34,7 +35,8 @@ from relayrl.data.chat import ChatCodec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
 from relayrl.sources.single_turn import RolloutSource
-from relayrl.sources.trajectories import MultiTurnBatch, MultiTurnDriver, UnknownCharacters
+from relayrl.sources.trajectories import MultiTurnDriver
+from relayrl.sources.trajectory import MultiTurnBatch, UnknownCharacters
 from relayrl.sources.turn_requests import turn_requests
 from relayrl.types import Prompt, Rollout, Sampling, Score
 
@@ -43,17 +45,19 @@ MAIN = "main"  # the lane of `generate` and `evaluate`: the calling (training) t
 
 def response_budget(config) -> int:
     """Tokens after the first prompt that the engines' context must hold."""
-    return max(config.rollout.max_tokens, config.env.max_total_tokens) if config.env.fn else config.rollout.max_tokens
+    env = config.env
+    return max(config.rollout.max_tokens, env.max_total_tokens) if env.multi_turn else config.rollout.max_tokens
 
 
 def check_env(config, longest_prompt: int | None = None) -> None:
     """A run's env.* settings that cannot work, found before anything is built or written; with the longest
     prompt's tokens, also whether a whole trajectory fits the model's context."""
-    if not config.env.fn:
+    if not config.env.multi_turn:
         return
+    spec = f"env.agent={config.env.agent!r}" if config.env.agent else f"env.fn={config.env.fn!r}"
     if config.train.partial_rollouts:
         raise ConfigError(
-            f"env.fn={config.env.fn!r} does not combine with train.partial_rollouts: a trajectory's turns are "
+            f"{spec} does not combine with train.partial_rollouts: a trajectory's turns are "
             "generated whole, each as the environment answers (set train.partial_rollouts=0)"
         )
     if config.algorithm.advantage in TOKEN_LEVEL and "reward" in config.env.model_fields_set:
@@ -63,9 +67,14 @@ def check_env(config, longest_prompt: int | None = None) -> None:
             f"env.reward={config.env.reward} has no effect with algorithm.advantage={config.algorithm.advantage}: "
             "each turn's reward sits on its own last token, discounted per token by algorithm.gamma"
         )
-    from relayrl.envs.base import load_env_class
+    if config.env.agent:
+        from relayrl.agents.pool import load_agent
 
-    load_env_class(config.env.fn)
+        load_agent(config.env.agent)
+    else:
+        from relayrl.envs.base import load_env_class
+
+        load_env_class(config.env.fn)
     if longest_prompt is not None:
         check_env_context(config, longest_prompt)
 
@@ -105,6 +114,7 @@ PER_TRAJECTORY = frozenset(  # means over trajectories (obs_token_frac, over tok
         "env/success",
         "env/first_turn_success",
         "env/tool_calls",
+        "env/tool_errors",
         "env/truncated_frac",
         "response/obs_token_frac",
     )
@@ -128,10 +138,10 @@ def merge_batch_metrics(total: dict[str, float], part: dict[str, float]) -> dict
 
 @dataclass
 class Lane:
-    """What one driver at a time uses: environment workers, and a tokenizer of its own (a fast tokenizer is not
-    safe to call from two threads at once)."""
+    """What one driver at a time uses: environment workers (or agents), and a tokenizer of its own (a fast tokenizer
+    is not safe to call from two threads at once)."""
 
-    pool: EnvPool
+    pool: Any  # EnvPool, or AgentPool (relayrl/agents/pool.py) under env.agent
     codec: ChatCodec
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -146,6 +156,7 @@ class MultiTurnSource(RolloutSource):
         self._lanes: dict[str, Lane] = {}
         self._generated: dict[int, MultiTurnBatch] = {}  # by id(batch.rollouts), until scored
         self._threads: ThreadPoolExecutor | None = None
+        self._server = None  # env.agent: the agents' endpoint (relayrl/agents/server.py), shared by the lanes
         self.unknown = UnknownCharacters()  # characters the tokenizer lacks: warned about once per run
         self.codec = self._lane_of(MAIN).codec  # the main lane's workers start now, as the run is built
 
@@ -219,13 +230,38 @@ class MultiTurnSource(RolloutSource):
 
         with self._lock:
             if name not in self._lanes:
-                env = self.env
                 codec = ChatCodec(load_tokenizer(self.config.model.path), self.config.data.chat_template)
-                self._lanes[name] = Lane(EnvPool(env.fn, env.kwargs, env.max_inflight, env.timeout_s), codec)
+                self._lanes[name] = Lane(self._pool(codec.tokenizer), codec)
             return self._lanes[name]
+
+    def _pool(self, tokenizer):
+        """A lane's environment workers, or (env.agent) its agents on the run's endpoint (started with the first)."""
+        env = self.env
+        if not env.agent:
+            return EnvPool(env.fn, env.kwargs, env.max_inflight, env.timeout_s)
+        from relayrl.agents.pool import AgentPool, RunSampling
+        from relayrl.agents.server import AgentServer
+
+        if self._server is None:
+            r = self.config.rollout
+            values = {"temperature": r.temperature, "top_p": r.top_p, "stop": list(r.stop)}
+            values.update(top_k=r.top_k if r.top_k > 0 else -1, max_tokens=env.max_tokens_per_turn or r.max_tokens)
+            self._server, self._run_sampling = AgentServer(), RunSampling(values)
+        return AgentPool(
+            self._server,
+            env.agent,
+            env.kwargs,
+            env.max_inflight,
+            env.timeout_s,
+            tokenizer,
+            env.tool_parser,
+            self._run_sampling,
+        )
 
     def close(self) -> None:
         if self._threads is not None:  # a batch still running ends on its own (the engines are gone by now)
             self._threads.shutdown(wait=True, cancel_futures=True)
         for lane in self._lanes.values():
             lane.pool.close()
+        if self._server is not None:
+            self._server.close()

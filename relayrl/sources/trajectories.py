@@ -23,113 +23,26 @@ with: every trajectory's turn waits for the whole batch's generation, and every 
 from __future__ import annotations
 
 import itertools
-import threading
 import time
-import warnings
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from relayrl.data.chat import ChatCodec
-from relayrl.data.source import shown_characters, unknown_characters
-from relayrl.envs.base import Step, observation_message
+from relayrl.envs.base import Step, observation_messages
 from relayrl.envs.pool import KILLED
-from relayrl.errors import DataWarning, EnvError
+from relayrl.errors import EnvError
+from relayrl.sources.trajectory import (
+    MultiTurnBatch,
+    SampledTurn,
+    Segment,
+    Trajectory,
+    UnknownCharacters,
+    combine_rewards,
+    turn_ends,
+)
 from relayrl.sources.turn_requests import TurnOutput
 from relayrl.types import Prompt, Rollout, Sampling
-
-
-@dataclass
-class Segment:
-    token_ids: list[int]
-    trained: bool  # loss mask: generated tokens 1, observation tokens 0
-    logprobs: list[float]
-    versions: list[int]
-
-
-@dataclass
-class Trajectory:
-    prompt: Prompt  # the dataset row's prompt (id, columns)
-    group_index: int
-    key: int
-    first: Prompt | None = None  # the first prompt as rendered from reset's observation
-    history: list[dict[str, Any]] = field(default_factory=list)  # the chat so far, as text (for the template)
-    segments: list[Segment] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    turns: int = 0
-    tool_calls: int = 0
-    success: bool = False
-    truncated: bool = False
-    failed: str = ""  # "", "error" or "timeout"
-    last_turn_cut: bool = False  # its last model turn stopped at its token budget (reported as finish "length")
-    forks: list[Rollout] = field(default_factory=list)
-    rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
-
-    @property
-    def response_length(self) -> int:
-        return sum(len(s.token_ids) for s in self.segments)
-
-    def prompt_ids(self) -> list[int]:
-        assert self.first is not None  # rendered from reset's answer, before the first turn
-        return self.first.token_ids + [t for s in self.segments for t in s.token_ids]
-
-    def where(self) -> str:
-        """Names the trajectory and the turn whose environment step is at hand (or its reset)."""
-        return f"sample {self.prompt.id}#{self.group_index} " + (f"turn {self.turns}" if self.turns else "reset")
-
-
-@dataclass
-class MultiTurnBatch:
-    rollouts: list[Rollout]
-    rewards: list[float]  # per rollout, combined per env.reward
-    metrics: dict[str, float]
-
-
-def turn_ends(segments: list[Segment], rewards: list[float]) -> list[tuple[int, float]]:
-    """(index of each model turn's last token, that turn's reward) over a trajectory's response tokens. A turn
-    without tokens, or without a reward (cut by max_total_tokens before its step), has no pair."""
-    pairs, end, turn = [], -1, 0
-    for segment in segments:
-        end += len(segment.token_ids)
-        if segment.trained:
-            if segment.token_ids and turn < len(rewards):
-                pairs.append((end, rewards[turn]))
-            turn += 1
-    return pairs
-
-
-def combine_rewards(rewards: list[float], how: str, gamma: float) -> float:
-    if not rewards:
-        return 0.0
-    if how == "final":
-        return rewards[-1]
-    if how == "discounted":
-        return sum(gamma**t * r for t, r in enumerate(rewards))
-    return sum(rewards)
-
-
-class UnknownCharacters:
-    """Warns once (per source: a run) that an environment's text holds characters the tokenizer lacks, naming
-    them; the drivers count such observations per batch (env/unknown_chars), as data/prompts_unknown_chars
-    counts prompts (relayrl/data/source.py)."""
-
-    def __init__(self):
-        self.warned = False
-        self._lock = threading.Lock()  # drivers on several threads (the async producers) share one
-
-    def warn(self, tokenizer, text: str, where: str) -> None:
-        with self._lock:
-            if self.warned:
-                return
-            self.warned = True
-        warnings.warn(
-            f"{where}: the observation holds {shown_characters(unknown_characters(tokenizer, text))}, not in the "
-            f"tokenizer's vocabulary: the model sees its unk token {tokenizer.unk_token!r} instead (later "
-            "observations like it are counted in env/unknown_chars)",
-            DataWarning,
-            stacklevel=2,
-        )
-
 
 GATHER_S = 0.02  # an environment answer later than this after the previous one waits for the next engine call
 
@@ -160,7 +73,7 @@ class MultiTurnDriver:
         order = list(waiting)
         self.live: dict[int, Trajectory] = {}
         self.held_turns: list[Trajectory] = []  # lockstep only: turns waiting for every step to return
-        self.held_actions: list[tuple[Trajectory, str]] = []  # lockstep only: steps waiting for the engine
+        self.held_actions: list[tuple[Trajectory, str, SampledTurn]] = []  # lockstep only: steps waiting for the engine
         self.stats = {"mismatch": 0, "forks": 0, "unknown_chars": 0, "env_wait_s": 0.0}
         try:
             while waiting or self.live:
@@ -210,37 +123,66 @@ class MultiTurnDriver:
         if status != "ok":
             return self._fail(trajectory, status, payload)
         if trajectory.first is None:  # reset's answer: the first observation, and the environment's stop strings
-            messages, stop = payload
-            text, ids = self.codec.first_prompt(messages)
-            self._check_known(trajectory, ids, "".join(m["content"] for m in messages))
-            p = trajectory.prompt
-            trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages)
-            trajectory.history = list(messages)
+            messages, stop, *offered = payload  # an agent's first call also offers its tools
+            self._begin(trajectory, messages, offered[0] if offered else None)
+            trajectory.base = len(trajectory.prompt_ids())
             self.stop = tuple(self.sampling.stop) + tuple(stop)
             return self._submit(trajectory)
         step: Step = payload
         trajectory.rewards.append(step.reward)
         trajectory.tool_calls += int(step.info.get("tool_calls", 0))
+        trajectory.tool_errors += int(step.info.get("tool_errors", 0))
         trajectory.success = bool(step.info.get("success", trajectory.success))
         if step.done or trajectory.turns >= self.env.max_turns:
             return self._finish(trajectory)
         assert step.observation is not None  # as_step allows None only with done=True
-        self._observe(trajectory, observation_message(step.observation))
+        if step.info.get("rebuilt"):  # an agent's call that does not extend its earlier ones
+            return self._restart(trajectory, observation_messages(step.observation), step.info.get("tools"))
+        self._observe(trajectory, observation_messages(step.observation))
+
+    def _begin(self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: list | None) -> None:
+        """The sample's first prompt, rendered from `messages` (with the tools an agent offers)."""
+        text, ids = self.codec.first_prompt(messages, tools)
+        self._check_known(trajectory, ids, "".join(m["content"] for m in messages))
+        p = trajectory.prompt
+        trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages)
+        trajectory.history, trajectory.tools, trajectory.segments = list(messages), tools, []
+
+    def _restart(self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: list | None) -> None:
+        """An agent's call that rewrote its earlier messages (or tools): its tokens cannot continue the sample's.
+        env.tito=fork keeps the sample so far and starts a new one from this call; retokenize starts the new one
+        and drops the old (its turns are now prompt); strict stops, naming the call."""
+        if self.env.tito == "strict":
+            raise EnvError(
+                f"{trajectory.where()}: the agent's call does not extend its earlier calls (it changed or dropped "
+                "earlier messages, or its tools), so the trajectory's tokens cannot continue unchanged; set "
+                "env.tito=fork (a new sample from this call) or env.tito=retokenize"
+            )
+        self.stats["mismatch"] += 1
+        if self.env.tito == "fork" and trajectory.segments:
+            self.stats["forks"] += 1
+            trajectory.forks.append(self._rollout(trajectory))
+        trajectory.rerendered = True  # its rewards no longer line up with its segments' turns
+        spent = trajectory.spent
+        self._begin(trajectory, messages, tools)
+        trajectory.base = len(trajectory.prompt_ids()) - spent  # the budget goes on from where it was
+        self._submit(trajectory)
 
     def _on_turn(self, trajectory: Trajectory, output: TurnOutput) -> None:
         output = self._cut_at_stop(output)
+        turn = SampledTurn(trajectory.prompt_ids(), output)
         trajectory.segments.append(Segment(output.token_ids, True, output.logprobs, output.versions))
         trajectory.turns += 1
         trajectory.last_turn_cut = output.finish_reason == "length"
         action = self.codec.action_text(output.token_ids)
         trajectory.history.append({"role": "assistant", "content": action})
-        if output.finish_reason == "length" and trajectory.response_length >= self.env.max_total_tokens:
+        if output.finish_reason == "length" and trajectory.spent >= self.env.max_total_tokens:
             trajectory.truncated = True
             return self._finish(trajectory)
         if self.lockstep:
-            self.held_actions.append((trajectory, action))
+            self.held_actions.append((trajectory, action, turn))
         else:
-            self.pool.step(trajectory.key, action, trajectory.where())
+            self.pool.step(trajectory.key, action, trajectory.where(), turn)
 
     def _cut_at_stop(self, output: TurnOutput) -> TurnOutput:
         """The turn up to the token that completes a stop string (an engine that generated past it: HF generate
@@ -260,11 +202,11 @@ class MultiTurnDriver:
             return output
         return TurnOutput(ids[:low], output.logprobs[:low], output.versions[:low], "stop")
 
-    def _observe(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
+    def _observe(self, trajectory: Trajectory, messages: list[dict[str, Any]]) -> None:
         generated = trajectory.segments[-1].token_ids
-        delta = self.codec.observation(trajectory.history, generated, message)
-        self._check_known(trajectory, delta.token_ids, message["content"])
-        trajectory.history.append(message)
+        delta = self.codec.observation(trajectory.history, generated, messages, trajectory.tools)
+        self._check_known(trajectory, delta.token_ids, "".join(m["content"] for m in messages))
+        trajectory.history.extend(messages)
         if not delta.prefix_ok:
             self.stats["mismatch"] += 1
             if not self._rerender(trajectory, delta.full_text):
@@ -273,7 +215,7 @@ class MultiTurnDriver:
             version = trajectory.segments[-1].versions[-1] if trajectory.segments[-1].versions else 0
             ids = delta.token_ids
             trajectory.segments.append(Segment(ids, False, [0.0] * len(ids), [version] * len(ids)))
-        overflow = trajectory.response_length - self.env.max_total_tokens
+        overflow = trajectory.spent - self.env.max_total_tokens
         if overflow >= 0:  # no room left for another turn: cut the observation, keep the trajectory, flag it
             last = trajectory.segments[-1]
             keep = len(last.token_ids) - overflow
@@ -308,7 +250,7 @@ class MultiTurnDriver:
         return True
 
     def _submit(self, trajectory: Trajectory) -> None:
-        budget = min(self.per_turn, self.env.max_total_tokens - trajectory.response_length)
+        budget = min(self.per_turn, self.env.max_total_tokens - trajectory.spent)
         if budget <= 0:
             trajectory.truncated = True
             return self._finish(trajectory)
@@ -323,8 +265,8 @@ class MultiTurnDriver:
         """Lockstep: every step waits until the engine has finished every turn, every turn until every step
         has returned."""
         if self.held_actions and not self.turns.pending:
-            for trajectory, action in self.held_actions:
-                self.pool.step(trajectory.key, action, trajectory.where())
+            for trajectory, action, turn in self.held_actions:
+                self.pool.step(trajectory.key, action, trajectory.where(), turn)
             self.held_actions = []
         if self.held_turns and not self.pool.busy and not self.held_actions:
             held, self.held_turns = self.held_turns, []
@@ -338,7 +280,10 @@ class MultiTurnDriver:
         unk = self.codec.tokenizer.unk_token_id
         if unk is not None and unk in ids:
             self.stats["unknown_chars"] += 1
-            self.unknown.warn(self.codec.tokenizer, text, f"{trajectory.where()}: env.fn={self.env.fn!r}")
+            self.unknown.warn(self.codec.tokenizer, text, f"{trajectory.where()}: {self._spec()}")
+
+    def _spec(self) -> str:
+        return f"env.agent={self.env.agent!r}" if self.env.agent else f"env.fn={self.env.fn!r}"
 
     def _fail(self, trajectory: Trajectory, status: str, message: str) -> None:
         if self.env.on_error == "error" and status == KILLED:  # not the environment's failure: no env.on_error hint
@@ -411,6 +356,7 @@ class MultiTurnDriver:
             "env/success": sum(t.success for t in order) / count,
             "env/first_turn_success": sum(t.success and t.turns == 1 for t in order) / count,
             "env/tool_calls": sum(t.tool_calls for t in order) / count,
+            "env/tool_errors": sum(t.tool_errors for t in order) / count,
             "env/errors": float(sum(t.failed == "error" for t in order)),
             "env/timeouts": float(sum(t.failed == "timeout" for t in order)),
             "env/unknown_chars": float(self.stats["unknown_chars"]),

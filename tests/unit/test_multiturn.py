@@ -10,7 +10,8 @@ from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
 from relayrl.envs.base import Step, as_messages, as_step
 from relayrl.errors import EnvError
-from relayrl.sources.trajectories import MultiTurnDriver, combine_rewards
+from relayrl.sources.trajectories import MultiTurnDriver
+from relayrl.sources.trajectory import combine_rewards
 from relayrl.sources.turn_requests import TurnOutput
 from relayrl.types import Prompt, Sampling
 from tests.unit.test_tito import chat_tokenizer
@@ -69,7 +70,7 @@ class InlinePool:
         env = self.envs[key]
         self.ready.append((key, "ok", (as_messages(env.reset(row), where), tuple(getattr(env, "stop", ())))))
 
-    def step(self, key, action, where):
+    def step(self, key, action, where, turn=None):
         try:
             self.ready.append((key, "ok", as_step(self.envs[key].step(action), where)))
         except Exception as err:  # noqa: BLE001 - the fake pool reports any error, as the real one does
@@ -268,7 +269,7 @@ def test_observation_characters_the_tokenizer_lacks_are_counted_and_warned_about
 class KilledPool(InlinePool):
     """A worker that a signal from outside ended, as EnvPool reports it."""
 
-    def step(self, key, action, where):
+    def step(self, key, action, where, turn=None):
         self.ready.append((key, "killed", "environment worker died (killed by signal 9 (SIGKILL))"))
 
 

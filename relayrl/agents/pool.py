@@ -1,0 +1,343 @@
+"""Agent trajectories for the multi-turn driver: an agent program's model calls become the driver's turns.
+
+`AgentPool` has the environment pool's interface (relayrl/envs/pool.py: `reset`, `step`, `poll`, `release`,
+`free`, `busy`), so the multi-turn driver (relayrl/sources/trajectories.py) runs agents exactly as it runs
+environments, token in, token out: `reset` starts `agent(client, row, **env.kwargs)` on the endpoint's loop
+(relayrl/agents/server.py), with an OpenAI client whose base URL is the trajectory's own; the agent's first
+call is what `reset` answers (its messages and tools render the first prompt); each later call is a step's
+observation: the messages it appends after the assistant message it was answered with (tool results, a user
+turn), whose tokens the driver appends after the sampled ones; the agent's return value is the final step's
+reward. `step` answers the pending call from the tokens the engine sampled (relayrl/agents/chat.py builds the
+reply, tool calls parsed by vLLM's parser).
+
+A call that does not extend the earlier ones (the agent edited or dropped earlier messages, or changed its
+tools) is a step flagged `rebuilt`, carrying all its messages: the driver ends the sample there and starts a
+new one from this call per `env.tito`. One call at a time per trajectory; between two calls (and before the
+first) the agent has `env.timeout_s`, then it is cancelled (a coroutine stops at its next await; a plain
+function's thread cannot be stopped, and its next call is refused). A call after the trajectory has ended
+(env.max_turns, env.max_total_tokens) is answered 400 and the agent cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import itertools
+import math
+import queue
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.agents.chat import ChatRequest, RequestError, answer, error_body, read_request, same_reply
+from relayrl.agents.server import AgentServer
+from relayrl.envs.base import Step
+from relayrl.errors import ConfigWarning, EnvError
+from relayrl.rollout.tool_calls import ToolCalls
+
+_pool_ids = itertools.count()
+GRACE_S = 1.0  # an agent still running when its trajectory ends is cancelled this long after
+
+
+def load_agent(spec: str):
+    """`module:function` or `path/file.py:function` (imported as env.fn's classes are)."""
+    from relayrl.envs.base import _import
+
+    if ":" not in spec:
+        raise EnvError(f"env.agent={spec!r} is not of the form module:function or path/file.py:function")
+    target, _, name = spec.rpartition(":")
+    function = getattr(_import(target, spec), name, None)
+    if not callable(function):
+        raise EnvError(f"env.agent={spec!r}: '{target}' has no function '{name}'")
+    return function
+
+
+@dataclass
+class _Agent:
+    """One trajectory's agent, as the pool tracks it."""
+
+    key: Hashable
+    url_key: str
+    where: str
+    run: concurrent.futures.Future | None = None
+    deadline: float | None = None  # while its own code runs
+    request: ChatRequest | None = None  # the call being answered
+    reply: asyncio.Future | None = None
+    messages: list[dict[str, Any]] | None = None  # the last answered call's messages
+    answered: dict[str, Any] | None = None  # and the assistant message it was answered with
+    tools: list[dict[str, Any]] | None = None
+    calls: int = 0
+    tool_calls: int = 0  # in the answers since the last event
+    tool_errors: int = 0
+    outcome: tuple | None = None  # its end, held while a reply is still pending
+    ended: bool = False
+
+
+@dataclass
+class RunSampling:
+    """What the run samples with, to tell an agent's differing sampling fields apart (warned once each)."""
+
+    values: dict[str, Any] = field(default_factory=dict)  # field -> the run's value
+    warned: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class AgentPool:
+    def __init__(
+        self,
+        server: AgentServer,
+        spec: str,
+        kwargs: dict[str, Any],
+        slots: int,
+        timeout_s: float,
+        tokenizer,
+        tool_parser: str = "",
+        sampling: RunSampling | None = None,
+    ):
+        self.server, self.spec, self.kwargs, self.slots, self.timeout_s = server, spec, dict(kwargs), slots, timeout_s
+        self.function = load_agent(spec)
+        self.tokenizer = tokenizer
+        self.tools = ToolCalls(tool_parser, tokenizer) if tool_parser else None
+        self.sampling = sampling or RunSampling()
+        self._id = next(_pool_ids)
+        self._live: dict[Hashable, _Agent] = {}
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = concurrent.futures.ThreadPoolExecutor(slots, thread_name_prefix="relayrl-agent")
+
+    # ---- the environment pool's interface (driver thread) ------------------------------------------------
+    @property
+    def free(self) -> int:
+        return self.slots - len(self._live)
+
+    @property
+    def busy(self) -> bool:
+        """Some agent is running its own code: a call may be on its way."""
+        with self._lock:
+            return any(a.reply is None and not a.ended and a.outcome is None for a in self._live.values())
+
+    def reset(self, key: Hashable, row: dict[str, Any], where: str) -> None:
+        agent = _Agent(key, f"{self._id}-{key}", where.removesuffix(" reset"))
+        agent.deadline = time.monotonic() + self.timeout_s
+        self._live[key] = agent
+        self.server.register(agent.url_key, lambda _key, body: self._handle(agent, body))
+        agent.run = asyncio.run_coroutine_threadsafe(self._run(agent, row), self.server.loop)
+        agent.run.add_done_callback(lambda run: self._on_end(agent, run))
+
+    def step(self, key: Hashable, action: str, where: str, turn=None) -> None:
+        """Answer the pending call with the turn the engine sampled (`turn`: the driver's SampledTurn)."""
+        agent = self._live[key]
+        request = agent.request
+        assert request is not None and agent.reply is not None and turn is not None  # a turn answers a call
+        text, calls, errors = action, [], 0
+        if self.tools is not None and request.tools:
+            text = self._text_with_tags(turn.output.token_ids)
+            text, calls, errors = self.tools.parse(text, request)
+        number = agent.calls
+        body = answer(
+            request,
+            call_id=f"chatcmpl-{agent.url_key}-{number}",
+            prompt_ids=turn.prompt_ids,
+            token_ids=turn.output.token_ids,
+            logprobs=turn.output.logprobs,
+            content=text,
+            tool_calls=calls,
+            finish_reason=turn.output.finish_reason,
+            tokens=[self.tokenizer.decode([t]) for t in turn.output.token_ids] if request.logprobs else [],
+        )
+        with self._lock:
+            agent.messages, agent.tools = request.messages, request.tools
+            agent.answered = {"role": "assistant", "content": text or "", "tool_calls": _normal(calls)}
+            agent.calls += 1
+            agent.tool_calls += len(calls)
+            agent.tool_errors += errors
+            agent.deadline = time.monotonic() + self.timeout_s
+            reply, agent.reply, agent.request = agent.reply, None, None
+            outcome, agent.outcome = agent.outcome, None
+        self.server.loop.call_soon_threadsafe(_resolve, reply, (200, body))
+        if outcome is not None:  # it ended (a concurrent call failed) while this one was being answered
+            self._events.put(outcome)
+
+    def release(self, key: Hashable) -> None:
+        agent = self._live.pop(key, None)
+        if agent is None:
+            return
+        self.server.unregister(agent.url_key)
+        with self._lock:
+            agent.ended = True
+            reply, agent.reply = agent.reply, None
+        if reply is not None:
+            message = f"{agent.where}: the trajectory has ended (env.max_turns or env.max_total_tokens reached)"
+            self.server.loop.call_soon_threadsafe(_resolve, reply, (400, error_body(message)))
+        if agent.run is not None and not agent.run.done():  # after a grace period to take the refusal in
+            self.server.loop.call_soon_threadsafe(self.server.loop.call_later, GRACE_S, agent.run.cancel)
+
+    def poll(self, timeout: float) -> list[tuple[Hashable, str, Any]]:
+        now = time.monotonic()
+        with self._lock:
+            deadlines = [a.deadline for a in self._live.values() if a.deadline is not None]
+        wait = max(0.0, min([timeout, *(d - now + 0.01 for d in deadlines)]))
+        results = []
+        try:
+            results.append(self._events.get(timeout=wait) if wait > 0 else self._events.get_nowait())
+            while True:
+                results.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        results = [r for r in results if r[0] in self._live]
+        now = time.monotonic()
+        with self._lock:
+            overdue = [a for a in self._live.values() if a.deadline is not None and now > a.deadline]
+            for agent in overdue:
+                agent.deadline = None
+        for agent in overdue:
+            if agent.run is not None:
+                agent.run.cancel()
+            message = f"the agent ran over env.timeout_s={self.timeout_s:g} s before its next call"
+            results.append((agent.key, "timeout", message))
+        return results
+
+    def close(self) -> None:
+        for key in list(self._live):
+            self.release(key)
+        self._threads.shutdown(wait=False, cancel_futures=True)
+
+    # ---- the endpoint's loop ---------------------------------------------------------------------------
+    async def _run(self, agent: _Agent, row: dict[str, Any]):
+        import openai
+
+        url = self.server.base_url(agent.url_key)
+        settings = {"base_url": url, "api_key": "relayrl", "max_retries": 0, "timeout": None}
+        if inspect.iscoroutinefunction(self.function):
+            async with openai.AsyncOpenAI(**settings) as client:
+                return await self.function(client, row, **self.kwargs)
+
+        def plain():
+            with openai.OpenAI(**settings) as client:
+                return self.function(client, row, **self.kwargs)
+
+        result = await asyncio.get_running_loop().run_in_executor(self._threads, plain)
+        return await result if inspect.isawaitable(result) else result
+
+    async def _handle(self, agent: _Agent, body: Any) -> tuple[int, dict[str, Any]]:
+        if agent.ended:
+            return 400, error_body(f"{agent.where}: the trajectory has ended")
+        try:
+            request = read_request(body)
+        except RequestError as err:
+            return 400, error_body(f"{agent.where} call {agent.calls + 1}: {err}")
+        self._warn_overridden(request)
+        with self._lock:
+            if agent.reply is not None or agent.ended:
+                return 400, error_body(f"{agent.where}: one call at a time per trajectory (a call is being answered)")
+            event = self._event(agent, request)
+            agent.request, agent.deadline = request, None
+            agent.reply = reply = asyncio.get_running_loop().create_future()
+        self._events.put(event)
+        return await reply
+
+    def _event(self, agent: _Agent, request: ChatRequest) -> tuple[Hashable, str, Any]:
+        """The first call: what reset answers. A later one: a step whose observation is what it appends."""
+        if agent.messages is None:
+            return agent.key, "ok", (request.messages, (), request.tools)
+        assert agent.answered is not None  # set with messages
+        kept, new = request.messages[: len(agent.messages)], request.messages[len(agent.messages) :]
+        extends = (
+            kept == agent.messages and bool(new) and same_reply(new[0], agent.answered) and request.tools == agent.tools
+        )
+        info = {"tool_calls": agent.tool_calls, "tool_errors": agent.tool_errors}
+        agent.tool_calls = agent.tool_errors = 0
+        if extends:
+            return agent.key, "ok", Step(new[1:], 0.0, False, info)
+        return agent.key, "ok", Step(request.messages, 0.0, False, {**info, "rebuilt": True, "tools": request.tools})
+
+    def _on_end(self, agent: _Agent, run: concurrent.futures.Future) -> None:
+        if agent.ended or run.cancelled():
+            return
+        error = run.exception()
+        if error is not None:
+            event = (agent.key, "error", f"the agent raised {_described(error)}")  # the driver names the sample
+        elif agent.messages is None and agent.request is None:
+            event = (agent.key, "env_error", "the agent returned before its first model call")
+        else:
+            event = self._final(agent, run.result())
+        with self._lock:
+            if agent.reply is not None:
+                agent.outcome = event  # delivered once the pending call is answered
+                return
+            agent.deadline = None
+        self._events.put(event)
+
+    def _final(self, agent: _Agent, result: Any) -> tuple[Hashable, str, Any]:
+        """The agent's return value as the last step: a number, or {reward, success}."""
+        success = None
+        if isinstance(result, dict):
+            unknown = sorted(set(result) - {"reward", "success"})
+            if unknown or "reward" not in result:
+                return (
+                    agent.key,
+                    "env_error",
+                    (f"the agent returned {result!r}: a dict holds 'reward' (and optionally 'success')"),
+                )
+            success, result = result.get("success"), result["reward"]
+        if isinstance(result, bool) or not isinstance(result, int | float) or not math.isfinite(result):
+            return agent.key, "env_error", f"the agent returned {result!r}, not a finite reward"
+        info = {"tool_calls": agent.tool_calls, "tool_errors": agent.tool_errors}
+        info["success"] = bool(result > 0) if success is None else bool(success)
+        return agent.key, "ok", Step(None, float(result), True, info)
+
+    def _warn_overridden(self, request: ChatRequest) -> None:
+        run = self.sampling
+        for name, value in request.overridden.items():
+            if name in run.values and _same(run.values[name], value):
+                continue
+            with run.lock:
+                if name in run.warned:
+                    continue
+                run.warned.add(name)
+            ours = f"the run's {run.values[name]!r}" if name in run.values else "the run's rollout.* settings"
+            warnings.warn(
+                f"env.agent={self.spec!r}: the agent's {name}={value!r} is overridden by {ours}: the tokens are "
+                "sampled as rollout.* says, so that the learner's log-probs are those of the distribution that "
+                "sampled (warned once per run)",
+                ConfigWarning,
+                stacklevel=2,
+            )
+
+    def _text_with_tags(self, token_ids: list[int]) -> str:
+        """The turn's text with special tokens kept (a family's tool-call tags may be special tokens), less EOS."""
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        for token in (self.tokenizer.eos_token, self.tokenizer.pad_token):
+            if token:
+                text = text.replace(token, "")
+        return text
+
+
+def _resolve(reply: asyncio.Future, value) -> None:
+    if not reply.done():
+        reply.set_result(value)
+
+
+def _normal(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool calls as an agent's message carries them back, read as `read_request` reads them (dict arguments)."""
+    from relayrl.agents.chat import _tool_call
+
+    return [_tool_call(c, -1) for c in calls]
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    if isinstance(ours, tuple | list) or isinstance(theirs, tuple | list):
+        return list(ours or ()) == list(theirs if isinstance(theirs, list | tuple) else [theirs])
+    return ours == theirs
+
+
+def _described(error: BaseException) -> str:
+    """`Type: message (file:line)`, at the innermost frame of the agent's own code (not openai's or asyncio's)."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if "site-packages" not in f.filename]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"

@@ -1,0 +1,124 @@
+"""A multi-turn trajectory's record: its segments (generated tokens and observation tokens), turns, rewards and
+what became of it, and how its turns' rewards are placed and combined. The driver that fills it is
+relayrl/sources/trajectories.py."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from relayrl.data.source import shown_characters, unknown_characters
+from relayrl.errors import DataWarning
+from relayrl.sources.turn_requests import TurnOutput
+from relayrl.types import Prompt, Rollout
+
+
+@dataclass
+class Segment:
+    token_ids: list[int]
+    trained: bool  # loss mask: generated tokens 1, observation tokens 0
+    logprobs: list[float]
+    versions: list[int]
+
+
+@dataclass
+class Trajectory:
+    prompt: Prompt  # the dataset row's prompt (id, columns)
+    group_index: int
+    key: int
+    first: Prompt | None = None  # the first prompt as rendered from reset's observation
+    history: list[dict[str, Any]] = field(default_factory=list)  # the chat so far, as text (for the template)
+    segments: list[Segment] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    success: bool = False
+    truncated: bool = False
+    failed: str = ""  # "", "error" or "timeout"
+    last_turn_cut: bool = False  # its last model turn stopped at its token budget (reported as finish "length")
+    forks: list[Rollout] = field(default_factory=list)
+    rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
+    tools: list[dict[str, Any]] | None = None  # the tools an agent's calls offer (rendered by the chat template)
+    tool_errors: int = 0
+    base: int = 0  # tokens of its first sample's first prompt: env.max_total_tokens counts from there
+
+    @property
+    def response_length(self) -> int:
+        return sum(len(s.token_ids) for s in self.segments)
+
+    @property
+    def spent(self) -> int:
+        """Tokens after the trajectory's first prompt (an agent's rebuilt call restarts the sample, not the budget)."""
+        assert self.first is not None  # rendered from reset's answer, before the first turn
+        return len(self.first.token_ids) + self.response_length - self.base
+
+    def prompt_ids(self) -> list[int]:
+        assert self.first is not None  # rendered from reset's answer, before the first turn
+        return self.first.token_ids + [t for s in self.segments for t in s.token_ids]
+
+    def where(self) -> str:
+        """Names the trajectory and the turn whose environment step is at hand (or its reset)."""
+        return f"sample {self.prompt.id}#{self.group_index} " + (f"turn {self.turns}" if self.turns else "reset")
+
+
+@dataclass
+class SampledTurn:
+    """What a pool's `step` may use besides the action text (an agent's reply is built from the tokens)."""
+
+    prompt_ids: list[int]
+    output: TurnOutput
+
+
+@dataclass
+class MultiTurnBatch:
+    rollouts: list[Rollout]
+    rewards: list[float]  # per rollout, combined per env.reward
+    metrics: dict[str, float]
+
+
+def turn_ends(segments: list[Segment], rewards: list[float]) -> list[tuple[int, float]]:
+    """(index of each model turn's last token, that turn's reward) over a trajectory's response tokens. A turn
+    without tokens, or without a reward (cut by max_total_tokens before its step), has no pair."""
+    pairs, end, turn = [], -1, 0
+    for segment in segments:
+        end += len(segment.token_ids)
+        if segment.trained:
+            if segment.token_ids and turn < len(rewards):
+                pairs.append((end, rewards[turn]))
+            turn += 1
+    return pairs
+
+
+def combine_rewards(rewards: list[float], how: str, gamma: float) -> float:
+    if not rewards:
+        return 0.0
+    if how == "final":
+        return rewards[-1]
+    if how == "discounted":
+        return sum(gamma**t * r for t, r in enumerate(rewards))
+    return sum(rewards)
+
+
+class UnknownCharacters:
+    """Warns once (per source: a run) that an environment's text holds characters the tokenizer lacks, naming
+    them; the drivers count such observations per batch (env/unknown_chars), as data/prompts_unknown_chars
+    counts prompts (relayrl/data/source.py)."""
+
+    def __init__(self):
+        self.warned = False
+        self._lock = threading.Lock()  # drivers on several threads (the async producers) share one
+
+    def warn(self, tokenizer, text: str, where: str) -> None:
+        with self._lock:
+            if self.warned:
+                return
+            self.warned = True
+        warnings.warn(
+            f"{where}: the observation holds {shown_characters(unknown_characters(tokenizer, text))}, not in the "
+            f"tokenizer's vocabulary: the model sees its unk token {tokenizer.unk_token!r} instead (later "
+            "observations like it are counted in env/unknown_chars)",
+            DataWarning,
+            stacklevel=2,
+        )

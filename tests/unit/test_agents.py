@@ -1,0 +1,280 @@
+"""Agents through the OpenAI-compatible endpoint (relayrl/agents/), driven by the multi-turn driver with a scripted
+engine (fast; the real engines are tests/integration/test_agents_engines.py): every call's prompt is the
+trajectory's tokens so far, every trained token is one the engine sampled, an agent that edits its history
+starts a new sample per env.tito, tool calls are parsed by vLLM's parser and malformed ones counted, and each
+way an agent can fail ends its trajectory with a message naming the sample."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import warnings
+
+import openai
+import pytest
+
+from relayrl.agents.pool import AgentPool, RunSampling, load_agent
+from relayrl.agents.server import AgentServer
+from relayrl.config.env import EnvConfig
+from relayrl.data.chat import ChatCodec
+from relayrl.errors import ConfigWarning, EnvError
+from relayrl.sources.trajectories import MultiTurnDriver
+from relayrl.types import Prompt, Sampling
+from tests.unit.test_multiturn import ScriptedTurns
+from tests.unit.test_tito import chat_tokenizer
+
+HERE = "tests.unit.test_agents"
+SEEN: dict[str, list] = {}  # what the agents saw, by row prompt: the calls' replies
+
+
+# ---------------------------------------------------------------------------------------------- agents
+async def three_calls(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for _ in range(3):
+        response = await client.chat.completions.create(model="any-name", messages=messages)
+        SEEN.setdefault(row["prompt"], []).append(response)
+        messages += [{"role": "assistant", "content": response.choices[0].message.content}]
+        messages += [{"role": "user", "content": "again"}]
+    return 1.0
+
+
+async def edits_history(client, row):
+    first = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    rewritten = [{"role": "user", "content": "new question"}, {"role": "assistant", "content": "x"}]
+    await client.chat.completions.create(model="m", messages=rewritten + [{"role": "user", "content": "go"}])
+    return float(bool(first))
+
+
+async def raises(client, row):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    raise ValueError("the agent's own bug")
+
+
+async def returns_text(client, row):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    return "right"
+
+
+async def never_calls(client, row):
+    return 1.0
+
+
+async def sleeps(client, row):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    await asyncio.sleep(30)
+    return 1.0
+
+
+async def asks_otherwise(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for kwargs in ({"n": 2}, {"stream": True}):
+        try:
+            await client.chat.completions.create(model="m", messages=messages, **kwargs)
+        except openai.BadRequestError as err:
+            SEEN.setdefault(row["prompt"], []).append(err.message)
+    await client.chat.completions.create(model="m", messages=messages, temperature=0.3, top_p=1.0)
+    return 0.5
+
+
+def plain_function(client, row):
+    response = client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    return {"reward": 0.25, "success": True} if response.choices[0].message.content else 0.0
+
+
+async def calls_forever(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    try:
+        while True:
+            reply = await client.chat.completions.create(model="m", messages=messages)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content}]
+            messages += [{"role": "user", "content": "more"}]
+    except openai.BadRequestError as err:
+        SEEN.setdefault(row["prompt"], []).append(err.message)
+        raise
+
+
+ADD = {
+    "type": "function",
+    "function": {"name": "add", "description": "a + b", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+async def uses_a_tool(client, row):
+    messages = [{"role": "user", "content": row["prompt"]}]
+    for _ in range(2):
+        response = await client.chat.completions.create(model="m", messages=messages, tools=[ADD])
+        message = response.choices[0].message
+        SEEN.setdefault(row["prompt"], []).append(response)
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or ():
+            arguments = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(arguments["a"] + arguments["b"])})
+        if not message.tool_calls:
+            messages.append({"role": "user", "content": "no call"})
+    return 1.0
+
+
+# ---------------------------------------------------------------------------------------------- harness
+TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }};{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>{{ m.content }}"
+    "</tool_response><|im_end|>\n{% elif m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ {'name': c.function.name, 'arguments': c.function.arguments}"
+    " | tojson }}</tool_call>{% endfor %}<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tool_tokenizer():
+    from tokenizers import Regex, pre_tokenizers
+
+    from relayrl.models.tiny import train_char_tokenizer
+    from tests.unit.test_tito import TEXT
+
+    tokenizer = train_char_tokenizer([TEXT + '{}"[];'])
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def server():
+    endpoint = AgentServer()
+    yield endpoint
+    endpoint.close()
+
+
+def run(server, agent, script, prompts=("2+3=",), n=1, tokenizer=None, parser="", timeout_s=10.0, **env):
+    SEEN.clear()
+    codec = ChatCodec(tokenizer or chat_tokenizer("qwen"))
+    turns = ScriptedTurns(codec, script)
+    spec = f"{HERE}:{agent.__name__}"
+    settings = EnvConfig(agent=spec, **env)
+    sampling = RunSampling({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 128, "stop": []})
+    pool = AgentPool(server, spec, {}, 8, timeout_s, codec.tokenizer, parser, sampling)
+    rows = [Prompt(id=str(i), text=p, token_ids=[], columns={"answer": "5"}) for i, p in enumerate(prompts)]
+    try:
+        batch = MultiTurnDriver(turns, pool, codec, settings, Sampling(max_tokens=128)).run(rows, n)
+    finally:
+        pool.close()
+    return batch, turns, codec
+
+
+# ---------------------------------------------------------------------------------------------- tests
+def test_each_call_is_served_from_the_trajectorys_own_tokens_and_every_trained_token_was_sampled(server):
+    batch, turns, codec = run(server, three_calls, ["4", "5", "6"], max_turns=3)
+    (rollout,) = batch.rollouts
+    replies = SEEN["2+3="]
+    # what the engine was asked: each call's prompt ids, as the agent's replies report them (vLLM's extension)
+    assert [r.model_extra["prompt_token_ids"] for r in replies] == [ids for _, ids in turns.prompts]
+    sampled = [r.choices[0].model_extra["token_ids"] for r in replies]
+    trained = [t for t, m in zip(rollout.response_ids, rollout.loss_mask) if m]
+    assert trained == [t for ids in sampled for t in ids]  # every trained token, in order, as sampled
+    # the next call's prompt is the last prompt + its sampled tokens + the new messages' tokens
+    for before, tokens, after in zip(turns.prompts, sampled, turns.prompts[1:]):
+        assert after[1][: len(before[1]) + len(tokens)] == before[1] + tokens
+    assert rollout.prompt.token_ids == turns.prompts[0][1]
+    assert rollout.prompt.token_ids + rollout.response_ids == turns.prompts[-1][1] + sampled[-1]
+    assert codec.render([{"role": "user", "content": "2+3="}], True) == rollout.prompt.text
+    assert [r.choices[0].message.content for r in replies] == ["4", "5", "6"]
+    assert batch.rewards == [1.0] and batch.metrics["env/turns_mean"] == 3 and batch.metrics["tito/forks"] == 0
+    # the agent's reward on its last turn's last token, its earlier calls' turns 0 (for the token-level estimators)
+    assert rollout.turn_rewards is not None and [r for _, r in rollout.turn_rewards] == [0.0, 0.0, 1.0]
+    assert rollout.turn_rewards[-1][0] == len(rollout.response_ids) - 1
+
+
+def test_an_agent_that_edits_its_history_starts_a_new_sample_per_env_tito(server):
+    with pytest.raises(EnvError, match=r"sample 0#0 turn 1: the agent's call does not extend its earlier calls"):
+        run(server, edits_history, ["4", "5"], max_turns=3)
+    batch, turns, codec = run(server, edits_history, ["4", "5"], max_turns=3, tito="fork")
+    assert batch.metrics["tito/forks"] == 1 and len(batch.rollouts) == 2
+    second, first = batch.rollouts  # the trajectory, then its fork (the sample before the rewrite)
+    assert codec.action_text(first.response_ids) == "4" and codec.action_text(second.response_ids) == "5"
+    assert second.prompt.token_ids == turns.prompts[1][1]  # the new sample starts from the rewritten call
+    assert "new question" in second.prompt.text and batch.rewards == [1.0, 1.0]
+    dropped, _, _ = run(server, edits_history, ["4", "5"], max_turns=3, tito="retokenize")
+    assert len(dropped.rollouts) == 1 and dropped.metrics["tito/forks"] == 0
+
+
+@pytest.mark.parametrize(
+    ("agent", "status", "says"),
+    [
+        (
+            raises,
+            "error",
+            r"^sample 0#0 turn 1: the agent raised ValueError: the agent's own bug \(.*test_agents.py:\d+\)",
+        ),
+        (returns_text, "env_error", r"^sample 0#0 turn 1: the agent returned 'right', not a finite reward"),
+        (never_calls, "env_error", r"^sample 0#0 reset: the agent returned before its first model call"),
+    ],
+)
+def test_a_failing_agent_is_named_and_handled_per_on_error(server, agent, status, says):
+    with pytest.raises(EnvError, match=says):
+        run(server, agent, ["4"])
+    batch, _, _ = run(server, agent, ["4"], on_error="zero", prompts=("1+1=", "2+2="))
+    assert batch.metrics["env/errors"] == 2 and all(r == 0.0 for r in batch.rewards)
+
+
+def test_an_agent_past_its_deadline_is_cancelled_and_counted(server):
+    batch, _, _ = run(server, sleeps, ["4"], on_error="zero", timeout_s=0.5)
+    assert batch.metrics["env/timeouts"] == 1 and batch.rewards == [0.0]
+    with pytest.raises(EnvError, match=r"ran over env.timeout_s=0.5 s before its next call"):
+        run(server, sleeps, ["4"], timeout_s=0.5)
+
+
+def test_the_runs_sampling_wins_and_what_cannot_be_served_is_refused_by_name(server):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch, _, _ = run(server, asks_otherwise, ["4"], prompts=("1+1=", "2+2="))
+    said = [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+    # temperature differs from the run's: warned once for the run, not once per call; top_p=1.0 is the run's own
+    assert len(said) == 1 and "the agent's temperature=0.3 is overridden" in said[0]
+    refusals = SEEN["1+1="]
+    assert "n=2: one choice per call" in refusals[0] and "stream=true is not served" in refusals[1]
+    assert batch.rewards == [0.5, 0.5]
+
+
+def test_a_plain_function_gets_a_sync_client(server):
+    batch, _, _ = run(server, plain_function, ["4"], n=2)
+    assert batch.rewards == [0.25, 0.25] and batch.metrics["env/success"] == 1.0
+
+
+def test_a_call_past_max_turns_is_refused_and_the_trajectory_kept(server):
+    batch, turns, _ = run(server, calls_forever, ["4"], max_turns=2)
+    assert len(turns.prompts) == 2 and batch.metrics["env/turns_max"] == 2 and batch.rewards == [0.0]
+    deadline = time.monotonic() + 5  # the refusal reaches the agent after its trajectory has been handed on
+    while "2+3=" not in SEEN and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "the trajectory has ended (env.max_turns or env.max_total_tokens reached)" in SEEN["2+3="][0]
+
+
+def test_tool_calls_come_back_parsed_by_vllms_parser_and_malformed_ones_are_counted(server):
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    batch, turns, codec = run(server, uses_a_tool, [call, "3"], tokenizer=tool_tokenizer(), parser="hermes")
+    first, second = SEEN["2+3="]
+    (tool_call,) = first.choices[0].message.tool_calls
+    assert tool_call.function.name == "add" and json.loads(tool_call.function.arguments) == {"a": 1, "b": 2}
+    assert first.choices[0].finish_reason == "tool_calls" and second.choices[0].message.content == "3"
+    # the tool result follows the sampled call's tokens (the template's own rendering of the call is not used)
+    assert "add;" in codec.tokenizer.decode(turns.prompts[0][1])
+    assert "<tool_response>3</tool_response>" in codec.tokenizer.decode(turns.prompts[1][1])
+    assert batch.metrics["tito/forks"] == 0 and batch.metrics["env/tool_calls"] == 1
+    assert batch.metrics["env/tool_errors"] == 0
+    broken = '<tool_call>{"name": "add", "arguments": {"a": 1</tool_call>'
+    unknown = '<tool_call>{"name": "mul", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    for script in ([broken, "3"], [unknown, "3"]):
+        batch, _, _ = run(server, uses_a_tool, script, tokenizer=tool_tokenizer(), parser="hermes")
+        assert batch.metrics["env/tool_errors"] == 1
+    assert SEEN["2+3="][0].choices[0].message.content is None or "mul" in str(SEEN["2+3="][0].choices[0].message)
+
+
+def test_an_agent_spec_that_cannot_load_is_named():
+    with pytest.raises(EnvError, match=r"env.agent='tests.unit.test_agents:nope': '.*' has no function 'nope'"):
+        load_agent(f"{HERE}:nope")
+    with pytest.raises(EnvError, match="not of the form module:function"):
+        load_agent("just_a_name")
+    with pytest.raises(ValueError, match="env.fn='retry' and env.agent=.* are both set"):
+        EnvConfig(fn="retry", agent=f"{HERE}:three_calls")
