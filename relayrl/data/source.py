@@ -361,10 +361,22 @@ class PromptSampler:
         return {
             "epoch": self.epoch,
             "position": self.position,
+            "prompts": len(self.prompts),
             **({"replay": list(self.replay)} if self.replay else {}),
         }
 
     def load_state(self, state: dict) -> None:
+        """Resume from `state()`; a state written over another number of prompts (data.train changed since the
+        checkpoint) is refused: its rows and epoch order would name other prompts than the run drew."""
+        count = len(self.prompts)
+        rows = [int(row) for row in state.get("replay", [])]
+        was = state.get("prompts")
+        if (was is not None and was != count) or state["position"] > count or any(row >= count for row in rows):
+            raise DataError(
+                f"the checkpoint's prompt sampler was written over {was if was is not None else 'more'} prompts; "
+                f"data.train now has {count}: the resumed run would draw other prompts than the run it continues "
+                "(resume with the file the run started with, or start a new run)"
+            )
         self.epoch, self.position = state["epoch"], state["position"]
-        self.replay = [int(row) for row in state.get("replay", [])]
+        self.replay = rows
         self._order = self._epoch_order(self.epoch)

@@ -106,7 +106,7 @@ def test_the_ledger_settles_taken_dropped_and_discarded_groups_and_replays_the_r
     resumed = PromptSampler(prompts, seed=0, shuffle=False)
     resumed.load_state({**sampler.state(), "replay": ledger.open_rows()})
     assert [p.id for p in resumed.next(3)] == ["2", "4", "5"]  # the unsettled first, then the epoch goes on
-    assert resumed.state() == {"epoch": 0, "position": 6}  # no replay left: the state reads as before
+    assert resumed.state() == {"epoch": 0, "position": 6, "prompts": 6}  # no replay left: the state reads as before
 
 
 def test_a_prompt_drawn_in_two_epochs_is_settled_once_per_draw():

@@ -367,10 +367,22 @@ def test_sampler_resume_exactly_at_an_epoch_end():
     expected = ids(reference.next(6) + reference.next(6) + reference.next(6))
     first = PromptSampler(prompts, seed=2)
     first.next(6)
-    assert first.state() == {"epoch": 0, "position": 6}
+    assert first.state() == {"epoch": 0, "position": 6, "prompts": len(prompts)}
     resumed = PromptSampler(prompts, seed=2)
     resumed.load_state(first.state())
     assert ids(resumed.next(12)) == expected[6:]
+
+
+def test_a_checkpoint_over_another_prompt_file_is_refused_naming_both_counts():
+    first = PromptSampler(make_prompts(10), seed=2)
+    first.next(4)
+    state = first.state()
+    with pytest.raises(DataError, match="written over 10 prompts; data.train now has 8"):
+        PromptSampler(make_prompts(8), seed=2).load_state(state)
+    old = {"epoch": 0, "position": 2, "replay": [9]}  # written before states carried the count: its rows tell
+    with pytest.raises(DataError, match="written over more prompts; data.train now has 8"):
+        PromptSampler(make_prompts(8), seed=2).load_state(old)
+    PromptSampler(make_prompts(10), seed=2).load_state(old)  # the same file: still loads
 
 
 def test_sampler_without_shuffle_keeps_file_order():
