@@ -31,7 +31,7 @@ from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import SCHEDULES
-from relayrl.sources.multi_turn import MultiTurnSource, check_env, response_budget
+from relayrl.sources.multi_turn import MultiTurnSource, agent_context, check_env, response_budget
 from relayrl.sources.single_turn import RolloutSource
 from relayrl.types import Prompt
 
@@ -49,6 +49,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     check_env(config, longest)  # env.fn or env.agent: multi-turn rollouts, a whole trajectory in the context
     max_len = longest + response_budget(config)
     check_context(config, max_len)
+    max_len = agent_context(config, max_len)  # env.agent: the agent renders its own prompts (tools, system turns)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)
     run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
@@ -56,8 +57,10 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     roles = build_roles(config, max_len, probe_ids)
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     sampler = PromptSampler(prompts, config.train.seed, config.data.shuffle)
-    source = (MultiTurnSource if config.env.multi_turn else RolloutSource)(
-        config, roles.engines, rewards, sampler, roles.sync
+    source = (
+        MultiTurnSource(config, roles.engines, rewards, sampler, roles.sync, max_len)
+        if config.env.multi_turn
+        else RolloutSource(config, roles.engines, rewards, sampler, roles.sync)
     )
     return Trainer(
         config=config,

@@ -49,6 +49,17 @@ def response_budget(config) -> int:
     return max(config.rollout.max_tokens, env.max_total_tokens) if env.multi_turn else config.rollout.max_tokens
 
 
+def agent_context(config, max_len: int) -> int:
+    """The engines' context: `max_len` (the longest data prompt plus the trajectory budget), or under env.agent the
+    model's whole context when it states one: an agent renders its own prompts (a tools block, a system turn), so
+    a call's prompt may be longer than the data's. The driver keeps every call within it."""
+    if not config.env.agent:
+        return max_len
+    from relayrl.models.loading import context_length
+
+    return max(max_len, context_length(config.model.path) or max_len)
+
+
 def check_env(config, longest_prompt: int | None = None) -> None:
     """A run's env.* settings that cannot work, found before anything is built or written; with the longest
     prompt's tokens, also whether a whole trajectory fits the model's context."""
@@ -147,8 +158,9 @@ class Lane:
 
 
 class MultiTurnSource(RolloutSource):
-    def __init__(self, config, engines, rewards, sampler, sync):
+    def __init__(self, config, engines, rewards, sampler, sync, max_len: int | None = None):
         super().__init__(config, engines, rewards, sampler, sync)
+        self.max_len = max_len  # the engines' context: no turn's prompt and budget go past it
         token_level = config.algorithm.advantage in TOKEN_LEVEL  # the turns' rewards are placed, so summed
         self.env: EnvConfig = config.env.model_copy(update={"reward": "sum"}) if token_level else config.env
         self.with_reward_fn = bool(config.reward.model_fields_set & {"fn", "components"})
@@ -167,7 +179,9 @@ class MultiTurnSource(RolloutSource):
         own = self._lane_of(lane)
         with own.lock:
             turns = turn_requests(self.engines, self.version, replicas)
-            driver = MultiTurnDriver(turns, own.pool, own.codec, self.env, sampling, unknown=self.unknown)
+            driver = MultiTurnDriver(
+                turns, own.pool, own.codec, self.env, sampling, unknown=self.unknown, context=self.max_len
+            )
             batch = driver.run(prompts, sampling.n)
         with self._lock:
             self._generated[id(batch.rollouts)] = batch

@@ -59,12 +59,14 @@ class MultiTurnDriver:
         sampling: Sampling,
         lockstep: bool = False,
         unknown: UnknownCharacters | None = None,
+        context: int | None = None,
     ):
         self.turns, self.pool, self.codec, self.env = turns, pool, codec, env
         self.unknown = unknown or UnknownCharacters()  # the source passes its own: one warning per run
         self.sampling = sampling
         self.per_turn = env.max_tokens_per_turn or sampling.max_tokens
         self.lockstep = lockstep
+        self.context = context  # the engines' max_model_len: a turn's prompt plus its budget stays within it
         self.stop = tuple(sampling.stop)  # and the environment's own (its `stop` attribute), from reset on
         self.keys = itertools.count()
 
@@ -216,6 +218,8 @@ class MultiTurnDriver:
             ids = delta.token_ids
             trajectory.segments.append(Segment(ids, False, [0.0] * len(ids), [version] * len(ids)))
         overflow = trajectory.spent - self.env.max_total_tokens
+        if self.context is not None:  # nor past the engines' context (an agent's long prompt)
+            overflow = max(overflow, len(trajectory.prompt_ids()) - self.context)
         if overflow >= 0:  # no room left for another turn: cut the observation, keep the trajectory, flag it
             last = trajectory.segments[-1]
             keep = len(last.token_ids) - overflow
@@ -251,6 +255,12 @@ class MultiTurnDriver:
 
     def _submit(self, trajectory: Trajectory) -> None:
         budget = min(self.per_turn, self.env.max_total_tokens - trajectory.spent)
+        if self.context is not None:
+            budget = min(budget, self.context - len(trajectory.prompt_ids()))
+        if budget <= 0 and not trajectory.segments:  # an agent's own prompt, too long to answer at all
+            length = len(trajectory.prompt_ids())
+            message = f"the call's prompt is {length} tokens, leaving no room in the engines' context of {self.context}"
+            return self._fail(trajectory, "env_error", message)
         if budget <= 0:
             trajectory.truncated = True
             return self._finish(trajectory)

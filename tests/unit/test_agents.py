@@ -147,7 +147,7 @@ def server():
     endpoint.close()
 
 
-def run(server, agent, script, prompts=("2+3=",), n=1, tokenizer=None, parser="", timeout_s=10.0, **env):
+def run(server, agent, script, prompts=("2+3=",), n=1, tokenizer=None, parser="", timeout_s=10.0, context=None, **env):
     SEEN.clear()
     codec = ChatCodec(tokenizer or chat_tokenizer("qwen"))
     turns = ScriptedTurns(codec, script)
@@ -157,7 +157,8 @@ def run(server, agent, script, prompts=("2+3=",), n=1, tokenizer=None, parser=""
     pool = AgentPool(server, spec, {}, 8, timeout_s, codec.tokenizer, parser, sampling)
     rows = [Prompt(id=str(i), text=p, token_ids=[], columns={"answer": "5"}) for i, p in enumerate(prompts)]
     try:
-        batch = MultiTurnDriver(turns, pool, codec, settings, Sampling(max_tokens=128)).run(rows, n)
+        driver = MultiTurnDriver(turns, pool, codec, settings, Sampling(max_tokens=128), context=context)
+        batch = driver.run(rows, n)
     finally:
         pool.close()
     return batch, turns, codec
@@ -278,3 +279,14 @@ def test_an_agent_spec_that_cannot_load_is_named():
         load_agent("just_a_name")
     with pytest.raises(ValueError, match="env.fn='retry' and env.agent=.* are both set"):
         EnvConfig(fn="retry", agent=f"{HERE}:three_calls")
+
+
+def test_no_call_goes_past_the_engines_context(server):
+    """An agent renders its own prompts (tools, system turns): each call's budget is cut to the context left, and
+    a first prompt with no room left is the agent's error, named."""
+    batch, turns, _ = run(server, three_calls, ["45678"], max_turns=3, context=40, on_error="zero")
+    assert all(len(ids) <= 40 for _, ids in turns.prompts) and batch.metrics["env/errors"] == 0
+    (rollout,) = batch.rollouts
+    assert len(rollout.prompt.token_ids) + len(rollout.response_ids) <= 40 and rollout.finish_reason == "length"
+    with pytest.raises(EnvError, match=r"sample 0#0 reset: the call's prompt is 2\d tokens, leaving no room in the "):
+        run(server, three_calls, ["4"], context=20)
