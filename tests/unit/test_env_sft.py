@@ -57,3 +57,20 @@ def test_a_tiny_warm_start_on_conversations(tmp_path):
     settings = SFTSettings(epochs=1, batch_size=8, hidden=32, layers=1)
     out = run_sft(path, tmp_path / "model", settings=settings, log=lambda *_: None)
     assert (out / "config.json").exists()
+
+
+def test_a_rows_tools_are_rendered_by_the_template_as_an_agents_are(tmp_path):
+    """TRL's conversational rows carry `tools`: the first prompt renders them (as an agent's `tools=` call does),
+    so the warm start sees the prompt RL will."""
+    from tests.unit.test_agents import ADD, tool_tokenizer
+
+    path = tmp_path / "sft.jsonl"
+    path.write_text(json.dumps({"messages": CONVERSATION, "tools": [ADD]}) + "\n")
+    ((where, messages, tools),) = conversation_rows(path) or []
+    tokenizer = tool_tokenizer()
+    ids, trained = encode_conversation(messages, ChatCodec(tokenizer), tools)
+    assert where.endswith("sft.jsonl:1") and tools == [ADD]
+    assert tokenizer.decode(ids).startswith("<|im_start|>system\nadd;<|im_end|>\n<|im_start|>user\nwhat is 2+3?")
+    path.write_text(json.dumps({"messages": CONVERSATION, "tools": [{"name": "add"}]}) + "\n")
+    with pytest.raises(DataError, match=r"sft.jsonl:1: 'tools' must be a list of \{type: function"):
+        conversation_rows(path)
