@@ -15,6 +15,7 @@ The rule (the field descriptions and `docs/config.md` state it too):
   and made absolute against it when set (log.dir's default, `runs/default`, stays as the default is), so the
   printed and saved config says where the run writes. A relative log.dir that leads outside the working directory (`../../runs/x`) draws a warning naming
   the key and the absolute path.
+- A `data.train`/`data.eval` of the form `reasoning_gym:TASK...` names a generated dataset and stays as written.
 - Relative input paths are made absolute when the config is loaded, so the resolved config a run saves
   (`<log.dir>/config.yaml`) re-runs from any directory, writing where the run wrote. An input path found in none of its directories is
   taken against the working directory and draws a warning naming every directory looked in; a reward file
@@ -33,6 +34,7 @@ from relayrl.config.warn import warn
 from relayrl.errors import ConfigError
 
 INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
+DATA_SPECS = ("reasoning_gym:",)  # data.train/eval values that name a generated dataset, not a file (never resolved)
 PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn", "env.agent")
 OUTPUT_PATHS = ("log.dir", "sync.directory")  # against the working directory, whoever sets them
 MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords
@@ -79,7 +81,9 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
     for key in INPUT_PATHS:
         section, name = key.split(".")
         node = tree.get(section)
-        if key in origin and isinstance(node, dict) and isinstance(node.get(name), str) and node[name]:
+        if key not in origin or not isinstance(node, dict) or not isinstance(node.get(name), str) or not node[name]:
+            continue
+        if not (section == "data" and node[name].startswith(DATA_SPECS)):
             node[name] = resolve_path(key, node[name], origin[key])
     _resolve_outputs(tree)
     env = tree.get("env")

@@ -39,7 +39,8 @@ class DataConfig(Section):
     train: str = Field(
         default="",
         description="Training prompts: a .jsonl or .parquet file, or a `datasets` save_to_disk directory, with "
-        "`prompt` or `messages`. " + INPUT_PATH_RULE,
+        "`prompt` or `messages`; or `reasoning_gym:TASK?size=N&seed=S&option=value` (docs/ecosystem.md). "
+        + INPUT_PATH_RULE,
     )
     eval: str | None = Field(
         default=None,
@@ -84,7 +85,8 @@ class RewardComponentConfig(Section):
 class RewardConfig(Section):
     fn: str = Field(
         default="exact_match",
-        description="Built-in name (exact_match, math, regex, code, reward_model, judge) or `module:function` or "
+        description="Built-in name (exact_match, math, regex, code, reward_model, judge, reasoning_gym) or "
+        "`module:function` or "
         "`path/file.py:function`. The file, or a module's `module.py`, is looked for as data.train is "
         "(a module beside the config file imports); else the module must be importable.",
     )

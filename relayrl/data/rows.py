@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from relayrl.data.jsonl import parse_line
+from relayrl.data.reasoning_gym import ReasoningGymRows, is_spec
 from relayrl.errors import DataError
 
 CHUNK = 1 << 22  # bytes scanned for newlines at a time while indexing
@@ -141,7 +142,10 @@ def _load_from_disk(path: Path):
 
 
 def open_rows(path: str | Path, check: Callable[[str, dict[str, Any]], None]) -> CheckedRows:
-    """The rows of a prompt file or `datasets` directory; each is checked by `check` when it is read."""
+    """The rows of a prompt file or `datasets` directory (or a `reasoning_gym:TASK` spec, relayrl/data/reasoning_gym.py);
+    each is checked by `check` when it is read."""
+    if is_spec(path):
+        return CheckedRows(ReasoningGymRows(str(path)), check)
     path = Path(path)
     if path.is_dir():
         rows = ArrowRows(path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from relayrl.data.reasoning_gym import score as reasoning_gym
 from relayrl.errors import RewardError
 from relayrl.rewards.code import code
 from relayrl.rewards.judge import judge
@@ -63,4 +64,5 @@ BUILTINS = {
     "code": code,
     "reward_model": reward_model,
     "judge": judge,
+    "reasoning_gym": reasoning_gym,  # the row's task's own score_answer (relayrl/data/reasoning_gym.py)
 }
