@@ -1,5 +1,5 @@
 """One seed, one run: the same config run twice gives the same metrics (all but wall-clock figures) and the same
-samples, single- and multi-turn, with the HF and the vLLM engine (local placement, a tiny random model). Each
+samples, single- and multi-turn (an environment, or an OpenAI-client agent through env.agent), with the HF and the vLLM engine (local placement, a tiny random model). Each
 sample draws from a stream keyed by its prompt, its index in the group and (multi-turn) its trajectory and turn,
 never by its batch position or arrival time (relayrl/rollout/seeds.py). Ray's sync and one_step_off runs, which
 use the same seeds, were compared by hand (docs/config.md `train.seed`); `async` varies with timing by design."""
@@ -11,6 +11,7 @@ import json
 import pytest
 import yaml
 
+from benchmarks.learning_cases import AGENT
 from relayrl.api import train
 
 VOLATILE = ("time/", "time_frac/", "throughput/", "sync/GBps", "sync/send_s", "sync/receive_s")
@@ -19,6 +20,10 @@ CASES = {
     "single-hf": {"rollout": {"engine": "hf"}},
     "multi-hf": {"rollout": {"engine": "hf"}, "env": {"fn": "retry", "kwargs": {"feedback": " 1+1="}}},
     "multi-vllm": {"rollout": {"engine": "vllm"}, "env": {"fn": "retry", "kwargs": {"feedback": " 1+1="}}},
+    "agent-hf": {
+        "rollout": {"engine": "hf"},
+        "env": {"agent": f"{AGENT}:retry_agent", "kwargs": {"feedback": " 1+1="}},
+    },
 }
 
 
@@ -29,7 +34,7 @@ def run(tmp_path, model_dir, name: str, case: dict) -> tuple[list[dict], list[di
     config = {
         "model": {"path": str(model_dir)},
         "data": {"train": str(tmp_path / "train.jsonl"), "eval": str(tmp_path / "train.jsonl"), "max_prompt_tokens": 8},
-        "env": env if "fn" in env else {},
+        "env": env if {"fn", "agent"} & env.keys() else {},
         "rollout": {"n": 4, "prompts_per_step": 4, "max_tokens": 4, **case["rollout"]},
         "eval": {"max_prompts": 4},
         "train": {"steps": 3, "lr": 1e-3, "seed": 7},
