@@ -7,7 +7,7 @@ reported back to be warned about once and then overridden; a request that cannot
 choices, streaming, images) is refused with a 400 naming the field. `answer` builds the `chat.completion`
 object from the tokens the engine sampled: the text, the tool calls vLLM's parser found in it (`ToolCalls`),
 the finish reason, usage, the log-probs when asked, and vLLM's `prompt_token_ids` / `token_ids` extensions.
-The tool calls in a turn's text are found by vLLM's parser for the model's family (relayrl/rollout/tool_calls.py).
+The reasoning and the tool calls in a turn's text are found by vLLM's parsers (relayrl/rollout/tool_calls.py).
 """
 
 from __future__ import annotations
@@ -150,9 +150,12 @@ def answer(
     tool_calls: list[dict[str, Any]],
     finish_reason: str,
     tokens: list[str],
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
-    """A `chat.completion` object for one sampled turn."""
+    """A `chat.completion` object for one sampled turn (`reasoning`: vLLM's field for the thinking part)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     choice: dict[str, Any] = {

@@ -38,7 +38,7 @@ from relayrl.agents.chat import ChatRequest, RequestError, answer, error_body, r
 from relayrl.agents.server import AgentServer
 from relayrl.envs.base import Step
 from relayrl.errors import ConfigWarning, EnvError
-from relayrl.rollout.tool_calls import ToolCalls
+from relayrl.rollout.tool_calls import ParsedTurn, TurnParser
 
 _pool_ids = itertools.count()
 GRACE_S = 1.0  # an agent still running when its trajectory ends is cancelled this long after
@@ -98,11 +98,12 @@ class AgentPool:
         tokenizer,
         tool_parser: str = "",
         sampling: RunSampling | None = None,
+        reasoning_parser: str = "",
     ):
         self.server, self.spec, self.kwargs, self.slots, self.timeout_s = server, spec, dict(kwargs), slots, timeout_s
         self.function = load_agent(spec)
         self.tokenizer = tokenizer
-        self.tools = ToolCalls(tool_parser, tokenizer) if tool_parser else None
+        self.parser = TurnParser(tokenizer, tool_parser, reasoning_parser) if tool_parser or reasoning_parser else None
         self.sampling = sampling or RunSampling()
         self._id = next(_pool_ids)
         self._live: dict[Hashable, _Agent] = {}
@@ -134,10 +135,10 @@ class AgentPool:
         agent = self._live[key]
         request = agent.request
         assert request is not None and agent.reply is not None and turn is not None  # a turn answers a call
-        text, calls, errors = action, [], 0
-        if self.tools is not None and request.tools:
-            text = self._text_with_tags(turn.output.token_ids)
-            text, calls, errors = self.tools.parse(text, request)
+        parsed = ParsedTurn(action)
+        if self.parser is not None:
+            parsed = self.parser.parse(self._text_with_tags(turn.output.token_ids), request)
+        text, calls, errors = parsed.content, parsed.tool_calls, parsed.tool_errors
         number = agent.calls
         body = answer(
             request,
@@ -148,6 +149,7 @@ class AgentPool:
             content=text,
             tool_calls=calls,
             finish_reason=turn.output.finish_reason,
+            reasoning=parsed.reasoning,
             tokens=[self.tokenizer.decode([t]) for t in turn.output.token_ids] if request.logprobs else [],
         )
         with self._lock:

@@ -32,6 +32,11 @@ class EnvConfig(Section):
         description="vLLM tool parser for the agent's `tools=` calls (hermes, llama3_json, ...): the model's tool "
         "calls come back as OpenAI tool_calls; '' = none (tool calls stay in the text).",
     )
+    reasoning_parser: str = Field(
+        default="",
+        description="vLLM reasoning parser for the agent's calls (deepseek_r1, qwen3, ...): the thinking comes back "
+        "as message.reasoning, and a tool call written inside it is not parsed; '' = none.",
+    )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the environment class (or of the agent function)."
     )

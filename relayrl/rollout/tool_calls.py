@@ -1,57 +1,124 @@
-"""vLLM's tool parsers, as the agents' endpoint uses them (relayrl/agents/): a turn's text -> OpenAI tool calls.
+"""vLLM's tool and reasoning parsers, as the agents' endpoint uses them (relayrl/agents/): a turn's text -> the
+reasoning, the content and the OpenAI tool calls of the reply.
 
 Here, in rollout/, because every call into vLLM's API lives beside the engines that pin its version.
+
+The reasoning (`env.reasoning_parser`: deepseek_r1, qwen3, ...: its tags) is split off first and the tool parser
+(`env.tool_parser`: hermes, llama3_json, pythonic, ...) reads only what follows it, so a call the model wrote
+while thinking is never executed. What
+relayrl counts: a call the parser could not read (its start tag present, no call found: a truncated call, bad
+JSON), or one naming a tool the request did not offer, is a tool error; the text then goes back to the agent as
+plain content, as vLLM's server answers it.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 
-class ToolCalls:
-    """vLLM's tool parser for one family (`env.tool_parser`), with what relayrl counts: a call the parser could
-    not read (its start tag present, no call found), or one naming a tool the request did not offer, is a tool
-    error; the text then goes back to the agent as plain content, as vLLM's server does."""
+@dataclass
+class ParsedTurn:
+    content: str | None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # the wire format: {id, type, function}
+    tool_errors: int = 0
 
-    def __init__(self, name: str, tokenizer):
-        from vllm.tool_parsers import ToolParserManager
 
-        try:
-            self.parser_class = ToolParserManager.get_tool_parser(name)
-        except KeyError:
-            from relayrl.errors import ConfigError
-
-            known = ", ".join(ToolParserManager.list_registered())
-            raise ConfigError(f"env.tool_parser={name!r} is not one of vLLM's tool parsers: {known}") from None
+class TurnParser:
+    def __init__(self, tokenizer, tool_parser: str = "", reasoning_parser: str = ""):
         self.tokenizer = tokenizer
-        self.name = name
+        self.tool_class = _tool_parser(tool_parser) if tool_parser else None
+        self.reasoning = _reasoning_parser(reasoning_parser, tokenizer) if reasoning_parser else None
+        self._tags = _reasoning_tags(self.reasoning, tokenizer) if self.reasoning is not None else (None, None)
 
-    def parse(self, text: str, request) -> tuple[str | None, list[dict[str, Any]], int]:
-        """(content, tool calls in the wire format, tool errors) of a turn's text; `request` is the agent's call
-        (relayrl/agents/chat.py ChatRequest: its model and tools)."""
+    def parse(self, text: str, request) -> ParsedTurn:
+        """`request` is the agent's call (relayrl/agents/chat.py ChatRequest: its model and tools)."""
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-        offered = {t["function"]["name"] for t in request.tools or ()}
         vllm_request = ChatCompletionRequest.model_validate(
             {"model": request.model, "messages": [], "tools": request.tools}
         )
-        parser = self.parser_class(self.tokenizer, vllm_request.tools)  # pyright: ignore[reportArgumentType]
-        quiet = logging.getLogger(type(parser).__module__)
-        level, quiet.level = (
-            quiet.level,
-            logging.CRITICAL,
-        )  # a malformed call is logged with its traceback: counted here
-        try:
-            found = parser.extract_tool_calls(text, vllm_request)
-        finally:
-            quiet.level = level
+        reasoning, content = self._split_reasoning(text, vllm_request)
+        if self.tool_class is None or not request.tools or not content:
+            return ParsedTurn(content, reasoning)
+        parser = self.tool_class(self.tokenizer, vllm_request.tools)  # pyright: ignore[reportArgumentType]
+        with _quiet(type(parser).__module__):  # a malformed call is logged with its traceback: counted here
+            found = parser.extract_tool_calls(content, vllm_request)
         start = getattr(parser, "tool_call_start_token", None)
         if not found.tools_called:
-            return text, [], int(bool(start) and start in text)
+            return ParsedTurn(content, reasoning, [], int(bool(start) and start in content))
         calls = [
             {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
             for c in found.tool_calls
         ]
+        offered = {t["function"]["name"] for t in request.tools}
         unknown = sum(c["function"]["name"] not in offered for c in calls)
-        return found.content, calls, unknown
+        return ParsedTurn(found.content, reasoning, calls, unknown)
+
+    def _split_reasoning(self, text: str, vllm_request) -> tuple[str | None, str | None]:
+        """(reasoning, content). The thinking block is read by its tags: everything up to the end tag (or after an
+        unclosed start tag) is reasoning. vLLM's qwen3 parser ends the reasoning at a `<tool_call>` inside the
+        block, so a call written while thinking would be executed; here it never is."""
+        if self.reasoning is None:
+            return None, text
+        start, end = self._tags
+        if end and end in text:
+            before, _, after = text.partition(end)
+            return before.replace(start, "", 1) if start else before, after or None
+        if start and start in text:  # thinking never closed (cut at the token budget): no content at all
+            return text.partition(start)[2], None
+        return self.reasoning.extract_reasoning(text, vllm_request)
+
+
+def _tool_parser(name: str):
+    from vllm.tool_parsers import ToolParserManager
+
+    try:
+        return ToolParserManager.get_tool_parser(name)
+    except KeyError:
+        from relayrl.errors import ConfigError
+
+        known = ", ".join(ToolParserManager.list_registered())
+        raise ConfigError(f"env.tool_parser={name!r} is not one of vLLM's tool parsers: {known}") from None
+
+
+def _reasoning_parser(name: str, tokenizer):
+    from vllm.reasoning import ReasoningParserManager
+
+    from relayrl.errors import ConfigError
+
+    try:
+        cls = ReasoningParserManager.get_reasoning_parser(name)
+    except KeyError:
+        known = ", ".join(ReasoningParserManager.list_registered())
+        raise ConfigError(f"env.reasoning_parser={name!r} is not one of vLLM's reasoning parsers: {known}") from None
+    try:
+        return cls(tokenizer)
+    except (RuntimeError, ValueError) as err:  # e.g. the tokenizer has no <think> tokens
+        raise ConfigError(f"env.reasoning_parser={name!r} does not fit the model's tokenizer: {err}") from None
+
+
+def _reasoning_tags(parser, tokenizer) -> tuple[str | None, str | None]:
+    """The thinking block's start and end tags: the parser's own, or read off its end token ids (`</think>` ->
+    `<think>`)."""
+    start, end = getattr(parser, "start_token", None), getattr(parser, "end_token", None)
+    if end is None and getattr(parser, "reasoning_end_token_ids", None):
+        end = tokenizer.decode(list(parser.reasoning_end_token_ids)[:1])
+    if start is None and end and end.startswith("</"):
+        start = "<" + end[2:]
+    return start, end
+
+
+class _quiet:
+    """Silence one logger for a block."""
+
+    def __init__(self, name: str):
+        self.logger = logging.getLogger(name)
+
+    def __enter__(self):
+        self.level, self.logger.level = self.logger.level, logging.CRITICAL
+
+    def __exit__(self, *exc):
+        self.logger.level = self.level

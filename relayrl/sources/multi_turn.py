@@ -270,6 +270,7 @@ class MultiTurnSource(RolloutSource):
             tokenizer,
             env.tool_parser,
             self._run_sampling,
+            env.reasoning_parser,
         )
 
     def close(self) -> None:

@@ -126,7 +126,7 @@ TOOLS_TEMPLATE = (
 )
 
 
-def tool_tokenizer():
+def tool_tokenizer(thinking: bool = False):
     from tokenizers import Regex, pre_tokenizers
 
     from relayrl.models.tiny import train_char_tokenizer
@@ -134,7 +134,8 @@ def tool_tokenizer():
 
     tokenizer = train_char_tokenizer([TEXT + '{}"[];'])
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    specials = ["<|im_start|>", "<|im_end|>"] + (["<think>", "</think>"] if thinking else [])
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.chat_template = TOOLS_TEMPLATE
     return tokenizer
@@ -147,14 +148,26 @@ def server():
     endpoint.close()
 
 
-def run(server, agent, script, prompts=("2+3=",), n=1, tokenizer=None, parser="", timeout_s=10.0, context=None, **env):
+def run(
+    server,
+    agent,
+    script,
+    prompts=("2+3=",),
+    n=1,
+    tokenizer=None,
+    parser="",
+    timeout_s=10.0,
+    context=None,
+    reasoning="",
+    **env,
+):
     SEEN.clear()
     codec = ChatCodec(tokenizer or chat_tokenizer("qwen"))
     turns = ScriptedTurns(codec, script)
     spec = f"{HERE}:{agent.__name__}"
     settings = EnvConfig(agent=spec, **env)
     sampling = RunSampling({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 128, "stop": []})
-    pool = AgentPool(server, spec, {}, 8, timeout_s, codec.tokenizer, parser, sampling)
+    pool = AgentPool(server, spec, {}, 8, timeout_s, codec.tokenizer, parser, sampling, reasoning)
     rows = [Prompt(id=str(i), text=p, token_ids=[], columns={"answer": "5"}) for i, p in enumerate(prompts)]
     try:
         driver = MultiTurnDriver(turns, pool, codec, settings, Sampling(max_tokens=128), context=context)
@@ -290,3 +303,20 @@ def test_no_call_goes_past_the_engines_context(server):
     assert len(rollout.prompt.token_ids) + len(rollout.response_ids) <= 40 and rollout.finish_reason == "length"
     with pytest.raises(EnvError, match=r"sample 0#0 reset: the call's prompt is 2\d tokens, leaving no room in the "):
         run(server, three_calls, ["4"], context=20)
+
+
+@pytest.mark.parametrize("reasoning", ["qwen3", "deepseek_r1"])
+def test_a_tool_call_written_while_thinking_is_not_executed(server, reasoning):
+    """verl's hermes parser ran calls found inside <think>; vLLM's qwen3 reasoning parser ends the reasoning at a
+    <tool_call> inside the block. Here the block is read by its tags: the call stays reasoning."""
+    thinking = '<think>maybe <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call></think>'
+    after = '<think>ok</think><tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    tokenizer = tool_tokenizer(thinking=True)
+    batch, _, _ = run(
+        server, uses_a_tool, [thinking + "3", "3"], tokenizer=tokenizer, parser="hermes", reasoning=reasoning
+    )
+    message = SEEN["2+3="][0].choices[0].message
+    assert not message.tool_calls and message.content == "3" and "<tool_call>" in message.model_extra["reasoning"]
+    assert batch.metrics["env/tool_calls"] == 0
+    batch, _, _ = run(server, uses_a_tool, [after, "3"], tokenizer=tokenizer, parser="hermes", reasoning=reasoning)
+    assert batch.metrics["env/tool_calls"] == 1 and SEEN["2+3="][0].choices[0].message.model_extra["reasoning"] == "ok"
