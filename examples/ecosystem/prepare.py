@@ -18,7 +18,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="runs/ecosystem_tiny")
     out = parser.parse_args().out
-    build_tiny([string.printable], out, seed=0, hidden=64, layers=2, heads=2, intermediate=128)
+    build_tiny([string.printable], out, seed=0, hidden=64, layers=2, heads=2, intermediate=128, max_positions=1024)
     print(f"wrote {out}")
 
 

@@ -50,16 +50,19 @@ class Environment(Protocol):
 
 
 def load_env_class(spec: str) -> Callable[..., Any]:
-    """A built-in name, `package.module:Class` or `path/to/file.py:Class`. Imports stay light (no torch): the
-    environment workers load it by spec."""
+    """A built-in name, `skyrl_gym:ENV_ID` or `gymnasium:ENV_ID` (relayrl/envs/ecosystem.py), `package.module:Class`
+    or `path/to/file.py:Class`. Imports stay light (no torch): the environment workers load it by spec."""
     from relayrl.envs.builtins import BUILTINS
+    from relayrl.envs.ecosystem import ecosystem_class, is_ecosystem_spec
 
     if spec in BUILTINS:
         return BUILTINS[spec]
+    if is_ecosystem_spec(spec):
+        return ecosystem_class(spec)
     if ":" not in spec:
         raise EnvError(
             f"env.fn={spec!r} is not a built-in ({', '.join(BUILTINS)}) "
-            "nor of the form module:Class or path/file.py:Class"
+            "nor of the form skyrl_gym:ENV_ID, gymnasium:ENV_ID, module:Class or path/file.py:Class"
         )
     target, _, name = spec.rpartition(":")
     cls = getattr(_import(target, spec), name, None)

@@ -17,7 +17,8 @@ import pytest
 
 from relayrl.data.rows import open_rows
 from relayrl.data.source import check_row
-from relayrl.errors import DataError, RewardError
+from relayrl.envs.base import Step
+from relayrl.errors import DataError, EnvError, RewardError
 from relayrl.rewards.base import load_reward
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,3 +145,178 @@ def test_the_ecosystem_examples_are_valid_configs(example):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # model.path: the tiny model prepare.py builds is not there in CI
         load_config(str(example))
+
+
+def test_a_skyrl_gym_environment_answers_through_relayrls_protocol():
+    from relayrl.envs.base import as_step, make_env
+
+    env = make_env("skyrl_gym:gsm8k")
+    row = {"prompt": "What is 6*7?", "answer": "42", "id": "q1"}
+    assert env.reset(row) == [{"role": "user", "content": "What is 6*7?"}]
+    assert as_step(env.step("so #### 42"), "gsm8k") == Step(None, 1.0, True, {"success": True})
+    env.reset(row)
+    assert as_step(env.step("#### 41"), "gsm8k") == Step(None, 0.0, True, {"success": False})
+
+
+def test_skyrl_gym_extras_come_from_the_row_and_env_kwargs():
+    from relayrl.envs.base import as_step, make_env
+
+    env = make_env("skyrl_gym:gsm8k_multi_turn", {"extras": {"max_turns": 2}, "env_config": {}})
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "6*7?"}]
+    assert env.reset({"prompt": chat, "reward_spec": {"ground_truth": "42"}}) == chat  # verl/SkyRL parquet's chat
+    wrong = as_step(env.step("#### 41"), "gsm8k_multi_turn")
+    assert (
+        not wrong.done and wrong.reward == pytest.approx(0.2 / 2) and "#### ANSWER" in wrong.observation[0]["content"]
+    )
+    assert as_step(env.step("#### 42"), "gsm8k_multi_turn") == Step(None, 1.0, True, {"success": True})
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "row", "action", "first"),
+    [
+        (
+            "skyrl_gym:gsm8k_multi_turn",
+            {"extras": {"max_turns": 3}},
+            {"prompt": "6*7?", "ground_truth": "42"},
+            "#### 42",
+            "6*7?",
+        ),
+        (
+            "gymnasium:FrozenLake-v1",
+            {"map_name": "4x4", "is_slippery": False},
+            {"prompt": "p", "seed": 1},
+            "2",
+            "Frozen lake",
+        ),
+    ],
+)
+def test_ecosystem_environments_run_in_the_workers_by_spec(spec, kwargs, row, action, first):
+    from relayrl.envs.pool import EnvPool
+
+    pool = EnvPool(spec, kwargs, slots=1, timeout_s=60.0)
+    try:
+        pool.reset("a", row, "row 0")
+        [(key, status, (messages, stop))] = next_results(pool)
+        assert (key, status, stop) == ("a", "ok", ()) and messages[0]["content"].startswith(first)
+        pool.step("a", action, "row 0")
+        [(key, status, step)] = next_results(pool)
+        assert (key, status) == ("a", "ok") and isinstance(step, Step)
+    finally:
+        pool.close()
+
+
+def next_results(pool):
+    """The next non-empty poll (a worker saying it is ready ends a poll with nothing)."""
+    while not (results := pool.poll(30)):
+        pass
+    return results
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "message"),
+    [
+        (
+            "skyrl_gym:gsm9k",
+            {},
+            "env.fn='skyrl_gym:gsm9k': skyrl-gym has no environment 'gsm9k' (registered: aime, gsm8k,",
+        ),
+        ("skyrl_gym:", {}, "env.fn='skyrl_gym:': name an environment after 'skyrl_gym:'"),
+        ("skyrl_gym:no_such_module:env", {}, "env.fn='skyrl_gym:no_such_module:env': cannot import 'no_such_module'"),
+        (
+            "skyrl_gym:gsm8k",
+            {"max_turns": 2},
+            "env.fn='skyrl_gym:gsm8k': cannot build it with env.kwargs={'max_turns': 2}",
+        ),
+    ],
+)
+def test_a_bad_skyrl_gym_spec_fails_naming_env_fn_and_the_id(spec, kwargs, message):
+    from relayrl.envs.base import make_env
+
+    with pytest.raises(EnvError) as raised:
+        make_env(spec, kwargs)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_row_without_a_ground_truth_is_named():
+    from relayrl.envs.base import make_env
+
+    with pytest.raises(
+        EnvError, match=r"row id 'q7' needs a 'reward_spec' .*'ground_truth' or 'answer' .*\['id', 'prompt'\]"
+    ):
+        make_env("skyrl_gym:gsm8k").reset({"prompt": "6*7?", "id": "q7"})
+    with pytest.raises(EnvError, match=r"the row needs a 'prompt' or 'messages' column, got \['answer'\]"):
+        make_env("skyrl_gym:gsm8k").reset({"answer": "42"})
+
+
+def test_a_skyrl_gym_spec_in_a_config_stays_as_written(tmp_path):
+    from relayrl.config import load_config
+
+    (tmp_path / "skyrl_gym.py").write_text("")  # a file of the package's name beside the config is not the env
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text("env: {fn: 'skyrl_gym:gsm8k', kwargs: {extras: {max_turns: 2}}}\n")
+    assert load_config(str(config_file)).env.fn == "skyrl_gym:gsm8k"
+
+
+def test_a_gymnasium_text_game_is_played_by_naming_actions():
+    from relayrl.envs.base import as_step, make_env
+
+    env = make_env("gymnasium:FrozenLake-v1", {"is_slippery": False})
+    first = env.reset({"prompt": "play", "seed": 0})
+    assert first.startswith("Frozen lake: ") and "\n[S]FFF\nFHFH\nFFFH\nHFFG\n" in first
+    assert first.endswith("Actions: 0 left, 1 down, 2 right, 3 up. Answer with one action.")
+    moves = [as_step(env.step(text), "FrozenLake") for text in ["I go down", "hmm", "1", "Right", "2 then", "down"]]
+    assert [m.info.get("invalid_action", False) for m in moves] == [False, True, False, False, False, False]
+    assert moves[1].observation.startswith("That names no action.") and moves[1].reward == 0.0
+    assert moves[4].observation.splitlines()[1:5] == ["SFFF", "FHFH", "FF[F]H", "HFFG"]
+    assert moves[5].observation.splitlines()[4] == "HF[F]G" and not moves[5].done
+    env.reset({"prompt": "play", "seed": 0})
+    path = [as_step(env.step(a), "FrozenLake") for a in ["down", "down", "right", "right", "down", "right"]]
+    assert [s.reward for s in path] == [0, 0, 0, 0, 0, 1.0] and path[-1].done and path[-1].info["success"]
+    assert "HFF[G]" in path[-1].observation and not any(s.done for s in path[:-1])
+
+
+def test_falling_into_a_hole_ends_the_episode_unsuccessfully():
+    from relayrl.envs.base import as_step, make_env
+
+    env = make_env("gymnasium:FrozenLake-v1", {"is_slippery": False})
+    env.reset({"prompt": "play"})  # no seed column: seeded by the prompt
+    as_step(env.step("right"), "FrozenLake")
+    step = as_step(env.step("down"), "FrozenLake")
+    assert step.done and step.reward == 0.0 and not step.info["success"] and "F[H]FH" in step.observation
+
+
+def test_board_text_turns_colours_into_brackets():
+    from relayrl.envs.ecosystem import board_text, parse_action
+
+    taxi = "|\x1b[43m \x1b[0m| : |\n|\x1b[35mY\x1b[0m| : |\x1b[34;1mB\x1b[0m: |\n"
+    assert board_text(taxi) == "|[ ]| : |\n|<Y>| : |{B}: |"
+    names = ["south", "north", "east", "west", "pickup", "dropoff"]
+    assert [parse_action(t, names) for t in ["PICKUP now", "7 or 3", "go", "north, then 0"]] == [4, 3, None, 1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "message"),
+    [
+        ("gymnasium:FrozenLak-v1", {}, "env.fn='gymnasium:FrozenLak-v1': Environment `FrozenLak` doesn't exist."),
+        ("gymnasium:CartPole-v1", {}, "env.fn='gymnasium:CartPole-v1': CartPole-v1 has no 'ansi' render mode"),
+        ("gymnasium:", {}, "env.fn='gymnasium:': name an environment after 'gymnasium:'"),
+        (
+            "gymnasium:Taxi-v4",
+            {"slippery": 1},
+            "env.fn='gymnasium:Taxi-v4': cannot build it with env.kwargs={'slippery': 1}",
+        ),
+    ],
+)
+def test_a_bad_gymnasium_spec_fails_naming_env_fn_and_the_id(spec, kwargs, message):
+    from relayrl.envs.base import make_env
+
+    with pytest.raises(EnvError) as raised:
+        make_env(spec, kwargs)
+    assert str(raised.value).startswith(message)
+
+
+def test_a_row_with_a_seed_that_is_not_an_integer_is_named():
+    from relayrl.envs.base import make_env
+
+    with pytest.raises(EnvError, match="row id 'r3' has seed '7', not an integer"):
+        make_env("gymnasium:Taxi-v4").reset({"prompt": "play", "id": "r3", "seed": "7"})
