@@ -137,7 +137,11 @@ class AgentPool:
         assert request is not None and agent.reply is not None and turn is not None  # a turn answers a call
         parsed = ParsedTurn(action)
         if self.parser is not None:
-            parsed = self.parser.parse(self._text_with_tags(turn.output.token_ids), request)
+            text = self._text_with_tags(turn.output.token_ids)
+            parsed = self.parser.parse(text, request)
+            if parsed.tool_calls and turn.output.finish_reason == "length":  # cut at its budget: not a whole call
+                # (vLLM's qwen3_xml parser reads an unclosed call as one with the arguments seen so far)
+                parsed = ParsedTurn(text, parsed.reasoning, [], parsed.tool_errors + len(parsed.tool_calls))
         text, calls, errors = parsed.content, parsed.tool_calls, parsed.tool_errors
         number = agent.calls
         body = answer(

@@ -46,7 +46,7 @@ class TurnParser:
         parser = self.tool_class(self.tokenizer, vllm_request.tools)  # pyright: ignore[reportArgumentType]
         with _quiet(type(parser).__module__):  # a malformed call is logged with its traceback: counted here
             found = parser.extract_tool_calls(content, vllm_request)
-        start = getattr(parser, "tool_call_start_token", None)
+        start = getattr(parser, "tool_call_start_token", None) or getattr(parser, "bot_token", None)
         if not found.tools_called:
             return ParsedTurn(content, reasoning, [], int(bool(start) and start in content))
         calls = [
