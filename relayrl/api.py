@@ -20,7 +20,7 @@ import json
 import re
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ def train(
     reward: Any = None,
     train_data: Any = None,
     eval_data: Any = None,
+    agent: Any = None,
     overrides: list[str] | tuple[str, ...] = (),
     resume: str | None = None,
     overwrite: bool = False,
@@ -80,7 +81,9 @@ def train(
 ) -> TrainResult:
     """Run RL training and return its `TrainResult`. `reward`: a function `fn(prompts, completions, **columns)`,
     a spec string, or a list of them (each also `{"fn": ..., "weight": w, "name": ..., "kwargs": {...}}`);
-    `train_data`/`eval_data`: a list of row dicts, a `datasets.Dataset` or a file path. None keeps the config's."""
+    `train_data`/`eval_data`: an iterable of row dicts (a list, a `datasets.Dataset`, ...) or a file path. None
+    keeps the config's. `agent`: an agent function `fn(client, row)` (or a spec string) for `env.agent`
+    (relayrl/agents/); a function is called in this process, so it may be a lambda or a notebook's."""
     from relayrl.build import train as run_training
     from relayrl.config import dump_config
 
@@ -89,6 +92,8 @@ def train(
     # reward specs as computed (a refused function fails before anything is written); not through load_config,
     # whose path rules would re-import `relayrl.api` as a file, without the functions registered in it
     section = None if reward is None else _reward_tree(tree.get("reward", {}), reward, loaded.reward.workers)
+    if agent is not None:
+        tree.setdefault("env", {})["agent"] = agent if isinstance(agent, str) else register_agent(agent)
     run_dir = Path(loaded.log.dir)
     for split, rows in (("train", train_data), ("eval", eval_data)):
         if rows is not None:
@@ -105,6 +110,25 @@ def train(
         _short(result.get("after", {})),
         _last_metrics(Path(final.log.dir) / "metrics.jsonl"),
     )
+
+
+def register_agent(function: Any) -> str:
+    """The spec of an agent function given in Python: by name when its module holds it, else registered here
+    (agents run in the driver's process, so no other process needs to import it)."""
+    if not callable(function):
+        raise ConfigError(
+            f"agent must be a function agent(client, row) or a spec string, got {type(function).__name__}"
+        )
+    module, name = getattr(function, "__module__", ""), getattr(function, "__qualname__", "")
+    by_name = module and module != "__main__" and "<" not in name and "." not in name
+    if by_name and getattr(sys.modules.get(module), name, None) is function:
+        return f"{module}:{name}"
+    key = f"agent_{len(AGENTS)}"
+    AGENTS[key] = function
+    return f"relayrl.api:AGENTS.{key}"
+
+
+AGENTS: dict[str, Any] = {}  # agent functions given to `train` that no module holds by name (lambdas, notebooks)
 
 
 def _tree(config) -> dict:
@@ -226,12 +250,14 @@ def _data_path(rows: Any, split: str, run_dir: Path, replacing: bool) -> str:
 
 
 def _rows(rows: Any, split: str):
+    """Any iterable of row dicts: a list, a `datasets.Dataset`, a reasoning-gym dataset, a generator."""
     if isinstance(rows, (list, tuple)):
         return rows
-    if type(rows).__module__.startswith("datasets") and hasattr(rows, "column_names"):  # a datasets.Dataset
+    if not isinstance(rows, (str, bytes, dict)) and isinstance(rows, Iterable):
         return iter(rows)
     raise DataError(
-        f"{split}_data must be a list of dicts, a datasets.Dataset or a file path, got {type(rows).__name__}"
+        f"{split}_data must be an iterable of row dicts (a list, a datasets.Dataset, ...) or a file path, got "
+        f"{type(rows).__name__}"
     )
 
 

@@ -51,7 +51,9 @@ def load_agent(spec: str):
     if ":" not in spec:
         raise EnvError(f"env.agent={spec!r} is not of the form module:function or path/file.py:function")
     target, _, name = spec.rpartition(":")
-    function = getattr(_import(target, spec), name, None)
+    function = _import(target, spec, "env.agent")
+    for part in name.split("."):  # `module:AGENTS.name`: an agent registered in a dict (relayrl.api.train's)
+        function = function.get(part) if isinstance(function, dict) else getattr(function, part, None)
     if not callable(function):
         raise EnvError(f"env.agent={spec!r}: '{target}' has no function '{name}'")
     return function

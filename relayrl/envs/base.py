@@ -74,14 +74,19 @@ def load_env_class(spec: str) -> Callable[..., Any]:
     return cls
 
 
-def _import(target: str, spec: str):
-    """A module by name, or a .py file by path (registered in sys.modules, as importlib's recipe does)."""
+def _import(target: str, spec: str, key: str = "env.fn"):
+    """A module by name, or a .py file by path (registered in sys.modules, as importlib's recipe does); a file that
+    an imported module already is (a spec resolved to the file of a package module) is that module."""
     try:
         if not target.endswith(".py"):
             return importlib.import_module(target)
         file = Path(target)
         if not file.is_file():
-            raise EnvError(f"env.fn={spec!r}: file not found: {file}")
+            raise EnvError(f"{key}={spec!r}: file not found: {file}")
+        resolved = str(file.resolve())
+        for module in list(sys.modules.values()):
+            if getattr(module, "__file__", None) == resolved:
+                return module
         name = f"relayrl_user_env_{file.stem}"
         if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(file):
             return sys.modules[name]
@@ -94,7 +99,7 @@ def _import(target: str, spec: str):
     except EnvError:
         raise
     except Exception as err:  # noqa: BLE001 - ImportError, and whatever the module raises while it runs
-        raise EnvError(f"env.fn={spec!r}: cannot import '{target}': {type(err).__name__}: {err}") from None
+        raise EnvError(f"{key}={spec!r}: cannot import '{target}': {type(err).__name__}: {err}") from None
 
 
 def make_env(spec: str, kwargs: dict[str, Any] | None = None):

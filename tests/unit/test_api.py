@@ -151,3 +151,30 @@ def test_the_cli_train_command_calls_the_api(tmp_path, random_model_dir, fake_lo
     assert main(["train", str(path), "train.lr=2e-5"]) == 0
     assert calls == [(str(path),)] and fake_loop[0].train.lr == 2e-5
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["after"] == {"eval/greedy": 0.5}
+
+
+def test_any_iterable_of_rows_is_written_like_a_list(tmp_path, random_model_dir, fake_loop):
+    relayrl.train(base(tmp_path, random_model_dir), train_data=(row for row in ROWS), show_config=False)
+    written = [json.loads(line) for line in (tmp_path / "run" / "data" / "train.jsonl").read_text().splitlines()]
+    assert written == ROWS
+    with pytest.raises(DataError, match="train_data must be an iterable of row dicts"):
+        relayrl.train(
+            base(tmp_path, random_model_dir), train_data={"prompt": "1+1="}, show_config=False, overwrite=True
+        )
+
+
+async def module_agent(client, row):
+    return 1.0
+
+
+def test_an_agent_function_goes_in_by_name_or_registered_and_loads(tmp_path, random_model_dir, fake_loop):
+    from relayrl.agents.pool import load_agent
+
+    relayrl.train(base(tmp_path, random_model_dir), agent=module_agent, show_config=False)
+    assert fake_loop[-1].env.agent.endswith(":module_agent") and load_agent(fake_loop[-1].env.agent) is module_agent
+    local = lambda client, row: 0.5  # noqa: E731 - a lambda: no module holds it by name
+    relayrl.train(base(tmp_path, random_model_dir), agent=local, show_config=False, overwrite=True)
+    spec = fake_loop[-1].env.agent
+    assert ":AGENTS.agent_" in spec and load_agent(spec) is local  # the module already imported, not a copy
+    with pytest.raises(ConfigError, match="agent must be a function agent"):
+        relayrl.train(base(tmp_path, random_model_dir), agent=3, show_config=False, overwrite=True)
