@@ -33,6 +33,7 @@ from relayrl.envs.base import Step
 from relayrl.errors import EnvError
 
 PREFIXES = ("skyrl_gym:", "gymnasium:")
+EXAMPLES = {"skyrl_gym": "gsm8k", "gymnasium": "FrozenLake-v1"}  # named when a spec gives no id
 INSTALL = "pip install --no-deps -r requirements/cpu.lock (or the `ecosystem` extra: pip install 'relayrl[ecosystem]')"
 
 
@@ -48,9 +49,6 @@ def ecosystem_class(spec: str) -> type:
     base = SkyRLGymEnv if kind == "skyrl_gym" else GymnasiumTextEnv
     base.check_id(spec, env_id)
     return type(f"{base.__name__}[{env_id}]", (base,), {"env_id": env_id, "spec": spec})
-
-
-EXAMPLES = {"skyrl_gym": "gsm8k", "gymnasium": "FrozenLake-v1"}
 
 
 def _require(package: str, spec: str):
