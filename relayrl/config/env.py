@@ -17,9 +17,9 @@ class EnvConfig(Section):
 
     fn: str = Field(
         default="",
-        description="Environment class: a built-in (retry, calculator, code_feedback), `module:Class` or "
-        "`path/file.py:Class`, one instance per trajectory; '' = single-turn rollouts (unless env.agent is set). "
-        "Resolved as reward.fn.",
+        description="Environment class: a built-in (retry, calculator, code_feedback), `skyrl_gym:ENV_ID`, "
+        "`gymnasium:ENV_ID` (a text game, docs/ecosystem.md), `module:Class` or `path/file.py:Class`, one instance "
+        "per trajectory; '' = single-turn rollouts (unless env.agent is set). Resolved as reward.fn.",
     )
     agent: str = Field(
         default="",
