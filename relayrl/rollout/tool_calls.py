@@ -72,6 +72,22 @@ class TurnParser:
         return self.reasoning.extract_reasoning(text, vllm_request)
 
 
+def check_parsers(tool_parser: str, reasoning_parser: str) -> None:
+    """The parsers' names, before anything is built (a reasoning parser's fit to the tokenizer is checked later)."""
+    if tool_parser:
+        _tool_parser(tool_parser)
+    if reasoning_parser:
+        from vllm.reasoning import ReasoningParserManager
+
+        from relayrl.errors import ConfigError
+
+        if reasoning_parser not in ReasoningParserManager.list_registered():
+            known = ", ".join(ReasoningParserManager.list_registered())
+            raise ConfigError(
+                f"env.reasoning_parser={reasoning_parser!r} is not one of vLLM's reasoning parsers: {known}"
+            )
+
+
 def _tool_parser(name: str):
     from vllm.tool_parsers import ToolParserManager
 

@@ -80,8 +80,10 @@ def check_env(config, longest_prompt: int | None = None) -> None:
         )
     if config.env.agent:
         from relayrl.agents.pool import load_agent
+        from relayrl.rollout.tool_calls import check_parsers
 
         load_agent(config.env.agent)
+        check_parsers(config.env.tool_parser, config.env.reasoning_parser)
     else:
         from relayrl.envs.base import load_env_class
 

@@ -320,3 +320,14 @@ def test_a_tool_call_written_while_thinking_is_not_executed(server, reasoning):
     assert batch.metrics["env/tool_calls"] == 0
     batch, _, _ = run(server, uses_a_tool, [after, "3"], tokenizer=tokenizer, parser="hermes", reasoning=reasoning)
     assert batch.metrics["env/tool_calls"] == 1 and SEEN["2+3="][0].choices[0].message.model_extra["reasoning"] == "ok"
+
+
+def test_a_parser_name_vllm_lacks_is_refused_before_anything_is_built():
+    from relayrl.errors import ConfigError
+    from relayrl.rollout.tool_calls import check_parsers
+
+    with pytest.raises(ConfigError, match="env.tool_parser='hermez' is not one of vLLM's tool parsers: .*hermes"):
+        check_parsers("hermez", "")
+    with pytest.raises(ConfigError, match="env.reasoning_parser='qwen4' is not one of vLLM's reasoning parsers"):
+        check_parsers("hermes", "qwen4")
+    check_parsers("hermes", "qwen3")
