@@ -94,7 +94,7 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     out: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"), index)}
     calls = message.get("tool_calls")
     if calls:
-        out["tool_calls"] = [_tool_call(c, index) for c in calls]
+        out["tool_calls"] = [tool_call(c, index) for c in calls]
     for key in ("tool_call_id", "name"):
         if isinstance(message.get(key), str):
             out[key] = message[key]
@@ -115,7 +115,7 @@ def _text(content: Any, index: int) -> str:
     raise RequestError(f"messages[{index}]: content must be a string or a list of text parts")
 
 
-def _tool_call(call: Any, index: int) -> dict[str, Any]:
+def tool_call(call: Any, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
         raise RequestError(f"messages[{index}]: a tool call must be {{type: function, function: {{name, arguments}}}}")

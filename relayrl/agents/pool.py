@@ -34,7 +34,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relayrl.agents.chat import ChatRequest, RequestError, answer, error_body, read_request, same_reply
+from relayrl.agents.chat import ChatRequest, RequestError, answer, error_body, read_request, same_reply, tool_call
 from relayrl.agents.server import AgentServer
 from relayrl.envs.base import Step
 from relayrl.errors import ConfigWarning, EnvError
@@ -333,9 +333,7 @@ def _resolve(reply: asyncio.Future, value) -> None:
 
 def _normal(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Tool calls as an agent's message carries them back, read as `read_request` reads them (dict arguments)."""
-    from relayrl.agents.chat import _tool_call
-
-    return [_tool_call(c, -1) for c in calls]
+    return [tool_call(c, -1) for c in calls]
 
 
 def _same(ours: Any, theirs: Any) -> bool:
