@@ -78,6 +78,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         pad_id=pad_token_id(tokenizer),
         close=functools.partial(_close, rewards, roles, source),
         time_sharing=TimeSharing.from_config(config, roles.engines, roles.learner),
+        learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
     )
 
@@ -156,7 +157,8 @@ def train(config: Config, resume: str | None = None, overwrite: bool = False) ->
                 stop.checkpoint = found[0]
             raise
         except RoleFailure as failure:  # a role died for good: say how to continue from the last checkpoint
-            raise RoleFailure(with_resume_hint(str(failure), config.log.dir), failure.role, failure.died) from failure
+            hinted = with_resume_hint(str(failure), config.log.dir)
+            raise RoleFailure(hinted, failure.role, failure.died, failure.hung) from failure
 
 
 def with_resume_hint(message: str, run_dir: str) -> str:

@@ -4,7 +4,8 @@ The controller owns the order of the phases and nothing else: the engines, learn
 the schedule with its rollout source (relayrl/schedules/, relayrl/sources/) and the advantage stage
 (relayrl/algorithms/stage.py) are built once by relayrl/build.py, and the step reads the same whatever they are.
 Held-out evaluation and closing are the source's (single- or multi-turn alike). Its metrics are assembled in
-relayrl/metrics/step_metrics.py. A whole run (build, resume, run, close) is `relayrl.build.train`.
+relayrl/metrics/step_metrics.py. A learner that dies or hangs under Ray is healed here (`heal`): a new group
+restored from the newest checkpoint, the steps after it redone (placement.on_learner_failure). A whole run (build, resume, run, close) is `relayrl.build.train`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
+from relayrl.errors import RoleFailure
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import Learner
 from relayrl.metrics.samples import log_samples
@@ -23,8 +25,11 @@ from relayrl.metrics.step_metrics import step_metrics
 from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
+from relayrl.placement.learner_restarts import LearnerRestarts
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rollout.protocols import EngineGroup
+from relayrl.run.checkpoint import latest_checkpoint
+from relayrl.run.jsonl import truncate_after
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import Schedule
 from relayrl.sources.single_turn import Batch, RolloutSource
@@ -52,6 +57,7 @@ class Trainer:
     time_sharing: TimeSharing = field(default_factory=TimeSharing.off)  # colocated: engine and learner take turns
     schedule: Schedule | None = None  # made when the run starts (async producers begin generating then)
     signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
+    learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: the learner heals
 
     def step(self, step: int) -> dict[str, float]:
         """One training step as named phases (DESIGN.md section 1); every variant was chosen by relayrl/build.py."""
@@ -71,7 +77,8 @@ class Trainer:
             self.sync.push(self.learner, self.engines)
         self.time_sharing.after_push(timer)  # colocated: the engine's KV cache wakes
         schedule.published(self.sync.version)
-        metrics = step_metrics(self.config, trained, batch, exp, stats, timer, self.sync.last, self.engines.metrics())
+        roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
+        metrics = step_metrics(self.config, trained, batch, exp, stats, timer, self.sync.last, roles)
         self.record(step, batch, exp)
         return metrics
 
@@ -90,35 +97,66 @@ class Trainer:
     def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
         cfg = self.config
         before = self.evaluate() if before is None else before
+        first = self.sampler.state()  # where a learner restarted before any checkpoint begins again
         with self.signals.during_steps():  # a signal from here on ends the current step first
-            trackers = build_trackers(cfg, self.run_dir)
-            self.schedule = self.make_schedule()  # async producers start generating here
-            self.time_sharing.start()  # colocated: the engine has the device for the first generate
-            try:
-                for step in range(start_step, cfg.train.steps):
-                    metrics = self.step(step)
-                    if step == 0:
-                        metrics.update(self.data_metrics)
-                    last = step == cfg.train.steps - 1
-                    if not last and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
-                        metrics.update(self.evaluate())
-                    trackers.log(step, metrics)
-                    saved = None
-                    if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
-                        saved = self.checkpoint(step, before)
-                    if self.signals.requested:  # preempted: this step is done and logged; save it and stop
-                        raise Interrupted(
-                            self.signals.requested, self.run_dir, step, saved or self.checkpoint(step, before)
-                        )
-            finally:
-                self.schedule.close()
-                trackers.close()
+            while True:
+                try:
+                    self.steps(start_step, before)
+                    break
+                except RoleFailure as failure:
+                    if not self.learner_restarts.heals(failure):
+                        raise
+                    start_step = self.heal(failure, first)
             after = self.evaluate()
             if cfg.log.save_model:
                 self.learner.save(str(self.run_dir), self.tokenizer)
         result = {"before": before, "after": after}
         (self.run_dir / "eval.json").write_text(json.dumps(_eval_json(result), indent=2) + "\n")
         return result
+
+    def steps(self, start_step: int, before: dict[str, float]) -> None:
+        """Steps `start_step`.. to the end, each logged, checkpointed as configured, stopped early by a signal."""
+        cfg = self.config
+        trackers = build_trackers(cfg, self.run_dir)
+        self.schedule = self.make_schedule()  # async producers start generating here
+        self.time_sharing.start()  # colocated: the engine has the device for the first generate
+        try:
+            for step in range(start_step, cfg.train.steps):
+                metrics = self.step(step)
+                if step == 0:
+                    metrics.update(self.data_metrics)
+                last = step == cfg.train.steps - 1
+                if not last and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                    metrics.update(self.evaluate())
+                trackers.log(step, metrics)
+                saved = None
+                if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+                    saved = self.checkpoint(step, before)
+                if self.signals.requested:  # preempted: this step is done and logged; save it and stop
+                    raise Interrupted(
+                        self.signals.requested, self.run_dir, step, saved or self.checkpoint(step, before)
+                    )
+        finally:
+            self.schedule.close()  # the rollouts in flight or buffered go with it: none outlives a learner restart
+            trackers.close()
+
+    def heal(self, failure: RoleFailure, first: dict) -> int:
+        """After the learner died or hung: a new learner group restored from the newest intact checkpoint (or
+        model.path and the first prompt when there is none), that version pushed to every engine, the logs cut
+        back to it; the step to go on from. Nothing generated before is kept: the schedule that held it is closed,
+        and its prompts are the restored sampler's to draw again. Raises when restarts are off or used up."""
+        found = latest_checkpoint(self.run_dir)
+        self.learner_restarts.restart(failure, str(found[0]) if found else f"{self.config.model.path} at step 0")
+        self.time_sharing.wake()  # colocated: the engine may have been put to sleep for the failed update
+        if found is not None:
+            start = self.load_state(*found)
+        else:
+            self.sampler.load_state(first)
+            self.sync.push(self.learner, self.engines, version=0)
+            start = 0
+        for name in ("metrics.jsonl", "timeline.jsonl", "samples.jsonl"):  # the steps after it are logged again
+            truncate_after(self.run_dir / name, start - 1)
+        return start
 
     def checkpoint(self, step: int, before: dict[str, float]) -> str:
         return self.learner.checkpoint(

@@ -39,11 +39,13 @@ class PlacementError(RelayError):
 
 
 class RoleFailure(PlacementError):
-    """A role's actor died or missed its deadline (engines may be restarted; anything else ends the run)."""
+    """A role's actor died or missed its deadline (engines and the learner may be restarted). `died`: the actor is
+    gone; `hung`: it missed its deadline, or its collective failed because a peer did; neither: it raised (an error
+    a restart would meet again)."""
 
-    def __init__(self, message: str, role: str, died: bool):
+    def __init__(self, message: str, role: str, died: bool, hung: bool = False):
         super().__init__(message)
-        self.role, self.died = role, died
+        self.role, self.died, self.hung = role, died, hung
 
 
 class RelayWarning(UserWarning):

@@ -344,6 +344,16 @@ class PlacementConfig(Section):
     max_engine_restarts: int = Field(
         default=3, ge=0, description="ray: engine restarts allowed per run before giving up."
     )
+    on_learner_failure: Literal["restart", "stop"] = Field(
+        default="restart",
+        description="ray: when the learner (or one of its ranks) dies or misses placement.call_timeout_s, start "
+        "the whole learner group again, restore it from the newest intact checkpoint (model.path at step 0 if "
+        "there is none), push that version to the engines and redo the steps after it; or stop. A learner call "
+        "that raises is never restarted: a restart would meet the same error.",
+    )
+    max_learner_restarts: int = Field(
+        default=2, ge=0, description="ray: learner restarts allowed per run before giving up."
+    )
     learner_ranks: int = Field(
         default=1,
         ge=1,

@@ -26,7 +26,7 @@ def step_metrics(
     stats: dict,
     timer: StepTimer,
     sync_metrics: dict[str, float],
-    engine_metrics: dict[str, float],
+    role_metrics: dict[str, float],
 ) -> dict[str, float]:
     """The row for metrics.jsonl and the trackers. `trained_version`: the policy version the update started
     from; `timer` is read now, so call this once the step's phases (the push included) are done."""
@@ -38,7 +38,7 @@ def step_metrics(
         metrics["stale/mean"] += lags["stale/version_mean"] * config.updates_per_step
         metrics["stale/max"] += lags["stale/version_max"] * config.updates_per_step
     metrics.update(lags)
-    metrics.update(engine_metrics)
+    metrics.update(role_metrics)  # placement/*: restarts of engines and learner, engine start time
     tokens = float(exp.loss_mask.sum())
     if "time/generate" in metrics:
         metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]

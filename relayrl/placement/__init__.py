@@ -8,8 +8,10 @@ driver or in an engine actor, and sets its own environment (vLLM's) itself.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from relayrl.placement.learner_restarts import LearnerRestarts
 
 if TYPE_CHECKING:  # the heavy modules load only with the placement that needs them
     from relayrl.config import Config
@@ -26,6 +28,7 @@ class Roles:
     learner: Learner  # a LearnerRole, or a handle on one in an actor
     sync: WeightSync
     close: Callable[[], None]  # release actors, shared memory, the placement group
+    learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: a new learner group
 
 
 def build_roles(config: Config, max_len: int, probe_ids: list[int] | None) -> Roles:

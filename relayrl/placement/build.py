@@ -16,6 +16,7 @@ from relayrl.placement.cluster import Slot, actor_options, reserve, split_slots
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
+from relayrl.placement.learner_restarts import LearnerRestarts
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:
@@ -45,8 +46,21 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     sync = RaySync(config.sync, effective_transport(config), probe_ids)
     sync.setup(learner, engines)
     close = functools.partial(shutdown, learner, learner_actors, engines, group)
+
+    def respawn() -> None:
+        """A new learner group in the same bundles, behind the same handle (the loop, the sync and the time sharing
+        hold it), with the weight sync attached to it; its weights are model.path's until the loop restores some."""
+        for actor in learner_actors:  # every rank: a sharded group cannot go on without one of its members
+            ray.kill(actor, no_restart=True)
+        fresh, actors = start_learner(config, group, learner_slots)
+        vars(learner).update(vars(fresh))  # the handle now reaches the new actors
+        learner_actors[:] = actors  # what `close` kills
+        learner.ping()
+        sync.setup(learner, engines)
+
+    restarts = LearnerRestarts(placement, respawn)
     # both handles forward every Learner method to the actor(s) by name (__getattr__), which a protocol cannot see
-    return Roles(engines, cast(Learner, learner), sync, close=close)
+    return Roles(engines, cast(Learner, learner), sync, close=close, learner_restarts=restarts)
 
 
 def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole | LearnerRanks, list]:

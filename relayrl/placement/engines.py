@@ -124,12 +124,15 @@ class RayEngineGroup:
     def _recover(self, index: int, failure: RoleFailure, ray) -> None:
         placement = self.placement
         if placement.on_engine_failure == "fail":
-            raise RoleFailure(f"{failure} (placement.on_engine_failure=fail)", failure.role, failure.died) from None
+            raise RoleFailure(
+                f"{failure} (placement.on_engine_failure=fail)", failure.role, failure.died, failure.hung
+            ) from None
         if self.restarts >= placement.max_engine_restarts:
             raise RoleFailure(
                 f"{failure}; placement.max_engine_restarts={placement.max_engine_restarts} already used",
                 failure.role,
                 failure.died,
+                failure.hung,
             ) from None
         ray.kill(self.replicas[index]._actor, no_restart=True)  # a hung actor must not linger
         self.restarts += 1

@@ -28,6 +28,7 @@ def get(refs, role: str, actor_id: str, timeout_s: float, what: str = "call") ->
             f"{role} (actor {actor_id}) did not finish {what} within {timeout_s:g} s (placement.call_timeout_s)",
             role,
             died=False,
+            hung=True,
         ) from None
     except RayActorError as err:
         raise RoleFailure(f"{role} (actor {actor_id}) died during {what}: {root_cause(err)}", role, died=True) from None

@@ -147,7 +147,7 @@ class LearnerRanks:
             raise
         if held:  # every rank returned, some from a failed collective and none otherwise
             rank = min(held)
-            raise RoleFailure("; ".join(held.values()), f"learner rank {rank}", died=False)
+            raise RoleFailure("; ".join(held.values()), f"learner rank {rank}", died=False, hung=True)
         return [results[r] for r in calls.ranks]
 
     def hung(self, pending: list[int], held: dict[int, str], what: str, timeout_s: float) -> RoleFailure:
@@ -224,7 +224,10 @@ def blame(stacks: dict[int, list[str] | None], held: dict[int, str], late: str, 
     if not culprits and held:
         rank = min(held)
         return RoleFailure(
-            f"{held[rank]}; learner ranks {_listed(pending)} still wait in a collective", f"learner rank {rank}", False
+            f"{held[rank]}; learner ranks {_listed(pending)} still wait in a collective",
+            f"learner rank {rank}",
+            died=False,
+            hung=True,
         )
     culprits = culprits or pending
     lines = []
@@ -243,7 +246,7 @@ def blame(stacks: dict[int, list[str] | None], held: dict[int, str], late: str, 
     if peers:
         many = len(peers) > 1
         lines.append(f"learner rank{'s' * many} {_listed(peers)} wait{'s' * (not many)} for it in a collective")
-    return RoleFailure("; ".join(lines), f"learner rank {culprits[0]}", died=False)
+    return RoleFailure("; ".join(lines), f"learner rank {culprits[0]}", died=False, hung=True)
 
 
 def _listed(ranks: list[int]) -> str:

@@ -12,7 +12,7 @@ The memory each phase frees is measured on a GPU by benchmarks/gpu_check.sh (the
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -22,6 +22,7 @@ class TimeSharing:
     learner: Any  # a Learner with offload_states / reload_states
     sleep_level: int | None  # None: the engine stays awake
     offload: bool  # learner.offload=between_phases
+    asleep: list[str] = field(default_factory=list)  # what of the engine sleeps now (weights, kv_cache)
 
     @classmethod
     def from_config(cls, config, engines, learner) -> TimeSharing:
@@ -45,6 +46,7 @@ class TimeSharing:
         with timer("swap") if self.on else nullcontext():
             if self.sleep_level is not None:
                 self.engines.sleep(self.sleep_level)
+                self.asleep = ["weights", "kv_cache"]
             if self.offload:
                 self.learner.reload_states()
 
@@ -54,8 +56,16 @@ class TimeSharing:
                 self.learner.offload_states()
             if self.sleep_level is not None:
                 self.engines.wake_up(["weights"])
+                self.asleep = ["kv_cache"]
 
     def after_push(self, timer) -> None:
         if self.sleep_level is not None:
             with timer("swap"):
                 self.engines.wake_up(["kv_cache"])
+            self.asleep = []
+
+    def wake(self) -> None:
+        """Whatever of the engine still sleeps wakes (a learner restart pushes weights and then generates)."""
+        if self.asleep:
+            self.engines.wake_up(self.asleep)
+            self.asleep = []

@@ -23,8 +23,8 @@ def rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def engine_pids(driver: int) -> list[int]:
-    """The engine actors of this run only, so another run's engines on a shared machine are never counted or
+def engine_pids(driver: int, actor: str = "ray::EngineWorker") -> list[int]:
+    """The engine actors (or those whose title starts with `actor`) of this run only, so another run's engines on a shared machine are never counted or
     killed: the run's Ray head lives in a session of its own (placement/ray_head.py), led by the guard the driver
     started for it (placement/reaper.py), whose pid is the session's id."""
     sessions = {
@@ -32,12 +32,7 @@ def engine_pids(driver: int) -> list[int]:
         for p in psutil.Process(driver).children()
         if p.cmdline()[1:4] == ["-m", "relayrl.placement.reaper", "guard"]
     }
-    return [
-        pid
-        for session in sessions
-        for pid in session_processes(session)
-        if "ray::EngineWorker" in " ".join(_cmdline(pid))
-    ]
+    return [pid for session in sessions for pid in session_processes(session) if actor in " ".join(_cmdline(pid))]
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -100,7 +95,9 @@ def test_every_replica_gets_every_push(tmp_path, warm_model_dir, toy_task, trans
     assert [r["sync/version"] for r in metrics] == [1, 2, 3]
 
 
-def _run_and_kill_engine(tmp_path, warm_model_dir, toy_task, *settings):
+def run_and_kill(tmp_path, warm_model_dir, toy_task, *settings, actor="ray::EngineWorker", actors=1, after_rows=2):
+    """A CLI run of this run's Ray head in which, once `after_rows` steps are logged, the last of its `actors`
+    processes titled `actor` is SIGKILLed; (run dir, exit code, stderr, when killed)."""
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     process = subprocess.Popen(
@@ -112,22 +109,22 @@ def _run_and_kill_engine(tmp_path, warm_model_dir, toy_task, *settings):
     )
     deadline = time.time() + 600
     metrics = run_dir / "metrics.jsonl"
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= after_rows):
         assert process.poll() is None and time.time() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.1)
-    pids = engine_pids(process.pid)
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
+    pids = engine_pids(process.pid, actor)
+    assert len(pids) == actors, pids
+    os.kill(max(pids), signal.SIGKILL)
     killed_at = time.time()
     try:
-        _, stderr = process.communicate(timeout=240)
+        _, stderr = process.communicate(timeout=600)
     finally:
         process.kill()
     return run_dir, process.returncode, stderr, killed_at
 
 
 def test_a_killed_engine_is_restarted_and_resynced(tmp_path, warm_model_dir, toy_task):
-    run_dir, code, stderr, _ = _run_and_kill_engine(
+    run_dir, code, stderr, _ = run_and_kill(
         tmp_path, warm_model_dir, toy_task, "train.steps=8", "eval.max_prompts=16", "log.save_model=false"
     )
     assert code == 0, stderr[-3000:]
@@ -139,7 +136,7 @@ def test_a_killed_engine_is_restarted_and_resynced(tmp_path, warm_model_dir, toy
 
 
 def test_a_killed_engine_with_restarts_off_is_a_clear_error(tmp_path, warm_model_dir, toy_task):
-    _, code, stderr, killed_at = _run_and_kill_engine(
+    _, code, stderr, killed_at = run_and_kill(
         tmp_path,
         warm_model_dir,
         toy_task,

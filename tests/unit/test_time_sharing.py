@@ -160,3 +160,24 @@ def test_the_dump_keeps_auto_with_its_choice_and_reason():
     assert "  sleep: auto  # auto chose off: no GPU here (vLLM's CPU platform has no sleep mode)" in text
     assert "  offload: auto  # auto chose none: rollout.sleep is off" in text
     assert load_config(None, ["rollout.sleep=off"]).rollout.sleep == "off"
+
+
+@pytest.mark.parametrize(
+    "phases,woken",
+    [
+        ([], []),  # never put to sleep
+        (["before_update"], ["engine wakes ['weights', 'kv_cache']"]),  # a learner failed during its update
+        (["before_update", "before_push"], ["engine wakes ['kv_cache']"]),  # ... during the push
+        (["before_update", "before_push", "after_push"], []),  # the step ended: awake
+    ],
+)
+def test_wake_wakes_whatever_of_the_engine_still_sleeps(phases, woken):
+    """A learner restart (Trainer.heal) pushes weights and generates again wherever the step stopped."""
+    log: list[str] = []
+    sharing = TimeSharing(Recorder(log, "engine"), Recorder(log, "learner"), 1, offload=False)
+    for phase in phases:
+        getattr(sharing, phase)(StepTimer())
+    del log[:]
+    sharing.wake()
+    sharing.wake()  # once only
+    assert log == woken
