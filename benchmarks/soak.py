@@ -1,11 +1,13 @@
 """Fault-injection soak: a long Ray run (2 engines, reward workers, async) that survives what clusters do to it.
 
 On a fixed schedule (steps, in the order below, repeated) the soak kills an engine replica (SIGKILL), kills a
-reward worker, makes one reward hang past its deadline, and SIGTERMs the whole run and resumes it with
-`--resume`. It watches `metrics.jsonl` and samples the RSS of the driver and of every Ray actor of the run
+reward worker, makes one reward hang past its deadline, SIGTERMs the whole run and resumes it with `--resume`,
+kills one of the two learner ranks (SIGKILL: the run restores the learner group from its newest checkpoint), and
+SIGKILLs the whole run and resumes it. It watches `metrics.jsonl` and samples the RSS of the driver and of every Ray actor of the run
 every few seconds. At the end it prints one table:
 
-  steps completed | faults injected / survived | samples lost outside documented drops | hangs | RSS slope
+  steps completed | faults injected / survived | samples lost outside documented drops | hangs |
+  engine and learner restarts | RSS per run segment
 
 A hang is `--hang-s` seconds with no new metrics row. Not part of `make test` (minutes of wall clock):
 
@@ -34,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.learning_spread import fixtures  # noqa: E402
 
-FAULTS = ("kill_engine", "kill_reward_worker", "hang_reward", "sigterm_resume")
+FAULTS = ("kill_engine", "kill_reward_worker", "hang_reward", "sigterm_resume", "kill_learner_rank", "sigkill_resume")
 DOCUMENTED_DROPS = ("buffer/dropped", "reward/skipped", "partial/discarded")  # counted, not lost
 
 
@@ -52,8 +54,8 @@ def write_config(work: Path, task: dict, model: Path, run_dir: Path, steps: int)
         },
         "train": {"steps": steps, "lr": 5e-5, "schedule": "async", "max_staleness": 2, "on_stale": "wait"},
         "algorithm": {"correction": {"mode": "tis_token"}},
-        "placement": {"mode": "ray", "engines": 2, "learner_cpus": 0.5, "engine_cpus": 0.75},
-        "checkpoint": {"every": 50},
+        "placement": {"mode": "ray", "engines": 2, "learner_cpus": 0.5, "engine_cpus": 0.75, "learner_ranks": 2},
+        "checkpoint": {"every": 10},
         "eval": {"max_prompts": 100},
         "log": {"dir": str(run_dir), "progress": False, "save_model": False},
     }
@@ -73,6 +75,14 @@ def rows(run_dir: Path) -> list[dict]:
 
 def ray_actors(name: str) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"]) if any(name in part for part in (p.info["cmdline"] or []))]
+
+
+def wait_gone(name: str, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while ray_actors(name):
+        if time.time() > deadline:
+            raise RuntimeError(f"{len(ray_actors(name))} {name} processes outlived the killed run by {timeout_s:g} s")
+        time.sleep(1)
 
 
 def rss_mb(processes: list[psutil.Process]) -> float:
@@ -98,7 +108,12 @@ class Soak:
             args += ["--resume", str(self.run_dir)]
         log = open(self.work / "driver.log", "a")  # noqa: SIM115 - the driver writes into it until it ends
         self.process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # its own process group: sigkill_resume kills the driver and what it started
         )
 
     def inject(self, fault: str, step: int) -> None:
@@ -113,6 +128,14 @@ class Soak:
             code = self.process.wait(timeout=120)
             if code != 128 + signal.SIGTERM:  # a preempted run exits 143 with a checkpoint
                 raise RuntimeError(f"the run exited {code} after SIGTERM; see {self.work / 'driver.log'}")
+            self.start(resume=True)
+            self.resumes += 1
+        elif fault == "kill_learner_rank":
+            os.kill(ray_actors("ray::LearnerRank")[-1].pid, signal.SIGKILL)
+        elif fault == "sigkill_resume":  # no checkpoint at the kill: the resumed run redoes the steps since the last
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=60)
+            wait_gone("ray::", timeout_s=120)  # the head guard ends the session's actors with the driver
             self.start(resume=True)
             self.resumes += 1
         self.injected.append((step, fault))
@@ -189,6 +212,7 @@ def _slope(half: list[dict], key: str) -> float:
 
 def report(soak: Soak, code: int, steps: int, expected_per_step: int) -> dict:
     metrics = rows(soak.run_dir)
+    log = (soak.work / "driver.log").read_text(errors="replace")
     trained = [round(r["throughput/samples_per_s"] * r["time/step"]) for r in metrics]
     drops = sum(r.get(k, 0.0) for r in metrics for k in DOCUMENTED_DROPS)
     lost = sum(max(0, expected_per_step - n) for n in trained)
@@ -205,6 +229,8 @@ def report(soak: Soak, code: int, steps: int, expected_per_step: int) -> dict:
         "reward_timeouts": sum(r.get("reward/timeouts", 0.0) for r in metrics),
         "reward_errors": sum(r.get("reward/errors", 0.0) for r in metrics),
         "engine_restarts": max((r.get("placement/engine_restarts", 0.0) for r in metrics), default=0),
+        "learner_restarts": sum(1 for line in log.splitlines() if "restarting the learner from" in line),
+        "engine_restart_lines": sum(1 for line in log.splitlines() if "restarting engine" in line),
         "hangs_that_bit": len(list(soak.work.glob("hang.claimed.*"))),
         "actors_mb_per_segment": [
             [round(seg[len(seg) // 2]["actors_mb"]), round(seg[-1]["actors_mb"])] for seg in segments(soak.rss) if seg
