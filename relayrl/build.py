@@ -93,7 +93,7 @@ def load_data(config: Config, tokenizer) -> tuple[Prompts, list[Prompt], dict[st
     """(training prompts, held-out prompts, data/* metrics), the first prompt shown as the model sees it."""
     data = config.data
     prompts, long_stats = load_prompts(
-        data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
+        data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template, data.prompt_key
     )
     show_first_prompt(prompts, long_stats, tokenizer)  # what the model is shown, before any time is spent
     data_metrics = {
@@ -104,7 +104,7 @@ def load_data(config: Config, tokenizer) -> tuple[Prompts, list[Prompt], dict[st
     eval_prompts: list[Prompt] = []
     if data.eval:
         held_out, eval_stats = load_prompts(
-            data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template
+            data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template, data.prompt_key
         )
         eval_prompts = held_out[: config.eval.max_prompts or None]  # a list (a large file's table, sliced)
         data_metrics.update(

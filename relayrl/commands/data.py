@@ -1,4 +1,4 @@
-"""`relayrl data check FILE [--model DIR] [--max-prompt-tokens N]`: every row of a prompt file checked now, as
+"""`relayrl data check FILE [--model DIR] [--max-prompt-tokens N] [--prompt-key COLUMN]`: every row of a prompt file checked now, as
 training would read it (relayrl/data/check.py)."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ def register(commands) -> None:
     check.add_argument("--model", help="model directory: also render and tokenise every prompt")
     check.add_argument("--max-prompt-tokens", type=int, default=256, help="with --model: data.max_prompt_tokens")
     check.add_argument("--no-chat-template", action="store_true", help="with --model: data.chat_template=false")
+    check.add_argument("--prompt-key", default="prompt", help="the column holding the prompt (data.prompt_key)")
     check.set_defaults(fn=run)
 
 
 def run(args: argparse.Namespace) -> None:
     from relayrl.data.check import check_file
 
-    print(check_file(args.file, args.model, args.max_prompt_tokens, not args.no_chat_template))
+    print(check_file(args.file, args.model, args.max_prompt_tokens, not args.no_chat_template, args.prompt_key))

@@ -56,6 +56,13 @@ class DataConfig(Section):
         description="Render `messages` rows with the tokenizer's chat template (`prompt` rows are used as-is).",
     )
     shuffle: bool = Field(default=True, description="Shuffle the training prompts each epoch (seeded by train.seed).")
+    prompt_key: str = Field(
+        default="prompt",
+        min_length=1,
+        description="The column that holds each row's prompt in data.train and data.eval (and train_data): text, "
+        "or a chat list (then read as `messages`), e.g. `question` for a dataset that names it so. The column stays "
+        "a column too (reward functions get it by name); a row that also has `prompt` or `messages` is refused.",
+    )
 
 
 class RewardComponentConfig(Section):

@@ -13,14 +13,20 @@ import time
 from pathlib import Path
 
 
-def check_file(path: str | Path, model: str | None = None, max_prompt_tokens: int = 256, chat_template=True) -> str:
+def check_file(
+    path: str | Path,
+    model: str | None = None,
+    max_prompt_tokens: int = 256,
+    chat_template: bool = True,
+    prompt_key: str = "prompt",
+) -> str:
     """Check every row (raises DataError at the first problem); a one-line summary of the file."""
     from relayrl.data.rows import open_rows
     from relayrl.data.source import LoadStats, PromptMaker, check_row
     from relayrl.errors import DataError
 
     start = time.perf_counter()
-    rows, seen = open_rows(path, check_row), {}
+    rows, seen = open_rows(path, check_row, prompt_key), {}
     maker, lengths = None, []
     if model is not None:
         from relayrl.models.loading import load_tokenizer

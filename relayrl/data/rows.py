@@ -141,9 +141,11 @@ def _load_from_disk(path: Path):
     return loaded.data.table
 
 
-def open_rows(path: str | Path, check: Callable[[str, dict[str, Any]], None]) -> CheckedRows:
+def open_rows(
+    path: str | Path, check: Callable[[str, dict[str, Any]], None], prompt_key: str = "prompt"
+) -> CheckedRows:
     """The rows of a prompt file or `datasets` directory (or a `reasoning_gym:TASK` spec, relayrl/data/reasoning_gym.py);
-    each is checked by `check` when it is read."""
+    each is checked by `check` when it is read, its prompt read from the `prompt_key` column (`data.prompt_key`)."""
     if is_spec(path):
         return CheckedRows(ReasoningGymRows(str(path)), check)
     path = Path(path)
@@ -161,17 +163,33 @@ def open_rows(path: str | Path, check: Callable[[str, dict[str, Any]], None]) ->
         )
     if not len(rows):
         raise DataError(f"{path}: no rows")
-    return CheckedRows(rows, check)
+    return CheckedRows(rows, check, prompt_key)
 
 
 class CheckedRows:
-    def __init__(self, rows, check: Callable[[str, dict[str, Any]], None]):
-        self.rows, self.check, self.path = rows, check, rows.path
+    def __init__(self, rows, check: Callable[[str, dict[str, Any]], None], prompt_key: str = "prompt"):
+        self.rows, self.check, self.path, self.prompt_key = rows, check, rows.path, prompt_key
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def read(self, i: int) -> tuple[str, dict[str, Any]]:
         where, row = self.rows.read(i)
+        if self.prompt_key != "prompt":
+            row = keyed_prompt(where, row, self.prompt_key)
         self.check(where, row)
         return where, row
+
+
+def keyed_prompt(where: str, row: dict[str, Any], key: str) -> dict[str, Any]:
+    """The row with its `key` column as its prompt: `prompt` for text, `messages` for a chat list (checked next,
+    as any row is). The column itself stays, for the reward functions that read it by name."""
+    if row.get(key) is None:
+        columns = ", ".join(repr(k) for k in sorted(row)) or "none"
+        raise DataError(f"{where}: no {key!r} column (data.prompt_key={key}); the row's columns: {columns}")
+    if taken := [k for k in ("prompt", "messages") if row.get(k) is not None]:
+        raise DataError(
+            f"{where}: data.prompt_key={key} names the prompt, but the row also has {taken[0]!r}: drop or rename "
+            f"that column, or set data.prompt_key={taken[0]}"
+        )
+    return {**row, "messages" if isinstance(row[key], list) else "prompt": row[key]}

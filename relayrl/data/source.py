@@ -25,10 +25,10 @@ from relayrl.errors import DataError, DataWarning
 from relayrl.types import Prompt
 
 
-def read_rows(path: str | Path) -> list[tuple[str, dict[str, Any]]]:
+def read_rows(path: str | Path, prompt_key: str = "prompt") -> list[tuple[str, dict[str, Any]]]:
     """Every (location, row) of a .jsonl or .parquet file or a `datasets` directory, each row checked;
     the location is `file:line` or `file:row N`."""
-    rows = open_rows(path, check_row)
+    rows = open_rows(path, check_row, prompt_key)
     return [rows.read(i) for i in range(len(rows))]
 
 
@@ -44,7 +44,9 @@ def _row_kind(where: str, row: dict[str, Any]) -> str:
     nulls = [column for column in kinds if column in row and row[column] is None]
     raise DataError(
         f"{where}: a row needs exactly one of 'prompt' (string) or 'messages' (chat list); "
-        f"found columns {sorted(row)}" + (f" (null: {', '.join(map(repr, nulls))})" if nulls else "")
+        f"found columns {sorted(row)}"
+        + (f" (null: {', '.join(map(repr, nulls))})" if nulls else "")
+        + ("" if set_kinds else "; if another column holds the prompt, name it with data.prompt_key")
     )
 
 
@@ -98,13 +100,18 @@ class LoadStats:
 
 
 def load_prompts(
-    path: str | Path, tokenizer, max_prompt_tokens: int, on_long_prompt: str = "error", chat_template: bool = True
+    path: str | Path,
+    tokenizer,
+    max_prompt_tokens: int,
+    on_long_prompt: str = "error",
+    chat_template: bool = True,
+    prompt_key: str = "prompt",
 ) -> tuple[list[Prompt] | PromptTable, LoadStats]:
     """The prompts of a file and how many were dropped or truncated. Up to EAGER_ROWS rows: a list, every row
     read, checked and tokenised now (ids checked unique). More: a `PromptTable`, each row read when drawn."""
     if on_long_prompt not in ("error", "drop", "truncate"):
         raise ValueError(f"on_long_prompt must be error, drop or truncate, got {on_long_prompt!r}")
-    rows, stats = open_rows(path, check_row), LoadStats()
+    rows, stats = open_rows(path, check_row, prompt_key), LoadStats()
     maker = PromptMaker(tokenizer, max_prompt_tokens, on_long_prompt, chat_template, stats)
     if len(rows) > EAGER_ROWS:
         return PromptTable(rows, maker), stats

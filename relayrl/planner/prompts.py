@@ -49,7 +49,7 @@ def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | 
         return "no data.train"
     try:
         tokenizer = load_tokenizer(config.model.path)
-        rows = open_rows(data.train, check_row)
+        rows = open_rows(data.train, check_row, data.prompt_key)
     except (ModelError, DataError, OSError) as err:
         return str(err).splitlines()[0][:120]
     on_long = "truncate" if data.on_long_prompt == "error" else data.on_long_prompt
