@@ -147,7 +147,7 @@ def open_rows(
     """The rows of a prompt file or `datasets` directory (or a `reasoning_gym:TASK` spec, relayrl/data/reasoning_gym.py);
     each is checked by `check` when it is read, its prompt read from the `prompt_key` column (`data.prompt_key`)."""
     if is_spec(path):
-        return CheckedRows(ReasoningGymRows(str(path)), check)
+        return CheckedRows(ReasoningGymRows(str(path)), check, prompt_key)  # a key it lacks: named, not ignored
     path = Path(path)
     if path.is_dir():
         rows = ArrowRows(path)

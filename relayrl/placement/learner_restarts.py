@@ -36,7 +36,7 @@ class LearnerRestarts:
         placement = self.placement
         assert placement is not None and self.respawn is not None, "heals() said this learner restarts"
         if placement.on_learner_failure == "stop":
-            raise _stopped(failure, "(placement.on_learner_failure=stop)")
+            raise _stopped(failure, " (placement.on_learner_failure=stop)")
         if self.count >= placement.max_learner_restarts:
             raise _stopped(failure, f"; placement.max_learner_restarts={placement.max_learner_restarts} already used")
         self.count += 1
@@ -53,5 +53,4 @@ class LearnerRestarts:
 
 
 def _stopped(failure: RoleFailure, why: str) -> RoleFailure:
-    sep = "" if why.startswith(";") else " "
-    return RoleFailure(f"{failure}{sep}{why}", failure.role, failure.died, failure.hung)
+    return RoleFailure(f"{failure}{why}", failure.role, failure.died, failure.hung)

@@ -97,3 +97,13 @@ def test_a_run_reads_train_and_eval_through_the_key(tmp_path, random_model_dir, 
     trainer.close()
     assert [p.text for p in trainer.eval_prompts] == ["4+5="]
     assert f"relayrl: first prompt (data.train, {train}:1, 4 tokens): '1+2='" in capsys.readouterr().out
+
+
+def test_a_key_a_reasoning_gym_spec_lacks_is_named_not_ignored():
+    pytest.importorskip("reasoning_gym")
+    from relayrl.data.rows import open_rows
+    from relayrl.data.source import check_row
+
+    rows = open_rows("reasoning_gym:chain_sum?size=2&seed=0", check_row, prompt_key="question")
+    with pytest.raises(DataError, match=r"no 'question' column \(data.prompt_key=question\)"):
+        rows.read(0)
