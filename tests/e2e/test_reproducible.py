@@ -1,8 +1,9 @@
 """One seed, one run: the same config run twice gives the same metrics (all but wall-clock figures) and the same
-samples, single- and multi-turn (an environment, or an OpenAI-client agent through env.agent), with the HF and the vLLM engine (local placement, a tiny random model). Each
+samples: single- and multi-turn (an environment, or an OpenAI-client agent through env.agent), the HF and the vLLM
+engine, local placement and Ray (sync and one_step_off, on the session's shared head), a tiny random model. Each
 sample draws from a stream keyed by its prompt, its index in the group and (multi-turn) its trajectory and turn,
-never by its batch position or arrival time (relayrl/rollout/seeds.py). Ray's sync and one_step_off runs, which
-use the same seeds, were compared by hand (docs/config.md `train.seed`); `async` varies with timing by design."""
+never by its batch position or arrival time (relayrl/rollout/seeds.py); `async` varies with timing by design
+(docs/config.md `train.seed`)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,12 @@ CASES = {
     "single-hf": {"rollout": {"engine": "hf"}},
     "multi-hf": {"rollout": {"engine": "hf"}, "env": {"fn": "retry", "kwargs": {"feedback": " 1+1="}}},
     "multi-vllm": {"rollout": {"engine": "vllm"}, "env": {"fn": "retry", "kwargs": {"feedback": " 1+1="}}},
+    "ray-sync-vllm": {"rollout": {"engine": "vllm"}, "placement": {"mode": "ray"}},
+    "ray-one-step-off-vllm": {
+        "rollout": {"engine": "vllm"},
+        "train": {"schedule": "one_step_off"},
+        "placement": {"mode": "ray"},
+    },
     "agent-hf": {
         "rollout": {"engine": "hf"},
         "env": {"agent": f"{AGENT}:retry_agent", "kwargs": {"feedback": " 1+1="}},
@@ -27,7 +34,7 @@ CASES = {
 }
 
 
-def run(tmp_path, model_dir, name: str, case: dict) -> tuple[list[dict], list[dict]]:
+def run(tmp_path, model_dir, name: str, case: dict, ray_address: str) -> tuple[list[dict], list[dict]]:
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {"max_turns": 3, "max_total_tokens": 24, **case.get("env", {})}
@@ -37,9 +44,11 @@ def run(tmp_path, model_dir, name: str, case: dict) -> tuple[list[dict], list[di
         "env": env if {"fn", "agent"} & env.keys() else {},
         "rollout": {"n": 4, "prompts_per_step": 4, "max_tokens": 4, **case["rollout"]},
         "eval": {"max_prompts": 4},
-        "train": {"steps": 3, "lr": 1e-3, "seed": 7},
+        "train": {"steps": 3, "lr": 1e-3, "seed": 7, **case.get("train", {})},
         "log": {"dir": str(tmp_path / name), "progress": False, "save_model": False, "samples": {"every": 1}},
     }
+    if "placement" in case:
+        config["placement"] = {**case["placement"], "address": ray_address}
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
     train(str(tmp_path / f"{name}.yaml"))
     metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -50,9 +59,10 @@ def run(tmp_path, model_dir, name: str, case: dict) -> tuple[list[dict], list[di
 @pytest.mark.parametrize(
     "case", [pytest.param(name, marks=[pytest.mark.vllm] if "vllm" in name else []) for name in CASES]
 )
-def test_the_same_seed_gives_the_same_run(tmp_path, random_model_dir, case):
-    first = run(tmp_path, random_model_dir, "first", CASES[case])
-    second = run(tmp_path, random_model_dir, "second", CASES[case])
+def test_the_same_seed_gives_the_same_run(tmp_path, random_model_dir, case, request):
+    ray_address = request.getfixturevalue("ray_address") if "placement" in CASES[case] else ""
+    first = run(tmp_path, random_model_dir, "first", CASES[case], ray_address)
+    second = run(tmp_path, random_model_dir, "second", CASES[case], ray_address)
     assert first[1] == second[1]  # every sample: text, reward, advantage, versions
     assert [row.keys() for row in first[0]] == [row.keys() for row in second[0]]
     for want, have in zip(*(metrics for metrics, _ in (first, second))):
