@@ -19,6 +19,7 @@ from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.errors import RoleFailure
 from relayrl.learner.batching import make_experience
+from relayrl.learner.policy import LEARNER_LOGPROBS
 from relayrl.learner.role import Learner
 from relayrl.metrics.samples import log_samples
 from relayrl.metrics.step_metrics import step_metrics
@@ -78,18 +79,31 @@ class Trainer:
         self.time_sharing.after_push(timer)  # colocated: the engine's KV cache wakes
         schedule.published(self.sync.version)
         roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
+        learner_logprobs = stats.pop(LEARNER_LOGPROBS, None)  # the logged samples' (a list, not a metric)
         metrics = step_metrics(self.config, trained, batch, exp, stats, timer, self.sync.last, roles)
-        self.record(step, batch, exp)
+        self.record(step, batch, exp, learner_logprobs)
         return metrics
 
-    def record(self, step: int, batch: Batch, exp: Experience) -> None:
+    def record(self, step: int, batch: Batch, exp: Experience, learner_logprobs=None) -> None:
         """The engines' generate spans on the timeline, and the step's samples (log.samples)."""
         if self.timeline is not None:
             for replica, start, end in self.engines.take_spans():
                 self.timeline.add(step, f"engine {replica}", "generate", start, end)
             self.timeline.flush()
         samples, last = self.config.log.samples, self.config.train.steps - 1
-        log_samples(self.run_dir, samples.every, samples.max_per_step, step, last, batch.rollouts, batch.scores, exp)
+        decode = getattr(self.tokenizer, "decode", None)  # None in tests that build a Trainer with no tokenizer
+        log_samples(
+            self.run_dir,
+            samples.every,
+            samples.max_per_step,
+            step,
+            last,
+            batch.rollouts,
+            batch.scores,
+            exp,
+            decode,
+            learner_logprobs,
+        )
 
     def evaluate(self) -> dict[str, float]:
         return self.source.evaluate(self.eval_prompts) if self.eval_prompts else {}

@@ -252,7 +252,8 @@ class SamplesConfig(Section):
         default=10,
         ge=0,
         description="Write some samples of every N-th step (and of the last) to "
-        "<dir>/samples.jsonl: text, reward, advantage, versions (0 = never).",
+        "<dir>/samples.jsonl: text, reward, advantage, versions, and the turns with each sampled token's "
+        "learner-vs-engine log-prob gap (0 = never).",
     )
     max_per_step: int = Field(
         default=16, ge=1, description="Samples written per logged step: the step's first ones, whole groups first."

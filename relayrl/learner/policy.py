@@ -127,7 +127,9 @@ class PolicyLearner:
             return self.logprobs(exp)
 
     # ------------------------------------------------------------------ update
-    def update(self, exp: Experience) -> dict[str, float]:
+    def update(self, exp: Experience, keep_rows: int = 0) -> dict[str, float]:
+        """One step's optimizer updates; `keep_rows`: the pre-update log-probs of that many first rows go back in
+        the stats (LEARNER_LOGPROBS), for the samples the step logs."""
         train = self.config.train
         totals = _Totals()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
@@ -151,6 +153,8 @@ class PolicyLearner:
         stats[MISMATCH_BY_VERSION] = mismatch_by_version(
             pre_update, exp.behaviour_logprobs, exp.loss_mask, exp.versions
         )
+        if keep_rows:
+            stats[LEARNER_LOGPROBS] = pre_update[:keep_rows].tolist()
         stats.update(correction or totals.correction_metrics())
         if self.use_reference:
             stats.update(self._kl_step(exp, stats))
@@ -272,6 +276,8 @@ class _Totals:
 
 
 MISMATCH_BY_VERSION = "mismatch/by_version"  # a stats entry the controller turns into mismatch/* and drift/*
+# a stats entry on steps that log samples: the first rows' pre-update log-probs [rows][T-1], for samples.jsonl
+LEARNER_LOGPROBS = "samples/learner_logprobs"
 
 
 def mismatch_by_version(

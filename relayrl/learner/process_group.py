@@ -177,6 +177,8 @@ def merge_stats(stats: list[dict], tokens: list[float]) -> dict:
                     s, m, c = merged.get(version, (0.0, 0.0, 0))
                     merged[version] = (s + gap_sum, max(m, gap_max), c + n)
             out[name] = merged
+        elif isinstance(first, list):  # the logged rows' log-probs: each rank's first rows, in rank order
+            out[name] = [row for part in values for row in part]
         elif name.startswith(SUMMED):
             out[name] = float(sum(values))
         elif name in FROM_RANK_0:

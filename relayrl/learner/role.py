@@ -21,6 +21,7 @@ from relayrl.config import Config
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
+from relayrl.metrics.samples import logged_step
 from relayrl.sync.base import LearnerWeights
 from relayrl.sync.buckets import BucketLayout
 from relayrl.sync.endpoints import WeightSource
@@ -83,8 +84,13 @@ class LearnerRole(WeightSource):
         """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
         stats = {} if self.critic is None else self.critic.update(exp)
         if self.critic is None or step >= self.config.critic.warmup_steps:
-            stats.update(self.policy.update(exp))
+            stats.update(self.policy.update(exp, self._logged_rows(step)))
         return stats
+
+    def _logged_rows(self, step: int) -> int:
+        """How many first rows of this step's batch samples.jsonl logs (0 on a step it skips)."""
+        samples, last = self.config.log.samples, self.config.train.steps - 1
+        return samples.max_per_step if logged_step(samples.every, step, last) else 0
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:

@@ -14,7 +14,9 @@ Reads from RUN_DIR:
   - multi-turn runs (`env.*`) add a turns-per-trajectory plot from `env/turns_mean`, `env/turns_max`,
     `env/success` and `env/truncated_frac`; runs without them get no turns note.
   - `samples.jsonl` (optional, `log.samples`): a table of the best and worst samples of the first, middle and
-    last logged steps (relayrl/metrics/samples.py), all text HTML-escaped.
+    last logged steps (relayrl/metrics/samples.py), then the trajectory view of the last logged step's best and
+    worst samples, turn by turn, each sampled token coloured by its learner-vs-engine log-prob gap
+    (relayrl/metrics/trajectories.py); all text HTML-escaped.
 
 Writes RUN_DIR/report/index.html (PNGs embedded as base64 data URIs, inline CSS, no external resources) and
 the PNGs next to it. Leaves out: live refresh, comparison of several runs, interactive plots.
@@ -279,7 +281,11 @@ CSS = """body{font-family:system-ui,sans-serif;max-width:960px;margin:2em auto;c
 table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
 img{max-width:100%;display:block;margin:1em 0}.note{color:#a55;font-style:italic}
 pre{background:#f6f6f6;padding:1em;overflow-x:auto}
-table.samples{font-size:small;margin-bottom:1em}td.text{white-space:pre-wrap;font-family:monospace;max-width:22em}"""
+table.samples{font-size:small;margin-bottom:1em}td.text{white-space:pre-wrap;font-family:monospace;max-width:22em}
+.trajectory{margin-bottom:1.5em}.seg{white-space:pre-wrap;font-family:monospace;font-size:small;padding:4px 8px;
+margin:2px 0;border-left:4px solid #4c72b0}.seg.env{background:#eee;border-color:#999}.seg.prompt{border-color:#222}
+.seg .label{display:block;font-family:system-ui,sans-serif;color:#666;font-size:x-small}
+.tok{border-radius:2px}"""
 
 
 def write_report(run_dir: str | Path) -> Path:

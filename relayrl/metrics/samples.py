@@ -2,7 +2,8 @@
 
 One row per logged sample: `step`, `sample` (`<prompt id>#<index in its group>`), `prompt` and `completion`
 text, `reward` and its `components`, `advantage`, `versions` (the policy versions that produced its tokens,
-ascending; more than one when a partial rollout spans pushes), `finish_reason` and `tokens` (response length),
+ascending; more than one when a partial rollout spans pushes), `finish_reason` and `tokens` (response length), `segments` (the trajectory turn by turn, with the
+learner-vs-engine log-prob gap per sampled token: relayrl/metrics/trajectories.py),
 and `reward_error` for a sample whose reward failed and was scored 0 (`reward.on_error=zero`: which sample, what
 was raised or returned). `advantage` is the mean of the sample's per-token advantages over its trained response tokens (outcome
 estimators such as GRPO give every token the same value; GAE does not), `null` when none of its tokens is
@@ -12,7 +13,7 @@ which is prompt-major: whole groups, so a sample can be read against the others 
 The file is appended once per logged step. Before each step it is checked: rows at or after the current step
 (left by an earlier run in the same directory, or by a resumed run's steps after its checkpoint) and a row cut
 short by a kill are dropped first, so a resumed run never duplicates rows. `samples_section` renders the best
-and worst samples of the first, middle and last logged steps for `relayrl report`. Left out: logging every
+and worst samples of the first, middle and last logged steps for `relayrl report`, then the trajectory view. Left out: logging every
 sample (a run's text is large), the prompt's other dataset columns.
 """
 
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relayrl.metrics.trajectories import segments, trajectories_section
 from relayrl.run.jsonl import read_jsonl, truncate_after
 
 if TYPE_CHECKING:  # the report reads samples.jsonl without importing torch
@@ -37,9 +39,17 @@ __all__ = ["FILE", "log_samples", "sample_rows", "samples_section", "truncate_af
 
 
 def sample_rows(
-    step: int, rollouts: list[Rollout], scores: list[Score], exp: Experience, max_per_step: int
+    step: int,
+    rollouts: list[Rollout],
+    scores: list[Score],
+    exp: Experience,
+    max_per_step: int,
+    decode: Callable | None = None,
+    learner_logprobs: list[list[float]] | None = None,
 ) -> list[dict]:
-    """The rows of one step: its first `max_per_step` samples; `exp` must hold the step's advantages."""
+    """The rows of one step: its first `max_per_step` samples; `exp` must hold the step's advantages. With a
+    tokenizer's `decode`, each row also has its `segments` (relayrl/metrics/trajectories.py), their gaps from
+    `learner_logprobs` (the learner's pre-update log-probs of the first rows, [row][target column])."""
     from relayrl.types import filled  # here, not at the top: the report reads samples.jsonl without torch
 
     count = min(max_per_step, len(rollouts))
@@ -63,9 +73,19 @@ def sample_rows(
                 "finish_reason": rollout.finish_reason,
                 "tokens": len(rollout.response_ids),
                 **({"reward_error": score.error} if score.error else {}),
+                **({"segments": _segments(rollout, exp, index, decode, learner_logprobs)} if decode else {}),
             }
         )
     return rows
+
+
+def _segments(rollout: Rollout, exp: Experience, index: int, decode: Callable, learner_rows) -> list[dict]:
+    """Row `index`'s segments: its learner log-probs and loss mask cut to its response tokens (the target column
+    of response token k is prompt length - 1 + k, relayrl/learner/batching.py)."""
+    first = len(rollout.prompt.token_ids) - 1
+    columns = slice(first, first + len(rollout.response_ids))
+    learner = learner_rows[index][columns] if learner_rows is not None and index < len(learner_rows) else None
+    return segments(rollout, learner, exp.loss_mask[index, columns].tolist(), decode)
 
 
 def log_samples(
@@ -77,6 +97,8 @@ def log_samples(
     rollouts: list[Rollout],
     scores: list[Score],
     exp: Experience,
+    decode: Callable | None = None,
+    learner_logprobs: list[list[float]] | None = None,
 ) -> None:
     """Append this step's rows to `<run_dir>/samples.jsonl` when `step` is a multiple of `every` or the last
     step (`every=0`: never). Rows left from steps at or after this one are dropped first (see the docstring)."""
@@ -85,11 +107,16 @@ def log_samples(
         path.unlink(missing_ok=True)
     elif _needs_cut(path, step):
         truncate_after(path, step - 1)
-    if not every or (step % every and step != last_step):
+    if not logged_step(every, step, last_step):
         return
-    rows = sample_rows(step, rollouts, scores, exp, max_per_step)
+    rows = sample_rows(step, rollouts, scores, exp, max_per_step, decode, learner_logprobs)
     with path.open("a") as f:
         f.write("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def logged_step(every: int, step: int, last_step: int) -> bool:
+    """Whether `step` writes samples: a multiple of `every`, or the last step (`every=0`: never)."""
+    return bool(every) and (step % every == 0 or step == last_step)
 
 
 def _needs_cut(path: Path, step: int) -> bool:
@@ -130,6 +157,7 @@ def samples_section(run_dir: Path, notes: list[str]) -> str:
         shown = ranked if len(ranked) <= 2 * SHOWN else ranked[:SHOWN] + [None] + ranked[-SHOWN:]
         parts.append(f"<h3>step {step} ({len(ranked)} samples logged)</h3>")
         parts.append(_table(shown))
+    parts.append(trajectories_section(rows))
     return "\n".join(parts)
 
 

@@ -97,3 +97,49 @@ def test_every_chart_of_the_report_is_drawn_in_chromium(tmp_path):
             for x in range(0, w, 4)
         )
         assert same / ((h // 4) * (w // 4)) > 0.99, (box["alt"], "the screenshot is not the chart's PNG")
+
+
+TOKENS = """<script>addEventListener("load", () => {
+  const pre = Object.assign(document.createElement("pre"), {id: "boxes"});
+  const boxes = [...document.querySelectorAll(".trajectory .tok")].map(t => { const r = t.getBoundingClientRect();
+    return {text: t.textContent, title: t.title, x: r.left, y: r.top, w: r.width, h: r.height}; });
+  pre.textContent = JSON.stringify({boxes, height: document.documentElement.scrollHeight});
+  document.body.append(pre);
+});</script>"""
+
+
+def test_the_trajectory_view_colours_each_sampled_token_by_its_gap_in_chromium(tmp_path):
+    browser = chromium()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(_metrics_row(0)) + "\n")
+    policy = {"by": "policy", "versions": [0], "reward": 1.0}
+    segments = [
+        {**policy, "text": "RED", "tokens": ["RED"], "gap": [0.5]},
+        {"by": "env", "text": "<tool_response>4</tool_response>"},
+        {**policy, "text": "PALE", "tokens": ["PALE"], "gap": [1e-7]},
+    ]
+    row = {"step": 0, "sample": "p#0", "prompt": "2+2=", "reward": 1.0, "segments": segments}
+    (run / "samples.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["report", str(run)]) == 0
+    page = run / "report" / "index.html"
+
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text().replace("</body>", TOKENS + "</body>"))
+    dom = headless(browser, tmp_path, f"--window-size={WIDTH},800", "--dump-dom", probe.as_uri())
+    layout = json.loads(re.search(r'<pre id="boxes">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    boxes = {box["text"]: box for box in layout["boxes"] if box["text"] in ("RED", "PALE")}
+    assert boxes["RED"]["title"] == "gap +0.5" and boxes["PALE"]["title"] == "gap +1e-07"
+    shot = tmp_path / "shot.png"
+    headless(browser, tmp_path, f"--window-size={WIDTH},{layout['height']}", f"--screenshot={shot}", page.as_uri())
+    _, pixels = read_rgb(shot)
+    for text, box in boxes.items():
+        assert box["w"] > 10 and box["h"] > 5, box  # laid out and visible
+        area = [
+            pixels[round(box["x"]) + x, round(box["y"]) + y]
+            for y in range(1, round(box["h"]) - 1)
+            for x in range(1, round(box["w"]) - 1)
+        ]
+        red = sum(r > 180 and g < 110 and b < 110 for r, g, b in area) / len(area)
+        ink = sum(max(rgb) < 120 for rgb in area) / len(area)  # the token's own letters
+        assert (red > 0.5) == (text == "RED") and ink > 0.02, (text, red, ink)

@@ -1,11 +1,14 @@
 """A short real local run (tiny random model, HF engine) with `log.samples`: every logged row's reward is the
-run's reward function applied to the logged completion, the metrics split mismatch from drift, and
-`relayrl report` renders the samples table."""
+run's reward function applied to the logged completion, the metrics split mismatch from drift, each sample's
+segments carry learner-vs-engine gaps the mismatch metric bounds, and `relayrl report` renders the samples table
+and (for a multi-turn run) the trajectory view."""
 
 import html
 import json
+import re
 
 import pytest
+from transformers import AutoTokenizer
 
 from relayrl.build import train
 from relayrl.config import load_config
@@ -82,3 +85,51 @@ def test_report_renders_the_samples_table(run):
     last = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()][-1]
     assert "<h2>Samples</h2>" in page and "step 0 (6 samples logged)" in page and "step 2 (6 samples logged)" in page
     assert html.escape(last["prompt"]) in page
+
+
+def test_each_logged_sample_is_one_policy_segment_whose_gaps_the_mismatch_metric_bounds(run):
+    run_dir, _ = run
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    metrics = {row["step"]: row for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+    for row in rows:
+        (segment,) = row["segments"]
+        assert segment["by"] == "policy" and segment["versions"] == [row["step"]]
+        assert len(segment["tokens"]) == len(segment["gap"]) == row["tokens"]
+        gaps = [abs(gap) for gap in segment["gap"] if gap is not None]
+        assert gaps and max(gaps) <= metrics[row["step"]]["mismatch/logprob_abs_max"] * 1.01 + 1e-12
+
+
+def test_a_multi_turn_run_logs_its_turns_and_the_report_draws_them(tmp_path, random_model_dir, toy_task):
+    config = load_config(
+        None,
+        [
+            f"model.path={random_model_dir}",
+            f"data.train={toy_task['train']}",
+            "data.max_prompt_tokens=16",
+            "env.fn=retry",
+            "env.max_turns=3",
+            "env.max_total_tokens=24",
+            "env.kwargs.feedback= 1+1=",
+            "rollout.engine=hf",
+            "rollout.n=4",
+            "rollout.prompts_per_step=2",
+            "rollout.max_tokens=4",
+            "train.steps=1",
+            f"log.dir={tmp_path / 'run'}",
+            "log.progress=false",
+            "log.save_model=false",
+        ],
+    )
+    train(config)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    turns = [[s for s in row["segments"] if s["by"] == "policy"] for row in rows]
+    assert max(map(len, turns)) > 1  # some trajectory was retried
+    special = AutoTokenizer.from_pretrained(random_model_dir).all_special_tokens  # segments keep them, as sampled
+    for row, policy in zip(rows, turns):
+        text = "".join(s["text"] for s in row["segments"])
+        assert re.sub("|".join(map(re.escape, special)), "", text) == row["completion"]
+        env = [s for s in row["segments"] if s["by"] == "env"]
+        assert all(s["text"].endswith("1+1=") for s in env) and len(env) >= len(policy) - 1
+        assert all("reward" in s for s in policy) and all(s["versions"] == [0] for s in policy)
+    page = write_report(tmp_path / "run").read_text()
+    assert page.count('<div class="trajectory">') == 4 and page.count('<div class="seg env">') >= 1

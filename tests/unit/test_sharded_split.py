@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from relayrl.errors import ConfigError, PlacementError
+from relayrl.learner.policy import LEARNER_LOGPROBS
 from relayrl.learner.process_group import merge_experience, merge_stats, rank_config, split_by_groups
 from tests.unit.test_sharded_scenarios import config, experience
 
@@ -39,6 +40,12 @@ def test_stats_add_losses_and_weigh_means_by_tokens():
     assert merged["loss/policy"] == 0.75 and merged["lr"] == 0.1 and merged["actor/ratio_max"] == 1.5
     assert merged["actor/entropy"] == pytest.approx((3 * 1.0 + 1 * 4.0) / 4)
     assert merged["mismatch/v"] == {3: (3.0, 0.7, 6)}
+
+
+def test_the_logged_rows_log_probs_join_in_rank_order():
+    """Each rank sends its first rows (as many as the step logs); joined, rank 0's come first: the batch's order."""
+    stats = [{LEARNER_LOGPROBS: [[0.1, 0.2], [0.3]]}, {LEARNER_LOGPROBS: [[0.4, 0.5, 0.6]]}]
+    assert merge_stats(stats, tokens=[3.0, 3.0])[LEARNER_LOGPROBS] == [[0.1, 0.2], [0.3], [0.4, 0.5, 0.6]]
 
 
 def test_learner_ranks_config_errors_name_the_keys(tmp_path):
