@@ -38,6 +38,7 @@ INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
 DATA_SPECS = ("reasoning_gym:",)  # data.train/eval values that name a generated dataset, not a file (never resolved)
 # env.fn values naming an installed package's environment (relayrl/envs/ecosystem.py), never a module to resolve
 ENV_SPECS = ("skyrl_gym:", "gymnasium:")
+TRL_SPEC = "trl:"
 PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn", "env.agent")
 OUTPUT_PATHS = ("log.dir", "sync.directory")  # against the working directory, whoever sets them
 MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords
@@ -94,7 +95,9 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
         if isinstance(env, dict) and isinstance(env.get(name), str) and env[name] and f"env.{name}" in origin:
             if name == "fn" and env[name].startswith(ENV_SPECS):
                 continue
-            env[name] = resolve_reward_spec(f"env.{name}", env[name], origin[f"env.{name}"])
+            prefix = TRL_SPEC if env[name].startswith(TRL_SPEC) else ""  # trl:path/file.py:Class (agents/trl_env.py)
+            spec = env[name].removeprefix(prefix)
+            env[name] = prefix + resolve_reward_spec(f"env.{name}", spec, origin[f"env.{name}"])
     reward = tree.get("reward")
     if not isinstance(reward, dict):
         return tree
