@@ -34,6 +34,7 @@ def register(commands) -> None:
         "config max_new_tokens, else 64, capped so the longest prompt plus the response fits its context)",
     )
     ev.add_argument("--min-tokens", type=int, default=0, help="end-of-sequence ignored before this many tokens")
+    ev.add_argument("--prompt-key", default="prompt", help="the column holding the prompt (data.prompt_key)")
     ev.add_argument("--max-prompts", type=int, default=0, help="score only the first N prompts (0 = all)")
     ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="the rollout engine that generates")
     ev.set_defaults(fn=run)
@@ -57,6 +58,7 @@ def run(args) -> None:
         min_tokens=args.min_tokens,
         engine=args.engine,
         max_prompts=args.max_prompts,
+        prompt_key=args.prompt_key,
     )
     print(json.dumps(result))
 
@@ -77,5 +79,6 @@ def _run_env(args) -> None:
         engine=args.engine,
         max_prompts=args.max_prompts,
         seed=0,
+        prompt_key=args.prompt_key,
     )
     print(json.dumps(result))

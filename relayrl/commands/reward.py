@@ -28,14 +28,15 @@ if TYPE_CHECKING:
 NOT_COLUMNS = ("prompt", "messages", "completion", "completion_ids")  # what the row is, not what travels with it
 
 
-def read_completions(path: str) -> list[Rollout]:
-    """One rollout per row; a row without a string `completion` (or with bad `completion_ids`) names file:row."""
+def read_completions(path: str, prompt_key: str = "prompt") -> list[Rollout]:
+    """One rollout per row; a row without a string `completion` (or with bad `completion_ids`) names file:row.
+    `prompt_key`: the column holding the prompt (data.prompt_key); it stays a column, as in training."""
     from relayrl.data.source import chat_messages, is_plain_prompt, read_rows, render
     from relayrl.errors import DataError
     from relayrl.types import Prompt, Rollout
 
     rollouts = []
-    for where, row in read_rows(path):  # checks prompt/messages, naming file:row
+    for where, row in read_rows(path, prompt_key):  # checks prompt/messages, naming file:row
         completion = row.get("completion")
         if not isinstance(completion, str):
             raise DataError(
@@ -74,22 +75,23 @@ def register(commands) -> None:
         "errors, timeouts",
     )
     rw.add_argument("file", metavar="FILE", help="rows with `completion` plus `prompt` or `messages` and any columns")
+    rw.add_argument("--prompt-key", default="prompt", help="the column holding the prompt (data.prompt_key)")
     add_reward_flags(rw, required=True, old_names=True)
     rw.set_defaults(fn=run)
 
 
 def run(args) -> None:
     """One JSON line per row, then the summary."""
-    for line in score_file(args.file, reward_config(args, "relayrl reward")):
+    for line in score_file(args.file, reward_config(args, "relayrl reward"), args.prompt_key):
         print(json.dumps(line), flush=True)
 
 
-def score_file(path: str, config: RewardConfig) -> Iterator[dict[str, Any]]:
+def score_file(path: str, config: RewardConfig, prompt_key: str = "prompt") -> Iterator[dict[str, Any]]:
     """The per-row results, then the summary (the last item)."""
     from relayrl.rewards.base import load_reward
     from relayrl.rewards.service import build_reward_service
 
-    rollouts = read_completions(path)
+    rollouts = read_completions(path, prompt_key)
     load_reward(config.fn, config.kwargs, config.style)  # first: a bad spec fails before a worker starts, announced
     with build_reward_service(config) as service:
         scores, metrics = service.score(rollouts)

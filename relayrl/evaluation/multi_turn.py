@@ -26,6 +26,7 @@ def evaluate_env_model(
     seed: int = 0,
     workers: int = 16,
     timeout_s: float = 30.0,
+    prompt_key: str = "prompt",
 ) -> dict[str, float]:
     from relayrl.config.env import EnvConfig
     from relayrl.data.chat import ChatCodec
@@ -50,7 +51,7 @@ def evaluate_env_model(
         timeout_s=timeout_s,
     )
     tokenizer = load_tokenizer(model, key="--model")
-    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)
+    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9, prompt_key=prompt_key)
     prompts = prompts[:max_prompts] if max_prompts else list(prompts)  # a large file's lazy table, read whole
     max_len = max(len(p.token_ids) for p in prompts) + 16 + max_total_tokens  # room for the chat template's turns
     sampling = Sampling(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed)

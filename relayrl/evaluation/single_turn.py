@@ -25,6 +25,7 @@ def evaluate_model(
     on_error: Literal["error", "zero", "skip"] = "zero",
     reward_workers: int = 0,
     reward_timeout_s: float | None = None,
+    prompt_key: str = "prompt",
 ) -> dict[str, float]:
     """`relayrl eval`: load a model into an engine and score it on a prompt file through the reward service.
     `reward` is a `RewardConfig` (what `relayrl eval`'s reward flags give), or a spec scored with `reward_kwargs`,
@@ -50,10 +51,10 @@ def evaluate_model(
         )
     model = merged_model_dir(model)  # a peft adapter directory (relayrl export) is merged into its base first
     tokenizer = load_tokenizer(model, key="--model")
-    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9)  # the context is checked below, in flags
+    prompts, _ = load_prompts(data, tokenizer, max_prompt_tokens=10**9, prompt_key=prompt_key)  # context: below
     prompts = prompts[:max_prompts] if max_prompts else list(prompts)  # a large file's lazy table, read whole
     longest = max(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))
-    max_tokens = fit_max_tokens(model, max_tokens, len(prompts[longest].token_ids), data, longest)
+    max_tokens = fit_max_tokens(model, max_tokens, len(prompts[longest].token_ids), data, longest, prompt_key)
     if min_tokens > max_tokens:
         raise ConfigError(
             f"relayrl eval: --min-tokens {min_tokens} is over --max-tokens, which defaults to "
@@ -80,7 +81,9 @@ def evaluate_model(
 DEFAULT_MAX_TOKENS = 64  # `relayrl eval`'s response budget when the model's generation config sets none
 
 
-def fit_max_tokens(model: str, max_tokens: int | None, longest: int, data: str = "", row: int = 0) -> int:
+def fit_max_tokens(
+    model: str, max_tokens: int | None, longest: int, data: str = "", row: int = 0, prompt_key: str = "prompt"
+) -> int:
     """`--max-tokens`, or its default for this model: the generation config's `max_new_tokens` if set, else 64,
     capped so that the longest prompt (`longest` tokens, row index `row` of `data`) plus the response fits the
     model's context. Flags that cannot fit fail in `relayrl eval`'s terms."""
@@ -88,7 +91,10 @@ def fit_max_tokens(model: str, max_tokens: int | None, longest: int, data: str =
     from relayrl.models.loading import context_length
 
     context = context_length(model)
-    where = f"{data}:{_row_location(data, row)}" if data else f"row {row + 1}"
+    if context is None or longest + (max_tokens or 1) <= context:  # fits: no row to name
+        where = ""
+    else:  # the file is read again only to name the row
+        where = f"{data}:{_row_location(data, row, prompt_key)}" if data else f"row {row + 1}"
     if context is not None and longest >= context:
         raise ConfigError(
             f"relayrl eval: the longest prompt ({where}, {longest} tokens) fills the model's context "
@@ -117,9 +123,9 @@ def _generation_max_new_tokens(model: str) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def _row_location(data: str, row: int) -> str:
+def _row_location(data: str, row: int, prompt_key: str) -> str:
     """The `line` (or `row N`) of the `row`-th prompt of a data file, as relayrl's data messages name it."""
     from relayrl.data.source import read_rows
 
-    where = read_rows(data)[row][0]
+    where = read_rows(data, prompt_key)[row][0]
     return where.rpartition(":")[2]

@@ -1,5 +1,6 @@
 """`data.prompt_key`: a dataset whose prompt column is not `prompt` (`question`, `problem`, ...) is read as it is,
-in training (train and held-out files, `train_data`), the planner and `relayrl data check`; a row without that
+in training (train and held-out files, `train_data`), the planner, `relayrl data check`, `relayrl eval` and
+`relayrl reward` (--prompt-key); a row without that
 column, or with a `prompt`/`messages` column beside it, fails naming file:row."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import pytest
 
 from relayrl.build import build_trainer
+from relayrl.cli import main
 from relayrl.config import load_config
 from relayrl.data.check import check_file
 from relayrl.data.source import load_prompts
@@ -107,3 +109,17 @@ def test_a_key_a_reasoning_gym_spec_lacks_is_named_not_ignored():
     rows = open_rows("reasoning_gym:chain_sum?size=2&seed=0", check_row, prompt_key="question")
     with pytest.raises(DataError, match=r"no 'question' column \(data.prompt_key=question\)"):
         rows.read(0)
+
+
+def test_relayrl_eval_and_reward_read_the_key(tmp_path, random_model_dir, capsys):
+    rows = [{"question": "1+2=", "answer": "3"}, {"question": "4+5=", "answer": "9"}]
+    data = write(tmp_path / "q.jsonl", rows)
+    argv = ["eval", "--model", str(random_model_dir), "--data", str(data), "--reward", "exact_match"]
+    assert main([*argv, "--engine", "hf", "--max-tokens", "2", "--prompt-key", "question"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["n"] == 2
+    scored = write(tmp_path / "s.jsonl", [{**row, "completion": row["answer"]} for row in rows])
+    assert main(["reward", str(scored), "--reward", "exact_match", "--prompt-key", "question"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["reward"] for line in lines[:2]] == [1.0, 1.0] and lines[-1]["errors"] == 0
+    assert main(["reward", str(scored), "--reward", "exact_match"]) == 2  # without the key: named, not scored
+    assert "if another column holds the prompt, name it with data.prompt_key" in capsys.readouterr().err
