@@ -345,9 +345,10 @@ class PlacementConfig(Section):
         description="ray: deadline for any one call into a role (a step's "
         "generate, update, ...); a miss names the role.",
     )
-    on_engine_failure: Literal["restart", "fail"] = Field(
+    on_engine_failure: Literal["restart", "stop", "fail"] = Field(
         default="restart",
-        description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop.",
+        description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop "
+        "(`fail`, the old spelling, is read as stop).",
     )
     max_engine_restarts: int = Field(
         default=3, ge=0, description="ray: engine restarts allowed per run before giving up."
@@ -369,6 +370,13 @@ class PlacementConfig(Section):
         "and critic with FSDP2 and split each step's groups (rollout.prompts_per_step and train.mini_batch "
         "must divide by W). 1 = one learner process.",
     )
+
+    @model_validator(mode="after")
+    def _one_spelling_of_stop(self) -> PlacementConfig:
+        if self.on_engine_failure == "fail":  # the spelling before on_learner_failure had `stop`
+            warn("placement.on_engine_failure=fail is now spelled stop (as placement.on_learner_failure): read as stop")
+            self.on_engine_failure = "stop"
+        return self
 
     @model_validator(mode="after")
     def _check_learner_ranks(self) -> PlacementConfig:

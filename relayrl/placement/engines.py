@@ -123,9 +123,9 @@ class RayEngineGroup:
 
     def _recover(self, index: int, failure: RoleFailure, ray) -> None:
         placement = self.placement
-        if placement.on_engine_failure == "fail":
+        if placement.on_engine_failure == "stop":
             raise RoleFailure(
-                f"{failure} (placement.on_engine_failure=fail)", failure.role, failure.died, failure.hung
+                f"{failure} (placement.on_engine_failure=stop)", failure.role, failure.died, failure.hung
             ) from None
         if self.restarts >= placement.max_engine_restarts:
             raise RoleFailure(

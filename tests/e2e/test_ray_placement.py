@@ -142,13 +142,13 @@ def test_a_killed_engine_with_restarts_off_is_a_clear_error(tmp_path, warm_model
         toy_task,
         "train.steps=200",
         "eval.max_prompts=16",
-        "placement.on_engine_failure=fail",
+        "placement.on_engine_failure=stop",
         "log.save_model=false",
     )
     assert time.time() - killed_at < 60
     assert code != 0
     last = stderr.strip().splitlines()[-1]
-    assert "engine 0" in last and "died" in last and "on_engine_failure=fail" in last, stderr[-3000:]
+    assert "engine 0" in last and "died" in last and "on_engine_failure=stop" in last, stderr[-3000:]
 
 
 def test_a_placement_that_cannot_fit_fails_within_its_timeout(tmp_path, warm_model_dir, toy_task):

@@ -1,6 +1,8 @@
 """`RayEngineGroup` against fake replicas (no Ray): the generate spans the timeline takes are recorded under the
 lock `take_spans` holds, from the training loop (`finish`) and from producer threads (`generate_until`)."""
 
+import pytest
+
 from relayrl.config import PlacementConfig
 from relayrl.errors import RoleFailure
 from relayrl.placement.engines import RayEngineGroup
@@ -82,3 +84,12 @@ def test_one_death_seen_by_two_callers_is_one_restart(monkeypatch):
         thread.join(10)
     assert errors == []
     assert group.restarts == 1 and killed == [0] and len(spawned) == 2
+
+
+def test_the_old_spelling_fail_is_read_as_stop_with_a_warning():
+    from relayrl.config import load_config
+    from relayrl.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match=r"on_engine_failure=fail is now spelled stop"):
+        config = load_config(None, ["placement.mode=ray", "placement.on_engine_failure=fail"])
+    assert config.placement.on_engine_failure == "stop"
