@@ -1,4 +1,4 @@
-"""The OpenAI chat-completions wire format, as the agent endpoint reads and answers it.
+"""The OpenAI chat-completions and completions wire formats, as the agent endpoint reads and answers them.
 
 `read_request` takes a `/v1/chat/completions` body apart: the messages (text content only; content parts are
 joined), the tools, and the sampling fields the agent set. The run's `rollout.*` settings decide the sampling
@@ -8,11 +8,14 @@ choices, streaming, images) is refused with a 400 naming the field. `answer` bui
 object from the tokens the engine sampled: the text, the tool calls vLLM's parser found in it (`ToolCalls`),
 the finish reason, usage, the log-probs when asked, and vLLM's `prompt_token_ids` / `token_ids` extensions.
 The reasoning and the tool calls in a turn's text are found by vLLM's parsers (relayrl/rollout/tool_calls.py).
+`read_completion_request` and `answer_text` are the same for `/v1/completions`: one prompt (a text, or token ids)
+in, a `text_completion` out; no chat template, no tool parsing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -51,28 +54,17 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     logprobs: bool
     overridden: dict[str, Any] = field(default_factory=dict)  # field -> the agent's value (rollout.* wins)
+    prompt: str | list[int] | None = None  # a /v1/completions call's prompt (then `messages` is empty)
 
 
 def read_request(body: Any) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise RequestError("the request body must be a JSON object")
+    overridden = _one_choice_as_the_run_samples(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list of {role, content}")
-    if body.get("n", 1) not in (1, None):
-        raise RequestError(
-            f"n={body['n']}: one choice per call (a group's samples are the run's rollout.n trajectories)"
-        )
-    if body.get("stream"):
-        raise RequestError("stream=true is not served: call without streaming")
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
         raise RequestError("'tools' must be a list of {type: function, function: {name, parameters}}")
-    extra: dict[str, Any] = body["extra_body"] if isinstance(body.get("extra_body"), dict) else {}
-    sent = {**extra, **{k: v for k, v in body.items() if k != "extra_body"}}
-    overridden = {k: sent[k] for k in OVERRIDDEN if sent.get(k) is not None}
-    if sent.get("tool_choice") not in (None, "auto"):  # "required" or a named tool would constrain the decoding
-        overridden["tool_choice"] = sent["tool_choice"]
     return ChatRequest(
         model=str(body.get("model") or "policy"),
         messages=[_message(m, i) for i, m in enumerate(messages)],
@@ -80,6 +72,51 @@ def read_request(body: Any) -> ChatRequest:
         logprobs=bool(body.get("logprobs")),
         overridden=overridden,
     )
+
+
+def read_completion_request(body: Any) -> ChatRequest:
+    """A `/v1/completions` body: one prompt, a string or a list of token ids."""
+    overridden = _one_choice_as_the_run_samples(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    ids = (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    )
+    if not (isinstance(prompt, str) and prompt) and not ids:
+        raise RequestError("'prompt' must be one non-empty string or one list of token ids (one prompt per call)")
+    unserved = {"echo": bool(body.get("echo")), "suffix": body.get("suffix") is not None}
+    unserved["best_of"] = body.get("best_of") not in (None, 1) or isinstance(body.get("best_of"), bool)
+    for name in (name for name, sent in unserved.items() if sent):
+        raise RequestError(f"{name}={body[name]!r} is not served: the call samples one completion of the prompt")
+    return ChatRequest(
+        model=str(body.get("model") or "policy"),
+        messages=[],
+        tools=None,
+        logprobs=body.get("logprobs") not in (None, False, 0),
+        overridden=overridden,
+        prompt=prompt,
+    )
+
+
+def _one_choice_as_the_run_samples(body: Any) -> dict[str, Any]:
+    """Checks either endpoint's body; returns the sampling fields that the run's settings override."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    if body.get("n", 1) not in (1, None):
+        raise RequestError(
+            f"n={body['n']}: one choice per call (a group's samples are the run's rollout.n trajectories)"
+        )
+    if body.get("stream"):
+        raise RequestError("stream=true is not served: call without streaming")
+    extra: dict[str, Any] = body["extra_body"] if isinstance(body.get("extra_body"), dict) else {}
+    sent = {**extra, **{k: v for k, v in body.items() if k != "extra_body"}}
+    overridden = {k: sent[k] for k in OVERRIDDEN if sent.get(k) is not None}
+    if sent.get("tool_choice") not in (None, "auto"):  # "required" or a named tool would constrain the decoding
+        overridden["tool_choice"] = sent["tool_choice"]
+    return overridden
 
 
 def _is_tool(tool: Any) -> bool:
@@ -183,6 +220,48 @@ def answer(
             "total_tokens": len(prompt_ids) + len(token_ids),
         },
         "prompt_token_ids": prompt_ids,
+    }
+
+
+def answer_text(
+    request: ChatRequest,
+    *,
+    call_id: str,
+    prompt_ids: list[int],
+    token_ids: list[int],
+    logprobs: list[float],
+    text: str,
+    finish_reason: str,
+    tokens: list[str],
+) -> dict[str, Any]:
+    """A `text_completion` object for one sampled turn, with vLLM's `prompt_token_ids` / `token_ids`."""
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "finish_reason": finish_reason,
+        "logprobs": None,
+        "token_ids": token_ids,
+        "prompt_token_ids": prompt_ids,
+    }
+    if request.logprobs:
+        offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)) if tokens else []
+        choice["logprobs"] = {
+            "tokens": tokens,
+            "token_logprobs": logprobs,
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+    return {
+        "id": call_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": len(token_ids),
+            "total_tokens": len(prompt_ids) + len(token_ids),
+        },
     }
 
 

@@ -10,6 +10,10 @@ turn), whose tokens the driver appends after the sampled ones; the agent's retur
 reward. `step` answers the pending call from the tokens the engine sampled (relayrl/agents/chat.py builds the
 reply, tool calls parsed by vLLM's parser).
 
+A `/v1/completions` call (a prompt text or token ids, no chat template) is served the same way: its first prompt
+is taken as it is, and a later one that extends the last prompt and its answer (the reply's text, or its
+prompt and sampled ids) is a step whose observation is the appended text or ids (`RawText`).
+
 A call that does not extend the earlier ones (the agent edited or dropped earlier messages, or changed its
 tools) is a step flagged `rebuilt`, carrying all its messages: the driver ends the sample there and starts a
 new one from this call per `env.tito`. One call at a time per trajectory; between two calls (and before the
@@ -34,9 +38,19 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from relayrl.agents.chat import ChatRequest, RequestError, answer, error_body, read_request, same_reply, tool_call
+from relayrl.agents.chat import (
+    ChatRequest,
+    RequestError,
+    answer,
+    answer_text,
+    error_body,
+    read_completion_request,
+    read_request,
+    same_reply,
+    tool_call,
+)
 from relayrl.agents.server import AgentServer
-from relayrl.envs.base import Step
+from relayrl.envs.base import RawText, Step
 from relayrl.errors import ConfigWarning, EnvError
 from relayrl.rollout.tool_calls import ParsedTurn, TurnParser
 
@@ -83,6 +97,8 @@ class _Agent:
     messages: list[dict[str, Any]] | None = None  # the last answered call's messages
     answered: dict[str, Any] | None = None  # and the assistant message it was answered with
     tools: list[dict[str, Any]] | None = None
+    # after a completions call: its prompt and answer, as ids and (a text prompt) as text: what the next must extend
+    so_far: tuple[list[int], str | None] | None = None
     calls: int = 0
     tool_calls: int = 0  # in the answers since the last event
     tool_errors: int = 0
@@ -138,7 +154,7 @@ class AgentPool:
         agent = _Agent(key, f"{self._id}-{key}", where.removesuffix(" reset"))
         agent.deadline = time.monotonic() + self.timeout_s
         self._live[key] = agent
-        self.server.register(agent.url_key, lambda _key, body: self._handle(agent, body))
+        self.server.register(agent.url_key, lambda _key, body, kind: self._handle(agent, body, kind))
         agent.run = asyncio.run_coroutine_threadsafe(self._run(agent, row), self.server.loop)
         agent.run.add_done_callback(lambda run: self._on_end(agent, run))
 
@@ -147,6 +163,8 @@ class AgentPool:
         agent = self._live[key]
         request = agent.request
         assert request is not None and agent.reply is not None and turn is not None  # a turn answers a call
+        if request.prompt is not None:  # a completions call
+            return self._answer_text(agent, request, action, turn)
         parsed = ParsedTurn(action)
         if self.parser is not None:
             text = self._text_with_tags(turn.output.token_ids)
@@ -169,14 +187,37 @@ class AgentPool:
             tokens=[self.tokenizer.decode([t]) for t in turn.output.token_ids] if request.logprobs else [],
         )
         with self._lock:
-            agent.messages, agent.tools = request.messages, request.tools
+            agent.messages, agent.tools, agent.so_far = request.messages, request.tools, None
             agent.answered = {"role": "assistant", "content": text or "", "tool_calls": _normal(calls)}
-            agent.calls += 1
             agent.tool_calls += len(calls)
             agent.tool_errors += errors
+        self._reply(agent, body)
+
+    def _answer_text(self, agent: _Agent, request: ChatRequest, action: str, turn) -> None:
+        """A completions call's answer: the sampled text; what the next call's prompt must start with is kept."""
+        body = answer_text(
+            request,
+            call_id=f"cmpl-{agent.url_key}-{agent.calls}",
+            prompt_ids=turn.prompt_ids,
+            token_ids=turn.output.token_ids,
+            logprobs=turn.output.logprobs,
+            text=action,
+            finish_reason=turn.output.finish_reason,
+            tokens=[self.tokenizer.decode([t]) for t in turn.output.token_ids] if request.logprobs else [],
+        )
+        prompt = request.prompt
+        so_far = turn.prompt_ids + turn.output.token_ids, prompt + action if isinstance(prompt, str) else None
+        with self._lock:
+            agent.messages, agent.tools, agent.so_far, agent.answered = [], None, so_far, None
+        self._reply(agent, body)
+
+    def _reply(self, agent: _Agent, body: dict[str, Any]) -> None:
+        with self._lock:
+            agent.calls += 1
             agent.deadline = time.monotonic() + self.timeout_s
             reply, agent.reply, agent.request = agent.reply, None, None
             outcome, agent.outcome = agent.outcome, None
+        assert reply is not None  # a turn answers a pending call
         self.server.loop.call_soon_threadsafe(_resolve, reply, (200, body))
         if outcome is not None:  # it ended (a concurrent call failed) while this one was being answered
             self._events.put(outcome)
@@ -242,11 +283,11 @@ class AgentPool:
         result = await asyncio.get_running_loop().run_in_executor(self._threads, plain)
         return await result if inspect.isawaitable(result) else result
 
-    async def _handle(self, agent: _Agent, body: Any) -> tuple[int, dict[str, Any]]:
+    async def _handle(self, agent: _Agent, body: Any, kind: str = "chat") -> tuple[int, dict[str, Any]]:
         if agent.ended:
             return 400, error_body(f"{agent.where}: the trajectory has ended")
         try:
-            request = read_request(body)
+            request = read_request(body) if kind == "chat" else read_completion_request(body)
         except RequestError as err:
             return 400, error_body(f"{agent.where} call {agent.calls + 1}: {err}")
         self._warn_overridden(request)
@@ -260,16 +301,27 @@ class AgentPool:
         return await reply
 
     def _event(self, agent: _Agent, request: ChatRequest) -> tuple[Hashable, str, Any]:
-        """The first call: what reset answers. A later one: a step whose observation is what it appends."""
-        if agent.messages is None:
-            return agent.key, "ok", (request.messages, (), request.tools)
-        assert agent.answered is not None  # set with messages
-        kept, new = request.messages[: len(agent.messages)], request.messages[len(agent.messages) :]
-        extends = (
-            kept == agent.messages and bool(new) and same_reply(new[0], agent.answered) and request.tools == agent.tools
-        )
+        """The first call: what reset answers. A later one: a step whose observation is what it appends (a chat
+        call: its messages after the one it was answered with; a completions call: its prompt's text or ids after
+        the last prompt and the answer)."""
+        if agent.calls == 0:
+            first = request.messages if request.prompt is None else _raw(request.prompt)
+            return agent.key, "ok", (first, (), request.tools)
         info = {"tool_calls": agent.tool_calls, "tool_errors": agent.tool_errors}
         agent.tool_calls = agent.tool_errors = 0
+        if request.prompt is not None:
+            delta = _text_delta(agent.so_far, request.prompt)
+            if delta is not None:
+                return agent.key, "ok", Step(delta, 0.0, False, info)
+            return agent.key, "ok", Step(_raw(request.prompt), 0.0, False, {**info, "rebuilt": True, "tools": None})
+        kept, new = request.messages[: len(agent.messages or [])], request.messages[len(agent.messages or []) :]
+        extends = (
+            agent.answered is not None  # the last call was a chat call
+            and kept == agent.messages
+            and bool(new)
+            and same_reply(new[0], agent.answered)
+            and request.tools == agent.tools
+        )
         if extends:
             return agent.key, "ok", Step(new[1:], 0.0, False, info)
         return agent.key, "ok", Step(request.messages, 0.0, False, {**info, "rebuilt": True, "tools": request.tools})
@@ -280,7 +332,7 @@ class AgentPool:
         error = run.exception()
         if error is not None:
             event = (agent.key, "error", f"the agent raised {_described(error)}")  # the driver names the sample
-        elif agent.messages is None and agent.request is None:
+        elif agent.calls == 0 and agent.request is None:
             event = (agent.key, "env_error", "the agent returned before its first model call")
         else:
             event = self._final(agent, run.result())
@@ -357,3 +409,18 @@ def _described(error: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "site-packages" not in f.filename]
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(error).__name__}: {error}{where}"
+
+
+def _raw(prompt: str | list[int]) -> RawText:
+    return RawText(text=prompt) if isinstance(prompt, str) else RawText(ids=list(prompt))
+
+
+def _text_delta(so_far: tuple[list[int], str | None] | None, prompt: str | list[int]) -> RawText | None:
+    """What a completions prompt appends to the last prompt and its answer (ids to their ids, text to their text),
+    or None when it does not extend them (after a chat call, another text, text after an ids prompt)."""
+    if so_far is None:
+        return None
+    ids, text = so_far
+    if isinstance(prompt, str):
+        return RawText(text=prompt[len(text) :]) if text is not None and prompt.startswith(text) else None
+    return RawText(ids=list(prompt[len(ids) :])) if prompt[: len(ids)] == ids else None

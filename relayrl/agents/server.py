@@ -26,12 +26,13 @@ from typing import Any
 
 from relayrl.agents.chat import error_body
 
-Handler = Callable[[str, Any], Awaitable[tuple[int, dict[str, Any]]]]
+Handler = Callable[[str, Any, str], Awaitable[tuple[int, dict[str, Any]]]]  # (key, body, "chat" | "completions")
 START_TIMEOUT_S = 30.0
 
 
 class AgentServer:
-    """Serves `/t/{key}/v1/chat/completions` (and `/v1/models`) on loopback; `loop` runs the agents."""
+    """Serves `/t/{key}/v1/chat/completions`, `/v1/completions` (and `/v1/models`) on loopback; `loop` runs the
+    agents."""
 
     def __init__(self):
         import uvicorn
@@ -43,6 +44,7 @@ class AgentServer:
         app = Starlette(
             routes=[
                 Route("/t/{key}/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/t/{key}/v1/completions", self._completions, methods=["POST"]),
                 Route("/t/{key}/v1/models", self._models, methods=["GET"]),
                 Route("/t/{key}/v1/{rest:path}", self._not_served, methods=["GET", "POST"]),
             ]
@@ -83,6 +85,12 @@ class AgentServer:
         self.loop.run_until_complete(self._server.serve(sockets=[self._socket]))
 
     async def _chat(self, request):
+        return await self._call(request, "chat")
+
+    async def _completions(self, request):
+        return await self._call(request, "completions")
+
+    async def _call(self, request, kind: str):
         from starlette.responses import JSONResponse
 
         key = request.path_params["key"]
@@ -94,7 +102,7 @@ class AgentServer:
             body = json.loads(await request.body())
         except json.JSONDecodeError as err:
             return JSONResponse(error_body(f"the request body is not JSON: {err}"), 400)
-        status, payload = await handler(key, body)
+        status, payload = await handler(key, body, kind)
         return JSONResponse(payload, status)
 
     async def _models(self, request):
@@ -108,5 +116,8 @@ class AgentServer:
 
         path = request.path_params["rest"]
         return JSONResponse(
-            error_body(f"/v1/{path} is not served: the agents' endpoint serves /v1/chat/completions"), 404
+            error_body(
+                f"/v1/{path} is not served: the agents' endpoint serves /v1/chat/completions and /v1/completions"
+            ),
+            404,
         )

@@ -30,7 +30,17 @@ from typing import Any, Protocol
 
 from relayrl.errors import EnvError
 
-Observation = str | dict[str, Any] | list[dict[str, Any]] | None
+
+@dataclass
+class RawText:
+    """Tokens no chat template renders: a `/v1/completions` call's prompt (its text, or its token ids), or what a
+    later call appends after the sampled tokens (relayrl/agents/)."""
+
+    text: str = ""
+    ids: list[int] | None = None
+
+
+Observation = str | dict[str, Any] | list[dict[str, Any]] | RawText | None
 
 
 @dataclass

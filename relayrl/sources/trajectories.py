@@ -28,8 +28,8 @@ from collections import deque
 from dataclasses import replace
 from typing import Any
 
-from relayrl.data.chat import ChatCodec
-from relayrl.envs.base import Step, observation_messages
+from relayrl.data.chat import ChatCodec, Delta
+from relayrl.envs.base import RawText, Step, observation_messages
 from relayrl.envs.pool import KILLED
 from relayrl.errors import EnvError
 from relayrl.sources.trajectory import (
@@ -138,19 +138,28 @@ class MultiTurnDriver:
         if step.done or trajectory.turns >= self.env.max_turns:
             return self._finish(trajectory)
         assert step.observation is not None  # as_step allows None only with done=True
+        observed = step.observation
+        observed = observed if isinstance(observed, RawText) else observation_messages(observed)
         if step.info.get("rebuilt"):  # an agent's call that does not extend its earlier ones
-            return self._restart(trajectory, observation_messages(step.observation), step.info.get("tools"))
-        self._observe(trajectory, observation_messages(step.observation))
+            return self._restart(trajectory, observed, step.info.get("tools"))
+        self._observe(trajectory, observed)
 
-    def _begin(self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: list | None) -> None:
-        """The sample's first prompt, rendered from `messages` (with the tools an agent offers)."""
-        text, ids = self.codec.first_prompt(messages, tools)
-        self._check_known(trajectory, ids, "".join(m["content"] for m in messages))
+    def _begin(self, trajectory: Trajectory, messages: list[dict[str, Any]] | RawText, tools: list | None) -> None:
+        """The sample's first prompt, rendered from `messages` (with the tools an agent offers), or an agent's
+        completions prompt as it is (its ids, or its text tokenised with the tokenizer's special tokens, as
+        vLLM's completions server does)."""
+        if isinstance(messages, RawText):
+            ids = messages.ids if messages.ids is not None else self.codec.tokenizer(messages.text)["input_ids"]
+            text, messages = (messages.text if messages.ids is None else self.codec.tokenizer.decode(ids)), []
+            self._check_known(trajectory, ids, text)
+        else:
+            text, ids = self.codec.first_prompt(messages, tools)
+            self._check_known(trajectory, ids, "".join(m["content"] for m in messages))
         p = trajectory.prompt
-        trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages)
+        trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages or None)
         trajectory.history, trajectory.tools, trajectory.segments = list(messages), tools, []
 
-    def _restart(self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: list | None) -> None:
+    def _restart(self, trajectory: Trajectory, messages: list[dict[str, Any]] | RawText, tools: list | None) -> None:
         """An agent's call that rewrote its earlier messages (or tools): its tokens cannot continue the sample's.
         env.tito=fork keeps the sample so far and starts a new one from this call; retokenize starts the new one
         and drops the old (its turns are now prompt); strict stops, naming the call."""
@@ -204,11 +213,16 @@ class MultiTurnDriver:
             return output
         return TurnOutput(ids[:low], output.logprobs[:low], output.versions[:low], "stop")
 
-    def _observe(self, trajectory: Trajectory, messages: list[dict[str, Any]]) -> None:
-        generated = trajectory.segments[-1].token_ids
-        delta = self.codec.observation(trajectory.history, generated, messages, trajectory.tools)
-        self._check_known(trajectory, delta.token_ids, "".join(m["content"] for m in messages))
-        trajectory.history.extend(messages)
+    def _observe(self, trajectory: Trajectory, messages: list[dict[str, Any]] | RawText) -> None:
+        if isinstance(messages, RawText):  # a completions call's new text (or ids) after the sampled tokens
+            ids = messages.ids if messages.ids is not None else self.codec.encode(messages.text)
+            delta = Delta(ids, True)
+            self._check_known(trajectory, ids, messages.text)
+        else:
+            generated = trajectory.segments[-1].token_ids
+            delta = self.codec.observation(trajectory.history, generated, messages, trajectory.tools)
+            self._check_known(trajectory, delta.token_ids, "".join(m["content"] for m in messages))
+            trajectory.history.extend(messages)
         if not delta.prefix_ok:
             self.stats["mismatch"] += 1
             if not self._rerender(trajectory, delta.full_text):

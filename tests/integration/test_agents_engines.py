@@ -1,5 +1,5 @@
 """An OpenAI-client agent against the real engines: vLLM in process (its request loop: a call joins the running
-batch) and HF generate (one batch per wave of calls). Every trained token is one the engine sampled for that
+batch) and HF generate (one batch per wave of calls), through chat completions and (HF) completions. Every trained token is one the engine sampled for that
 call, and the learner's log-probs of those tokens (the HF model, teacher-forced over the whole trajectory)
 equal the engine's behaviour log-probs within 1e-3: what the agent saw is what is trained."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from relayrl.types import Prompt, Sampling
 
-ENGINES = [pytest.param("vllm", marks=pytest.mark.vllm), "hf"]
+CASES = [pytest.param("vllm", "chat", marks=pytest.mark.vllm), ("hf", "chat"), ("hf", "completions")]
 RECORDS: dict[str, list] = {}  # each trajectory's replies, by its base URL
 
 
@@ -26,6 +26,23 @@ async def recording_agent(client, row):
     return 0.0
 
 
+async def text_agent(client, row):
+    """The same through /v1/completions: the prompt text grows by each reply and "="."""
+    prompt = row["prompt"]
+    for _ in range(3):
+        reply = await client.completions.create(model="m", prompt=prompt)
+        RECORDS.setdefault(str(client.base_url), []).append(reply)
+        prompt += reply.choices[0].text + "="
+    return 0.0
+
+
+def sent_and_sampled(reply) -> tuple[list[int], list[int]]:
+    """A reply's prompt ids and sampled ids (vLLM's extensions: the prompt's at the top for chat, in the choice for
+    completions)."""
+    choice = reply.choices[0].model_extra
+    return (reply.model_extra or {}).get("prompt_token_ids") or choice["prompt_token_ids"], choice["token_ids"]
+
+
 def learner_logprobs(model_dir, ids: list[int]) -> list[float]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -37,8 +54,8 @@ def learner_logprobs(model_dir, ids: list[int]) -> list[float]:
     return picked.tolist()
 
 
-@pytest.mark.parametrize("engine_name", ENGINES)
-def test_an_agents_calls_are_trained_token_for_token_as_the_engine_sampled_them(random_model_dir, engine_name):
+@pytest.mark.parametrize(("engine_name", "api"), CASES)
+def test_an_agents_calls_are_trained_token_for_token_as_the_engine_sampled_them(random_model_dir, engine_name, api):
     from relayrl.agents.pool import AgentPool
     from relayrl.agents.server import AgentServer
     from relayrl.config.env import EnvConfig
@@ -53,7 +70,7 @@ def test_an_agents_calls_are_trained_token_for_token_as_the_engine_sampled_them(
     codec = ChatCodec(tokenizer)
     group = LocalEngineGroup(build_engine(engine_name, str(random_model_dir), 96, 0))
     server = AgentServer()
-    spec = "tests.integration.test_agents_engines:recording_agent"
+    spec = f"tests.integration.test_agents_engines:{'recording_agent' if api == 'chat' else 'text_agent'}"
     pool = AgentPool(server, spec, {}, 8, 30.0, tokenizer)
     prompts = [Prompt(str(i), f"{i}+{i}=", tokenizer(f"{i}+{i}=")["input_ids"]) for i in range(4)]
     RECORDS.clear()
@@ -65,10 +82,7 @@ def test_an_agents_calls_are_trained_token_for_token_as_the_engine_sampled_them(
         pool.close()
         server.close()
     assert len(batch.rollouts) == 8 and batch.metrics["env/turns_mean"] == 3
-    records = [
-        [(r.model_extra["prompt_token_ids"], r.choices[0].model_extra["token_ids"]) for r in replies]
-        for replies in RECORDS.values()
-    ]
+    records = [[sent_and_sampled(r) for r in replies] for replies in RECORDS.values()]
     for rollout in batch.rollouts:
         ids = rollout.prompt.token_ids + rollout.response_ids
         trained = [i for i, m in enumerate(rollout.loss_mask or ()) if m]
