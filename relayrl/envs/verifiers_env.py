@@ -65,8 +65,9 @@ def _taskset_id(spec: str, key: str) -> str:
 
 @functools.cache
 def load(spec: str, config_json: str = "{}"):
-    """The verifiers `Env` that `env.fn=spec` with `env.kwargs` (as JSON) names, checked now, every agent seat
-    pinned to relayrl's harness."""
+    """The config of the verifiers environment that `env.fn=spec` with `env.kwargs` (as JSON) names, every agent
+    seat pinned to relayrl's harness, checked by building the environment once. Each episode builds its own
+    (`build`): an `Env` holds its serving resources while an episode runs, so concurrent episodes share none."""
     vf = _vf(f"env.fn={spec!r}")
     taskset_id = _taskset_id(spec, "env.fn")
     kwargs = json.loads(config_json)
@@ -99,6 +100,13 @@ def load(spec: str, config_json: str = "{}"):
     local = {"harness": ChatHarnessConfig.model_validate({"id": HARNESS_ID}), "runtime": SubprocessConfig()}
     pinned = {seat: seats[seat].model_copy(update=local)}
     config = config.model_copy(update={**pinned, "interception": _interception_config()})
+    build(spec, config)
+    return config
+
+
+def build(spec: str, config):
+    import verifiers.v1 as vf
+
     try:
         return vf.load_environment(config)
     except Exception as err:  # noqa: BLE001 - whatever the taskset's or env's constructor raises
@@ -127,7 +135,7 @@ async def episode(client, row: dict[str, Any], spec: str, config: dict[str, Any]
     from verifiers.v1.clients import ModelContext
     from verifiers.v1.configs.client import EvalClientConfig
 
-    env = load(spec, json.dumps(config, sort_keys=True))
+    env = build(spec, load(spec, json.dumps(config, sort_keys=True)))
     task = row_task(env, row, spec)
     # api_key_var names an unset variable: the key is "EMPTY" (the endpoint takes any), and verifiers' Prime
     # defaults (its own inference URL, a ~/.prime key) stay out of it.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -146,10 +147,10 @@ def test_env_kwargs_and_data_options_are_checked_by_the_envs_own_config(tmp_path
 
 
 def test_a_row_that_is_not_the_tasks_data_is_named(monkeypatch):
-    from relayrl.envs.verifiers_env import load, row_task
+    from relayrl.envs.verifiers_env import build, load, row_task
 
     monkeypatch.syspath_prepend(str(EXAMPLE))
-    env = load("verifiers:arith-retry")
+    env = build("verifiers:arith-retry", load("verifiers:arith-retry"))
     task = row_task(env, {"prompt": "1+2=", "answer": "3", "other": 1}, "verifiers:arith-retry")  # a jsonl row
     assert (task.data.prompt, task.data.answer) == ("1+2=", "3")
     with pytest.raises(EnvError, match=r"row id 7 does not validate as ArithData.*answer"):
@@ -169,3 +170,15 @@ def test_without_verifiers_installed_each_spec_says_how_to_install_it(monkeypatc
         verifiers_env.check("verifiers:arith-retry", {})
     with pytest.raises(DataError, match=r"needs the verifiers package"):
         open_rows("verifiers:arith-retry", check_row)
+
+
+def test_the_examples_env_config_loads(monkeypatch):
+    from relayrl.config import load_config
+    from relayrl.envs.verifiers_env import check
+
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # model.path: the demo's warm start is not there in CI
+        config = load_config(str(EXAMPLE / "config.yaml"))
+    check(config.env.fn, config.env.kwargs)
+    assert config.data.train.startswith("verifiers:arith-retry?")
