@@ -51,11 +51,11 @@ def _vf(what: str, error: type[Exception] = EnvError):
     return vf
 
 
-def _taskset_id(spec: str, key: str) -> str:
-    name = spec.removeprefix(PREFIX).partition("?")[0]
+def _taskset_id(spec: str) -> str:
+    name = spec.removeprefix(PREFIX)
     if not name:
-        raise (EnvError if key == "env.fn" else DataError)(
-            f"{key}={spec!r}: name an installed verifiers taskset after '{PREFIX}' (e.g. verifiers:arith-retry)"
+        raise EnvError(
+            f"env.fn={spec!r}: name an installed verifiers taskset after '{PREFIX}' (e.g. verifiers:arith-retry)"
         )
     return name
 
@@ -69,7 +69,7 @@ def load(spec: str, config_json: str = "{}"):
     seat pinned to relayrl's harness, checked by building the environment once. Each episode builds its own
     (`build`): an `Env` holds its serving resources while an episode runs, so concurrent episodes share none."""
     vf = _vf(f"env.fn={spec!r}")
-    taskset_id = _taskset_id(spec, "env.fn")
+    taskset_id = _taskset_id(spec)
     kwargs = json.loads(config_json)
     if "taskset" in kwargs and not isinstance(kwargs["taskset"], dict):
         raise EnvError(
@@ -146,9 +146,12 @@ async def episode(client, row: dict[str, Any], spec: str, config: dict[str, Any]
     if errors:
         first = errors[0]
         raise EnvError(f"env.fn={spec!r}: the episode failed: {first.type}: {first.message}")
+    if len(result.traces) != 1:
+        raise EnvError(f"env.fn={spec!r}: the episode ran its agent {len(result.traces)} times; relayrl trains one run")
     (trace,) = result.traces
-    reward = trace.reward
-    return {"reward": reward, "success": reward > 0}
+    if not trace.rewards:
+        raise EnvError(f"env.fn={spec!r}: the episode records no reward (its task has no @vf.reward and no judge)")
+    return {"reward": trace.reward, "success": trace.reward > 0}
 
 
 def row_task(env, row: dict[str, Any], spec: str):

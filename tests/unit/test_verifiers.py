@@ -105,6 +105,14 @@ def test_a_rubric_that_raises_is_counted_as_an_error_never_a_silent_zero(tmp_pat
     assert row["env/errors"] == row["env/trajectories"] == 4
 
 
+def test_a_task_without_a_reward_is_an_error_not_a_zero(tmp_path, random_model_dir, monkeypatch):
+    spec = probe(tmp_path, monkeypatch, "vf_probe_unrewarded", "return 1.0")
+    module = tmp_path / "vf_probe_unrewarded.py"
+    module.write_text(module.read_text().replace("@vf.reward", "@vf.metric"))  # a metric only: no reward
+    with pytest.raises(EnvError, match="records no reward"):
+        run(tmp_path, random_model_dir, spec, spec)
+
+
 def test_an_unknown_taskset_is_named(tmp_path):
     from relayrl.data.rows import open_rows
     from relayrl.data.source import check_row
