@@ -11,11 +11,10 @@ are the rubric) and optionally an `Env` subclass (the multi-turn hook: `run(task
   `env.kwargs` is the environment's config (verifiers' `[env]` table, validated by verifiers: `{feedback: "+",
   taskset: {task: {gamma: 0.5}}}`); its `taskset.id` is TASKSET. An episode that records an error (a rubric
   that raises, a hook that fails) ends its trajectory as an agent that raised does (`env.on_error`), never a 0.
-- `data.train: verifiers:TASKSET?key=value&...` (and `data.eval`) is the taskset's tasks as rows, the options its
-  taskset config's fields (each value read as YAML, as reasoning_gym's are). A row carries its task's wire data
-  (`verifiers_task`, from which the trajectory rebuilds the `Task`), the prompt (`prompt`, or `messages` with the
-  system prompt), and the task's other fields as columns (`answer`...), so a `reward.fn` can read them too. A row
-  of another file (`{prompt, answer}`) works as well: its columns are validated as the task's data.
+- `data.train: verifiers:TASKSET?key=value&...` (and `data.eval`) is the taskset's tasks as rows
+  (relayrl/data/verifiers_tasks.py); each carries its task's wire data (`verifiers_task`), from which the
+  trajectory rebuilds the `Task` (`row_task`). A row of another file (`{prompt, answer}`) works as well: its
+  columns are validated as the task's data.
 
 Every agent seat is played by relayrl's harness (`relayrl-chat`, relayrl/envs/verifiers_harness.py): a tool-less
 chat loop run in this process, one call per segment, through verifiers' interception server. verifiers' own harness programs (bash,
@@ -30,22 +29,17 @@ import functools
 import json
 from typing import Any
 
-from relayrl.errors import DataError, EnvError
+from relayrl.data.verifiers_tasks import INSTALL, PREFIX, one_line
+from relayrl.errors import EnvError
 
-PREFIX = "verifiers:"
-INSTALL = "pip install --no-deps -r requirements/cpu.lock (or the `verifiers` extra: pip install 'relayrl[verifiers]')"
 MODEL = "policy"  # the model name the calls carry (the endpoint serves the run's policy whatever the name)
 
 
-def is_spec(spec: object) -> bool:
-    return isinstance(spec, str) and spec.startswith(PREFIX)
-
-
-def _vf(what: str, error: type[Exception] = EnvError):
+def _vf(what: str):
     try:
         import verifiers.v1 as vf
     except ImportError:
-        raise error(f"{what} needs the verifiers package, which is not installed: {INSTALL}") from None
+        raise EnvError(f"{what} needs the verifiers package, which is not installed: {INSTALL}") from None
     import relayrl.envs.verifiers_harness  # noqa: F401 - registers the `relayrl-chat` harness with verifiers
 
     return vf
@@ -83,7 +77,7 @@ def load(spec: str, config_json: str = "{}"):
     try:
         config = vf.resolve_env_config(data)
     except Exception as err:  # noqa: BLE001 - ModuleNotFoundError (no such taskset), pydantic's ValidationError, ...
-        raise EnvError(f"env.fn={spec!r}: {_message(err)}") from None
+        raise EnvError(f"env.fn={spec!r}: {one_line(err)}") from None
     from verifiers.v1.configs.agent import agent_config_fields
     from verifiers.v1.runtimes import SubprocessConfig
 
@@ -110,18 +104,13 @@ def build(spec: str, config):
     try:
         return vf.load_environment(config)
     except Exception as err:  # noqa: BLE001 - whatever the taskset's or env's constructor raises
-        raise EnvError(f"env.fn={spec!r}: verifiers cannot build the environment: {_message(err)}") from None
+        raise EnvError(f"env.fn={spec!r}: verifiers cannot build the environment: {one_line(err)}") from None
 
 
 def _interception_config():
     from verifiers.v1.interception import InterceptionServerConfig
 
     return InterceptionServerConfig()  # one loopback server per episode (the default pool is for remote runtimes)
-
-
-def _message(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {' '.join(line.strip() for line in text)}" if text else type(err).__name__
 
 
 def check(spec: str, kwargs: dict[str, Any]) -> None:
@@ -168,49 +157,5 @@ def row_task(env, row: dict[str, Any], spec: str):
         data = data_cls.model_validate(fields)
     except Exception as err:  # noqa: BLE001 - pydantic's ValidationError, named with the row
         name = f"row id {row['id']!r}" if row.get("id") is not None else "a row"
-        raise EnvError(f"env.fn={spec!r}: {name} does not validate as {data_cls.__name__}: {_message(err)}") from None
+        raise EnvError(f"env.fn={spec!r}: {name} does not validate as {data_cls.__name__}: {one_line(err)}") from None
     return task_cls(data, env.taskset.config.task)
-
-
-# ---------------------------------------------------------------------------- the dataset
-
-
-class VerifiersRows:
-    """A taskset's tasks as prompt rows, in the shape relayrl/data/rows.py's readers have (`len`, `read`, `path`)."""
-
-    def __init__(self, spec: str):
-        from relayrl.data.reasoning_gym import parse_spec
-
-        vf = _vf(repr(spec), DataError)
-        self.path = spec
-        name, options = parse_spec(spec, PREFIX)
-        try:
-            from verifiers.v1.utils.loaders import load_taskset, taskset_config_type
-
-            taskset = load_taskset(taskset_config_type(name).model_validate({**options, "id": name}))
-            if not taskset.bounded:
-                raise DataError(f"{spec!r}: the taskset is infinite (INFINITE); give a finite one as data")
-            self.tasks = list(taskset)
-        except DataError:
-            raise
-        except Exception as err:  # noqa: BLE001 - no such taskset, options its config refuses, its load() raising
-            raise DataError(f"{spec!r}: {_message(err)}") from None
-        del vf
-
-    def __len__(self) -> int:
-        return len(self.tasks)
-
-    def read(self, i: int) -> tuple[str, dict[str, Any]]:
-        data = self.tasks[int(i)].data
-        wire = data.model_dump(mode="json", exclude_none=True)
-        row: dict[str, Any] = {"verifiers_task": wire}
-        if isinstance(data.prompt, str) and not data.system_prompt:
-            row["prompt"] = data.prompt
-        else:
-            system = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
-            prompt = wire.get("prompt", [])
-            row["messages"] = system + ([{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
-        for key, value in data.model_dump(mode="json", exclude_defaults=True).items():  # answer, ...: columns
-            if key not in ("prompt", "system_prompt", "idx"):
-                row.setdefault(key, value)
-        return f"{self.path}:row {i}", row

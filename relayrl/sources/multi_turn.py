@@ -32,6 +32,7 @@ from typing import Any
 from relayrl.algorithms.advantages import TOKEN_LEVEL
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
+from relayrl.data.verifiers_tasks import is_spec as is_verifiers_spec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
 from relayrl.sources.single_turn import RolloutSource
@@ -58,10 +59,6 @@ def agent_context(config, max_len: int) -> int:
     from relayrl.models.loading import context_length
 
     return max(max_len, context_length(config.model.path) or max_len)
-
-
-def is_verifiers_spec(fn: str) -> bool:
-    return fn.startswith("verifiers:")
 
 
 def agent_of(env: EnvConfig) -> tuple[str, dict[str, Any]] | None:
