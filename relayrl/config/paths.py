@@ -15,8 +15,9 @@ The rule (the field descriptions and `docs/config.md` state it too):
   and made absolute against it when set (log.dir's default, `runs/default`, stays as the default is), so the
   printed and saved config says where the run writes. A relative log.dir that leads outside the working directory (`../../runs/x`) draws a warning naming
   the key and the absolute path.
-- A `data.train`/`data.eval` of the form `reasoning_gym:TASK...` names a generated dataset, an `env.fn` of the form
-  `skyrl_gym:ID` or `gymnasium:ID` an installed package's environment: each stays as written.
+- A `data.train`/`data.eval` of the form `reasoning_gym:TASK...` or `verifiers:TASKSET...` names a generated dataset,
+  an `env.fn` of the form `skyrl_gym:ID`, `gymnasium:ID` or `verifiers:TASKSET` an installed package's environment:
+  each stays as written.
 - Relative input paths are made absolute when the config is loaded, so the resolved config a run saves
   (`<log.dir>/config.yaml`) re-runs from any directory, writing where the run wrote. An input path found in none of its directories is
   taken against the working directory and draws a warning naming every directory looked in; a reward file
@@ -35,10 +36,13 @@ from relayrl.config.warn import warn
 from relayrl.errors import ConfigError
 
 INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
-DATA_SPECS = ("reasoning_gym:",)  # data.train/eval values that name a generated dataset, not a file (never resolved)
+DATA_SPECS = (
+    "reasoning_gym:",
+    "verifiers:",
+)  # data.train/eval values that name a generated dataset, not a file (never resolved)
 # env.fn values naming an installed package's environment (relayrl/envs/ecosystem.py), never a module to resolve
-ENV_SPECS = ("skyrl_gym:", "gymnasium:")
-TRL_SPEC = "trl:"
+ENV_SPECS = ("skyrl_gym:", "gymnasium:", "verifiers:")
+TRL_SPEC = "trl:"  # trl:module:Class or trl:path/file.py:Class: the rest is resolved as any spec
 PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn", "env.agent")
 OUTPUT_PATHS = ("log.dir", "sync.directory")  # against the working directory, whoever sets them
 MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords

@@ -39,8 +39,8 @@ class DataConfig(Section):
     train: str = Field(
         default="",
         description="Training prompts: a .jsonl or .parquet file, or a `datasets` save_to_disk directory, with "
-        "`prompt` or `messages`; or `reasoning_gym:TASK?size=N&seed=S&option=value` (docs/ecosystem.md). "
-        + INPUT_PATH_RULE,
+        "`prompt` or `messages`; or `reasoning_gym:TASK?size=N&seed=S&option=value`, or a verifiers taskset's "
+        "tasks, `verifiers:TASKSET?option=value` (docs/ecosystem.md). " + INPUT_PATH_RULE,
     )
     eval: str | None = Field(
         default=None,

@@ -50,13 +50,15 @@ def _reasoning_gym(what: str, error: type[Exception] = DataError):
     return reasoning_gym
 
 
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """`reasoning_gym:TASK?k=v&k2=v2` -> (TASK, {k: v, k2: v2}), the values read as YAML scalars or lists."""
+def parse_spec(spec: str, prefix: str = PREFIX) -> tuple[str, dict[str, Any]]:
+    """`reasoning_gym:TASK?k=v&k2=v2` -> (TASK, {k: v, k2: v2}), the values read as YAML scalars or lists (also
+    `verifiers:TASKSET?...`'s, with its `prefix`)."""
     import yaml
 
-    task, _, query = spec.removeprefix(PREFIX).partition("?")
+    task, _, query = spec.removeprefix(prefix).partition("?")
     if not task:
-        raise DataError(f"{spec!r}: name a task after '{PREFIX}' (e.g. reasoning_gym:chain_sum?size=1000&seed=0)")
+        example = "reasoning_gym:chain_sum?size=1000&seed=0" if prefix == PREFIX else f"{prefix}NAME?option=value"
+        raise DataError(f"{spec!r}: name a task after '{prefix}' (e.g. {example})")
     options: dict[str, Any] = {}
     for pair in filter(None, query.split("&")):
         key, equals, value = pair.partition("=")

@@ -144,10 +144,18 @@ def _load_from_disk(path: Path):
 def open_rows(
     path: str | Path, check: Callable[[str, dict[str, Any]], None], prompt_key: str = "prompt"
 ) -> CheckedRows:
-    """The rows of a prompt file or `datasets` directory (or a `reasoning_gym:TASK` spec, relayrl/data/reasoning_gym.py);
+    """The rows of a prompt file or `datasets` directory (or a `reasoning_gym:TASK` spec, relayrl/data/reasoning_gym.py,
+    or a `verifiers:TASKSET` one, relayrl/data/verifiers_tasks.py);
     each is checked by `check` when it is read, its prompt read from the `prompt_key` column (`data.prompt_key`)."""
     if is_spec(path):
         return CheckedRows(ReasoningGymRows(str(path)), check, prompt_key)  # a key it lacks: named, not ignored
+    if isinstance(path, str) and path.startswith("verifiers:"):  # a verifiers taskset's tasks
+        from relayrl.data.verifiers_tasks import VerifiersRows
+
+        rows = VerifiersRows(path)
+        if not len(rows):
+            raise DataError(f"{path}: the taskset has no tasks")
+        return CheckedRows(rows, check, prompt_key)
     path = Path(path)
     if path.is_dir():
         rows = ArrowRows(path)

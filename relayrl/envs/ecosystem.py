@@ -20,7 +20,8 @@
 
 Each spec gives a class bound to its id (`ecosystem_class`), checked when it is loaded, so the environment
 workers (relayrl/envs/pool.py) load it by spec and build it with `env.kwargs` as any class. Left out: skyrl-gym's
-tool groups beyond what its environments run themselves, gymnasium's non-text spaces, verifiers and TextArena.
+tool groups beyond what its environments run themselves, gymnasium's non-text spaces, TextArena (verifiers'
+environments are relayrl/envs/verifiers_env.py's).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from typing import Any
 from relayrl.algorithms.advantages import TOKEN_LEVEL
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
+from relayrl.data.verifiers_tasks import is_spec as is_verifiers_spec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
 from relayrl.sources.single_turn import RolloutSource
@@ -53,11 +54,22 @@ def agent_context(config, max_len: int) -> int:
     """The engines' context: `max_len` (the longest data prompt plus the trajectory budget), or under env.agent the
     model's whole context when it states one: an agent renders its own prompts (a tools block, a system turn), so
     a call's prompt may be longer than the data's. The driver keeps every call within it."""
-    if not config.env.agent:
+    if agent_of(config.env) is None:
         return max_len
     from relayrl.models.loading import context_length
 
     return max(max_len, context_length(config.model.path) or max_len)
+
+
+def agent_of(env: EnvConfig) -> tuple[str, dict[str, Any]] | None:
+    """The agent function (spec, kwargs) that answers each trajectory: env.agent's, or the built-in one that runs a
+    verifiers environment's episodes (env.fn verifiers:TASKSET, relayrl/envs/verifiers_env.py); None for an env.fn
+    environment class."""
+    if env.agent:
+        return env.agent, env.kwargs
+    if is_verifiers_spec(env.fn):
+        return "relayrl.envs.verifiers_env:episode", {"spec": env.fn, "config": env.kwargs}
+    return None
 
 
 def check_env(config, longest_prompt: int | None = None) -> None:
@@ -84,6 +96,10 @@ def check_env(config, longest_prompt: int | None = None) -> None:
 
         load_agent(config.env.agent)
         check_parsers(config.env.tool_parser, config.env.reasoning_parser)
+    elif is_verifiers_spec(config.env.fn):
+        from relayrl.envs.verifiers_env import check
+
+        check(config.env.fn, config.env.kwargs)
     else:
         from relayrl.envs.base import load_env_class
 
@@ -253,7 +269,8 @@ class MultiTurnSource(RolloutSource):
     def _pool(self, tokenizer):
         """A lane's environment workers, or (env.agent) its agents on the run's endpoint (started with the first)."""
         env = self.env
-        if not env.agent:
+        agent = agent_of(env)
+        if agent is None:
             return EnvPool(env.fn, env.kwargs, env.max_inflight, env.timeout_s)
         from relayrl.agents.pool import AgentPool, RunSampling
         from relayrl.agents.server import AgentServer
@@ -265,8 +282,7 @@ class MultiTurnSource(RolloutSource):
             self._server, self._run_sampling = AgentServer(), RunSampling(values)
         return AgentPool(
             self._server,
-            env.agent,
-            env.kwargs,
+            *agent,
             env.max_inflight,
             env.timeout_s,
             tokenizer,
