@@ -1,5 +1,5 @@
-"""TRL's `environment_factory` environments, unchanged, as relayrl agents: `env.agent: trl:module:Factory` (or
-`trl:path/file.py:Factory`).
+"""TRL's `environment_factory` environments, unchanged, as relayrl agents: `env.fn: trl:module:Factory` (or
+`trl:path/file.py:Factory`; `env.agent` takes the same spec).
 
 TRL 1.16's contract (trl/trainer/grpo_trainer.py, `environment_factory`), kept as it is:
 - the factory (usually the class) is called with no argument (here: with `env.kwargs`) for one instance per
@@ -11,7 +11,8 @@ TRL 1.16's contract (trl/trainer/grpo_trainer.py, `environment_factory`), kept a
   environment loads, naming it), called with the model's arguments; a call that raises comes back as
   `{'error': '...'}` (TRL's wording), an unknown tool likewise;
 - the model is called until a reply has no tool call; then `get_reward()` (sync or async), when defined, is the
-  trajectory's reward, else 0 (a `reward.fn` set as well is added to it, as for every multi-turn run).
+  trajectory's reward, else 0 (a `reward.fn` set as well is added to it, as for every multi-turn run; with neither,
+  the run is refused before it starts: every reward would be 0).
 
 What relayrl does around it: the calls go through the rollout endpoint (relayrl/agents/), so the chat template
 renders the tools, `env.tool_parser` (vLLM's parsers) reads the calls, and every trained token is one the engine

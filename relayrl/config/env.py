@@ -19,7 +19,8 @@ class EnvConfig(Section):
         default="",
         description="Environment class: a built-in (retry, calculator, code_feedback), `skyrl_gym:ENV_ID`, "
         "`gymnasium:ENV_ID` (a text game), `verifiers:TASKSET` (a verifiers environment, its episodes run on the "
-        "run's endpoint; docs/ecosystem.md), `module:Class` or `path/file.py:Class`, one instance per trajectory; "
+        "run's endpoint; docs/ecosystem.md), `trl:module:Class` (a TRL environment_factory class, docs/agents.md), "
+        "`module:Class` or `path/file.py:Class`, one instance per trajectory; "
         "'' = single-turn rollouts (unless env.agent is set). Resolved as reward.fn.",
     )
     agent: str = Field(

@@ -61,12 +61,19 @@ def agent_context(config, max_len: int) -> int:
     return max(max_len, context_length(config.model.path) or max_len)
 
 
+def is_trl_spec(fn: str) -> bool:
+    return fn.startswith("trl:")
+
+
 def agent_of(env: EnvConfig) -> tuple[str, dict[str, Any]] | None:
-    """The agent function (spec, kwargs) that answers each trajectory: env.agent's, or the built-in one that runs a
-    verifiers environment's episodes (env.fn verifiers:TASKSET, relayrl/envs/verifiers_env.py); None for an env.fn
-    environment class."""
+    """The agent function (spec, kwargs) that answers each trajectory: env.agent's, the tool loop that runs a TRL
+    environment_factory class (env.fn or env.agent trl:module:Class, relayrl/agents/trl_env.py), or the built-in one
+    that runs a verifiers environment's episodes (env.fn verifiers:TASKSET, relayrl/envs/verifiers_env.py); None for
+    an env.fn environment class."""
     if env.agent:
         return env.agent, env.kwargs
+    if is_trl_spec(env.fn):
+        return env.fn, env.kwargs
     if is_verifiers_spec(env.fn):
         return "relayrl.envs.verifiers_env:episode", {"spec": env.fn, "config": env.kwargs}
     return None
@@ -90,12 +97,18 @@ def check_env(config, longest_prompt: int | None = None) -> None:
             f"env.reward={config.env.reward} has no effect with algorithm.advantage={config.algorithm.advantage}: "
             "each turn's reward sits on its own last token, discounted per token by algorithm.gamma"
         )
-    if config.env.agent:
+    agent = agent_of(config.env)
+    if agent is not None and not is_verifiers_spec(config.env.fn):
         from relayrl.agents.pool import load_agent
         from relayrl.rollout.tool_calls import check_parsers
 
-        load_agent(config.env.agent)
+        function = load_agent(agent[0])
         check_parsers(config.env.tool_parser, config.env.reasoning_parser)
+        if getattr(function, "scores", True) is False and not config.reward.model_fields_set & {"fn", "components"}:
+            raise ConfigError(
+                f"{spec}: the environment has no get_reward and no reward.fn is set, so every trajectory would "
+                "score 0; define get_reward on the class (TRL's way) or set reward.fn"
+            )
     elif is_verifiers_spec(config.env.fn):
         from relayrl.envs.verifiers_env import check
 

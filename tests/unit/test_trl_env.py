@@ -171,3 +171,18 @@ def test_a_trl_spec_with_a_file_is_resolved_against_the_config_file(tmp_path):
     config = load_config(tmp_path / "run.yaml", [])
     assert config.env.agent == f"trl:{tmp_path / 'envs.py'}:Env"
     assert load_agent(config.env.agent).__name__ == f"trl_environment[{tmp_path / 'envs.py'}:Env]"
+
+
+def test_env_fn_takes_the_trl_spec_too_and_a_class_without_get_reward_needs_a_reward_fn(tmp_path):
+    from relayrl.config import load_config
+    from relayrl.errors import ConfigError
+    from relayrl.sources.multi_turn import agent_of, check_env
+
+    config = load_config(None, [f"env.fn=trl:{HERE}:Calculator", "env.kwargs.bonus=0.5"])
+    spec, kwargs = agent_of(config.env) or ("", {})
+    assert spec.startswith("trl:") and spec.endswith("test_trl_env.py:Calculator") and kwargs == {"bonus": 0.5}
+    check_env(config)  # get_reward scores: no reward.fn needed
+    quiet = load_config(None, [f"env.fn=trl:{HERE}:NoReward"])
+    with pytest.raises(ConfigError, match=r"has no get_reward and no reward.fn is set, so every trajectory would"):
+        check_env(quiet)
+    check_env(load_config(None, [f"env.fn=trl:{HERE}:NoReward", "reward.fn=exact_match"]))
