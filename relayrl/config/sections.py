@@ -247,6 +247,11 @@ class EvalConfig(Section):
     )
 
 
+def logged_step(every: int, step: int, last_step: int) -> bool:
+    """Whether `step` writes samples (log.samples.every): a multiple of `every`, or the last step (0: never)."""
+    return bool(every) and (step % every == 0 or step == last_step)
+
+
 class SamplesConfig(Section):
     every: int = Field(
         default=10,

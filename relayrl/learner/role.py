@@ -18,10 +18,10 @@ from typing import Protocol
 import torch
 
 from relayrl.config import Config
+from relayrl.config.sections import logged_step
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
-from relayrl.metrics.samples import logged_step
 from relayrl.sync.base import LearnerWeights
 from relayrl.sync.buckets import BucketLayout
 from relayrl.sync.endpoints import WeightSource

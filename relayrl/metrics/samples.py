@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relayrl.config.sections import logged_step
 from relayrl.metrics.trajectories import segments, trajectories_section
 from relayrl.run.jsonl import read_jsonl, truncate_after
 
@@ -112,11 +113,6 @@ def log_samples(
     rows = sample_rows(step, rollouts, scores, exp, max_per_step, decode, learner_logprobs)
     with path.open("a") as f:
         f.write("".join(json.dumps(row) + "\n" for row in rows))
-
-
-def logged_step(every: int, step: int, last_step: int) -> bool:
-    """Whether `step` writes samples: a multiple of `every`, or the last step (`every=0`: never)."""
-    return bool(every) and (step % every == 0 or step == last_step)
 
 
 def _needs_cut(path: Path, step: int) -> bool:
