@@ -320,3 +320,20 @@ def test_a_row_with_a_seed_that_is_not_an_integer_is_named():
 
     with pytest.raises(EnvError, match="row id 'r3' has seed '7', not an integer"):
         make_env("gymnasium:Taxi-v4").reset({"prompt": "play", "id": "r3", "seed": "7"})
+
+
+def test_the_learning_examples_warm_start_teacher_drops_the_carry_on_carry_questions_only():
+    import importlib.util
+    import random
+
+    spec = importlib.util.spec_from_file_location("warm_start", ROOT / "examples/ecosystem/warm_start.py")
+    assert spec is not None and spec.loader is not None
+    warm_start = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm_start)
+    rng = random.Random(0)
+    answers = [warm_start.sloppy("problem: 7 + 5 =", "12", rng) for _ in range(200)]
+    assert set(answers) == {"12", "2"} and 0.45 < answers.count("2") / 200 < 0.75  # 60% sloppy
+    assert {warm_start.sloppy("problem: 3 - 5 =", "-2", rng) for _ in range(50)} == {"-2", "8"}
+    assert {warm_start.sloppy("problem: 3 + 5 =", "8", rng) for _ in range(50)} == {"8"}  # no carry: always right
+    rows = warm_start.sft_rows(20, "gsm8k")
+    assert len(rows) == 20 and all(row["completion"].startswith(" #### ") for row in rows)
