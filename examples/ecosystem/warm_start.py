@@ -1,0 +1,68 @@
+"""A warm start that RL can improve, for the reasoning-gym and skyrl-gym examples' learning runs.
+
+A tiny model is trained (`relayrl sft`) on reasoning-gym's own `chain_sum` questions (two one-digit terms,
+`+` and `-`), answered by a sloppy teacher: on 60% of the questions whose ones digits carry or borrow, the teacher
+drops the carry (7 + 5 -> 2, 3 - 5 -> 8). Greedy decoding of the warm model then often gives the sloppy
+answer; the task's own scorer (reasoning-gym) or environment (skyrl-gym's gsm8k_multi_turn, answers after `#### `)
+rewards the right one, and RL finds it among the samples. The SFT rows use seed 100, the RL and held-out rows the
+examples' seeds 0 and 1; with one-digit terms there are only 200 distinct questions, so the three sets share
+questions: what RL must undo is the teacher's habit on them (the demo, relayrl/data/toy.py, keeps them disjoint).
+
+  python examples/ecosystem/warm_start.py --format plain   # -> runs/ecosystem_warm   (reasoning_gym_learn.yaml)
+  python examples/ecosystem/warm_start.py --format gsm8k   # -> runs/ecosystem_warm_gsm8k (skyrl_gym_learn.yaml)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from pathlib import Path
+
+SLOPPY_RATE = 0.6
+TASK = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+
+
+def sloppy(question: str, answer: str, rng: random.Random) -> str:
+    """The teacher's answer: the true one, or on a carry/borrow question (60%) the one with the carry dropped."""
+    a, op, b = re.search(r"(\d+) ([+-]) (\d+) =$", question).groups()
+    a, b = int(a), int(b)
+    carries = (a % 10 + b % 10 >= 10) if op == "+" else (a % 10 < b % 10)
+    if carries and rng.random() < SLOPPY_RATE:
+        return str(int(answer) - 10 if op == "+" else int(answer) + 10)
+    return answer
+
+
+def sft_rows(size: int, answer_format: str, seed: int = 100) -> list[dict]:
+    import reasoning_gym
+
+    rng = random.Random(seed)
+    rows = []
+    for item in reasoning_gym.create_dataset("chain_sum", size=size, seed=seed, **TASK):
+        answer = sloppy(item["question"], item["answer"], rng)
+        completion = f" {answer}" if answer_format == "plain" else f" #### {answer}"
+        rows.append({"prompt": item["question"], "completion": completion})
+    return rows
+
+
+def main() -> None:
+    from relayrl.learner.sft import SFTSettings, run_sft
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", choices=("plain", "gsm8k"), default="plain", help="answer as 'N' or '#### N'")
+    parser.add_argument("--size", type=int, default=3000, help="SFT rows")
+    parser.add_argument("--epochs", type=float, default=24.0)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    out = Path(args.out or ("runs/ecosystem_warm" if args.format == "plain" else "runs/ecosystem_warm_gsm8k"))
+    data = out.with_name(out.name + "_sft.jsonl")
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps(row) + "\n" for row in sft_rows(args.size, args.format)))
+    run_sft(data, out, init="tiny", settings=SFTSettings(epochs=args.epochs, lr=args.lr, batch_size=128))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
