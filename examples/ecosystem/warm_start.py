@@ -9,7 +9,10 @@ examples' seeds 0 and 1; with one-digit terms there are only 200 distinct questi
 questions: what RL must undo is the teacher's habit on them (the demo, relayrl/data/toy.py, keeps them disjoint).
 
   python examples/ecosystem/warm_start.py --format plain   # -> runs/ecosystem_warm   (reasoning_gym_learn.yaml)
-  python examples/ecosystem/warm_start.py --format gsm8k   # -> runs/ecosystem_warm_gsm8k (skyrl_gym_learn.yaml)
+  python examples/ecosystem/warm_start.py --format gsm8k --init runs/ecosystem_warm --epochs 4
+                                                           # -> runs/ecosystem_warm_gsm8k (skyrl_gym_learn.yaml)
+The gsm8k format starts from the plain warm start: the answers it has learned, now after `#### ` (from a new tiny
+model the longer completion needs many more epochs), its tokenizer given the `#` it lacks.
 """
 
 from __future__ import annotations
@@ -46,6 +49,23 @@ def sft_rows(size: int, answer_format: str, seed: int = 100) -> list[dict]:
     return rows
 
 
+def with_characters(model_dir: str, characters: str, out: Path) -> str:
+    """`model_dir` with the characters its tokenizer lacks added as tokens (new embedding rows), written to `out`:
+    the plain warm start's vocabulary has no `#`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    missing = [c for c in characters if tokenizer.convert_tokens_to_ids(c) in (None, tokenizer.unk_token_id)]
+    if not missing:
+        return model_dir
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer.add_tokens(missing)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
 def main() -> None:
     from relayrl.learner.sft import SFTSettings, run_sft
 
@@ -55,12 +75,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=float, default=24.0)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--out", default="")
+    parser.add_argument("--init", default="", help="a model directory to start from (default: a new tiny model)")
     args = parser.parse_args()
     out = Path(args.out or ("runs/ecosystem_warm" if args.format == "plain" else "runs/ecosystem_warm_gsm8k"))
     data = out.with_name(out.name + "_sft.jsonl")
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(row) + "\n" for row in sft_rows(args.size, args.format)))
-    run_sft(data, out, init="tiny", settings=SFTSettings(epochs=args.epochs, lr=args.lr, batch_size=128))
+    settings = SFTSettings(epochs=args.epochs, lr=args.lr, batch_size=128)
+    init = args.init and with_characters(args.init, "#", out.with_name(out.name + "_init"))
+    run_sft(data, out, init="tiny", model_path=init or None, settings=settings)
     print(f"wrote {out}")
 
 
