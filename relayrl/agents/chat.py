@@ -209,16 +209,7 @@ def answer(
             ]
         }
     return {
-        "id": call_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": request.model,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(token_ids),
-            "total_tokens": len(prompt_ids) + len(token_ids),
-        },
+        **_reply("chat.completion", call_id, request, choice, prompt_ids, token_ids),
         "prompt_token_ids": prompt_ids,
     }
 
@@ -251,17 +242,20 @@ def answer_text(
             "top_logprobs": None,
             "text_offset": offsets,
         }
+    return _reply("text_completion", call_id, request, choice, prompt_ids, token_ids)
+
+
+def _reply(kind: str, call_id: str, request: ChatRequest, choice: dict, prompt_ids: list[int], token_ids: list[int]):
+    """Either endpoint's reply around its one choice: id, object, model, usage."""
+    usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": len(token_ids)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
     return {
         "id": call_id,
-        "object": "text_completion",
+        "object": kind,
         "created": int(time.time()),
         "model": request.model,
         "choices": [choice],
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": len(token_ids),
-            "total_tokens": len(prompt_ids) + len(token_ids),
-        },
+        "usage": usage,
     }
 
 
