@@ -167,11 +167,8 @@ class AgentPool:
             return self._answer_text(agent, request, action, turn)
         parsed = ParsedTurn(action)
         if self.parser is not None:
-            text = self._text_with_tags(turn.output.token_ids)
-            parsed = self.parser.parse(text, request)
-            if parsed.tool_calls and turn.output.finish_reason == "length":  # cut at its budget: not a whole call
-                # (vLLM's qwen3_xml parser reads an unclosed call as one with the arguments seen so far)
-                parsed = ParsedTurn(text, parsed.reasoning, [], parsed.tool_errors + len(parsed.tool_calls))
+            output = turn.output
+            parsed = self.parser.parse_sampled(output.token_ids, output.finish_reason, request.tools, request.model)
         text, calls, errors = parsed.content, parsed.tool_calls, parsed.tool_errors
         number = agent.calls
         body = answer(
@@ -378,14 +375,6 @@ class AgentPool:
                 ConfigWarning,
                 stacklevel=2,
             )
-
-    def _text_with_tags(self, token_ids: list[int]) -> str:
-        """The turn's text with special tokens kept (a family's tool-call tags may be special tokens), less EOS."""
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
-        for token in (self.tokenizer.eos_token, self.tokenizer.pad_token):
-            if token:
-                text = text.replace(token, "")
-        return text
 
 
 def _resolve(reply: asyncio.Future, value) -> None:

@@ -1,5 +1,5 @@
-"""vLLM's tool and reasoning parsers, as the agents' endpoint uses them (relayrl/agents/): a turn's text -> the
-reasoning, the content and the OpenAI tool calls of the reply.
+"""vLLM's tool and reasoning parsers, as the agents' endpoint (relayrl/agents/) and env.tools' trajectories
+(relayrl/envs/tools.py) use them: a turn's text -> the reasoning, the content and the OpenAI tool calls.
 
 Here, in rollout/, because every call into vLLM's API lives beside the engines that pin its version.
 
@@ -19,6 +19,14 @@ from typing import Any
 
 
 @dataclass
+class _Offer:
+    """What `parse` reads of a request: the model name and the tools offered."""
+
+    model: str
+    tools: list | None
+
+
+@dataclass
 class ParsedTurn:
     content: str | None
     reasoning: str | None = None
@@ -32,6 +40,25 @@ class TurnParser:
         self.tool_class = _tool_parser(tool_parser) if tool_parser else None
         self.reasoning = _reasoning_parser(reasoning_parser, tokenizer) if reasoning_parser else None
         self._tags = _reasoning_tags(self.reasoning, tokenizer) if self.reasoning is not None else (None, None)
+
+    def parse_sampled(self, token_ids: list[int], finish_reason: str, tools: list | None, model: str) -> ParsedTurn:
+        """A sampled turn, read as the rollout endpoint answers an agent and as env.tools' trajectories are
+        answered (relayrl/envs/tools.py): its text with special tokens kept (a family's tool-call tags may be
+        special tokens), and a call in a turn cut at its token budget is not a whole call (vLLM's qwen3_xml
+        parser reads an unclosed call as one with the arguments seen so far): it is an error, not run."""
+        text = self.text_with_tags(token_ids)
+        parsed = self.parse(text, _Offer(model, tools))
+        if parsed.tool_calls and finish_reason == "length":
+            return ParsedTurn(text, parsed.reasoning, [], parsed.tool_errors + len(parsed.tool_calls))
+        return parsed
+
+    def text_with_tags(self, token_ids: list[int]) -> str:
+        """The turn's text with special tokens kept, less EOS and padding."""
+        text = self.tokenizer.decode(token_ids, skip_special_tokens=False)
+        for token in (self.tokenizer.eos_token, self.tokenizer.pad_token):
+            if token:
+                text = text.replace(token, "")
+        return text
 
     def parse(self, text: str, request) -> ParsedTurn:
         """`request` is the agent's call (relayrl/agents/chat.py ChatRequest: its model and tools)."""
