@@ -1,4 +1,5 @@
-"""Tool-call conformance of the agents' endpoint: chat template x vLLM tool parser -> what an agent gets.
+"""Tool-call conformance of the agents' endpoint and of env.tools: chat template x vLLM tool parser -> what an
+agent gets, and what an environment's trajectory gets.
 
 For each pair: an agent calls with `tools=[add]`, the (scripted) model answers with a call in the parser's format,
 the agent runs it and calls again with the tool result. A pair conforms when the call comes back parsed (name
@@ -130,6 +131,16 @@ def tokenizer_for(template: str, eos: str):
     return tokenizer
 
 
+def add(a: int, b: int) -> int:
+    """a + b (the same tool, named in env.tools).
+
+    Args:
+        a: an integer
+        b: an integer
+    """
+    return a + b
+
+
 @dataclass
 class Result:
     template: str
@@ -137,10 +148,12 @@ class Result:
     parsed: str
     tokens: str
     truncated: str
+    env_tools: str = ""  # the same call and cut call through env.tools' path (relayrl/envs/tools.py)
 
     @property
     def conforms(self) -> bool:
-        return self.parsed == "yes" and self.tokens == "exact" and self.truncated.startswith("not executed")
+        agent = self.parsed == "yes" and self.tokens == "exact" and self.truncated.startswith("not executed")
+        return agent and self.env_tools.startswith("run, exact, cut call not run")
 
 
 def run_pair(server, template_name: str, parser: str) -> Result:
@@ -185,7 +198,49 @@ def run_pair(server, template_name: str, parser: str) -> Result:
     executed = bool(replies[0].choices[0].message.tool_calls)
     counted = batch.metrics["env/tool_errors"] > 0
     truncated = "EXECUTED" if executed else "not executed, " + ("counted" if counted else "not counted")
-    return Result(template_name, parser, "yes" if good else "no", "exact" if exact else "CHANGED", truncated)
+    result = Result(template_name, parser, "yes" if good else "no", "exact" if exact else "CHANGED", truncated)
+    result.env_tools = run_env_tools(tokenizer, parser, call, cut)
+    return result
+
+
+def run_env_tools(tokenizer, parser: str, call: str, cut: int) -> str:
+    """The call through env.tools: the worker runs `add` (its result, 3, in the next prompt), the next prompt
+    extends the sampled tokens, and the call cut at the budget is an error observation, counted (a pythonic
+    call has no start tag to tell a cut call by: it is read as text, the answer)."""
+    from relayrl.config.env import EnvConfig
+    from relayrl.data.chat import ChatCodec
+    from relayrl.envs.builtins import AnswerEnv
+    from relayrl.envs.pool import EnvPool
+    from relayrl.envs.tools import tool_schemas
+    from relayrl.rollout.tool_calls import TurnParser
+    from relayrl.sources.trajectories import EnvTools, MultiTurnDriver
+    from relayrl.types import Prompt, Sampling
+
+    tools = ["benchmarks.tool_conformance:add"]
+    codec = ChatCodec(tokenizer)
+    offered = EnvTools(tool_schemas(tools, AnswerEnv), TurnParser(tokenizer, parser))
+
+    def drive(budget: int):
+        turns = ScriptedTurns(tokenizer, [call, "3"], budget)
+        pool = EnvPool("answer", {}, 1, 10.0, tools)
+        try:
+            settings = EnvConfig(tools=tools, tool_parser=parser, max_turns=2)
+            driver = MultiTurnDriver(turns, pool, codec, settings, Sampling(max_tokens=budget), tools=offered)
+            batch = driver.run([Prompt("0", "1+2=", [], columns={"answer": "3"})], 1)
+        finally:
+            pool.close()
+        return batch, turns
+
+    batch, turns = drive(256)
+    (_, first), (_, second) = turns.prompts
+    sampled = tokenizer(call, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    ran = batch.metrics["env/tool_calls"] == 1 and "3" in tokenizer.decode(second[len(first) :])
+    exact = second[: len(first) + len(sampled)] == first + sampled and batch.metrics["tito/prefix_mismatch"] == 0
+    batch, turns = drive(cut)
+    cut_ran = batch.metrics["env/tool_calls"] > 0
+    counted = "counted" if batch.metrics["env/tool_errors"] > 0 else "not counted"
+    outcome = ["run" if ran else "NOT RUN", "exact" if exact else "CHANGED"]
+    return ", ".join(outcome + ["cut call RUN" if cut_ran else f"cut call not run ({counted})"])
 
 
 def run_all() -> list[Result]:
@@ -199,8 +254,13 @@ def run_all() -> list[Result]:
 
 
 def table(results: list[Result]) -> str:
-    rows = ["| template | tool parser | call parsed | next prompt | truncated call |", "|---|---|---|---|---|"]
-    rows += [f"| {r.template} | `{r.parser}` | {r.parsed} | {r.tokens} | {r.truncated} |" for r in results]
+    rows = [
+        "| template | tool parser | call parsed | next prompt | truncated call | env.tools |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows += [
+        f"| {r.template} | `{r.parser}` | {r.parsed} | {r.tokens} | {r.truncated} | {r.env_tools} |" for r in results
+    ]
     return "\n".join(rows) + "\n"
 
 

@@ -74,6 +74,7 @@ def train(
     train_data: Any = None,
     eval_data: Any = None,
     agent: Any = None,
+    tools: list[Any] | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     resume: str | None = None,
     overwrite: bool = False,
@@ -83,7 +84,9 @@ def train(
     a spec string, or a list of them (each also `{"fn": ..., "weight": w, "name": ..., "kwargs": {...}}`);
     `train_data`/`eval_data`: an iterable of row dicts (a list, a `datasets.Dataset`, ...) or a file path. None
     keeps the config's. `agent`: an agent function `fn(client, row)` (or a spec string) for `env.agent`
-    (relayrl/agents/); a function is called in this process, so it may be a lambda or a notebook's."""
+    (relayrl/agents/); a function is called in this process, so it may be a lambda or a notebook's. `tools`:
+    `env.tools` (relayrl/envs/tools.py), each a module-level function, a spec string or an OpenAI schema; a tool
+    runs in the environment workers, which import it by name, so a lambda or a notebook's function is refused."""
     from relayrl.build import train as run_training
     from relayrl.config import dump_config
 
@@ -94,6 +97,8 @@ def train(
     section = None if reward is None else _reward_tree(tree.get("reward", {}), reward, loaded.reward.workers)
     if agent is not None:
         tree.setdefault("env", {})["agent"] = agent if isinstance(agent, str) else register_agent(agent)
+    if tools is not None:
+        tree.setdefault("env", {})["tools"] = [tool_spec(tool) for tool in tools]
     run_dir = Path(loaded.log.dir)
     for split, rows in (("train", train_data), ("eval", eval_data)):
         if rows is not None:
@@ -126,6 +131,19 @@ def register_agent(function: Any) -> str:
     key = f"agent_{len(AGENTS)}"
     AGENTS[key] = function
     return f"relayrl.api:AGENTS.{key}"
+
+
+def tool_spec(tool: Any) -> str | dict:
+    """A tool given in Python as `env.tools` holds it: a function by its `module:name` (its module importable)."""
+    if isinstance(tool, str | dict):
+        return tool
+    module, name = getattr(tool, "__module__", ""), getattr(tool, "__qualname__", "")
+    if callable(tool) and module and module != "__main__" and getattr(sys.modules.get(module), name, None) is tool:
+        return f"{module}:{name}"
+    raise ConfigError(
+        f"tools: {tool!r} is not a module-level function of an importable module, a spec string or an OpenAI "
+        "schema: the environment workers import each tool by name (define it in a .py file and import it from there)"
+    )
 
 
 AGENTS: dict[str, Any] = {}  # agent functions given to `train` that no module holds by name (lambdas, notebooks)

@@ -12,12 +12,12 @@ from relayrl.config.sections import Section
 
 
 class EnvConfig(Section):
-    """Multi-turn rollouts: an environment answers each turn (relayrl/envs/), or an agent program makes the calls
-    (relayrl/agents/). Off while `fn` and `agent` are empty."""
+    """Multi-turn rollouts: an environment answers each turn (relayrl/envs/), with tools or not, or an agent program
+    makes the calls (relayrl/agents/). Off while `fn`, `agent` and `tools` are empty."""
 
     fn: str = Field(
         default="",
-        description="Environment class: a built-in (retry, calculator, code_feedback), `skyrl_gym:ENV_ID`, "
+        description="Environment class: a built-in (answer, retry, calculator, code_feedback), `skyrl_gym:ENV_ID`, "
         "`gymnasium:ENV_ID` (a text game), `verifiers:TASKSET` (a verifiers environment, its episodes run on the "
         "run's endpoint; docs/ecosystem.md), `trl:module:Class` (a TRL environment_factory class, docs/agents.md), "
         "`module:Class` or `path/file.py:Class`, one instance per trajectory; "
@@ -29,10 +29,19 @@ class EnvConfig(Section):
         "called as agent(client, row, **env.kwargs) with an OpenAI client served by the run's engines, one call "
         "per trajectory; it returns the reward (or {reward, success}). relayrl/agents/. Resolved as reward.fn.",
     )
+    tools: list[str | dict[str, Any]] = Field(
+        default_factory=list,
+        description="Tools for the environment's trajectories, offered through the chat template's tools=: a "
+        "built-in (calculate), `module:function` or `path/file.py:function` (its schema from type hints and "
+        "docstring), or an OpenAI function schema run by the environment's method of that name. A turn that "
+        "calls tools gets their results; the first turn without a call goes to the environment's step (env.fn "
+        "empty: the built-in `answer`, checked against the row's answer). relayrl/envs/tools.py.",
+    )
     tool_parser: str = Field(
         default="",
-        description="vLLM tool parser for the agent's `tools=` calls (hermes, llama3_json, ...): the model's tool "
-        "calls come back as OpenAI tool_calls; '' = none (tool calls stay in the text).",
+        description="vLLM tool parser reading the model's tool calls (hermes, llama3_json, ...), for env.tools and "
+        "for an agent's `tools=` calls; '' = none for an agent (tool calls stay in the text), and for env.tools the "
+        "one the chat template's format names (hermes for <tool_call>).",
     )
     reasoning_parser: str = Field(
         default="",
@@ -91,9 +100,29 @@ class EnvConfig(Section):
                 f"env.fn={self.fn!r} and env.agent={self.agent!r} are both set: a trajectory is answered either by an "
                 "environment class or by an agent program (set one of them)"
             )
+        offers_own = self.agent or self.fn.startswith(("trl:", "verifiers:"))
+        if self.tools and offers_own:
+            owner = f"env.agent={self.agent!r}" if self.agent else f"env.fn={self.fn!r}"
+            raise ValueError(
+                f"env.tools is for environment classes; {owner} offers its own tools (an agent passes tools= in "
+                "its calls, a TRL class's methods and a verifiers environment's tools are its own)"
+            )
+        for i, tool in enumerate(self.tools):
+            if isinstance(tool, dict) and not (
+                tool.get("type") == "function" and isinstance(tool.get("function"), dict)
+            ):
+                raise ValueError(
+                    f"env.tools.{i}: an OpenAI function schema is {{type: function, function: {{name, description, "
+                    f"parameters}}}}, got {tool!r}"
+                )
         return self
+
+    @property
+    def env_class(self) -> str:
+        """The environment class's spec: env.fn, or the built-in `answer` for a tools-only config."""
+        return self.fn or ("answer" if self.tools else "")
 
     @property
     def multi_turn(self) -> bool:
         """Trajectories of several turns: an environment (fn) or an agent answers each turn."""
-        return bool(self.fn or self.agent)
+        return bool(self.fn or self.agent or self.tools)

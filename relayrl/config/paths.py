@@ -2,7 +2,7 @@
 
 The rule (the field descriptions and `docs/config.md` state it too):
 - An input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py:function`, the
-  environment's `env.fn` `file.py:Class`) written in a config file is taken against the config file's directory; when nothing of that name exists
+  environment's `env.fn` `file.py:Class`, a tool's `env.tools` `file.py:function`) written in a config file is taken against the config file's directory; when nothing of that name exists
   there, against the working directory (configs written for the directory they are run from keep working).
   So is the model directory of the `reward_model` and `judge` rewards (`kwargs.path`, `kwargs.model`), when
   it exists in one of them (else it is left as written: its reward reports it).
@@ -43,7 +43,7 @@ DATA_SPECS = (
 # env.fn values naming an installed package's environment (relayrl/envs/ecosystem.py), never a module to resolve
 ENV_SPECS = ("skyrl_gym:", "gymnasium:", "verifiers:")
 TRL_SPEC = "trl:"  # trl:module:Class or trl:path/file.py:Class: the rest is resolved as any spec
-PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn", "env.agent")
+PATH_KEYS = INPUT_PATHS + ("reward.fn", "reward.kwargs", "reward.components", "env.fn", "env.agent", "env.tools")
 OUTPUT_PATHS = ("log.dir", "sync.directory")  # against the working directory, whoever sets them
 MODEL_KWARGS = {"reward_model": "path", "judge": "model"}  # built-in rewards' model-directory keywords
 
@@ -102,6 +102,10 @@ def resolve_tree(tree: dict[str, Any], origin: dict[str, Bases]) -> dict[str, An
             prefix = TRL_SPEC if env[name].startswith(TRL_SPEC) else ""  # trl:path/file.py:Class (agents/trl_env.py)
             spec = env[name].removeprefix(prefix)
             env[name] = prefix + resolve_reward_spec(f"env.{name}", spec, origin[f"env.{name}"])
+    if isinstance(env, dict) and isinstance(env.get("tools"), list) and "env.tools" in origin:
+        for i, tool in enumerate(env["tools"]):  # a function's spec as env.fn's; a schema and a built-in stay
+            if isinstance(tool, str):
+                env["tools"][i] = resolve_reward_spec(f"env.tools.{i}", tool, origin["env.tools"])
     reward = tree.get("reward")
     if not isinstance(reward, dict):
         return tree

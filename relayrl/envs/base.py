@@ -121,9 +121,9 @@ def make_env(spec: str, kwargs: dict[str, Any] | None = None):
         raise EnvError(f"env.fn={spec!r}: cannot build it with env.kwargs={kwargs or {}}: {err}") from None
 
 
-def call(method, *args) -> Any:
-    """Call a sync or async environment method and return its result."""
-    result = method(*args)
+def call(method, *args, **kwargs) -> Any:
+    """Call a sync or async environment method (or tool) and return its result."""
+    result = method(*args, **kwargs)
     if inspect.isawaitable(result):
         return asyncio.run(_await(result))
     return result

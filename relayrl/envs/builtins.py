@@ -1,5 +1,8 @@
-"""Built-in environments: `retry`, `calculator` and `code_feedback` (env.fn names them).
+"""Built-in environments: `answer`, `retry`, `calculator` and `code_feedback` (env.fn names them).
 
+- `answer`: the row's question; the model's answer is checked against the row's `answer`, once. With env.tools
+  (relayrl/envs/tools.py) the turns that call a tool are answered by the tools, and the first turn without a
+  call is the answer: the environment of a tools-only config (env.fn empty).
 - `retry`: the row's question; an answer that is not the row's `answer` gets `feedback` and another attempt.
 - `calculator`: the model may write `<calc>expression</calc>`; the environment answers with the value (an
   arithmetic expression of numbers and + - * / // % ** and parentheses, nothing else is evaluated); any
@@ -38,6 +41,18 @@ def _answer(row: dict[str, Any], env: str) -> str:
     if row.get("answer") is None:
         raise EnvError(f"env {env!r}: the row needs an 'answer' column, got {sorted(row)}")
     return _normalise(row["answer"])
+
+
+class AnswerEnv:
+    """One answer, right (1.0) or not; the trajectory ends with it."""
+
+    def reset(self, row: dict[str, Any]):
+        self.answer = _answer(row, "answer")
+        return _first_prompt(row, "answer")
+
+    def step(self, action: str) -> Step:
+        success = _normalise(action) == self.answer
+        return Step(None, float(success), True, {"success": success})
 
 
 class RetryEnv:
@@ -149,4 +164,9 @@ class CodeFeedbackEnv:
         return Step(message, 0.0, False, {"success": False, "pass_fraction": report.pass_fraction})
 
 
-BUILTINS: dict[str, type] = {"retry": RetryEnv, "calculator": CalculatorEnv, "code_feedback": CodeFeedbackEnv}
+BUILTINS: dict[str, type] = {
+    "answer": AnswerEnv,
+    "retry": RetryEnv,
+    "calculator": CalculatorEnv,
+    "code_feedback": CodeFeedbackEnv,
+}

@@ -31,16 +31,20 @@ STARTUP_TIMEOUT_S = 120.0
 KILLED = "killed"  # a worker ended by a signal from outside
 
 
-def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> None:
+def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any], tools: list | None = None) -> None:
     from relayrl.envs.base import as_messages, as_step, call, load_env_class
+    from relayrl.envs.tools import ToolTurn, load_function, tool_functions, tool_step
 
     try:
         cls = load_env_class(spec)
+        for tool in tools or []:  # a tool whose module cannot import fails at start, as env.fn's class does
+            if isinstance(tool, str):
+                load_function(tool)
     except Exception as err:  # noqa: BLE001 - whatever the user's module raises is sent back as the load error
         connection.send(("load_error", str(err) if isinstance(err, EnvError) else f"{type(err).__name__}: {err}"))
         return
     connection.send(("ready", None))
-    env = None
+    env, functions = None, {}
     while (message := receive(connection)) is not None:
         kind, payload, where = message
         try:
@@ -49,8 +53,12 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any]) -> N
                     env = cls(**kwargs)
                 except TypeError as err:
                     raise EnvError(f"env.fn={spec!r}: cannot build it with env.kwargs={kwargs}: {err}") from None
+                functions = tool_functions(tools or [], env)
                 messages = as_messages(call(env.reset, payload), f"{where}: {cls.__name__}.reset")
                 connection.send(("ok", (messages, tuple(getattr(env, "stop", ()) or ()))))
+            elif isinstance(payload, ToolTurn):  # env.tools: the parsed turn (relayrl/envs/tools.py)
+                assert env is not None, "a step before the trajectory's reset"
+                connection.send(("ok", tool_step(env, functions, payload, where)))
             else:
                 assert env is not None, "a step before the trajectory's reset"  # the pool resets first
                 connection.send(("ok", as_step(call(env.step, payload), f"{where}: {cls.__name__}.step")))
@@ -81,8 +89,8 @@ class EnvPool(SupervisedPool[_EnvWorker]):
     startup_timeout_s = STARTUP_TIMEOUT_S
     worker_class = _EnvWorker
 
-    def __init__(self, spec: str, kwargs: dict[str, Any], slots: int, timeout_s: float):
-        super().__init__(_worker_main, (spec, dict(kwargs)), slots)
+    def __init__(self, spec: str, kwargs: dict[str, Any], slots: int, timeout_s: float, tools: list | None = None):
+        super().__init__(_worker_main, (spec, dict(kwargs), list(tools or [])), slots)
         self.timeout_s = timeout_s
         self._by_key: dict[Hashable, _EnvWorker] = {}
 
@@ -102,8 +110,9 @@ class EnvPool(SupervisedPool[_EnvWorker]):
         self._by_key[key] = worker
         worker.send(("reset", row, where), self.timeout_s)
 
-    def step(self, key: Hashable, action: str, where: str, turn=None) -> None:
-        """Send the turn's text (`turn`, the sampled tokens, is for agents' pools: an environment sees text)."""
+    def step(self, key: Hashable, action, where: str, turn=None) -> None:
+        """Send the turn's text, or under env.tools its `ToolTurn` (`turn`, the sampled tokens, is for agents'
+        pools: an environment sees text)."""
         self._by_key[key].send(("step", action, where), self.timeout_s)
 
     def release(self, key: Hashable) -> None:

@@ -1,4 +1,4 @@
-"""The multi-turn rollout source: what the schedules call when `env.fn` is set (relayrl/sources/single_turn.py is the
+"""The multi-turn rollout source: what the schedules call when `env.fn` (or env.agent, env.tools) is set (relayrl/sources/single_turn.py is the
 single-turn one, with the same methods).
 
 `generate` runs the step's trajectories (relayrl/sources/trajectories.py) through the run's engines and the
@@ -36,7 +36,7 @@ from relayrl.data.verifiers_tasks import is_spec as is_verifiers_spec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
 from relayrl.sources.single_turn import RolloutSource
-from relayrl.sources.trajectories import MultiTurnDriver
+from relayrl.sources.trajectories import EnvTools, MultiTurnDriver
 from relayrl.sources.trajectory import MultiTurnBatch, UnknownCharacters
 from relayrl.sources.turn_requests import turn_requests
 from relayrl.types import Prompt, Rollout, Sampling, Score
@@ -51,10 +51,11 @@ def response_budget(config) -> int:
 
 
 def agent_context(config, max_len: int) -> int:
-    """The engines' context: `max_len` (the longest data prompt plus the trajectory budget), or under env.agent the
+    """The engines' context: `max_len` (the longest data prompt plus the trajectory budget), or under env.agent (or
+    env.tools) the
     model's whole context when it states one: an agent renders its own prompts (a tools block, a system turn), so
     a call's prompt may be longer than the data's. The driver keeps every call within it."""
-    if agent_of(config.env) is None:
+    if agent_of(config.env) is None and not config.env.tools:  # env.tools: the tools block is in every prompt
         return max_len
     from relayrl.models.loading import context_length
 
@@ -84,7 +85,7 @@ def check_env(config, longest_prompt: int | None = None) -> None:
     prompt's tokens, also whether a whole trajectory fits the model's context."""
     if not config.env.multi_turn:
         return
-    spec = f"env.agent={config.env.agent!r}" if config.env.agent else f"env.fn={config.env.fn!r}"
+    spec = f"env.agent={config.env.agent!r}" if config.env.agent else f"env.fn={config.env.env_class!r}"
     if config.train.partial_rollouts:
         raise ConfigError(
             f"{spec} does not combine with train.partial_rollouts: a trajectory's turns are "
@@ -116,9 +117,26 @@ def check_env(config, longest_prompt: int | None = None) -> None:
     else:
         from relayrl.envs.base import load_env_class
 
-        load_env_class(config.env.fn)
+        env_class = load_env_class(config.env.env_class)
+        if config.env.tools:
+            env_tools(config, env_class)
     if longest_prompt is not None:
         check_env_context(config, longest_prompt)
+
+
+def env_tools(config, env_class, tokenizer=None) -> EnvTools:
+    """env.tools' schemas and the parser that reads the turns (relayrl/envs/tools.py), checked: every tool, the
+    chat template's `tools=`, the parser's name."""
+    from relayrl.envs.tools import parser_for, tool_schemas
+    from relayrl.models.loading import load_tokenizer
+    from relayrl.rollout.tool_calls import TurnParser, check_parsers
+
+    env = config.env
+    schemas = tool_schemas(env.tools, env_class)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.path)
+    name = parser_for(env.tool_parser, tokenizer, config.data.chat_template, schemas)
+    check_parsers(name, env.reasoning_parser)
+    return EnvTools(schemas, TurnParser(tokenizer, name, env.reasoning_parser))
 
 
 def check_env_context(config, longest_prompt: int) -> None:
@@ -185,6 +203,7 @@ class Lane:
 
     pool: Any  # EnvPool, or AgentPool (relayrl/agents/pool.py) under env.agent
     codec: ChatCodec
+    tools: EnvTools | None = None  # env.tools: its parser holds the lane's tokenizer
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -211,7 +230,14 @@ class MultiTurnSource(RolloutSource):
         with own.lock:
             turns = turn_requests(self.engines, self.version, replicas)
             driver = MultiTurnDriver(
-                turns, own.pool, own.codec, self.env, sampling, unknown=self.unknown, context=self.max_len
+                turns,
+                own.pool,
+                own.codec,
+                self.env,
+                sampling,
+                unknown=self.unknown,
+                context=self.max_len,
+                tools=own.tools,
             )
             batch = driver.run(prompts, sampling.n)
         with self._lock:
@@ -276,7 +302,12 @@ class MultiTurnSource(RolloutSource):
         with self._lock:
             if name not in self._lanes:
                 codec = ChatCodec(load_tokenizer(self.config.model.path), self.config.data.chat_template)
-                self._lanes[name] = Lane(self._pool(codec.tokenizer), codec)
+                tools = None
+                if self.env.tools:
+                    from relayrl.envs.base import load_env_class
+
+                    tools = env_tools(self.config, load_env_class(self.env.env_class), codec.tokenizer)
+                self._lanes[name] = Lane(self._pool(codec.tokenizer), codec, tools=tools)
             return self._lanes[name]
 
     def _pool(self, tokenizer):
@@ -284,7 +315,7 @@ class MultiTurnSource(RolloutSource):
         env = self.env
         agent = agent_of(env)
         if agent is None:
-            return EnvPool(env.fn, env.kwargs, env.max_inflight, env.timeout_s)
+            return EnvPool(env.env_class, env.kwargs, env.max_inflight, env.timeout_s, env.tools)
         from relayrl.agents.pool import AgentPool, RunSampling
         from relayrl.agents.server import AgentServer
 

@@ -25,12 +25,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from relayrl.data.chat import ChatCodec, Delta
 from relayrl.envs.base import RawText, Step, observation_messages
 from relayrl.envs.pool import KILLED
+from relayrl.envs.tools import ToolTurn
 from relayrl.errors import EnvError
 from relayrl.sources.trajectory import (
     MultiTurnBatch,
@@ -47,6 +48,15 @@ from relayrl.types import Prompt, Rollout, Sampling
 GATHER_S = 0.02  # an environment answer later than this after the previous one waits for the next engine call
 
 
+@dataclass
+class EnvTools:
+    """env.tools for a driver: the OpenAI schemas the chat template renders, and the parser (vLLM's, for the
+    model's family: relayrl/rollout/tool_calls.py TurnParser) that reads each sampled turn's calls."""
+
+    schemas: list[dict[str, Any]]
+    parser: Any
+
+
 class MultiTurnDriver:
     """Runs `n` trajectories per prompt through `turns` (an engine adapter) and `pool` (environment workers)."""
 
@@ -60,8 +70,10 @@ class MultiTurnDriver:
         lockstep: bool = False,
         unknown: UnknownCharacters | None = None,
         context: int | None = None,
+        tools: EnvTools | None = None,
     ):
         self.turns, self.pool, self.codec, self.env = turns, pool, codec, env
+        self.tools = tools  # env.tools: the schemas every first prompt renders, the parser reading each turn
         self.unknown = unknown or UnknownCharacters()  # the source passes its own: one warning per run
         self.sampling = sampling
         self.per_turn = env.max_tokens_per_turn or sampling.max_tokens
@@ -75,7 +87,9 @@ class MultiTurnDriver:
         order = list(waiting)
         self.live: dict[int, Trajectory] = {}
         self.held_turns: list[Trajectory] = []  # lockstep only: turns waiting for every step to return
-        self.held_actions: list[tuple[Trajectory, str, SampledTurn]] = []  # lockstep only: steps waiting for the engine
+        self.held_actions: list[
+            tuple[Trajectory, str | ToolTurn, SampledTurn]
+        ] = []  # lockstep only: steps waiting for the engine
         self.stats = {"mismatch": 0, "forks": 0, "unknown_chars": 0, "env_wait_s": 0.0}
         try:
             while waiting or self.live:
@@ -126,7 +140,8 @@ class MultiTurnDriver:
             return self._fail(trajectory, status, payload)
         if trajectory.first is None:  # reset's answer: the first observation, and the environment's stop strings
             messages, stop, *offered = payload  # an agent's first call also offers its tools
-            self._begin(trajectory, messages, offered[0] if offered else None)
+            schemas = offered[0] if offered else (self.tools.schemas if self.tools else None)
+            self._begin(trajectory, messages, schemas)
             trajectory.base = len(trajectory.prompt_ids())
             self.stop = tuple(self.sampling.stop) + tuple(stop)
             return self._submit(trajectory)
@@ -186,7 +201,14 @@ class MultiTurnDriver:
         trajectory.turns += 1
         trajectory.last_turn_cut = output.finish_reason == "length"
         action = self.codec.action_text(output.token_ids)
-        trajectory.history.append({"role": "assistant", "content": action})
+        if self.tools is not None:  # env.tools: the worker runs the calls the parser reads (relayrl/envs/tools.py)
+            parsed = self.tools.parser.parse_sampled(output.token_ids, output.finish_reason, trajectory.tools, "policy")
+            calls = {"tool_calls": parsed.tool_calls} if parsed.tool_calls else {}
+            trajectory.history.append({"role": "assistant", "content": parsed.content or "", **calls})
+            unread = 0 if parsed.tool_calls else parsed.tool_errors  # a call to an unknown tool: the worker counts it
+            action = ToolTurn(parsed.content or "", parsed.tool_calls, unread)
+        else:
+            trajectory.history.append({"role": "assistant", "content": action})
         if output.finish_reason == "length" and trajectory.spent >= self.env.max_total_tokens:
             trajectory.truncated = True
             return self._finish(trajectory)
@@ -307,7 +329,7 @@ class MultiTurnDriver:
             self.unknown.warn(self.codec.tokenizer, text, f"{trajectory.where()}: {self._spec()}")
 
     def _spec(self) -> str:
-        return f"env.agent={self.env.agent!r}" if self.env.agent else f"env.fn={self.env.fn!r}"
+        return f"env.agent={self.env.agent!r}" if self.env.agent else f"env.fn={self.env.env_class!r}"
 
     def _fail(self, trajectory: Trajectory, status: str, message: str) -> None:
         if self.env.on_error == "error" and status == KILLED:  # not the environment's failure: no env.on_error hint

@@ -178,3 +178,13 @@ def test_an_agent_function_goes_in_by_name_or_registered_and_loads(tmp_path, ran
     assert ":AGENTS.agent_" in spec and load_agent(spec) is local  # the module already imported, not a copy
     with pytest.raises(ConfigError, match="agent must be a function agent"):
         relayrl.train(base(tmp_path, random_model_dir), agent=3, show_config=False, overwrite=True)
+
+
+def test_tools_go_in_by_name_and_a_function_the_workers_cannot_import_is_refused(tmp_path, random_model_dir, fake_loop):
+    from tests.unit.test_env_tools import add
+
+    relayrl.train(base(tmp_path, random_model_dir), tools=[add, "calculate"], show_config=False)
+    function, builtin = fake_loop[-1].env.tools
+    assert function.endswith("tests/unit/test_env_tools.py:add") and builtin == "calculate"  # as the path rules say
+    with pytest.raises(ConfigError, match=r"tools: <function .*<lambda>.* the environment workers import each tool"):
+        relayrl.train(base(tmp_path, random_model_dir), tools=[lambda a: a], show_config=False, overwrite=True)
