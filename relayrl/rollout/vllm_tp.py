@@ -7,7 +7,8 @@ weights travel by `collective_rpc` to a worker extension (`TPWeightLoader`) that
 layerwise reload (vLLM's own `reload_weights`, split into begin / buckets / end) takes the full tensors
 in buckets of at most `RPC_BUCKET_BYTES`, and each rank's weight loaders keep their own slice of every
 tensor (column/row-parallel shards, fused qkv and gate_up). The bytes of one bucket cross vLLM's shared
-memory queue out of band; no rank ever holds a second copy of the model.
+memory queue out of band, inside vLLM's weight-update session (relayrl/rollout/vllm_transfer.py); no rank ever
+holds a second copy of the model.
 
 `check_tensor_parallel` is the config rule (relayrl/config/ calls it): T > 1 needs vLLM (`auto` then
 chooses vLLM; an explicit `hf` is an error), T must split the attention heads as vLLM does, and each
@@ -32,7 +33,10 @@ from relayrl.errors import ConfigError
 # One RPC's worth of tensors: under vLLM's 16 MiB shared-memory chunk (VLLM_MQ_MAX_CHUNK_BYTES_MB), so a
 # bucket crosses the ring buffer instead of the overflow socket; a larger tensor travels alone.
 RPC_BUCKET_BYTES = 15 * 2**20
-EXTENSION = "relayrl.rollout.vllm_tp.TPWeightLoader"
+# TPWeightLoader, named through the module that registers relayrl's weight-transfer engine: a rank process imports
+# it (vLLM already loaded there) before its worker builds that engine. This module never imports vLLM at the top:
+# the driver imports it before vLLM's environment is set (relayrl/rollout/vllm_engine.py).
+EXTENSION = "relayrl.rollout.vllm_transfer.RankExtension"
 
 
 def engine_args(tensor_parallel: int) -> dict:
@@ -108,34 +112,13 @@ def ranks_bound(cores: str | None, tensor_parallel: int) -> Iterator[None]:
 
 
 class TPWeightLoader:
-    """vLLM worker extension (mixed into every rank's worker): vLLM's in-place `reload_weights`, split so the
-    tensors arrive in several calls. Each rank's weight loaders slice the full tensors it is given."""
+    """vLLM worker extension (mixed into every rank's worker, as `vllm_transfer.RankExtension`, whose import registers
+    relayrl's weight-transfer engine in the rank's process): every push reaches the rank through that engine; each
+    rank's weight loaders slice the full tensors it is given."""
 
     # the worker's own, once mixed in (annotations only: no class attribute clashes with the worker's)
     model_runner: Any
     vllm_config: Any
-
-    def relayrl_reload_begin(self) -> int:
-        from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model_runner.get_model())
-        return os.getpid()
-
-    def relayrl_reload_bucket(self, named_tensors: list[tuple[str, torch.Tensor]]) -> int:
-        self.model_runner.get_model().load_weights(iter(named_tensors))
-        return len(named_tensors)
-
-    def relayrl_reload_end(self) -> None:
-        from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
-
-        from relayrl.rollout.vllm_engine import _refresh_tied_lm_head
-
-        model = self.model_runner.get_model()
-        finalize_layerwise_reload(model, self.vllm_config.model_config)
-        _refresh_tied_lm_head(model)
-        self.model_runner.reset_lora_state()  # as the worker's own reload_weights does
-        self.model_runner.reset_encoder_cache()
-        self.model_runner.reset_mm_cache()
 
     def relayrl_unlink_shm(self) -> int:
         """Drop the names of vLLM's CPU all-reduce segments (/dev/shm/<VLLM_DIST_IDENT>-...-cpushm_<rank>): every
@@ -177,23 +160,11 @@ def rank_lora_view(llm) -> LoraView:
 def load_weights_tp(
     llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = RPC_BUCKET_BYTES
 ) -> None:
-    """Stream checkpoint-named full tensors into every rank, `bucket_bytes` per call; the prefix cache is reset
-    after. A stream that fails part-way still ends the reload (unloaded layers keep their previous values)
-    before the error goes on."""
-    llm.collective_rpc("relayrl_reload_begin")
-    try:
-        bucket, size = [], 0
-        for name, tensor in named_tensors:
-            if bucket and size + tensor.nbytes > bucket_bytes:
-                llm.collective_rpc("relayrl_reload_bucket", args=(bucket,))
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += tensor.nbytes
-        if bucket:
-            llm.collective_rpc("relayrl_reload_bucket", args=(bucket,))
-    finally:
-        llm.collective_rpc("relayrl_reload_end")
-    llm.reset_prefix_cache()
+    """Stream checkpoint-named full tensors into every rank, `bucket_bytes` per call (vLLM's weight-update session,
+    relayrl/rollout/vllm_transfer.py); the prefix cache is reset after."""
+    from relayrl.rollout.vllm_transfer import stream_weights
+
+    stream_weights(llm, named_tensors, bucket_bytes)
 
 
 def check_tensor_parallel(config) -> None:

@@ -4,6 +4,9 @@ Also pins the vLLM internals relayrl relies on (the in-process worker path, relo
 cache reset), so a vLLM upgrade that moves them fails here first.
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -133,6 +136,46 @@ def test_weight_update_changes_logprobs_and_matches_the_new_weights(engine, hf_m
 
     engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=2)
     torch.testing.assert_close(torch.tensor(engine.prompt_logprobs(ids)), before, atol=1e-4, rtol=0)
+
+
+def test_every_push_runs_vllms_weight_update_session_and_one_that_fails_part_way_is_an_error_that_stays(
+    random_model_dir,
+):
+    """relayrl's engine in vLLM's weight-transfer registry serves every push (relayrl/rollout/vllm_transfer.py): the
+    worker's own session checks run (no update outside a session); a push whose tensor breaks part-way raises with
+    the session closed, and since vLLM cannot roll back a half-reloaded layer the engine refuses to serve, naming
+    the push, instead of sampling from mixed weights. In a process of its own: the failed reload leaves vLLM's
+    process-wide reload state behind (an engine started after it in the same process loads meta tensors)."""
+    script = PUSH_FAILS.replace("MODEL", repr(str(random_model_dir)))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+PUSH_FAILS = """
+import pytest, torch
+from transformers import AutoModelForCausalLM
+from relayrl.errors import SyncError
+from relayrl.rollout.vllm_engine import VLLMEngine
+from relayrl.rollout.vllm_transfer import RelayrlTransferEngine
+from relayrl.types import Prompt, Sampling
+
+engine = VLLMEngine(MODEL, max_model_len=64, seed=0)
+worker = engine._worker()
+assert isinstance(worker.weight_transfer_engine, RelayrlTransferEngine)
+with pytest.raises(RuntimeError, match="start_weight_update must be called before update_weights"):
+    engine.llm.collective_rpc("update_weights", args=({"named_tensors": []},))
+named = [(n, p.detach()) for n, p in AutoModelForCausalLM.from_pretrained(MODEL).named_parameters()]
+engine.load_weights(iter(named), version=1)  # a whole session: start, update, finish
+broken = named[:3] + [(named[3][0], torch.zeros(3))] + named[4:]  # a tensor of the wrong shape, part-way
+with pytest.raises(SyncError, match=r"a weight push failed part-way .*must be restarted"):
+    engine.load_weights(iter(broken), version=2)
+assert not worker._weight_update_active and engine.version == 1
+prompt = Prompt(id="0", text="1+1=", token_ids=[1, 5, 6])
+for refused in (lambda: engine.generate([prompt], Sampling(max_tokens=2), 2), lambda: engine.load_weights(iter(named), 3)):
+    with pytest.raises(SyncError, match=r"this vLLM engine cannot serve: a weight push failed part-way"):
+        refused()
+print("ok")
+"""
 
 
 def test_requests_of_one_batch_get_independent_random_streams(engine, hf_model, prompts):
