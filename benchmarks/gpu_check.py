@@ -274,9 +274,18 @@ def step_vllm(work: Path) -> dict:
     # bf16 on both sides: only gross errors are caught (relayrl/learner/layout.py's half-precision tolerance)
     tolerance = 0.25 if platform == "cuda" else 1e-3
     note = "; over the 1e-2 expected" if platform == "cuda" and gap >= 1e-2 else ""
+    # a push of the same weights through vLLM's weight-update session (relayrl/rollout/vllm_transfer.py): the engine
+    # then samples what it sampled before
+    from transformers import AutoModelForCausalLM
+
+    weights = AutoModelForCausalLM.from_pretrained(model_dir).to(platform).named_parameters()
+    _, push_s = timed(engine.load_weights, ((n, p.detach()) for n, p in weights), 1)
+    again, _ = timed(engine.generate, prompts(8, 6, 16), Sampling(n=4, max_tokens=24, seed=0), 1)
+    same = [r.response_ids for r in again] == [r.response_ids for r in rollouts]
     return {
-        "checks": {f"gap_{tolerance:g}": gap <= tolerance},
-        "figure": f"vLLM ({platform}) max abs(engine - learner) {fmt(gap)}; generate {gen_s:.2f} s{note}",
+        "checks": {f"gap_{tolerance:g}": gap <= tolerance, "push_same_samples": same},
+        "figure": f"vLLM ({platform}) max abs(engine - learner) {fmt(gap)}; generate {gen_s:.2f} s; "
+        f"push through the weight-update session {push_s:.2f} s{note}",
         "details": found,
     }
 
