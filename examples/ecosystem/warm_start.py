@@ -9,10 +9,13 @@ examples' seeds 0 and 1; with one-digit terms there are only 200 distinct questi
 questions: what RL must undo is the teacher's habit on them (the demo, relayrl/data/toy.py, keeps them disjoint).
 
   python examples/ecosystem/warm_start.py --format plain   # -> runs/ecosystem_warm   (reasoning_gym_learn.yaml)
-  python examples/ecosystem/warm_start.py --format gsm8k --init runs/ecosystem_warm --epochs 4
-                                                           # -> runs/ecosystem_warm_gsm8k (skyrl_gym_learn.yaml)
-The gsm8k format starts from the plain warm start: the answers it has learned, now after `#### ` (from a new tiny
-model the longer completion needs many more epochs), its tokenizer given the `#` it lacks.
+  python examples/ecosystem/warm_start.py --format gsm8k_work --init runs/ecosystem_warm --epochs 8
+                                                           # -> runs/ecosystem_warm_gsm8k_work (skyrl_gym_learn.yaml)
+The gsm8k formats start from the plain warm start, its tokenizer given the `#` it lacks. `gsm8k_work` answers
+`N #### N`: the answer where the plain warm start learned it, then stated after `#### ` (as GSM8K's solutions end
+with it), so the SFT only adds the copy; 8 epochs leave greedy decoding with the teacher's errors only (about 0.73
+on the held-out rows). `gsm8k` (`#### N`) moves the answer five tokens on, and from the plain warm start the model
+must learn it again: with 4 or 8 epochs it stayed near its loss plateau (0.12-0.43 greedy), a bad warm start.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def sft_rows(size: int, answer_format: str, seed: int = 100) -> list[dict]:
     rows = []
     for item in reasoning_gym.create_dataset("chain_sum", size=size, seed=seed, **TASK):
         answer = sloppy(item["question"], item["answer"], rng)
-        completion = f" {answer}" if answer_format == "plain" else f" #### {answer}"
+        completions = {"plain": f" {answer}", "gsm8k": f" #### {answer}", "gsm8k_work": f" {answer} #### {answer}"}
+        completion = completions[answer_format]
         rows.append({"prompt": item["question"], "completion": completion})
     return rows
 
@@ -70,14 +74,20 @@ def main() -> None:
     from relayrl.learner.sft import SFTSettings, run_sft
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--format", choices=("plain", "gsm8k"), default="plain", help="answer as 'N' or '#### N'")
+    parser.add_argument(
+        "--format",
+        choices=("plain", "gsm8k", "gsm8k_work"),
+        default="plain",
+        help="answer as 'N', '#### N', or 'N #### N' (the answer worked out first, then stated after '#### ', as "
+        "GSM8K's solutions end: the answer keeps the plain warm start's position)",
+    )
     parser.add_argument("--size", type=int, default=3000, help="SFT rows")
     parser.add_argument("--epochs", type=float, default=24.0)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--out", default="")
     parser.add_argument("--init", default="", help="a model directory to start from (default: a new tiny model)")
     args = parser.parse_args()
-    out = Path(args.out or ("runs/ecosystem_warm" if args.format == "plain" else "runs/ecosystem_warm_gsm8k"))
+    out = Path(args.out or ("runs/ecosystem_warm" if args.format == "plain" else f"runs/ecosystem_warm_{args.format}"))
     data = out.with_name(out.name + "_sft.jsonl")
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps(row) + "\n" for row in sft_rows(args.size, args.format)))
