@@ -46,6 +46,7 @@ from relayrl.sources.turn_requests import TurnOutput
 from relayrl.types import Prompt, Rollout, Sampling
 
 GATHER_S = 0.02  # an environment answer later than this after the previous one waits for the next engine call
+HeldAction = tuple[Trajectory, str | ToolTurn, SampledTurn]  # a turn's action (its text, or env.tools' parsed turn)
 
 
 @dataclass
@@ -87,9 +88,7 @@ class MultiTurnDriver:
         order = list(waiting)
         self.live: dict[int, Trajectory] = {}
         self.held_turns: list[Trajectory] = []  # lockstep only: turns waiting for every step to return
-        self.held_actions: list[
-            tuple[Trajectory, str | ToolTurn, SampledTurn]
-        ] = []  # lockstep only: steps waiting for the engine
+        self.held_actions: list[HeldAction] = []  # lockstep only: steps waiting for the engine
         self.stats = {"mismatch": 0, "forks": 0, "unknown_chars": 0, "env_wait_s": 0.0}
         try:
             while waiting or self.live:

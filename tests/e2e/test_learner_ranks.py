@@ -9,14 +9,13 @@ import tempfile
 import time
 
 import pytest
-import torch
 
 from relayrl.config import load_config
 from relayrl.errors import RoleFailure
 from relayrl.sync.endpoints import WeightSink
 from relayrl.sync.remote import free_port
 from relayrl.sync.transports import Manifest
-from tests.unit.test_sharded_scenarios import experience
+from tests.unit.test_sharded_scenarios import assert_same_first_step, experience
 
 pytestmark = pytest.mark.slow
 
@@ -83,7 +82,9 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
     exp = experience()
     stats = ranks.update(0, ranks.prepare(exp))
     single = LearnerRole(config(random_model_dir, 1))
+    before = {n: p.detach().clone() for n, p in single.policy.model.named_parameters()}
     expected = single.update(0, single.prepare(experience()))
+    after = {n: p.detach() for n, p in single.policy.model.named_parameters()}
     assert stats["loss/policy"] == pytest.approx(expected["loss/policy"], rel=1e-5, abs=1e-7)
     assert stats["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-5)
 
@@ -92,8 +93,7 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
     manifest = ranks.send_weights(1)
     assert len(manifest.handle) == len(layout.bucket_sizes) > 4
     pushed = dict(make_receiver("object_store", layout).receive(manifest))
-    for name, param in single.policy.model.named_parameters():
-        assert torch.allclose(pushed[name], param.detach(), atol=1e-5, rtol=0), name
+    assert_same_first_step(pushed, after, before)
 
     sink = ray.remote(Sink).options(num_cpus=0).remote()
     port = free_port()
@@ -106,8 +106,7 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
     ranks.wait(sent, "sending weights")
     ray.get(received, timeout=60)
     pushed = ray.get(sink.weights.remote(), timeout=60)
-    for name, param in single.policy.model.named_parameters():
-        assert torch.allclose(pushed[name], param.detach(), atol=1e-5, rtol=0), name
+    assert_same_first_step(pushed, after, before)
 
     ray.kill(ranks.actors[1], no_restart=True)
     start = time.monotonic()

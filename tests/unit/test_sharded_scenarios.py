@@ -30,6 +30,22 @@ def config(model_dir, extra=()):
     return load_config(None, overrides + ["train.micro_batch=4", *extra])
 
 
+def assert_same_first_step(got: dict, want: dict, before: dict, lr: float = 1e-3) -> None:
+    """W ranks' weights after one AdamW step (`got`) equal one learner's (`want`), both from `before`. AdamW's first
+    step moves an element by lr * g / (|g| + eps): by lr exactly (the sign of g) unless |g| is within ~10x of eps
+    (1e-8), where the float noise of another reduction order moves it by more than 1e-5 (measured: one element of
+    83k, 1.2e-5 apart). Those are compared at the step's own scale; every other element, and every weight that did
+    not move, to 1e-5; and they must stay rare, so that a broken gradient (near zero everywhere) cannot hide."""
+    elements, fragile = 0, 0
+    for name, param in want.items():
+        step = (param - before[name]).abs()
+        settled = (step > 0.9 * lr) | (step < 1e-7)
+        assert torch.allclose(got[name][settled], param[settled], atol=1e-5, rtol=0), name
+        assert torch.allclose(got[name][~settled], param[~settled], atol=2 * lr, rtol=0), name
+        elements, fragile = elements + step.numel(), fragile + int((~settled).sum())
+    assert fragile <= elements // 1000, (fragile, elements)
+
+
 def experience(seed=0, groups=4, n=4, vocab=16):
     """Ragged prompts (3..6 tokens) and responses (1..7 tokens), rewards that vary within each group."""
     gen = torch.Generator().manual_seed(seed)
