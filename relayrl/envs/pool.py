@@ -37,9 +37,8 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any], tool
 
     try:
         cls = load_env_class(spec)
-        for tool in tools or []:  # a tool whose module cannot import fails at start, as env.fn's class does
-            if isinstance(tool, str):
-                load_function(tool)
+        # imported once, at start: a tool whose module cannot import fails here, as env.fn's class does
+        loaded = {tool: load_function(tool) for tool in tools or [] if isinstance(tool, str)}
     except Exception as err:  # noqa: BLE001 - whatever the user's module raises is sent back as the load error
         connection.send(("load_error", str(err) if isinstance(err, EnvError) else f"{type(err).__name__}: {err}"))
         return
@@ -53,7 +52,7 @@ def _worker_main(connection: Connection, spec: str, kwargs: dict[str, Any], tool
                     env = cls(**kwargs)
                 except TypeError as err:
                     raise EnvError(f"env.fn={spec!r}: cannot build it with env.kwargs={kwargs}: {err}") from None
-                functions = tool_functions(tools or [], env)
+                functions = tool_functions(tools or [], env, loaded)
                 messages = as_messages(call(env.reset, payload), f"{where}: {cls.__name__}.reset")
                 connection.send(("ok", (messages, tuple(getattr(env, "stop", ()) or ()))))
             elif isinstance(payload, ToolTurn):  # env.tools: the parsed turn (relayrl/envs/tools.py)

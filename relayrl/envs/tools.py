@@ -121,8 +121,11 @@ def tool_schemas(specs: list[ToolSpec], env_class: type | None) -> list[dict[str
     return schemas
 
 
-def tool_functions(specs: list[ToolSpec], env: Any) -> dict[str, Callable[..., Any]]:
-    """{name: what runs it}: the named functions, and the environment's methods for the schemas."""
+def tool_functions(
+    specs: list[ToolSpec], env: Any, loaded: dict[str, Callable[..., Any]] | None = None
+) -> dict[str, Callable[..., Any]]:
+    """{name: what runs it}: the named functions (from `loaded`, a worker's imports at start, when given), and the
+    environment's methods for the schemas."""
     functions = {}
     for spec in specs:
         if isinstance(spec, dict):
@@ -130,7 +133,7 @@ def tool_functions(specs: list[ToolSpec], env: Any) -> dict[str, Callable[..., A
             assert name is not None  # tool_schemas checked it before any worker started
             functions[name] = getattr(env, name)
         else:
-            function = load_function(spec)
+            function = loaded[spec] if loaded and spec in loaded else load_function(spec)
             functions[getattr(function, "__name__", spec)] = function
     return functions
 
