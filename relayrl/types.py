@@ -1,5 +1,6 @@
 """The data that flows through the loop, typed in one place: Prompt -> Rollout -> Score -> Experience, and the
-engine requests between them: `Sampling` (how to sample) and `PartialSample` (a response generated in pieces)."""
+engine requests between them: `Sampling` (how to sample) and `PartialSample` (a response generated in pieces); and
+`ImageBatch`, the image tensors of a batch's rows (relayrl/data/vision.py makes them)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from relayrl.errors import DataError
 
 
 @dataclass
@@ -19,6 +22,11 @@ class Prompt:
     token_ids: list[int]
     columns: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] | None = None  # the row's `messages`, if it gave them (TRL-style rewards get them)
+    # a prompt with images (relayrl/data/vision.py): the decoded images, the processor's image tensors for the
+    # learner, and the ids with one placeholder per image that vLLM expands itself (token_ids are expanded)
+    images: list[Any] | None = None
+    image_inputs: dict[str, torch.Tensor] | None = None
+    engine_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Experience:
     returns: torch.Tensor | None = None  # [B, T-1] the critic's regression targets (gae only)
     prompt_lengths: torch.Tensor | None = None  # [B] prompt tokens of each row (group packing needs them)
     reward_penalty: torch.Tensor | None = None  # [B, T-1] per-token reward terms: the KL penalty (kl.placement=reward)
+    images: ImageBatch | None = None  # each row's image tensors (rows with images)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -82,6 +91,8 @@ class Experience:
         for name, value in vars(self).items():
             if value is None:
                 picked[name] = None
+            elif isinstance(value, ImageBatch):
+                picked[name] = value.select(index)
             elif value.dim() == 1:
                 picked[name] = value[index]
             elif name in ("input_ids", "attention_mask"):
@@ -150,3 +161,44 @@ class PartialSample:
             finish_reason=self.finish_reason or "length",
             versions=list(self.versions),
         )
+
+
+class ImageBatch:
+    """The image tensors of a batch's rows, one dict per row (None for a row without images). `batch()` joins
+    them for one forward: along dim 0, the dims after it padded with zeros where rows differ (Idefics3's
+    pixel values are [1, images, 3, H, W] per row, so rows of 1 and 2 images pad the second to 2; Qwen2-VL's
+    flat patches [patches, D] and grids [images, 3] just concatenate). The rows' order is the batch's."""
+
+    def __init__(self, rows: list[dict[str, torch.Tensor] | None]):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def select(self, index: torch.Tensor) -> ImageBatch:
+        return ImageBatch([self.rows[int(i)] for i in index])
+
+    def repeat(self, n: int) -> ImageBatch:
+        """Each row `n` times in a row (a prompt's `n` samples)."""
+        return ImageBatch([row for row in self.rows for _ in range(n)])
+
+    def batch(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        present = [row for row in self.rows if row]
+        if not present:
+            return {}
+        if len(present) != len(self.rows):
+            raise DataError("a batch mixes rows with and without images; the model's forward takes one kind at a time")
+        return {name: _join([row[name] for row in present]).to(device) for name in present[0]}
+
+
+def _join(tensors: list[torch.Tensor]) -> torch.Tensor:
+    if all(t.shape[1:] == tensors[0].shape[1:] for t in tensors):
+        return torch.cat(tensors)
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    padded = []
+    for t in tensors:
+        pad = []
+        for d in reversed(range(1, t.dim())):
+            pad += [0, shape[d - 1] - t.shape[d]]
+        padded.append(torch.nn.functional.pad(t, pad))
+    return torch.cat(padded)

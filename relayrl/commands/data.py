@@ -1,5 +1,5 @@
 """`relayrl data check FILE [--model DIR] [--max-prompt-tokens N] [--prompt-key COLUMN]`: every row of a prompt file checked now, as
-training would read it (relayrl/data/check.py)."""
+training would read it, every image of a row with `images` opened (relayrl/data/check.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 def register(commands) -> None:
     data = commands.add_parser("data", help="check a prompt file (jsonl, parquet, datasets dir) row by row")
     actions = data.add_subparsers(dest="action", required=True, help="what to do with the file")
-    check = actions.add_parser("check", help="read and check every row now (training reads large files lazily)")
+    check = actions.add_parser("check", help="read and check every row and image now (training reads lazily)")
     check.add_argument("file", metavar="FILE", help=".jsonl, .parquet or a datasets save_to_disk directory")
     check.add_argument("--model", help="model directory: also render and tokenise every prompt")
     check.add_argument("--max-prompt-tokens", type=int, default=256, help="with --model: data.max_prompt_tokens")

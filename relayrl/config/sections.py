@@ -33,6 +33,11 @@ class ModelConfig(Section):
     lora: LoraConfig | None = Field(
         default=None, description="Train a LoRA adapter (peft) on a frozen base; absent = full fine-tuning."
     )
+    freeze_vision: bool = Field(
+        default=True,
+        description="A vision-language model's vision tower is not trained (the language model and the connector "
+        "are), and pushes leave it out. No effect on a text-only model.",
+    )
 
 
 class DataConfig(Section):

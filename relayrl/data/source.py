@@ -20,7 +20,9 @@ from typing import Any, overload
 
 import numpy as np
 
+from relayrl.data.images import IMAGE_PLACEHOLDER, check_images, open_row_images
 from relayrl.data.rows import open_rows
+from relayrl.data.vision import base_dir, image_prompt
 from relayrl.errors import DataError, DataWarning
 from relayrl.types import Prompt
 
@@ -69,20 +71,37 @@ def check_row(where: str, row: dict[str, Any]) -> None:
         raise DataError(
             f"{where}: 'prompt' must be a non-empty string or a list of {{role, content}} messages, got {value!r}"
         )
+    check_images(where, row)  # structure and placeholder counts only: `relayrl data check` opens the files
 
 
 def _check_messages(where: str, column: str, messages: Any) -> None:
+    """Each message a {role, content}: content a string, or a list of `{"type": "text", "text": ...}` and
+    `{"type": "image"}` parts (transformers' convention; other keys, such as the null ones a `datasets` table
+    fills in, are allowed)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise DataError(f"{where}: '{column}' must be a non-empty list of {{role, content}} objects")
     for i, message in enumerate(messages):
         if not (
             isinstance(message, dict)
             and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), str)
+            and isinstance(message.get("content"), (str, list, tuple))
         ):
             raise DataError(
-                f"{where}: {column}[{i}] must be an object with string 'role' and 'content', got {message!r}"
+                f"{where}: {column}[{i}] must be an object with string 'role' and 'content' (a string or a list of "
+                f"content parts), got {message!r}"
             )
+        if not isinstance(message["content"], str):
+            for j, part in enumerate(message["content"]):
+                _check_content_part(f"{where}: {column}[{i}].content[{j}]", part)
+
+
+def _check_content_part(label: str, part: Any) -> None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind == "image" or (kind == "text" and isinstance(part.get("text"), str)):
+        return
+    if kind == "text":
+        raise DataError(f"{label}: a text part needs a string 'text', got {part!r:.120}")
+    raise DataError(f'{label} must be {{"type": "text", "text": ...}} or {{"type": "image"}}, got {part!r:.120}')
 
 
 EAGER_ROWS = 10_000  # a file of at most this many rows is read, checked and tokenised whole at start
@@ -143,8 +162,13 @@ class PromptMaker:
     def make(self, index: int, where: str, row: dict[str, Any], count: bool = True) -> Prompt | None:
         tokenizer, limit = self.tokenizer, self.max_prompt_tokens
         text = render(row, tokenizer, self.chat_template, where)
+        images = self._images(where, row)
         # a chat template writes its own special tokens; a plain prompt gets the tokenizer's (e.g. BOS)
-        token_ids = tokenizer(text, add_special_tokens=is_plain_prompt(row))["input_ids"]
+        if images:
+            token_ids, engine_ids, image_inputs = image_prompt(tokenizer, text, images, is_plain_prompt(row), where)
+        else:
+            token_ids = tokenizer(text, add_special_tokens=is_plain_prompt(row))["input_ids"]
+            engine_ids, image_inputs = None, None
         if not token_ids:
             column = "'prompt'" if is_plain_prompt(row) else "'messages' (after the chat template)"
             raise DataError(f"{where}: {column} tokenizes to no tokens")
@@ -157,6 +181,12 @@ class PromptMaker:
             if self.on_long_prompt == "drop":
                 self.stats.dropped += count
                 return None
+            if images:
+                raise DataError(
+                    f"{where}: prompt has {len(token_ids)} tokens (its images' included), over data.max_prompt_tokens="
+                    f"{limit}; a prompt with images cannot be truncated (its image tokens would be cut): raise the "
+                    "limit or set data.on_long_prompt=drop"
+                )
             self.stats.truncated += count
             token_ids = token_ids[-limit:]  # keep the end, where the question usually is
             text = tokenizer.decode(token_ids)
@@ -169,7 +199,16 @@ class PromptMaker:
             token_ids=token_ids,
             columns={k: v for k, v in row.items() if k not in ("prompt", "messages")},
             messages=None if is_plain_prompt(row) else list(chat_messages(row)),
+            images=images or None,
+            image_inputs=image_inputs,
+            engine_token_ids=engine_ids,
         )
+
+    def _images(self, where: str, row: dict[str, Any]) -> list:
+        """The row's images, opened (relayrl/data/images.py names the row and image of any that is unreadable)."""
+        if not row.get("images"):
+            return []
+        return open_row_images(where, row, base_dir(where))
 
     def _warn_unknown(self, where: str, text: str, count: bool) -> None:
         """Say once (at the first such prompt) that characters become the unk token: the model never sees
@@ -268,7 +307,7 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
         return row["prompt"]
     messages = list(chat_messages(row))
     if not chat_template:
-        return "".join(m["content"] for m in messages)
+        return "".join(map(_content_text, messages))
     if tokenizer.chat_template is None:
         raise DataError(
             f"{where}: a 'messages' row needs a tokenizer with a chat template "
@@ -291,6 +330,14 @@ def render(row: dict[str, Any], tokenizer, chat_template: bool, where: str = "")
             "the answer, but the chat template does not write that turn's content verbatim, so it cannot be left open; end "
             "the row with a user turn, or give the exact text as a 'prompt' row"
         ) from None
+
+
+def _content_text(message: dict[str, Any]) -> str:
+    """A message's content as text: a string as it is; a part list's texts, with `<image>` for each image."""
+    content = message["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(IMAGE_PLACEHOLDER if part["type"] == "image" else part["text"] for part in content)
 
 
 def show_first_prompt(

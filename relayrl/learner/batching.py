@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from relayrl.types import Experience, Rollout, Score
+from relayrl.types import Experience, ImageBatch, Rollout, Score
 
 
 def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -> Experience:
@@ -43,6 +43,7 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
     if any(r.loss_mask is not None for r in rollouts):  # multi-turn: observation tokens are not trained
         masks = [m for r in rollouts for m in (r.loss_mask if r.loss_mask is not None else [1] * len(r.response_ids))]
         loss_mask[response] = torch.tensor(masks, dtype=torch.float32)
+    with_images = any(r.prompt.image_inputs for r in rollouts)
     return Experience(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -52,6 +53,7 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
         group_ids=group_ids,
         versions=versions,
         prompt_lengths=prompt_lengths,
+        images=ImageBatch([r.prompt.image_inputs for r in rollouts]) if with_images else None,
     )
 
 

@@ -37,6 +37,7 @@ class Sampled:
     temperature: float
     top_k: int
     top_p: float
+    suppressed: tuple[int, ...] = ()  # never sampled: a vision-language model's image tokens (data/vision.py)
 
 
 @dataclass
@@ -63,6 +64,14 @@ class ForwardLayout:
         self.positions = self.tokens = self.packed_forwards = self.forwards = 0  # since the last take_counts
 
     def chooses_packing(self, exp: Experience) -> bool:
+        if exp.images is not None:
+            if self.packing == "groups":
+                raise ConfigError(
+                    "train.packing=groups does not take rows with images: a group's packed row would put several "
+                    "samples' image tokens in one sequence, and the vision model's inputs are per sample. Use "
+                    "train.packing=auto (padded rows for image batches) or none"
+                )
+            return False
         if self.packing == "none" or exp.prompt_lengths is None or self.attention not in PACKABLE_ATTENTION:
             return False
         return self.packing == "groups" or packing_pays(packed_positions(exp), padded_positions(exp))
@@ -101,7 +110,7 @@ class ForwardLayout:
         self.forwards += 1
         self.positions += exp.attention_mask.numel()
         self.tokens += int(exp.attention_mask.sum())
-        output = self._output(model, input_ids=exp.input_ids, attention_mask=exp.attention_mask)
+        output = self._output(model, input_ids=exp.input_ids, attention_mask=exp.attention_mask, **image_inputs(exp))
         sample, column = response_targets(exp)
         return Predictions(output[sample.to(self.device), column.to(self.device)], sample, column)
 
@@ -120,10 +129,11 @@ class ForwardLayout:
     def _stats(self, model, output, targets, entropy_grad):
         s = self.sampled
         if self.logits_chunk > 0:
+            head = output_head(model)
             return head_stats(
-                output, output_head(model), targets, s.temperature, s.top_k, s.top_p, self.logits_chunk, entropy_grad
+                output, head, targets, s.temperature, s.top_k, s.top_p, self.logits_chunk, entropy_grad, s.suppressed
             )
-        return logits_stats(output, targets, s.temperature, s.top_k, s.top_p, entropy_grad)
+        return logits_stats(output, targets, s.temperature, s.top_k, s.top_p, entropy_grad, s.suppressed)
 
     # ------------------------------------------------------------------ first-use check
     @torch.no_grad()
@@ -132,10 +142,10 @@ class ForwardLayout:
         self.checked = True
         if not packed and self.logits_chunk <= 0:
             return  # this is the plain forward
-        inputs = {"input_ids": exp.input_ids.to(self.device), "attention_mask": exp.attention_mask.to(self.device)}
-        logits = model(**inputs).logits
+        inputs = {"input_ids": exp.input_ids, "attention_mask": exp.attention_mask, **image_inputs(exp)}
+        logits = model(**{name: value.to(self.device) for name, value in inputs.items()}).logits
         s = self.sampled
-        plain, _ = logits_stats(logits[index], targets, s.temperature, s.top_k, s.top_p, False)
+        plain, _ = logits_stats(logits[index], targets, s.temperature, s.top_k, s.top_p, False, s.suppressed)
         gap = float((logp.detach() - plain).abs().max()) if len(plain) else 0.0
         tolerance = PARITY_TOLERANCE.get(logits.dtype, HALF_PRECISION_TOLERANCE)
         if gap > tolerance:
@@ -152,6 +162,11 @@ class ForwardLayout:
                 f"rows, {head}) gives log-probs up to {gap:.2g} away from the plain forward (tolerance "
                 f"{tolerance:g}): this model does not support it. Set {' or '.join(settings)}."
             )
+
+
+def image_inputs(exp: Experience) -> dict[str, torch.Tensor]:
+    """The rows' image tensors for the forward (pixel values and the model's other image inputs), if any."""
+    return exp.images.batch() if exp.images is not None else {}
 
 
 def response_targets(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from relayrl.config import Config
+from relayrl.data.vision import vision_token_ids
 from relayrl.learner import malloc
 from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher, packs_groups
@@ -31,6 +32,7 @@ from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models import lora
 from relayrl.models.adapter_sync import lora_sync_mode
 from relayrl.models.loading import load_causal_lm
+from relayrl.models.vision import freeze_vision
 from relayrl.types import Experience, filled
 
 
@@ -47,6 +49,8 @@ class PolicyLearner:
         # eval mode throughout: dropout would make the on-policy ratio differ from 1 and the log-probs
         # of the old/reference passes differ from the update's; gradients flow the same
         self.model = load(config.model.path, self.device).eval()
+        # a vision-language model's frozen tower: no gradients, no optimizer state, left out of pushes
+        self.frozen = freeze_vision(self.model) if config.model.freeze_vision else set()
         if config.model.lora is not None:
             self.model = lora.add_adapter(self.model, config.model.lora).eval()
         self.model.config.use_cache = False
@@ -88,7 +92,7 @@ class PolicyLearner:
         self.layout = ForwardLayout(
             train.packing,
             train.logits_chunk,
-            Sampled(rollout.temperature, rollout.top_k, rollout.top_p),
+            Sampled(rollout.temperature, rollout.top_k, rollout.top_p, vision_token_ids(config.model.path)),
             self.model.config,
             self.device,
         )
@@ -206,7 +210,7 @@ class PolicyLearner:
             return lora.adapter_tensors(self.model)
         if self.sync_mode == "merged":
             return lora.merged_tensors(self.model)
-        return ((name, param.detach()) for name, param in self.model.named_parameters())
+        return ((name, param.detach()) for name, param in self.model.named_parameters() if name not in self.frozen)
 
     def save(self, out_dir: str | Path, tokenizer=None) -> None:
         """save_pretrained into `out_dir`; with LoRA the merged model there (what `relayrl eval --model` and

@@ -29,11 +29,12 @@ def head_stats(
     top_p: float,
     chunk: int,
     entropy_grad: bool,
+    suppressed: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-prob of each target, entropy at its position): hidden [N, H], targets [N] -> [N], [N] (fp32).
     `chunk` <= 0 or N <= chunk: one piece, no recomputation. The entropy carries gradients only when
     `entropy_grad` (an entropy bonus); otherwise it is a metric and nothing of it is kept for the backward."""
-    args = (head.weight, head.bias, temperature, top_k, top_p, entropy_grad)
+    args = (head.weight, head.bias, temperature, top_k, top_p, entropy_grad, suppressed)
     if chunk <= 0 or hidden.shape[0] <= chunk:
         return _stats(hidden, targets, *args)
     pieces = [
@@ -43,19 +44,31 @@ def head_stats(
     return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])
 
 
-def _stats(hidden, targets, weight, bias, temperature, top_k, top_p, entropy_grad):
-    return logits_stats(F.linear(hidden, weight, bias), targets, temperature, top_k, top_p, entropy_grad)
+def _stats(hidden, targets, weight, bias, temperature, top_k, top_p, entropy_grad, suppressed):
+    logits = F.linear(hidden, weight, bias)
+    return logits_stats(logits, targets, temperature, top_k, top_p, entropy_grad, suppressed)
 
 
 def logits_stats(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int, top_p: float, entropy_grad: bool
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    entropy_grad: bool,
+    suppressed: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same from logits [N, V] the model computed itself (train.logits_chunk=0).
+    """The same from logits [N, V] the model computed itself (train.logits_chunk=0). `suppressed`: token ids the
+    engines never sample (a vision-language model's image placeholders, relayrl/data/vision.py), out of the
+    distribution here as there.
 
     One log-softmax over the vocabulary serves both: the log-prob is read from it and the entropy summed
     over it (an entropy bonus differentiates through the same tensor). Its output is what the backward
     keeps, one [N, V] tensor, as a logsumexp would keep its input."""
-    logp_all = torch.log_softmax(truncate_logits(logits.float() / temperature, top_k, top_p), dim=-1)  # [N, V]
+    logits = logits.float()
+    if suppressed:
+        logits = logits.index_fill(-1, torch.tensor(suppressed, device=logits.device), float("-inf"))
+    logp_all = torch.log_softmax(truncate_logits(logits / temperature, top_k, top_p), dim=-1)  # [N, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
     if entropy_grad:
         return logp, entropy_of(logp_all)

@@ -57,12 +57,25 @@ def warn_two_chat_templates(path: str | Path, tokenizer) -> None:
     )
 
 
-def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path"):
-    from transformers import AutoModelForCausalLM
+def is_vision_language(config) -> bool:
+    """A config with a vision tower (Idefics3, Qwen2-VL, LLaVA ...): loaded as an image-text-to-text model."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def model_class(config):
+    """The transformers auto class that builds this config's generating model, with its LM head."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_language(config) else AutoModelForCausalLM
+
+
+def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path", dtype=torch.float32):
+    """The model of a directory (a causal LM, or a vision-language model with its vision tower), fp32 by default."""
+    from transformers import AutoConfig
 
     check_model_dir(path, key)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = model_class(AutoConfig.from_pretrained(path)).from_pretrained(path, dtype=dtype)
         # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which pyright reads unbound
         return model.to(device)  # pyright: ignore[reportArgumentType]
     except (OSError, ValueError) as err:

@@ -21,22 +21,24 @@ from collections.abc import Iterable
 
 import torch
 
+from relayrl.data.vision import vision_token_ids
 from relayrl.errors import ConfigError
 from relayrl.rollout.seeds import prompt_seeds
-from relayrl.types import PartialSample, Prompt, Rollout, Sampling
+from relayrl.types import ImageBatch, PartialSample, Prompt, Rollout, Sampling
 
 
 class HFEngine:
     def __init__(self, model_path: str, dtype: str = "float32"):
         """`dtype`: the weights' (rollout.dtype as relayrl/rollout/build.py resolves it: bf16 on a GPU, fp32 on CPU)."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from relayrl.models.loading import load_causal_lm
 
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
-        # transformers wraps PreTrainedModel.to in functools.wraps(nn.Module.to), which pyright reads unbound
-        self.model = model.to(self.device).eval()  # pyright: ignore[reportArgumentType]
+        self.model = load_causal_lm(model_path, self.device, key="rollout model", dtype=getattr(torch, dtype)).eval()
         self.params = dict(self.model.named_parameters())  # load_weights' targets (the same tensors every push)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.suppressed = vision_token_ids(model_path)  # never sampled (the learner leaves them out too)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.eos_id = self.tokenizer.eos_token_id
         self.version = 0
@@ -59,14 +61,17 @@ class HFEngine:
             input_ids[row, width - len(prompt.token_ids) :] = torch.tensor(prompt.token_ids)
             attention[row, width - len(prompt.token_ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        images = ImageBatch([p.image_inputs for p in prompts])
         if sampling.stop:  # stop strings: generate's own criteria
-            new_tokens, picked = self._generate_hf(input_ids, attention, sampling)
+            new_tokens, picked = self._generate_hf(input_ids, attention, sampling, images.batch(self.device))
         else:
-            new_tokens, picked = self._decode(input_ids, attention, sampling, self._row_streams(prompts, sampling))
+            streams = self._row_streams(prompts, sampling)
+            with_images = images.repeat(sampling.n).batch(self.device)
+            new_tokens, picked = self._decode(input_ids, attention, sampling, streams, with_images)
         return self._rollouts(prompts, new_tokens, picked, sampling, version)
 
-    def _generate_hf(self, input_ids, attention, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor]:
-        """`generate` itself, returning what `_decode` returns."""
+    def _generate_hf(self, input_ids, attention, sampling: Sampling, images=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`generate` itself, returning what `_decode` returns (`images`: the prompts' image tensors, joined)."""
         greedy = sampling.temperature == 0
         # transformers types generate's self as its GenerativePreTrainedModel protocol, which pyright does not
         # match against the auto class's return type
@@ -81,23 +86,30 @@ class HFEngine:
             max_new_tokens=sampling.max_tokens,
             min_new_tokens=sampling.min_tokens or None,
             stop_strings=list(sampling.stop) or None,
+            suppress_tokens=list(self.suppressed) or None,
             tokenizer=self.tokenizer if sampling.stop else None,
             pad_token_id=self.pad_id,
             eos_token_id=self.eos_id,
             output_scores=True,
             return_dict_in_generate=True,
+            **(images or {}),
         )
         new_tokens = out.sequences[:, input_ids.shape[1] :].cpu()
         logprobs = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], dim=1).cpu()
         return new_tokens, logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
 
     def _decode(
-        self, input_ids, attention, sampling: Sampling, streams: list[torch.Generator] | None = None
+        self,
+        input_ids,
+        attention,
+        sampling: Sampling,
+        streams: list[torch.Generator] | None = None,
+        images: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """generate's sampling loop for `input_ids` [P, L] (left-padded): (new tokens [P*n, T], their log-probs under
         the processed scores [P*n, T]); a finished row continues with padding, as in generate. With `streams`
         (one generator per row) each row draws from its own; without, every row from torch's global generator,
-        as generate draws."""
+        as generate draws. `images`: the rows' image tensors (already n per prompt), read by the first forward."""
         from transformers import DynamicCache
 
         ids, mask = input_ids.repeat_interleave(sampling.n, 0), attention.repeat_interleave(sampling.n, 0)
@@ -107,6 +119,7 @@ class HFEngine:
         unfinished = torch.ones(ids.shape[0], dtype=torch.long, device=ids.device)
         step_ids, tokens, logprobs = ids, [], []
         for _ in range(sampling.max_tokens):
+            extra: dict = (images or {}) if not tokens else {}  # the prompt's forward reads the images; then the cache
             out = self.model(
                 input_ids=step_ids,
                 attention_mask=mask,
@@ -114,8 +127,9 @@ class HFEngine:
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                **extra,
             )
-            scores = processors(ids, out.logits[:, -1].to(copy=True, dtype=torch.float32))
+            scores = processors(ids, out.logits[:, -1].to(copy=True, dtype=torch.float32))  # pyright: ignore[reportArgumentType]
             if sampling.temperature == 0:
                 chosen = torch.argmax(scores, dim=-1)
             elif streams:  # each row from its own stream: what it draws does not depend on the rows beside it
@@ -152,6 +166,8 @@ class HFEngine:
 
         eos = torch.tensor([self.eos_id], device=self.device)
         chain = g.LogitsProcessorList()
+        if self.suppressed:  # first, as vLLM applies a logit bias before temperature and top-k/top-p
+            chain.append(g.SuppressTokensLogitsProcessor(list(self.suppressed), device=self.device))
         if sampling.min_tokens:
             chain.append(
                 g.MinNewTokensLengthLogitsProcessor(prompt_width, sampling.min_tokens, eos, device=self.device)

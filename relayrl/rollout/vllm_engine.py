@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from relayrl.errors import SyncError
+from relayrl.data.vision import vision_token_ids
+from relayrl.errors import ModelError, SyncError
 from relayrl.models.adapter_sync import AdapterSpec, map_adapter_keys
 from relayrl.rollout.build import EngineDevice
 from relayrl.rollout.seeds import prompt_seeds
@@ -99,6 +100,9 @@ class VLLMEngine:
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
         if tensor_parallel > 1:
             tp_started(self.llm)
+        # a vision-language model's image tokens are never sampled (the learner leaves them out too); a -inf bias is
+        # in vLLM's processed log-probs (measured: 2e-7 from an HF forward with those logits masked)
+        self.never_sampled = {token: float("-inf") for token in vision_token_ids(model_path)} or None
         self.version = 0
         self.broken = ""  # why the engine cannot serve (a push that failed part-way), once it cannot
         self.adapters = None
@@ -126,11 +130,14 @@ class VLLMEngine:
                 # strings, otherwise the texts are decoded once for the batch below
                 detokenize=bool(sampling.stop),
                 seed=seed,
+                logit_bias=self.never_sampled,
             )
             for seed in seeds
         ]
-        requests: list[TokensPrompt] = [{"prompt_token_ids": p.token_ids} for p in prompts]
+        requests = [engine_request(p) for p in prompts]
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._adapter())
+        for prompt, output in zip(prompts, outputs):
+            check_expansion(prompt, output.prompt_token_ids)
         completions = [
             (prompt, index, completion)
             for prompt, output in zip(prompts, outputs)
@@ -181,9 +188,10 @@ class VLLMEngine:
                 stop=list(sampling.stop) or None,
                 output_kind=RequestOutputKind.DELTA,
                 seed=None if sample.seed is None else sample.seed + 7919 * len(sample.token_ids),
+                logit_bias=self.never_sampled,
             )
             request_id = f"p{index}"
-            prompt: TokensPrompt = {"prompt_token_ids": sample.prompt.token_ids + sample.token_ids}
+            prompt = engine_request(sample.prompt, sample.token_ids)
             engine.add_request(request_id, prompt, params, lora_request=adapter)
             live[request_id] = sample
         groups: dict[int, list[PartialSample]] = {}
@@ -284,6 +292,30 @@ class VLLMEngine:
         # Internal path (vLLM 0.32, in-process V1 engine); tested in tests/integration/test_vllm_engine.py.
         # vLLM types llm_engine.engine_core as the base EngineCoreClient; in process it is the InprocClient
         return self.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def engine_request(prompt: Prompt, continued: list[int] | None = None) -> TokensPrompt:
+    """vLLM's request for a prompt (and the tokens a partial rollout has so far). A prompt with images goes as its
+    ids with one placeholder per image and the images: vLLM's processor expands them (relayrl/data/vision.py)."""
+    continued = continued or []
+    if not prompt.images:
+        return {"prompt_token_ids": prompt.token_ids + continued}
+    assert prompt.engine_token_ids is not None  # set with the images (relayrl/data/source.py)
+    return {"prompt_token_ids": prompt.engine_token_ids + continued, "multi_modal_data": {"image": prompt.images}}
+
+
+def check_expansion(prompt: Prompt, used: list[int] | None) -> None:
+    """vLLM's expansion of a prompt's image placeholders must be the learner's (the processor's), token for token:
+    otherwise the learner would score other tokens than the engine sampled after."""
+    if not prompt.images or used is None or list(used[: len(prompt.token_ids)]) == prompt.token_ids:
+        return
+    differs = next((i for i, (a, b) in enumerate(zip(used, prompt.token_ids)) if a != b), len(used))
+    raise ModelError(
+        f"prompt {prompt.id}: vLLM expanded its {len(prompt.images)} image(s) into other prompt tokens than the "
+        f"model's processor ({len(used)} vs {len(prompt.token_ids)} tokens, first difference at token {differs}): the "
+        "engine and the learner would see different prompts. Check the processor settings saved with the model "
+        "(processor_config.json); rollout.engine=hf uses the processor's own expansion"
+    )
 
 
 def _rollout(prompt: Prompt, index: int, completion, text: str, version: int) -> Rollout:

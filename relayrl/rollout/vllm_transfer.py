@@ -114,15 +114,17 @@ def stream_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucke
     finally:
         if session["open"]:
             llm.collective_rpc("finish_weight_update")
-        llm.collective_rpc(_reset_caches)
+        llm.collective_rpc(_reset_lora_state)
     llm.reset_prefix_cache()
+    # image embeddings computed with the old weights: dropped on both sides, the scheduler's record of them and the
+    # workers' tensors (a worker-only reset left the scheduler sending requests to a cache that was empty:
+    # "Encoder cache miss"); the processor cache likewise on the sender's and the receivers' side
+    llm.llm_engine.reset_encoder_cache()
+    llm.reset_mm_cache()
 
 
-def _reset_caches(worker) -> None:
-    runner = worker.model_runner
-    runner.reset_lora_state()
-    runner.reset_encoder_cache()
-    runner.reset_mm_cache()
+def _reset_lora_state(worker) -> None:
+    worker.model_runner.reset_lora_state()
 
 
 register()
