@@ -53,13 +53,38 @@ def build_tiny_vlm(
     """A randomly initialised fp32 Idefics3 and its processor (tokenizer trained on `texts`), saved to `out_dir`.
     Returns (model, processor)."""
     import torch
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor, LlamaConfig
-    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+    from transformers import Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
     tokenizer = train_char_tokenizer(texts)
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE
+    shape = dict(hidden=hidden, layers=layers, vision_hidden=vision_hidden, vision_layers=vision_layers)
+    config = _config(tokenizer, image_size, patch, scale_factor, max_positions, **shape)
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).float()
+    image_processor = Idefics3ImageProcessorPil(
+        do_image_splitting=False,
+        size={"longest_edge": image_size},
+        max_image_size={"longest_edge": image_size},
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    image_tokens = (image_size // patch) ** 2 // scale_factor**2
+    processor = Idefics3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=image_tokens, chat_template=CHAT_TEMPLATE
+    )
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return model, processor
+
+
+def _config(tokenizer, image_size, patch, scale_factor, max_positions, hidden, layers, vision_hidden, vision_layers):
+    """The Idefics3Config: a SigLIP-shaped vision tower of `vision_layers` and a Llama text model of `layers`."""
+    from transformers import Idefics3Config, LlamaConfig
+    from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
+
     pad, bos, eos = tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id
     image_id = tokenizer.convert_tokens_to_ids(IMAGE)
     assert isinstance(pad, int) and isinstance(bos, int) and isinstance(eos, int) and isinstance(image_id, int)
@@ -84,7 +109,7 @@ def build_tiny_vlm(
         bos_token_id=bos,
         eos_token_id=eos,
     )
-    config = Idefics3Config(
+    return Idefics3Config(
         vision_config=vision.to_dict(),
         text_config=text.to_dict(),
         image_token_id=image_id,
@@ -92,20 +117,3 @@ def build_tiny_vlm(
         tie_word_embeddings=True,
         pad_token_id=pad,
     )
-    torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).float()
-    image_tokens = (image_size // patch) ** 2 // scale_factor**2
-    image_processor = Idefics3ImageProcessorPil(
-        do_image_splitting=False,
-        size={"longest_edge": image_size},
-        max_image_size={"longest_edge": image_size},
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-    )
-    processor = Idefics3Processor(
-        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=image_tokens, chat_template=CHAT_TEMPLATE
-    )
-    model.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return model, processor
