@@ -351,11 +351,9 @@ def uses_prefix_caching(setting: str, max_model_len: int, on_gpu: bool) -> bool:
 
 
 def whole_prefill_args(max_model_len: int, on_gpu: bool) -> dict:
-    """On CPU, a prompt is prefilled in one step, never chunked. vLLM rewinds a seeded request's generator when it
-    discards the token sampled after a partial prefill (`gen.set_offset`, gpu_model_runner.py), and a CPU generator
-    has no offset: "RuntimeError: CPU Generator does not use offset" (measured: 256 seeded image prompts of 40
-    tokens, more than a step's 2048-token budget, crashed the first generate). Whole prefills keep every request
-    seeded; the budget holds at least one whole prompt."""
+    """On CPU, a prompt is prefilled in one step, never chunked: vLLM rewinds a seeded request's generator after a
+    partial prefill (`gen.set_offset`), which a CPU generator cannot do ("CPU Generator does not use offset":
+    256 seeded image prompts of 40 tokens, past a step's 2048-token budget, crashed the first generate)."""
     if on_gpu:
         return {}
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, max_model_len)}
