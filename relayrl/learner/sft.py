@@ -118,24 +118,33 @@ def run_sft(
     settings: SFTSettings | None = None,
     log=print,
 ) -> Path:
+    from relayrl.learner import sft_vision
     from relayrl.learner.sft_chat import conversation_rows, conversation_texts, encode_conversations
     from relayrl.models.loading import load_causal_lm, load_tokenizer
     from relayrl.models.tiny import build_tiny
 
     settings = settings or SFTSettings()
-    conversations = conversation_rows(data)  # multi-turn `messages` rows: assistant turns trained (learner/sft_chat.py)
-    pairs = [] if conversations else load_pairs(data)
+    with_images = sft_vision.image_rows(data)  # prompts with images (learner/sft_vision.py)
+    conversations = None if with_images else conversation_rows(data)  # multi-turn: assistant turns (sft_chat.py)
+    pairs = [] if conversations or with_images else load_pairs(data)
     torch.manual_seed(settings.seed)
     if model_path:
         model = load_causal_lm(model_path, key="--model")
         tokenizer = load_tokenizer(model_path, key="--model")
+    elif init == "tiny" and with_images:
+        model, tokenizer = sft_vision.build_tiny_for(with_images, settings.seed, settings.hidden, settings.layers)
     elif init == "tiny":
         texts = [pair.prompt + pair.completion for pair in pairs] + conversation_texts(conversations or [])
         model, tokenizer = build_tiny(texts, seed=settings.seed, hidden=settings.hidden, layers=settings.layers)
     else:
         raise ValueError(f"unknown init {init!r}: use 'tiny' or give a model path")
     encoded: list[Encoded] = []
-    encoded += encode_conversations(conversations, tokenizer) if conversations else encode(pairs, tokenizer)
+    images: list[dict] = []  # each row's image tensors, for image rows
+    if with_images:
+        pieces, images = sft_vision.encode_image_rows(with_images, tokenizer)
+        encoded += pieces
+    else:
+        encoded += encode_conversations(conversations, tokenizer) if conversations else encode(pairs, tokenizer)
     warn_unknown_characters(pairs, encoded, tokenizer, model_path or "--init tiny")
     steps = max(1, math.ceil(len(encoded) * settings.epochs / settings.batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.01)
@@ -152,10 +161,12 @@ def run_sft(
             fresh = list(range(len(encoded)))
             rng.shuffle(fresh)
             order.extend(fresh)
-        batch = [encoded[i] for i in order[: settings.batch_size]]
+        picked = order[: settings.batch_size]
+        batch = [encoded[i] for i in picked]
         del order[: settings.batch_size]
         input_ids, attention, labels = collate(batch, int(tokenizer.pad_token_id))  # pyright: ignore[reportArgumentType] - an int here
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+        pixels = sft_vision.image_batch(images, picked) if images else {}
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **pixels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -166,4 +177,6 @@ def run_sft(
     out = Path(out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if with_images:
+        sft_vision.save_processor(tokenizer, out)
     return out
