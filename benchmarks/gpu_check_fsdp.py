@@ -67,7 +67,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, offload: bool, r
     from torch.distributed.tensor.debug import CommDebugMode
 
     from relayrl.learner.process_group import leave_learner_group, split_by_groups
-    from relayrl.learner.sharded import decoder_layers, sharded_learner
+    from relayrl.learner.sharded import sharded_learner, transformer_blocks
 
     torch.set_num_threads(max(1, threads() // world))
     cfg = fsdp_config(model_dir)
@@ -78,7 +78,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, offload: bool, r
         learner = sharded_learner(cfg, rank, world, "127.0.0.1", port, timeout_s=120)
         model = learner.policy.model
         passes: set[str] = set()
-        layer = decoder_layers(learner.policy.network)[0]
+        layer = transformer_blocks(learner.policy.network)[0]
         layer.register_forward_pre_hook(lambda m, _: passes.add(str(next(m.parameters()).dtype)[6:]))
         masters = {str(p.dtype)[6:] for p in model.parameters()}
         shards_on = {p.to_local().device.type for p in model.parameters()}

@@ -89,7 +89,7 @@ def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", f"rollout.n={N}", f"rollout.prompts_per_step={GROUPS}"]
     config = load_config(None, overrides + ["train.micro_batch=8", f"rollout.max_tokens={RESPONSE}"])
-    from relayrl.learner.sharded import ShardedRanks, decoder_layers, sharded_learner
+    from relayrl.learner.sharded import ShardedRanks, sharded_learner, transformer_blocks
 
     if world == 1 and not sharded:
         from relayrl.learner.role import LearnerRole
@@ -99,7 +99,7 @@ def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
         learner = sharded_learner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
     part = split_by_groups(rollout_batch(), world)[rank]
     passes = set()  # the dtype of the first layer's weights while it runs (FSDP2 gathers them in param_dtype)
-    layer = decoder_layers(learner.policy.model)[0]
+    layer = transformer_blocks(learner.policy.model)[0]
     layer.register_forward_pre_hook(lambda module, _: passes.add(str(next(module.parameters()).dtype)[6:]))
     grads = []
     learner.policy.optimizer.register_step_pre_hook(

@@ -59,12 +59,18 @@ if TYPE_CHECKING:
     from relayrl.sync.gather import SyncPlan
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer's block list (`model.layers` of an HF decoder, wherever it sits)."""
-    for name, module in model.named_modules():
-        if name.endswith("layers") and isinstance(module, nn.ModuleList):
-            return module
-    raise ValueError(f"{type(model).__name__} has no decoder-layer list to shard")
+def transformer_blocks(model: nn.Module) -> list[nn.Module]:
+    """Every transformer block of the model, each FSDP2's unit: the layers of each `...layers` ModuleList (an HF
+    decoder's `model.layers`; a vision-language model's text decoder and its vision encoder both)."""
+    blocks = [
+        block
+        for name, module in model.named_modules()
+        if name.endswith("layers") and isinstance(module, nn.ModuleList)
+        for block in module
+    ]
+    if not blocks:
+        raise ValueError(f"{type(model).__name__} has no decoder-layer list to shard")
+    return blocks
 
 
 def shard_model(
@@ -78,7 +84,7 @@ def shard_model(
     policy: dict[str, Any] = {"offload_policy": CPUOffloadPolicy()} if offload else {}
     if precision is not None:
         policy["mp_policy"] = precision
-    for layer in decoder_layers(model):
+    for layer in transformer_blocks(model):
         fully_shard(layer, **policy)
     fully_shard(model, **policy)
     for module in model.modules():
@@ -194,11 +200,13 @@ class ShardedRanks:
         view = push_view(learner.policy)  # with LoRA: what sync.lora sends
         view.reshard()
         for name, param in view.named_parameters():
-            yield name, cast(DTensor, param).full_tensor().detach()
+            if name not in learner.policy.frozen:  # a frozen vision tower stays as the engine loaded it
+                yield name, cast(DTensor, param).full_tensor().detach()
 
     def weight_layout(self, learner: LearnerRole, bucket_mb: float, wire_dtype: str) -> BucketLayout:
         """From the global shapes alone: nothing is gathered."""
-        shapes = ((n, tuple(p.shape)) for n, p in push_view(learner.policy).named_parameters())
+        view = push_view(learner.policy)
+        shapes = ((n, tuple(p.shape)) for n, p in view.named_parameters() if n not in learner.policy.frozen)
         return make_layout(shapes, bucket_mb, wire_dtype)
 
     def open_sender(self, learner: LearnerRole, transport, layout, checksum, timeout_s, directory, owner) -> int:

@@ -30,12 +30,16 @@ from relayrl.models.loading import check_model_dir
 
 def empty_causal_lm(path: str | Path, device: str = "meta", key: str = "model.path") -> nn.Module:
     """The causal LM of `path` built from its config alone, on the meta device (no weights read or allocated);
-    the signature of `load_causal_lm`, so PolicyLearner takes either."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    the signature of `load_causal_lm`, so PolicyLearner takes either. The same auto class as rank 0 loads (a
+    vision-language model's is not AutoModelForCausalLM: relayrl/models/loading.py `model_class`)."""
+    from transformers import AutoConfig
+
+    from relayrl.models.loading import model_class
 
     check_model_dir(path, key)
+    config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+        return model_class(config).from_config(config, dtype=torch.float32)
 
 
 def empty_value_body(path: str | Path) -> nn.Module:

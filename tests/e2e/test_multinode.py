@@ -109,12 +109,12 @@ def test_roles_on_two_nodes_sync_across_them_and_a_hung_rank_is_named(cluster, r
             assert sync.last["sync/parity_abs_max"] < 1e-4, transport  # the engine holds the learner's new weights
 
         def hang_in_forward(rank):  # runs in learner rank 1's actor: its learner's next forward sleeps in the step
-            from relayrl.learner.sharded import decoder_layers
+            from relayrl.learner.sharded import transformer_blocks
 
             def hang(module, args):
                 time.sleep(600)
 
-            decoder_layers(rank.learner.policy.model)[1].register_forward_pre_hook(hang)
+            transformer_blocks(rank.learner.policy.model)[1].register_forward_pre_hook(hang)
 
         import ray
 
