@@ -37,6 +37,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from relayrl.errors import DataError
+from relayrl.metrics.sample_images import CSS as SAMPLE_IMAGE_CSS
 from relayrl.metrics.samples import samples_section
 from relayrl.run.jsonl import read_jsonl
 
@@ -286,6 +287,7 @@ table.samples{font-size:small;margin-bottom:1em}td.text{white-space:pre-wrap;fon
 margin:2px 0;border-left:4px solid #4c72b0}.seg.env{background:#eee;border-color:#999}.seg.prompt{border-color:#222}
 .seg .label{display:block;font-family:system-ui,sans-serif;color:#666;font-size:x-small}
 .tok{border-radius:2px}"""
+CSS += SAMPLE_IMAGE_CSS
 
 
 def write_report(run_dir: str | Path) -> Path:

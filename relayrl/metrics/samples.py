@@ -4,7 +4,7 @@ One row per logged sample: `step`, `sample` (`<prompt id>#<index in its group>`)
 text, `reward` and its `components`, `advantage`, `versions` (the policy versions that produced its tokens,
 ascending; more than one when a partial rollout spans pushes), `finish_reason` and `tokens` (response length), `segments` (the trajectory turn by turn, with the
 learner-vs-engine log-prob gap per sampled token: relayrl/metrics/trajectories.py),
-and `reward_error` for a sample whose reward failed and was scored 0 (`reward.on_error=zero`: which sample, what
+`images` for a prompt with pictures (PNG thumbnails: relayrl/metrics/sample_images.py), and `reward_error` for a sample whose reward failed and was scored 0 (`reward.on_error=zero`: which sample, what
 was raised or returned). `advantage` is the mean of the sample's per-token advantages over its trained response tokens (outcome
 estimators such as GRPO give every token the same value; GAE does not), `null` when none of its tokens is
 trained (the DAPO overlong filter). A logged step keeps its first `max_per_step` samples in batch order,
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from relayrl.config.sections import logged_step
+from relayrl.metrics.sample_images import images_html, thumbnails
 from relayrl.metrics.trajectories import segments, trajectories_section
 from relayrl.run.jsonl import read_jsonl, truncate_after
 
@@ -74,6 +75,7 @@ def sample_rows(
                 "finish_reason": rollout.finish_reason,
                 "tokens": len(rollout.response_ids),
                 **({"reward_error": score.error} if score.error else {}),
+                **({"images": thumbnails(rollout.prompt.images)} if rollout.prompt.images else {}),
                 **({"segments": _segments(rollout, exp, index, decode, learner_logprobs)} if decode else {}),
             }
         )
@@ -169,7 +171,7 @@ def _table(rows: Sequence[dict | None]) -> str:
             continue
         cells = (
             f'<td class="{"text" if name in ("prompt", "completion") else "value"}">'
-            f"{html.escape(_cell(row, name))}</td>"
+            f"{images_html(row) if name == 'prompt' else ''}{html.escape(_cell(row, name))}</td>"
             for name in COLUMNS
         )
         body.append("<tr>" + "".join(cells) + "</tr>")

@@ -143,3 +143,42 @@ def test_the_trajectory_view_colours_each_sampled_token_by_its_gap_in_chromium(t
         red = sum(r > 180 and g < 110 and b < 110 for r, g, b in area) / len(area)
         ink = sum(max(rgb) < 120 for rgb in area) / len(area)  # the token's own letters
         assert (red > 0.5) == (text == "RED") and ink > 0.02, (text, red, ink)
+
+
+PICTURES = BOXES.replace("[...document.images]", '[...document.querySelectorAll("img.sample-image")]')
+
+
+def test_a_samples_prompt_pictures_are_drawn_beside_it_in_chromium(tmp_path):
+    from PIL import Image
+
+    from relayrl.metrics.sample_images import SHOWN_PX, thumbnails
+
+    browser = chromium()
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps(_metrics_row(0)) + "\n")
+    colours = {"red": (220, 30, 30), "blue": (30, 70, 220)}
+    pictures = [Image.new("RGB", (32, 32), colour) for colour in colours.values()]
+    pictures[0].paste((240, 240, 240), (0, 0, 16, 32))  # the left half pale: drawn as it is, not smoothed
+    row = {"step": 0, "sample": "p#0", "prompt": "<image><image>Which?", "reward": 1.0, "images": thumbnails(pictures)}
+    (run / "samples.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["report", str(run)]) == 0
+    page = run / "report" / "index.html"
+
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text().replace("</body>", PICTURES + "</body>"))
+    dom = headless(browser, tmp_path, f"--window-size={WIDTH},800", "--dump-dom", probe.as_uri())
+    layout = json.loads(re.search(r'<pre id="boxes">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    boxes = layout["boxes"]
+    assert [box["natural"] for box in boxes] == [[32, 32], [32, 32]]
+    assert all(round(box["w"]) == round(box["h"]) == SHOWN_PX + 2 for box in boxes), boxes  # + a 1-px border
+    shot = tmp_path / "shot.png"
+    headless(browser, tmp_path, f"--window-size={WIDTH},{layout['height']}", f"--screenshot={shot}", page.as_uri())
+    _, pixels = read_rgb(shot)
+    (red, blue) = boxes
+    middle = round(red["y"] + red["h"] / 2)
+    assert pixels[round(red["x"] + red["w"] * 0.75), middle] == colours["red"]
+    assert pixels[round(red["x"] + red["w"] * 0.25), middle] == (240, 240, 240)
+    edge = round(red["x"]) + 1 + SHOWN_PX // 2  # where the pale half meets the red: no blended pixel either side
+    assert pixels[edge - 1, middle] == (240, 240, 240) and pixels[edge, middle] == colours["red"]
+    assert pixels[round(blue["x"] + blue["w"] / 2), round(blue["y"] + blue["h"] / 2)] == colours["blue"]

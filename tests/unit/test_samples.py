@@ -152,3 +152,26 @@ def test_report_shows_best_and_worst_of_first_middle_last_steps_escaped(tmp_path
 def test_report_without_samples_jsonl_has_no_samples_table(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
     assert "Samples" not in write_report(tmp_path).read_text()
+
+
+def test_a_prompt_with_pictures_keeps_their_thumbnails_in_its_row_and_the_report_shows_them(tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    rollouts, scores, exp = _step()
+    small, large = Image.new("RGB", (32, 32), (220, 30, 30)), Image.new("RGB", (640, 320), (30, 70, 220))
+    rollouts[0].prompt.images = [small, large]
+    rows = sample_rows(0, rollouts, scores, exp, 4)
+    assert "images" not in rows[2]  # the other prompt has none
+    pictures = [Image.open(io.BytesIO(base64.b64decode(uri.split(",", 1)[1]))) for uri in rows[0]["images"]]
+    assert pictures[0].size == (32, 32) and pictures[0].getpixel((5, 5)) == (220, 30, 30)  # its own pixels
+    assert pictures[1].size == (96, 48) and pictures[1].getpixel((5, 5)) == (30, 70, 220)  # a thumbnail
+
+    rows[1]["images"] = ["https://example.invalid/x.png"]  # never loaded from elsewhere
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page = write_report(tmp_path).read_text()
+    assert page.count('class="sample-image"') == 2 and rows[0]["images"][0] in page
+    assert "example.invalid" not in page
