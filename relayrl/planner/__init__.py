@@ -2,13 +2,14 @@
 
 `shape` reads the model's size from config.json, `hardware` holds the device profiles (and measures this
 CPU), `probe` measures matmuls at the model's shapes and the engine's fixed costs, `estimate` does the memory
-arithmetic, `timing` the step time, `report` prints every input and formula. Nothing here loads weights.
+arithmetic, `timing` the step time, `report` prints every input and formula; `vision` adds a vision-language
+model's tower and connector to each (`vision_report` prints them). Nothing here loads weights.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relayrl.config import Config
 from relayrl.models.shape import ModelShape, count_params, load_shape
@@ -26,6 +27,7 @@ from relayrl.planner.hardware import PROFILES, Hardware, get_profile
 from relayrl.planner.placement import Placement, place
 from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
+from relayrl.planner.vision import vision_workload
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def make_plan(
         prompts.mean if read else None,
         mean_response_tokens,
     )
+    work = replace(work, **vision_workload(shape, prompts))  # images per prompt and their tokens (a VLM)
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     from relayrl.rollout.sleep import time_sharing_on

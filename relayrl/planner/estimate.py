@@ -7,6 +7,8 @@ policy is a frozen base at its inference bytes plus an adapter of A parameters a
 base plus its own adapter, and `sync.lora=adapter` pushes A parameters instead of P. With W learner ranks
 (`placement.learner_ranks`, FSDP2) each rank holds 1/W of the trainable states and of the reference, and the
 activations of its own micro-batches (unchanged by W); `smallest_ranks` finds the least W whose rank fits.
+A vision-language model's tower and connector are in P; a frozen tower (`model.freeze_vision`) costs the policy
+its weights only and is not pushed (relayrl/planner/vision.py).
 Deliberately left out: sharding overheads (FSDP2's all-gathered layer, its buffers), fragmentation, prefix caching.
 """
 
@@ -20,6 +22,7 @@ from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape, micro_batch_rows
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak
+from relayrl.planner.vision import frozen_bytes, frozen_tower
 
 GIB = 2**30
 INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
@@ -82,13 +85,17 @@ class Workload:
     micro_batch_tokens: int | None = None  # train.micro_batch_tokens: micro-batches filled up to this many positions
     checkpointing: bool = False  # learner.activation_checkpointing
     logits_chunk: int = 0  # train.logits_chunk (0: the model's own logits over every position)
+    freeze_vision: bool = True  # model.freeze_vision: the policy's vision tower has no grads, no optimizer, no push
+    images_per_prompt: float = 0.0  # a vision-language model's images per prompt (relayrl/planner/vision.py)
+    image_tokens_per_image: float = 0.0  # the tokens one image becomes in the prompt (counted in its length)
 
     @property
     def packed(self) -> bool:
         """Whether the learner packs whole groups (relayrl/learner/layout.py; `auto` when that saves >= 10%).
         Estimated only when micro-batches hold whole groups: a token budget fills them with groups, a count
-        holds them when one micro-batch is the rollout batch (shuffled mini-batches split groups)."""
-        if self.packing == "none" or self.group_size < 2:
+        holds them when one micro-batch is the rollout batch (shuffled mini-batches split groups). Image batches
+        are never packed (relayrl/learner/layout.py)."""
+        if self.packing == "none" or self.group_size < 2 or self.images_per_prompt:
             return False
         if self.micro_batch_tokens is None and self.micro_batch < self.rollout_batch:
             return False
@@ -200,6 +207,7 @@ def workload_from_config(
         micro_batch_tokens=config.train.micro_batch_tokens,
         checkpointing=config.learner.activation_checkpointing,
         logits_chunk=config.train.logits_chunk,
+        freeze_vision=config.model.freeze_vision,
         optimizer_steps=config.updates_per_step,
         epochs=config.train.epochs,
         reference=config.algorithm.kl.coef > 0,
@@ -250,10 +258,11 @@ def adapter_params(shape: ModelShape, rank: int, targets: str | tuple[str, ...] 
 
 
 def sync_params(shape: ModelShape, work: Workload) -> int:
-    """Parameters one push moves: the adapter alone (sync.lora=adapter), else every weight."""
+    """Parameters one push moves: the adapter alone (sync.lora=adapter), else every weight but a frozen vision
+    tower's (the engine keeps the one it loaded)."""
     if work.lora_sync == "adapter":
         return adapter_params(shape, work.lora_rank, work.lora_targets)
-    return shape.params
+    return shape.params - frozen_tower(shape, work)
 
 
 @dataclass(frozen=True)
@@ -321,8 +330,9 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
     trainable = P * precision.train_bytes  # full fine-tuning; with LoRA: a frozen base and a trained adapter
     if work.lora_rank:
         trainable = P * b + adapter_params(shape, work.lora_rank, work.lora_targets) * precision.train_bytes
+    untrained = frozen_tower(shape, work) * (precision.train_bytes - frozen_bytes(precision))  # no grads, no Adam
     return Memory(
-        actor=trainable,
+        actor=trainable - untrained,
         critic=trainable if work.critic else 0.0,
         reference=P * b if work.reference and not work.lora_rank else 0.0,  # LoRA: the base, adapter disabled
         engine_weights=weights,

@@ -41,7 +41,7 @@ def intermediate_size(shape: ModelShape) -> int:
         return shape.intermediate
     h, q, kv = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim
     embeddings = shape.vocab * h * (1 if shape.tied in (True, None) else 2)
-    per_layer = (shape.params - embeddings - h) / shape.layers - (2 * h * q + 2 * h * kv) - 2 * h
+    per_layer = (shape.text_params - embeddings - h) / shape.layers - (2 * h * q + 2 * h * kv) - 2 * h
     return max(1, round(per_layer / (3 * h)))
 
 

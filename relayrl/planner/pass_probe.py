@@ -54,7 +54,7 @@ def _best_passes(model_path: str, layers: int, batch: int, width: int, repeats: 
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
+    config = AutoConfig.from_pretrained(model_path).get_text_config()  # a vision-language model's language model
     config.num_hidden_layers = layers
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

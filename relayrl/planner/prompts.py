@@ -7,6 +7,11 @@ width is sized with. The engine does not pad: prefill counts the mean. Rows over
 counted as the run would keep them (truncated to the limit; dropped ones left out). Left out: reading every
 row of a large file (`relayrl data check` does), response lengths (no model has answered yet: the report
 says which it assumed).
+
+Rows with images: `PromptMaker` tokenises them through the model's processor, which expands each `<image>` into
+the image's tokens (relayrl/data/vision.py), so every length here already counts the image tokens, as the
+learner and the engine see them. The sample also counts each row's `images` and the image tokens among its ids
+(the vision encoder's work per prompt, relayrl/planner/vision.py).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ class PromptLengths:
     batch_longest: float  # expected longest prompt of a batch of `batch` prompts
     batch: int  # prompts_per_step
     source: str  # data.train
+    images: float = 0.0  # mean images per sampled prompt (the rows' `images`)
+    image_tokens: float = 0.0  # mean image tokens per sampled prompt (counted in the lengths above)
 
 
 def quantile(sorted_lengths: list[int], q: float) -> float:
@@ -54,12 +61,7 @@ def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | 
         return str(err).splitlines()[0][:120]
     on_long = "truncate" if data.on_long_prompt == "error" else data.on_long_prompt
     maker = PromptMaker(tokenizer, data.max_prompt_tokens, on_long, data.chat_template, LoadStats())
-    step = max(1, len(rows) // sample)
-    lengths = []
-    for index in range(0, len(rows), step)[:sample]:
-        prompt = maker.make(index, *rows.read(index))
-        if prompt is not None:
-            lengths.append(len(prompt.token_ids))
+    lengths, images, image_tokens = _sample(maker, rows, sample)
     if not lengths:
         return f"every sampled prompt of {data.train} is over data.max_prompt_tokens"
     lengths.sort()
@@ -73,4 +75,23 @@ def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | 
         batch_longest=quantile(lengths, batch / (batch + 1)),
         batch=batch,
         source=str(data.train),
+        images=images / len(lengths),
+        image_tokens=image_tokens / len(lengths),
     )
+
+
+def _sample(maker, rows, sample: int) -> tuple[list[int], int, int]:
+    """(token lengths, images, image tokens) of up to `sample` rows spread evenly over `rows`, dropped ones out."""
+    from relayrl.data.vision import image_token_count
+
+    step = max(1, len(rows) // sample)
+    lengths, images, image_tokens = [], 0, 0
+    for index in range(0, len(rows), step)[:sample]:
+        prompt = maker.make(index, *rows.read(index))
+        if prompt is None:
+            continue
+        lengths.append(len(prompt.token_ids))
+        if prompt.images:
+            images += len(prompt.images)
+            image_tokens += image_token_count(prompt.token_ids, maker.tokenizer)
+    return lengths, images, image_tokens

@@ -1,4 +1,5 @@
-"""Print a `Plan` as one rich table per section: quantity, formula with its inputs, value."""
+"""Print a `Plan` as one rich table per section: quantity, formula with its inputs, value (a vision-language
+model's vision part: vision_report.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from relayrl.planner import PROFILES, Plan
+from relayrl.planner import vision_report as vision
 from relayrl.planner.estimate import GIB, adapter_params
 from relayrl.planner.prompts import PromptLengths
+from relayrl.planner.timing import gathered_bytes
 from relayrl.rollout.choice import HF_BELOW_PARAMS
 
 
@@ -41,6 +44,8 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     console.print(f"[bold]recommendation:[/] {plan.advice.line}")
     if advice := engine_advice(plan):
         console.print(f"[bold]engine:[/] {advice}")
+    if line := vision.vision_line(plan):
+        console.print(f"[bold]vision:[/] {line}")
 
 
 # Below this size on CPU, vLLM's per-step Python work outweighs the model (the crossover and its figures are
@@ -63,6 +68,8 @@ Rows = list[tuple[str, str, str]]  # (name, formula with its inputs, value)
 
 def _sections(plan: Plan) -> list[tuple[str, Rows]]:
     sections = [("inputs", _input_rows(plan)), ("memory per role", _memory_rows(plan))]
+    if plan.shape.vision_params:
+        sections.insert(1, ("vision (relayrl/planner/vision.py)", vision.vision_rows(plan)))
     if plan.workload.learner_ranks > 1 or not one_rank_fits(plan):
         sections.append(("learner ranks (FSDP2)", _rank_rows(plan)))
     if not one_rank_fits(plan):
@@ -98,7 +105,7 @@ def _rank_rows(plan: Plan) -> Rows:
         ),
         (
             "gather per sync",
-            f"{passes}P x 4 B x (W - 1)/W = {_gb(plan.shape.params * 4 * (w.learner_ranks - 1) / w.learner_ranks)} "
+            f"{passes}{vision.trained_params(plan)} x 4 B x (W - 1)/W = {_gb(gathered_bytes(plan.shape, w))} "
             f"per rank / {hw.link_gbs:g} GB/s",
             _s(t.gather),
         ),
@@ -196,7 +203,7 @@ def _memory_rows(plan: Plan) -> Rows:
         trainable = f"P x {b} + A={adapter_params(s, w.lora_rank, w.lora_targets):,} x {pr.train_bytes} (LoRA)"
     reference = f"P x {b}" if w.reference else "none (kl.coef = 0)"
     memory = [
-        ("actor", trainable, _gb(m.actor)),
+        ("actor", vision.actor_formula(plan, trainable), _gb(m.actor)),
         ("critic", trainable if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
         ("reference", "none (LoRA: the base, adapter disabled)" if w.lora_rank else reference, _gb(m.reference)),
         ("engine weights", f"P x {b}", _gb(m.engine_weights)),
@@ -311,7 +318,9 @@ def _rate_rows(plan: Plan) -> Rows:
         ("source", r.source, ""),
         (
             "matmul weights",
-            f"P {s.params:,} - embedding lookup (untied) = linear layers + LM head",
+            f"P - T - C {s.text_params:,} - embedding lookup (untied) = linear layers + LM head"
+            if s.vision_params
+            else f"P {s.params:,} - embedding lookup (untied) = linear layers + LM head",
             f"{s.matmul_params:,}",
         ),
         ("update rate", "fwd + bwd at micro-batch tokens", _flops(r.update)),
@@ -345,7 +354,7 @@ def _time_rows(plan: Plan) -> Rows:
     b = plan.precision.infer_bytes
     fwd = f"(2 x {s.matmul_params:,} + 4 x {s.layers} x {s.q_width} x ctx)"  # FLOPs per token of a forward
     dev = f" x {t.train_devices} dev" if t.train_devices > 1 else ""
-    ctx = w.prompt + w.response / 2
+    ctx, enc = w.prompt + w.response / 2, vision.encoder_term(plan)
     engine = (
         f"{_s(plan.rates.engine.per_call)} + {t.decode_steps:g} steps, "
         f"{w.rollout_batch * w.response_mean / t.replicas:,.0f} "
@@ -356,12 +365,12 @@ def _time_rows(plan: Plan) -> Rows:
     time = [
         (
             "prefill",
-            f"{fwd} ctx={w.prompt_mean / 2:.3g} x {w.rollout_batch} x {w.prompt_mean:.3g} mean prompt tokens / forward rate",
+            f"{fwd} ctx={w.prompt_mean / 2:.3g} x {w.rollout_batch} x {w.prompt_mean:.3g} mean prompt tokens / forward rate{enc}",
             _s(t.prefill),
         ),
         (
             "decode step",
-            f"max(({_count(s.params)} x {b} B + {t.concurrent} seqs x ctx={ctx:g} x KV B/token) / "
+            f"max(({_count(s.text_params)} x {b} B + {t.concurrent} seqs x ctx={ctx:g} x KV B/token) / "
             f"{hw.mem_bw_gbs:g} GB/s, {t.concurrent} x {fwd} / decode rate)",
             f"{_s(t.decode_step)} ({t.decode_bound})",
         ),
@@ -375,7 +384,7 @@ def _time_rows(plan: Plan) -> Rows:
         ("generate", "prefill + decode + engine fixed costs", _s(t.generate)),
         (
             "old log-probs",
-            f"{fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens / forward rate{dev}"
+            f"{fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens / forward rate{dev}{enc}"
             if t.old_logprobs
             else "none (one optimizer step)",
             _s(t.old_logprobs),
@@ -385,7 +394,7 @@ def _time_rows(plan: Plan) -> Rows:
         *_update_rows(plan, fwd, dev),
         (
             "sync",
-            f"{'A (adapter)' if w.lora_sync == 'adapter' else 'P'} x {b} x r=1 / {hw.link_gbs:g} GB/s"
+            f"{'A (adapter)' if w.lora_sync == 'adapter' else vision.trained_params(plan)} x {b} x r=1 / {hw.link_gbs:g} GB/s"
             + (
                 f" + engine reload {_s(plan.rates.engine.reload)} + {_s(plan.rates.engine.reload_per_byte * 1e9)}/GB"
                 if plan.rates.engine
@@ -395,6 +404,8 @@ def _time_rows(plan: Plan) -> Rows:
         ),
         ("step", "sum (phases serial)", _s(t.total)),
     ]
+    if s.vision_params:  # before the step's sum
+        time.insert(-1, ("vision encoder", vision.encoder_formula(plan), _s(t.vision)))
     if w.learner_ranks > 1:  # before the step's sum
         time.insert(
             -1, ("gather", f"all-gathers of the W={w.learner_ranks} ranks' shards (learner ranks)", _s(t.gather))
@@ -414,12 +425,13 @@ def _update_rows(plan: Plan, fwd: str, dev: str) -> Rows:
     return [
         (
             "update FLOPs",
-            f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / update rate{dev}",
+            f"3 (fwd + bwd) x {fwd} ctx={w.width / 2:g} x {w.tokens:,} tokens x {w.epochs} epochs / update rate{dev}{vision.encoder_term(plan)}",
             _s(t.update),
         ),
         (
             "optimizer",
-            f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x P / {hw.mem_bw_gbs:g} GB/s{dev}",
+            f"{w.optimizer_steps} steps x 2 x {plan.precision.train_bytes} B x {vision.trained_params(plan)} / "
+            f"{hw.mem_bw_gbs:g} GB/s{dev}",
             _s(t.optimizer),
         ),
         ("learner fixed costs", fixed, _s(t.update_fixed)),

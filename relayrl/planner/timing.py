@@ -16,6 +16,9 @@ the seeds' assumptions) or, with --measure, from this machine's matmuls at the m
 engine's fixed costs per call, step, token and sequence and its reload's fixed cost and cost per byte. Left
 out: with a hardware profile, elementwise ops (norms, activations, the log-softmax over the vocabulary); data
 movement between phases; overlap of phases.
+A vision-language model: a token's forward multiplies by the language model's weights only, a decode step
+streams those, and the vision encoder's FLOPs per image join prefill, the log-prob passes and the update
+(relayrl/planner/vision.py); the optimizer and the gathers leave a frozen tower out.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from relayrl.planner.learner_probe import LearnerOverhead
 from relayrl.planner.pass_probe import PassRates
 from relayrl.planner.placement import Placement
 from relayrl.planner.probe import EngineOverhead, MatmulRates
+from relayrl.planner.vision import encoder_time, frozen_tower
 
 
 @dataclass(frozen=True)
@@ -90,9 +94,9 @@ def decode_step_time(
     mem_bw: float,
     rate: float,
 ) -> tuple[float, str]:
-    """One decode step: weights streamed once + `batch` sequences' KV caches of `context` tokens read, or the
-    step's FLOPs at `rate`, whichever is slower."""
-    memory_s = (shape.params * infer_bytes + batch * context * kv_bytes_per_token) / mem_bw
+    """One decode step: the language model's weights streamed once + `batch` sequences' KV caches of `context`
+    tokens read, or the step's FLOPs at `rate`, whichever is slower."""
+    memory_s = (shape.text_params * infer_bytes + batch * context * kv_bytes_per_token) / mem_bw
     compute_s = batch * forward_flops_per_token(shape, context) / rate
     return (memory_s, "memory") if memory_s >= compute_s else (compute_s, "compute")
 
@@ -123,6 +127,7 @@ class StepTime:
     sync: float
     gather: float = 0.0  # W > 1: the all-gathers of the shards before the sync sends
     update_fixed: float = 0.0  # measured: per update x optimizer steps + per micro-batch x micro-batches
+    vision: float = 0.0  # the vision encoder's share of prefill, log-prob passes and update (counted in them)
 
     @property
     def generate(self) -> float:
@@ -164,7 +169,7 @@ def estimate_time(
         train_devices = work.learner_ranks
     replicas = max(1, rollout_devices // memory.engine_devices)
     per_replica = min(memory.concurrent, math.ceil(work.rollout_batch / replicas))  # sequences decoded together
-    P, mem_bw = shape.params, hardware.mem_bw_gbs * 1e9
+    P, mem_bw = shape.params - frozen_tower(shape, work), hardware.mem_bw_gbs * 1e9  # trained (P - frozen tower)
     decode_step = functools.partial(  # (batch, context) -> one decode step on one replica
         decode_step_time,
         shape,
@@ -179,16 +184,16 @@ def estimate_time(
     live = per_replica * work.response_mean / work.response  # the mean batch: ended responses leave it
     mean_step, _ = decode_step(live, work.prompt + work.response_mean / 2)
     pass_flops = forward_flops_per_token(shape, work.width / 2) * work.tokens  # one forward over the batch
-    forward = pass_flops / (rates.forward * train_devices)
-    update = 3 * pass_flops * work.epochs / (rates.update * train_devices)
+    prefill_rate = rates.prefill * replicas * memory.engine_devices
+    encoder = encoder_time(shape, work, prefill_rate, rates.forward * train_devices, rates.update * train_devices)
+    forward = pass_flops / (rates.forward * train_devices) + encoder.forward
+    update = 3 * pass_flops * work.epochs / (rates.update * train_devices) + encoder.update
     prompts = work.rollout_batch * work.prompt_mean  # the engine does not pad prompts
     return StepTime(
         replicas=replicas,
         concurrent=per_replica,
         train_devices=train_devices,
-        prefill=forward_flops_per_token(shape, work.prompt_mean / 2)
-        * prompts
-        / (rates.prefill * replicas * memory.engine_devices),
+        prefill=forward_flops_per_token(shape, work.prompt_mean / 2) * prompts / prefill_rate + encoder.prefill,
         decode_step=step,
         decode_bound=bound,
         decode_waves=waves,
@@ -208,6 +213,7 @@ def estimate_time(
         sync=sync_time(sync_params(shape, work) * precision.infer_bytes, hardware, rates.engine),  # LoRA: A, not P
         gather=gather_time(shape, work, hardware),
         update_fixed=learner_fixed_time(rates.learner, work),
+        vision=encoder.in_step(work),
     )
 
 
@@ -226,8 +232,13 @@ def learner_fixed_time(learner: LearnerOverhead | None, work: Workload) -> float
 GATHER_BYTES = 4  # the shards are fp32 (FSDP2 keeps fp32 master shards; bf16 is only the compute copy)
 
 
-def gather_time(shape: ModelShape, work: Workload, hardware: Hardware) -> float:
-    """Seconds of the sync's all-gathers: P x 4 B x (W - 1)/W per rank over the link, per gather pass."""
+def gathered_bytes(shape: ModelShape, work: Workload) -> float:
+    """Bytes one rank receives in one gather pass: P x 4 B x (W - 1)/W (a frozen vision tower is not pushed, so
+    not gathered)."""
     ranks = work.learner_ranks
-    moved = shape.params * GATHER_BYTES * (ranks - 1) / ranks
-    return work.gather_passes * moved / (hardware.link_gbs * 1e9)
+    return (shape.params - frozen_tower(shape, work)) * GATHER_BYTES * (ranks - 1) / ranks
+
+
+def gather_time(shape: ModelShape, work: Workload, hardware: Hardware) -> float:
+    """Seconds of the sync's all-gathers: `gathered_bytes` per rank over the link, per gather pass."""
+    return work.gather_passes * gathered_bytes(shape, work) / (hardware.link_gbs * 1e9)
