@@ -77,6 +77,12 @@ def count_params(model_path: str) -> tuple[int | None, str]:
     from relayrl.errors import ModelError
     from relayrl.models.shape import count_params as count  # Llama-family arithmetic, as `relayrl plan` counts
 
+    if "vision_config" in raw:  # a vision-language model: counted built on the meta device, as the planner does
+        from transformers import AutoConfig
+
+        from relayrl.models.shape import count_vision_language_params
+
+        return count_vision_language_params(AutoConfig.from_pretrained(model_path)).total, ""
     config = SimpleNamespace(**{"tie_word_embeddings": False, "model_type": None, **raw})
     try:
         return count(config), ""

@@ -110,3 +110,13 @@ def test_a_run_prints_and_saves_the_choice(small, no_gpu, tmp_path, monkeypatch,
     relayrl.train({"model": {"path": str(small)}, "log": {"dir": str(run)}}, "exact_match", train_data=rows)
     assert "engine: auto  # auto chose hf: 0.135M params" in capsys.readouterr().out
     assert "engine: auto  # auto chose hf: 0.135M params" in (run / "config.yaml").read_text()
+
+
+def test_a_vision_language_model_is_sized_whole_tower_included(tmp_path):
+    from relayrl.models.loading import load_causal_lm
+    from relayrl.models.tiny_vlm import build_tiny_vlm
+
+    build_tiny_vlm(["How many?", "0123456789"], tmp_path / "vlm")
+    whole = sum(p.numel() for p in load_causal_lm(str(tmp_path / "vlm")).parameters())
+    picked = choose_engine(str(tmp_path / "vlm"), "local", cuda=lambda: False)
+    assert picked.engine == "hf" and f"{whole / 1e6:.3g}M params" in picked.reason
