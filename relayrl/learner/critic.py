@@ -5,6 +5,9 @@ from which token j+1 is generated ([B, T-1]). Built only when `algorithm.advanta
 
 With `model.lora` the critic trains an adapter of its own (same settings as the policy's) on its frozen copy
 of the backbone, plus the full value head; its checkpoint state is those trainable tensors only.
+
+A vision-language backbone reads the rows' images as the policy does (`layout.image_inputs`), its value head
+sits on the language model's hidden size, and `model.freeze_vision` freezes its tower as the policy's.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ from relayrl.config import Config
 from relayrl.learner import malloc
 from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher
+from relayrl.learner.layout import image_inputs
 from relayrl.learner.optim import build_optimizer
 from relayrl.models.loading import check_model_dir
+from relayrl.models.vision import freeze_vision
 from relayrl.types import Experience, filled
 
 
 class ValueModel(nn.Module):
     """A transformer body without its LM head, and a linear head reading one value per position."""
 
-    def __init__(self, path: str, lora_settings=None, meta: bool = False):
-        """`meta`: built on the meta device without reading the weights (sharded ranks other than 0)."""
+    def __init__(self, path: str, lora_settings=None, meta: bool = False, freeze_tower: bool = False):
+        """`meta`: built on the meta device without reading the weights (sharded ranks other than 0);
+        `freeze_tower`: a vision-language body's vision tower gets no gradients."""
         super().__init__()
         from transformers import AutoModel
 
@@ -39,7 +45,8 @@ class ValueModel(nn.Module):
             self.body = empty_value_body(path)
         else:
             self.body = AutoModel.from_pretrained(path, dtype=torch.float32)
-        hidden = self.body.config.hidden_size
+        hidden = self.body.config.get_text_config().hidden_size  # a VLM's config nests it in text_config
+        self.frozen = freeze_vision(self.body) if freeze_tower else set()
         if lora_settings is not None:
             from relayrl.models.lora import add_adapter
 
@@ -48,8 +55,9 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.head.weight)  # start at V = 0 everywhere: GAE then begins as plain returns
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **images: torch.Tensor) -> torch.Tensor:
+        """[B, T] values; `images`: a vision-language body's pixel values and other image inputs."""
+        hidden = self.body(input_ids=input_ids, attention_mask=attention_mask, **images).last_hidden_state
         return self.head(hidden).squeeze(-1)  # [B, T]
 
 
@@ -82,7 +90,7 @@ class Critic:
         check_model_dir(path, "critic.path" if critic.path else "model.path")
         self.config, self.device = config, device
         self.lora = config.model.lora
-        model = ValueModel(path, self.lora, meta)
+        model = ValueModel(path, self.lora, meta, freeze_tower=config.model.freeze_vision)
         self.model = (model if meta else model.to(device)).eval()  # eval: no dropout, as for the policy
         self.normaliser = token_count
         if config.learner.activation_checkpointing:
@@ -94,7 +102,8 @@ class Critic:
         self.micro = MicroBatcher(config.train.micro_batch, config.train.micro_batch_tokens)  # padded rows
 
     def _values(self, part: Experience) -> torch.Tensor:
-        out = self.model(part.input_ids.to(self.device), part.attention_mask.to(self.device))
+        images = {key: tensor.to(self.device) for key, tensor in image_inputs(part).items()}
+        out = self.model(part.input_ids.to(self.device), part.attention_mask.to(self.device), **images)
         return out[:, :-1]  # [b, t-1], aligned to targets
 
     @torch.no_grad()
