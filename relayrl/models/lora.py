@@ -40,12 +40,16 @@ def peft_config(settings, target_modules=None):
 
 
 def add_adapter(model: torch.nn.Module, settings, key: str = "model.lora.target_modules"):
-    """`model` wrapped by peft with a fresh adapter (B = 0: the adapted model starts equal to the base). A
-    module name that matches nothing fails naming the key."""
+    """`model` wrapped by peft with a fresh adapter (B = 0: the adapted model starts equal to the base); on a
+    vision-language model, in its language model only. A module name that matches nothing fails naming the key."""
     from peft import get_peft_model
 
+    from relayrl.models.vision import image_side_pattern
+
+    config = peft_config(settings)
+    config.exclude_modules = image_side_pattern(model)  # a vision-language model: its language part only
     try:
-        return get_peft_model(model, peft_config(settings))
+        return get_peft_model(model, config)
     except ValueError as err:
         from relayrl.errors import ConfigError
 
@@ -119,11 +123,13 @@ def adapter_layout(model_path: str | Path, settings) -> tuple[dict, dict[str, tu
     """(resolved adapter config, {saved name: shape}) of the adapter `settings` would put on the model at
     `model_path`, built on the meta device: what an engine checks its module names against before the
     learner's first push, at no memory cost."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
+
+    from relayrl.models.loading import model_class
 
     hf_config = AutoConfig.from_pretrained(model_path)
-    with torch.device("meta"):
-        model = add_adapter(AutoModelForCausalLM.from_config(hf_config), settings)
+    with torch.device("meta"):  # the model's own auto class (a vision-language model's is not a causal LM's)
+        model = add_adapter(model_class(hf_config).from_config(hf_config), settings)
     shapes = {name: tuple(t.shape) for name, t in adapter_tensors(model)}
     return resolved_config(model), shapes
 

@@ -149,7 +149,7 @@ class LoraView:
         from vllm.lora.layers import BaseLayerWithLoRA
 
         served = frozenset(name for name, module in model.named_modules() if isinstance(module, BaseLayerWithLoRA))
-        vocab = model.config.vocab_size if hasattr(model, "config") else 16
+        vocab = model.config.get_text_config().vocab_size if hasattr(model, "config") else 16  # a VLM nests it
         return cls(served, dict(getattr(model, "packed_modules_mapping", {})), vocab)
 
 
