@@ -95,3 +95,22 @@ def test_log_probs_and_entropy_come_from_one_pass_over_the_vocabulary(monkeypatc
     (logp[finite].sum() + (entropy.sum() if entropy_grad else 0)).backward()
     (ref_logp[finite].sum() + (ref_entropy.sum() if entropy_grad else 0)).backward()
     torch.testing.assert_close(ours.grad, ref.grad)
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_a_suppressed_target_reads_zero_and_keeps_gradients_finite(chunk):
+    """An image token shown in a multi-turn observation is a target the distribution leaves out (a vision-language
+    model's placeholders are never sampled): its log-prob reads 0, not -inf, so the ratio exp(logp - old) of an
+    untrained position is 1, not nan, and the backward stays finite (a nan there poisoned every weight)."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(9, 8, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(8, 11, bias=False)
+    targets = torch.tensor([1, 10, 2, 9, 10, 3, 4, 9, 5])  # 9 and 10 are suppressed
+    logp, _ = head_stats(hidden, head, targets, 1.0, -1, 1.0, chunk, False, (9, 10))
+    suppressed = (targets >= 9).nonzero().flatten()
+    assert torch.equal(logp[suppressed], torch.zeros(len(suppressed)))
+    assert logp.isfinite().all() and (logp[targets < 9] < 0).all()
+    old = logp.detach()
+    mask = (targets < 9).float()
+    (torch.exp(logp - old) * mask).sum().backward()
+    assert hidden.grad is not None and hidden.grad.isfinite().all() and head.weight.grad.isfinite().all()
