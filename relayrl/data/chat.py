@@ -30,6 +30,7 @@ class Delta:
     token_ids: list[int]
     prefix_ok: bool
     full_text: str = ""
+    text: str = ""  # the text `token_ids` encode (an observation's images are expanded from its placeholders)
 
 
 class ChatCodec:
@@ -72,13 +73,15 @@ class ChatCodec:
         if isinstance(observation, dict):
             observation = [observation]
         if not self.templated:
-            return Delta(self.encode("".join(m["content"] for m in observation)), True)
+            text = "".join(m["content"] for m in observation)
+            return Delta(self.encode(text), True, text=text)
         before = self.render(history, generation_prompt=False, tools=tools)
         after = self.render(history + observation, generation_prompt=True, tools=tools)
         if not after.startswith(before):
             return Delta([], False, after)
         emitted = self.tokenizer.decode(generated_ids, skip_special_tokens=False)
-        return Delta(self.encode(self.missing_suffix(emitted) + after[len(before) :]), True)
+        text = self.missing_suffix(emitted) + after[len(before) :]
+        return Delta(self.encode(text), True, text=text)
 
     def missing_suffix(self, emitted: str) -> str:
         """The part of the template's end-of-assistant-turn suffix that the model's text does not end with."""

@@ -9,7 +9,9 @@ An environment is a class, one instance per trajectory:
 
 `async def` versions of either method are accepted. `row` is the dataset row, every column (`prompt` or
 `messages` included). A step's observation is a string (a user turn), a message dict (`{"role": "tool",
-"content": ...}`), a list of them (several tool results) or None (nothing to say: only sensible with done=True). An optional class attribute
+"content": ...}`), a list of them (several tool results) or None (nothing to say: only sensible with done=True).
+A message's content may be a list of parts, `{"type": "text", "text": ...}` and, for a vision-language policy,
+`{"type": "image", "image": IMAGE}` (relayrl/sources/trajectory_images.py). An optional class attribute
 `stop` (a tuple of strings) ends a turn's generation early, e.g. at `</calc>` for a tool call.
 
 Checking what `step` returned lives here (`as_step`), so a malformed result is named once, with the class.
@@ -176,4 +178,9 @@ def observation_messages(observation: str | dict[str, Any] | list[dict[str, Any]
 
 
 def _is_message(value: Any) -> bool:
-    return isinstance(value, dict) and isinstance(value.get("role"), str) and isinstance(value.get("content"), str)
+    """A {role, content} dict; content a string, or a list of content parts (text, and images for a
+    vision-language policy: relayrl/sources/trajectory_images.py checks the parts)."""
+    if not (isinstance(value, dict) and isinstance(value.get("role"), str)):
+        return False
+    content = value.get("content")
+    return isinstance(content, str) or (isinstance(content, list) and all(isinstance(p, dict) for p in content))

@@ -91,10 +91,11 @@ def pad_token_id(tokenizer) -> int:
 
 
 def context_length(path: str | Path) -> int | None:
-    """The model's maximum sequence length from its config, if it states one."""
+    """The model's maximum sequence length from its config, if it states one (a vision-language model's language
+    model states it, in text_config)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path)
+    config = AutoConfig.from_pretrained(path).get_text_config()
     return getattr(config, "max_position_embeddings", None)
 
 

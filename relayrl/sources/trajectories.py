@@ -7,6 +7,8 @@ slow tool; at most `env.max_inflight` trajectories are in flight (one environmen
 `env.timeout_s` is killed with its worker and costs only its trajectory (`env.on_error`); so does a worker a
 signal killed from outside, whose error does not blame the environment.
 
+Images (a vision-language policy) in reset's messages and in observations: relayrl/sources/trajectory_images.py.
+
 Token in, token out (relayrl/data/chat.py): a trajectory is a list of segments, generated tokens exactly as
 the engine sampled them (loss mask 1, behaviour log-probs, versions) and observation tokens (mask 0); every
 turn's prompt is the concatenation of the segments. The output is one `Rollout` per trajectory (more under
@@ -42,6 +44,7 @@ from relayrl.sources.trajectory import (
     combine_rewards,
     turn_ends,
 )
+from relayrl.sources.trajectory_images import expanded, read_images, with_images
 from relayrl.sources.turn_requests import TurnOutput
 from relayrl.types import Prompt, Rollout, Sampling
 
@@ -166,11 +169,26 @@ class MultiTurnDriver:
             ids = messages.ids if messages.ids is not None else self.codec.tokenizer(messages.text)["input_ids"]
             text, messages = (messages.text if messages.ids is None else self.codec.tokenizer.decode(ids)), []
             self._check_known(trajectory, ids, text)
-        else:
+            images, engine_ids = [], None
+        else:  # image parts become placeholders; the row's images fill reset's bare ones
+            messages, images = read_images(messages, trajectory.where(), trajectory.prompt.images)
             text, ids = self.codec.first_prompt(messages, tools)
             self._check_known(trajectory, ids, "".join(m["content"] for m in messages))
+            engine_ids = None
+            if images:
+                ids, engine_ids = expanded(
+                    self.codec.tokenizer, text, images, not self.codec.templated, trajectory.where()
+                )
         p = trajectory.prompt
-        trajectory.first = Prompt(id=p.id, text=text, token_ids=ids, columns=p.columns, messages=messages or None)
+        trajectory.first = Prompt(
+            id=p.id,
+            text=text,
+            token_ids=ids,
+            columns=p.columns,
+            messages=messages or None,
+            images=images or None,
+            engine_token_ids=engine_ids,
+        )
         trajectory.history, trajectory.tools, trajectory.segments = list(messages), tools, []
 
     def _restart(self, trajectory: Trajectory, messages: list[dict[str, Any]] | RawText, tools: list | None) -> None:
@@ -239,32 +257,43 @@ class MultiTurnDriver:
             ids = messages.ids if messages.ids is not None else self.codec.encode(messages.text)
             delta = Delta(ids, True)
             self._check_known(trajectory, ids, messages.text)
+            images = []
         else:
             generated = trajectory.segments[-1].token_ids
+            messages, images = read_images(messages, trajectory.where())
             delta = self.codec.observation(trajectory.history, generated, messages, trajectory.tools)
             self._check_known(trajectory, delta.token_ids, "".join(m["content"] for m in messages))
             trajectory.history.extend(messages)
         if not delta.prefix_ok:
             self.stats["mismatch"] += 1
-            if not self._rerender(trajectory, delta.full_text):
+            if not self._rerender(trajectory, delta.full_text, bool(images)):
                 return
         else:
             version = trajectory.segments[-1].versions[-1] if trajectory.segments[-1].versions else 0
-            ids = delta.token_ids
-            trajectory.segments.append(Segment(ids, False, [0.0] * len(ids), [version] * len(ids)))
+            ids, engine_ids = delta.token_ids, None
+            if images:  # the learner's ids expand each image; vLLM gets one placeholder per image and expands it
+                ids, engine_ids = expanded(self.codec.tokenizer, delta.text, images, False, trajectory.where())
+            segment = Segment(ids, False, [0.0] * len(ids), [version] * len(ids), images, engine_ids)
+            trajectory.segments.append(segment)
         overflow = trajectory.spent - self.env.max_total_tokens
         if self.context is not None:  # nor past the engines' context (an agent's long prompt)
             overflow = max(overflow, len(trajectory.prompt_ids()) - self.context)
         if overflow >= 0:  # no room left for another turn: cut the observation, keep the trajectory, flag it
             last = trajectory.segments[-1]
-            keep = len(last.token_ids) - overflow
+            keep = 0 if last.images else len(last.token_ids) - overflow  # an image's tokens are never cut apart
             trajectory.segments[-1] = Segment(last.token_ids[:keep], False, last.logprobs[:keep], last.versions[:keep])
             trajectory.truncated = True
             return self._finish(trajectory)
         self._submit(trajectory)
 
-    def _rerender(self, trajectory: Trajectory, full_text: str) -> bool:
+    def _rerender(self, trajectory: Trajectory, full_text: str, shows_images: bool) -> bool:
         """The template changed earlier tokens: env.tito decides. False when the trajectory has ended."""
+        if shows_images or trajectory.images():
+            raise EnvError(
+                f"{trajectory.where()}: the chat template renders the earlier turns differently once this "
+                "observation is added, and a trajectory with images cannot be re-rendered (its image tokens come "
+                "from the processor, not from the text); use a chat template that keeps earlier turns as they were"
+            )
         if self.env.tito == "strict":
             raise EnvError(
                 f"{trajectory.where()}: the chat template renders the earlier turns differently once this "
@@ -302,9 +331,9 @@ class MultiTurnDriver:
         if self.lockstep:
             self.held_turns.append(trajectory)
             return
-        self.turns.submit(
-            trajectory.key, trajectory.prompt_ids(), replace(self.sampling, n=1, max_tokens=budget, stop=self.stop)
-        )
+        sampling = replace(self.sampling, n=1, max_tokens=budget, stop=self.stop)
+        shown = with_images(trajectory, self.codec.tokenizer) if trajectory.images() else None  # every image so far
+        self.turns.submit(trajectory.key, trajectory.prompt_ids(), sampling, shown)
 
     def _release_held(self) -> None:
         """Lockstep: every step waits until the engine has finished every turn, every turn until every step
@@ -351,8 +380,11 @@ class MultiTurnDriver:
         segments = trajectory.segments
         ids = [t for s in segments for t in s.token_ids]
         assert trajectory.first is not None  # only trajectories that were reset become rollouts
+        prompt = trajectory.first
+        if trajectory.images():  # the learner's forward reads every image of the trajectory, in order
+            prompt = replace(prompt, images=trajectory.images(), image_inputs=trajectory.tensors(self.codec.tokenizer))
         return Rollout(
-            prompt=trajectory.first,
+            prompt=prompt,
             group_index=trajectory.group_index if group_index is None else group_index,
             response_ids=ids,
             response_text=self.codec.action_text(ids),

@@ -21,6 +21,8 @@ class Segment:
     trained: bool  # loss mask: generated tokens 1, observation tokens 0
     logprobs: list[float]
     versions: list[int]
+    images: list[Any] = field(default_factory=list)  # an observation's images (relayrl/sources/trajectory_images.py)
+    engine_ids: list[int] | None = None  # with images: its ids with one placeholder per image (vLLM's)
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Trajectory:
     tools: list[dict[str, Any]] | None = None  # the tools an agent's calls offer (rendered by the chat template)
     tool_errors: int = 0
     base: int = 0  # tokens of its first sample's first prompt: env.max_total_tokens counts from there
+    _tensors: tuple[int, dict[str, Any]] | None = None  # (image count, their tensors): `tensors`
 
     @property
     def response_length(self) -> int:
@@ -57,6 +60,20 @@ class Trajectory:
     def prompt_ids(self) -> list[int]:
         assert self.first is not None  # rendered from reset's answer, before the first turn
         return self.first.token_ids + [t for s in self.segments for t in s.token_ids]
+
+    def images(self) -> list[Any]:
+        """Every image the trajectory has shown so far, in order: its first prompt's, then its observations'."""
+        assert self.first is not None  # rendered from reset's answer, before the first turn
+        return list(self.first.images or []) + [image for s in self.segments for image in s.images]
+
+    def tensors(self, tokenizer) -> dict[str, Any]:
+        """The processor's tensors of `images()`, made once per image count (images are only ever added)."""
+        from relayrl.sources.trajectory_images import image_tensors
+
+        images = self.images()
+        if self._tensors is None or self._tensors[0] != len(images):
+            self._tensors = (len(images), image_tensors(tokenizer, images))
+        return self._tensors[1]
 
     def where(self) -> str:
         """Names the trajectory and the turn whose environment step is at hand (or its reset)."""

@@ -70,14 +70,18 @@ class VLLMTurns:
         self._live: dict[str, Hashable] = {}
         self._ids = itertools.count()
         self._seeds = TurnSeeds()
+        self._shown: dict[str, Prompt] = {}  # the requests with images: vLLM's expansion is checked
 
     @property
     def pending(self) -> int:
         return len(self._live)
 
-    def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling) -> None:
+    def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling, shown: Prompt | None = None) -> None:
+        """`shown`: a prompt with images (`prompt_ids` expanded; relayrl/sources/trajectory_images.py)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
+        from relayrl.rollout.vllm_engine import engine_request
 
         number = next(self._ids)
         seed = self._seeds.next(key, sampling)
@@ -91,18 +95,26 @@ class VLLMTurns:
             logprobs=0,
             output_kind=RequestOutputKind.FINAL_ONLY,
             seed=seed,
+            logit_bias=self.engine.never_sampled,  # a vision-language model's image tokens, as its generate
         )
         request_id = f"turn{number}"
         # under sync.lora=adapter the newest pushed adapter, as the engine's own generate uses
         adapter = self.engine._adapter()
-        self._core.add_request(request_id, {"prompt_token_ids": list(prompt_ids)}, params, lora_request=adapter)
+        request = engine_request(shown) if shown is not None else {"prompt_token_ids": list(prompt_ids)}
+        self._core.add_request(request_id, request, params, lora_request=adapter)
         self._live[request_id] = key
+        if shown is not None:
+            self._shown[request_id] = shown
 
     def step(self) -> list[tuple[Hashable, TurnOutput]]:
+        from relayrl.rollout.vllm_engine import check_expansion
+
         finished = []
         for out in self._core.step():
             if not out.finished or out.request_id not in self._live:
                 continue
+            if (shown := self._shown.pop(out.request_id, None)) is not None:
+                check_expansion(shown, out.prompt_token_ids)
             completion = out.outputs[0]
             tokens = list(completion.token_ids)
             logprobs: list[float] = [step[t].logprob for step, t in zip(completion.logprobs or (), tokens)]
@@ -118,6 +130,7 @@ class VLLMTurns:
         if self._live:
             self._core.abort_request(list(self._live))
             self._live.clear()
+            self._shown.clear()
 
 
 class BatchTurns:
@@ -125,20 +138,28 @@ class BatchTurns:
 
     def __init__(self, engines: EngineGroup, version: int = 0, replicas: list[int] | None = None):
         self.engine, self.version, self.replicas = engines, version, replicas
-        self._queued: list[tuple[Hashable, list[int], Sampling]] = []
+        self._queued: list[tuple[Hashable, Prompt, Sampling]] = []
         self._seeds = TurnSeeds()
 
     @property
     def pending(self) -> int:
         return len(self._queued)
 
-    def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling) -> None:
-        self._queued.append((key, list(prompt_ids), replace(sampling, seeds=(self._seeds.next(key, sampling),))))
+    def submit(self, key: Hashable, prompt_ids: list[int], sampling: Sampling, shown: Prompt | None = None) -> None:
+        """`shown`: a prompt with images (`prompt_ids` expanded; relayrl/sources/trajectory_images.py)."""
+        prompt = shown if shown is not None else Prompt(id="", text="", token_ids=list(prompt_ids))
+        self._queued.append((key, prompt, replace(sampling, seeds=(self._seeds.next(key, sampling),))))
 
     def step(self) -> list[tuple[Hashable, TurnOutput]]:
         """Generate every queued turn in one call, to the longest budget; each is cut to its own budget after
         (the same tokens as stopping there: sampling is left to right)."""
         queued, self._queued = self._queued, []
+        with_images = [q for q in queued if q[1].images]  # an engine's batch takes one kind at a time
+        if with_images and len(with_images) < len(queued):
+            return self._generate([q for q in queued if not q[1].images]) + self._generate(with_images)
+        return self._generate(queued)
+
+    def _generate(self, queued: list[tuple[Hashable, Prompt, Sampling]]) -> list[tuple[Hashable, TurnOutput]]:
         if not queued:
             return []
         longest = max(s.max_tokens for _, _, s in queued)
@@ -146,7 +167,7 @@ class BatchTurns:
         # each turn with its own seed (by trajectory and turn): what it draws does not depend on the turns beside it
         seeds = tuple(s.seeds[0] for _, _, s in queued if s.seeds)
         sampling = replace(queued[0][2], n=1, max_tokens=longest, stop=(), seeds=seeds)
-        prompts = [Prompt(id=str(i), text="", token_ids=ids) for i, (_, ids, _) in enumerate(queued)]
+        prompts = [replace(prompt, id=str(i)) for i, (_, prompt, _) in enumerate(queued)]
         if self.replicas is None:  # every replica: the group splits the call
             rollouts = self.engine.generate(prompts, sampling, self.version)
         else:  # an async producer's own replica

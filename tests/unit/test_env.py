@@ -119,7 +119,7 @@ class RecordingTurns(BatchTurns):
         super().__init__(engine)
         self.prompts, self.outputs = [], []
 
-    def submit(self, key, prompt_ids, sampling):
+    def submit(self, key, prompt_ids, sampling, shown=None):
         self.prompts.append((key, list(prompt_ids)))
         super().submit(key, prompt_ids, sampling)
 
