@@ -97,7 +97,7 @@ class ScriptedTurns:
     def pending(self):
         return len(self.queued)
 
-    def submit(self, key, prompt_ids, sampling):
+    def submit(self, key, prompt_ids, sampling, shown=None):
         self.queued.append((key, list(prompt_ids)))
 
     def step(self):
