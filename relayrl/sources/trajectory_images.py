@@ -68,7 +68,7 @@ def open_part(label: str, payload: Any) -> Image.Image:
     if not isinstance(payload, (str, dict)):
         raise EnvError(f"{label}: an image must be a PIL image, bytes, a path or {{bytes, path}}, got {payload!r:.80}")
     try:
-        return open_image(label, payload, ".")  # a relative path: from the environment worker's directory
+        return open_image(label, payload, ".")  # a relative path: from the run's working directory
     except DataError as err:
         raise EnvError(str(err)) from None
 
