@@ -66,12 +66,12 @@ def logits_stats(
     over it (an entropy bonus differentiates through the same tensor). Its output is what the backward
     keeps, one [N, V] tensor, as a logsumexp would keep its input."""
     logits = logits.float()
-    never = torch.tensor(suppressed, dtype=torch.long, device=logits.device)
-    if suppressed:
+    never = torch.tensor(suppressed, dtype=torch.long, device=logits.device) if suppressed else None
+    if never is not None:
         logits = logits.index_fill(-1, never, float("-inf"))
     logp_all = torch.log_softmax(truncate_logits(logits / temperature, top_k, top_p), dim=-1)  # [N, V]
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [N]
-    if suppressed:  # an image token shown in an observation (never sampled, never trained): 0, not -inf, so that
+    if never is not None:  # an image token shown in an observation (never sampled, never trained): 0, not -inf, so that
         logp = torch.where(torch.isin(targets, never), 0.0, logp)  # exp(logp - old) is not -inf - -inf = nan
     if entropy_grad:
         return logp, entropy_of(logp_all)

@@ -20,12 +20,8 @@ CONNECTOR_NAMES = ("connector", "multi_modal_projector")
 
 def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
     """The vision encoder module, or None for a text-only model."""
-    for holder in (model, getattr(model, "model", None)):
-        for name in TOWER_NAMES:
-            tower = getattr(holder, name, None) if holder is not None else None
-            if isinstance(tower, torch.nn.Module):
-                return tower
-    return None
+    towers = _attributes(model, TOWER_NAMES)
+    return towers[0] if towers else None
 
 
 def freeze_vision(model: torch.nn.Module) -> set[str]:
@@ -46,11 +42,12 @@ def image_side_pattern(model: torch.nn.Module) -> str | None:
     vLLM applies a LoRA adapter to the language model alone, so adapter tensors elsewhere could not be served."""
     if vision_tower(model) is None:
         return None
-    image_side = {id(m) for name in TOWER_NAMES + CONNECTOR_NAMES for m in _attributes(model, name)}
+    image_side = {id(m) for m in _attributes(model, TOWER_NAMES + CONNECTOR_NAMES)}
     prefixes = [name for name, module in model.named_modules() if id(module) in image_side]
     return "|".join(f"{re.escape(prefix)}(\\..*)?" for prefix in prefixes)
 
 
-def _attributes(model: torch.nn.Module, name: str) -> list[torch.nn.Module]:
-    holders = (model, getattr(model, "model", None))
-    return [m for h in holders if h is not None and isinstance(m := getattr(h, name, None), torch.nn.Module)]
+def _attributes(model: torch.nn.Module, names: tuple[str, ...]) -> list[torch.nn.Module]:
+    """The modules under `names` on the model or its inner `model`, in that order."""
+    holders = [h for h in (model, getattr(model, "model", None)) if h is not None]
+    return [m for h in holders for name in names if isinstance(m := getattr(h, name, None), torch.nn.Module)]

@@ -332,7 +332,7 @@ class MultiTurnDriver:
             self.held_turns.append(trajectory)
             return
         sampling = replace(self.sampling, n=1, max_tokens=budget, stop=self.stop)
-        shown = with_images(trajectory, self.codec.tokenizer) if trajectory.images() else None  # every image so far
+        shown = with_images(trajectory, self.codec.tokenizer)  # every image so far (None: a text-only trajectory)
         self.turns.submit(trajectory.key, trajectory.prompt_ids(), sampling, shown)
 
     def _release_held(self) -> None:
@@ -381,8 +381,8 @@ class MultiTurnDriver:
         ids = [t for s in segments for t in s.token_ids]
         assert trajectory.first is not None  # only trajectories that were reset become rollouts
         prompt = trajectory.first
-        if trajectory.images():  # the learner's forward reads every image of the trajectory, in order
-            prompt = replace(prompt, images=trajectory.images(), image_inputs=trajectory.tensors(self.codec.tokenizer))
+        if images := trajectory.images():  # the learner's forward reads every image of the trajectory, in order
+            prompt = replace(prompt, images=images, image_inputs=trajectory.tensors(self.codec.tokenizer))
         return Rollout(
             prompt=prompt,
             group_index=trajectory.group_index if group_index is None else group_index,

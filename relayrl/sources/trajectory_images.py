@@ -90,14 +90,14 @@ def image_tensors(tokenizer, images: list) -> dict[str, Any]:
     return {name: value for name, value in encoded.items() if name not in TEXT_INPUTS}
 
 
-def with_images(trajectory: Trajectory, tokenizer) -> Prompt:
-    """The trajectory's next prompt (its first prompt plus every segment) with every image so far; the first prompt
-    itself when it has none. Its `token_ids` are the expanded ids, `engine_token_ids` vLLM's."""
+def with_images(trajectory: Trajectory, tokenizer) -> Prompt | None:
+    """The trajectory's next prompt (its first prompt plus every segment) with every image so far, None when it has
+    shown none. Its `token_ids` are the expanded ids, `engine_token_ids` vLLM's."""
     first = trajectory.first
     assert first is not None  # rendered from reset's answer, before the first turn
     images = trajectory.images()
     if not images:
-        return Prompt(id=first.id, text="", token_ids=trajectory.prompt_ids())
+        return None
     engine_ids = list(first.engine_token_ids or first.token_ids)
     for segment in trajectory.segments:
         engine_ids += segment.engine_ids if segment.engine_ids is not None else segment.token_ids
