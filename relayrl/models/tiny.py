@@ -28,7 +28,9 @@ def train_char_tokenizer(texts: Iterable[str]):
     core = Tokenizer(models.WordLevel(unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
-    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, BOS, EOS, UNK], min_frequency=1)
+    # vocab_size: the trainer's default cap (30000) silently dropped every character past it (found by the GPU check,
+    # whose 0.5B-shaped model asks for 32000 ids); a character vocabulary is every character seen, however many.
+    trainer = trainers.WordLevelTrainer(special_tokens=[PAD, BOS, EOS, UNK], min_frequency=1, vocab_size=1 << 30)
     core.train_from_iterator(texts, trainer=trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
