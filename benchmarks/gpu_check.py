@@ -5,6 +5,7 @@
 
 Steps (the shell runs each in its own process with its own timeout; docs in gpu_check.sh's header):
   learner     PolicyLearner on the device: pass/master dtypes, one update, activation checkpointing, packed vs padded
+  flex        group-packed rows through FlexAttention: log-probs vs padded, gradients and update seconds vs SDPA
   fsdp        one FSDP2 rank (learner.offload=params on CUDA): update with clipping, named_weights' full tensors
   hf_engine   HFEngine generates; its behaviour log-probs vs the learner's on the same tokens (mismatch/*)
   cuda_ipc    weights handed between two processes by CUDA IPC handle, against a copy in one process
@@ -46,7 +47,7 @@ from gpu_check_common import (  # noqa: E402
     tiny_model,
 )
 
-STEPS = ("learner", "fsdp", "hf_engine", "cuda_ipc", "colocated", "step_0p5b", "vllm", "ray", "two_gpus")
+STEPS = ("learner", "flex", "fsdp", "hf_engine", "cuda_ipc", "colocated", "step_0p5b", "vllm", "ray", "two_gpus")
 H200_BF16_PEAK = 989e12  # FLOP/s, dense bf16 (no sparsity): NVIDIA's H200 SXM figure, as the H100 SXM's
 FORCE = set(filter(None, os.environ.get("GPU_CHECK_FORCE", "").split(",")))  # run a present-only row on CPU stand-ins
 
@@ -355,6 +356,12 @@ def step_fsdp(work: Path) -> dict:
     return run_fsdp(work, world=1)
 
 
+def step_flex(work: Path) -> dict:
+    from gpu_check_flex import run_flex
+
+    return run_flex(work)
+
+
 def step_cuda_ipc(work: Path) -> dict:
     from gpu_check_ipc import run_ipc
 
@@ -369,6 +376,7 @@ def step_colocated(work: Path) -> dict:
 
 RUNNERS = {
     "learner": step_learner,
+    "flex": step_flex,
     "fsdp": step_fsdp,
     "hf_engine": step_hf_engine,
     "cuda_ipc": step_cuda_ipc,
@@ -378,7 +386,7 @@ RUNNERS = {
     "ray": step_ray,
     "two_gpus": step_two_gpus,
 }
-NEEDS_RELAYRL = {"learner", "fsdp", "hf_engine", "colocated", "step_0p5b", "vllm", "two_gpus"}
+NEEDS_RELAYRL = {"learner", "flex", "fsdp", "hf_engine", "colocated", "step_0p5b", "vllm", "two_gpus"}
 
 
 def run_step(name: str, work: Path) -> int:

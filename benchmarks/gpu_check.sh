@@ -7,14 +7,17 @@
 #   1. learner    PolicyLearner on CUDA, tiny random Llama (relayrl/models/tiny.py): bf16 passes over fp32 master
 #                 weights; one update's loss finite; learner.activation_checkpointing=true gives the same gradients;
 #                 train.packing=groups vs none log-probs (fp32 within 1e-3; bf16 within bf16's own noise)
-#   2. fsdp       one FSDP2 rank on NCCL (W=1, spawned, relayrl.learner.sharded.sharded_learner) with
+#   2. flex       group-packed rows through FlexAttention (model.attention=flex_attention): log-probs vs the padded
+#                 forward, first-step gradients vs SDPA's dense mask, one update's seconds on long rows, SDPA vs flex
+#                 (benchmarks/gpu_check_flex.py; the CPU rehearsal checks the forward only)
+#   3. fsdp       one FSDP2 rank on NCCL (W=1, spawned, relayrl.learner.sharded.sharded_learner) with
 #                 learner.offload=params (CPUOffloadPolicy): an update with gradient clipping, then named_weights'
 #                 full_tensor gathers, against the one-process learner
-#   3. hf_engine  relayrl's HF engine generates on CUDA; its behaviour log-probs vs the learner's (mismatch/*)
-#   4. cuda_ipc   1 GiB of bf16 weights handed between two processes by CUDA IPC handle, vs a copy in one process
-#   5. colocated  torch.cuda.mem_get_info per phase of a colocated step whose learner states leave the device
-#   6. step_0p5b  one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
-#   7. vllm, ray, two_gpus: skipped by name ("skipped: needs vLLM (not installed)") unless present: vLLM's CUDA
+#   4. hf_engine  relayrl's HF engine generates on CUDA; its behaviour log-probs vs the learner's (mismatch/*)
+#   5. cuda_ipc   1 GiB of bf16 weights handed between two processes by CUDA IPC handle, vs a copy in one process
+#   6. colocated  torch.cuda.mem_get_info per phase of a colocated step whose learner states leave the device
+#   7. step_0p5b  one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
+#   8. vllm, ray, two_gpus: skipped by name ("skipped: needs vLLM (not installed)") unless present: vLLM's CUDA
 #                 build, Ray with real GPUs, a second GPU for two NCCL ranks (W=2 FSDP2 equivalence)
 # Each step is `python benchmarks/gpu_check.py <step>` in its own process with its own timeout; its full output is
 # $OUT/<step>.log, whose last line is the JSON the table reads. What each step proves: benchmarks/gpu_check.py.
@@ -105,10 +108,10 @@ echo "gpu_check: $WHEEL_NOTE; python $PY; logs in $OUT"
 
 if [ "$GPU_CHECK_REHEARSE" = "1" ] && [ "$DEVICES" = "0" ]; then
   BUDGET="${GPU_CHECK_BUDGET:-420}"
-  LIMITS=(learner=120 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 step_0p5b=150 vllm=60 ray=60 two_gpus=60)
+  LIMITS=(learner=120 flex=90 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 step_0p5b=150 vllm=60 ray=60 two_gpus=60)
 else
   BUDGET="${GPU_CHECK_BUDGET:-540}"
-  LIMITS=(learner=60 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 step_0p5b=150 vllm=120 ray=60 two_gpus=120)
+  LIMITS=(learner=60 flex=120 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 step_0p5b=150 vllm=120 ray=60 two_gpus=120)
 fi
 RESERVE=15  # seconds kept for the table (and a killed step's 10 s grace)
 : >"$OUT/steps.tsv"

@@ -33,6 +33,13 @@ class ModelConfig(Section):
     lora: LoraConfig | None = Field(
         default=None, description="Train a LoRA adapter (peft) on a frozen base; absent = full fine-tuning."
     )
+    attention: Literal["auto", "sdpa", "eager", "flex_attention"] = Field(
+        default="auto",
+        description="The learner's attention kernel: auto = the model's own (sdpa for most). flex_attention: "
+        "group-packed rows (train.packing) attend through a block-sparse FlexAttention mask, which skips the blocks "
+        "where one response would see another, instead of a dense [L, L] mask per row; GPU only (torch has no "
+        "FlexAttention backward on CPU). Opt-in until benchmarks/gpu_check.sh has timed it against sdpa on a GPU.",
+    )
     freeze_vision: bool = Field(
         default=True,
         description="A vision-language model's vision tower is not trained (the language model and the connector "

@@ -22,7 +22,7 @@ from relayrl.learner.packing import pack_groups, packed_positions, packing_pays,
 from relayrl.learner.token_stats import head_stats, logits_stats, output_head
 from relayrl.types import Experience
 
-PACKABLE_ATTENTION = ("sdpa", "eager")  # implementations that take a custom 4D mask as it is
+PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")  # implementations that take a custom mask as it is
 # max |log-prob difference| vs the plain forward. Half precision: bf16 logits of magnitude ~10 round to ~0.06, so
 # only gross differences (a mask or position ids ignored: order 1 and more) are caught there
 PARITY_TOLERANCE = {torch.float32: 1e-3}
@@ -120,11 +120,18 @@ class ForwardLayout:
         self.packed_forwards += 1
         self.positions += packed.positions
         self.tokens += packed.tokens
-        mask = packed.attention_mask if self.attention == "sdpa" else packed.additive_mask(model.dtype)
+        mask = self._packed_mask(packed, model.dtype)
         output = self._output(model, input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=mask)
         return Predictions(
             output[packed.row.to(self.device), packed.position.to(self.device)], packed.sample, packed.column
         )
+
+    def _packed_mask(self, packed, dtype: torch.dtype):
+        """The packed rows' mask in the form the attention kernel takes: SDPA a bool mask, eager an additive one,
+        FlexAttention a BlockMask."""
+        if self.attention == "flex_attention":
+            return packed.flex_mask(self.device)
+        return packed.attention_mask if self.attention == "sdpa" else packed.additive_mask(dtype)
 
     def _stats(self, model, output, targets, entropy_grad):
         s = self.sampled

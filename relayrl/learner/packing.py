@@ -11,7 +11,9 @@ prompt is causal, and a response token sees the prompt and the earlier tokens of
 Every response token then has exactly the context it has in its own row, so log-probs and gradients are
 the same (the prompt positions receive the sum of their k rows' gradients, as before) over far fewer
 positions: the shared-prefix idea of e.g. Prefix Grouper (Liu et al. 2025) for GRPO, done with a custom
-4D mask that transformers passes to SDPA or eager attention as-is.
+4D mask that transformers passes to SDPA or eager attention as-is, or (model.attention=flex_attention, GPU) the
+same rule as a FlexAttention block mask. A variable-length kernel (flash-attention's cu_seqlens) cannot express it:
+its segments are independent sequences, and here every response shares the prompt's keys.
 
 `pack_groups` builds the rows and says, for every response token, which packed position predicts it and
 where it goes in the Experience's [B, T-1] layout (relayrl/learner/layout.py reads the model there).
@@ -35,6 +37,7 @@ class PackedGroups:
     column: torch.Tensor  # [N] its target column in the Experience
     row: torch.Tensor  # [N] the packed row holding its predictor position
     position: torch.Tensor  # [N] that position
+    segments: torch.Tensor  # [R, L] per position: -1 padding, 0 the prompt, i response i
     shape: tuple[int, int]  # the Experience's [B, T-1]
     tokens: int  # real tokens among the positions (the rest is padding)
 
@@ -47,6 +50,20 @@ class PackedGroups:
         return torch.zeros(self.attention_mask.shape, dtype=dtype).masked_fill(
             ~self.attention_mask, torch.finfo(dtype).min
         )
+
+    def flex_mask(self, device: str):
+        """The same mask as FlexAttention's BlockMask: block-sparse, so the kernel skips every block in which one
+        response would see another, and no dense [L, L] mask reaches the layers (model.attention=flex_attention)."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        segments = self.segments.to(device)
+
+        def allowed(row, head, query, key):  # _block_mask's rule, one position pair at a time
+            seen, own = segments[row, key], segments[row, query]
+            return ((key <= query) & ((seen == 0) | (seen == own)) & (own >= 0)) | (query == key)
+
+        rows, width = segments.shape
+        return create_block_mask(allowed, rows, None, width, width, device=device)
 
 
 def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
@@ -74,6 +91,7 @@ def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
         input_ids=input_ids,
         position_ids=position_ids,
         attention_mask=_block_mask(segments),
+        segments=segments,
         sample=sample,
         column=column,
         row=row,

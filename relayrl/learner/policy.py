@@ -31,7 +31,7 @@ from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
 from relayrl.models import lora
 from relayrl.models.adapter_sync import lora_sync_mode
-from relayrl.models.loading import load_causal_lm
+from relayrl.models.loading import load_causal_lm, set_attention
 from relayrl.models.vision import freeze_vision
 from relayrl.types import Experience, filled
 
@@ -49,6 +49,7 @@ class PolicyLearner:
         # eval mode throughout: dropout would make the on-policy ratio differ from 1 and the log-probs
         # of the old/reference passes differ from the update's; gradients flow the same
         self.model = load(config.model.path, self.device).eval()
+        set_attention(self.model, config.model.attention, self.device)
         # a vision-language model's frozen tower: no gradients, no optimizer state, left out of pushes
         self.frozen = freeze_vision(self.model) if config.model.freeze_vision else set()
         if config.model.lora is not None:
@@ -64,6 +65,7 @@ class PolicyLearner:
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference
         if self.use_reference and config.model.lora is None:
             self.reference = load(config.model.path, self.device).eval().requires_grad_(False)
+            set_attention(self.reference, config.model.attention, self.device)
             if use_bf16 and not torch.distributed.is_initialized():  # frozen, and its passes run in bf16 anyway:
                 self.reference.to(torch.bfloat16)  # half the memory (sharded ranks cast in FSDP2's policy instead)
         rollout = config.rollout

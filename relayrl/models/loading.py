@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from relayrl.errors import ModelError, RelayWarning
+from relayrl.errors import ConfigError, ModelError, RelayWarning
 
 
 def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
@@ -80,6 +80,20 @@ def load_causal_lm(path: str | Path, device: str = "cpu", key: str = "model.path
         return model.to(device)  # pyright: ignore[reportArgumentType]
     except (OSError, ValueError) as err:
         raise ModelError(f"{key}={str(path)!r}: cannot load the model: {err}") from None
+
+
+def set_attention(model, attention: str, device: str) -> None:
+    """`model.attention`: auto keeps the kernel transformers chose at load; another name switches the model and its
+    sub-models to it (transformers' set_attn_implementation). FlexAttention is refused on CPU, where torch has no
+    backward for it: the update would fail at its first backward pass, after the first rollout."""
+    if attention == "auto":
+        return
+    if attention == "flex_attention" and device != "cuda":
+        raise ConfigError(
+            f"model.attention=flex_attention: torch {torch.__version__} has no FlexAttention backward on {device}; "
+            "use model.attention=auto (sdpa) here"
+        )
+    model.set_attn_implementation(attention)
 
 
 def pad_token_id(tokenizer) -> int:

@@ -9,7 +9,7 @@ from relayrl.learner.batching import make_experience
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
 from relayrl.learner.policy import PolicyLearner, mismatch_metrics
-from relayrl.types import Prompt, Rollout, Score
+from relayrl.types import Experience, Prompt, Rollout, Score
 from tests.unit.test_learner import _config, _experience, _grads_of_first_step
 
 SAMPLED = Sampled(temperature=1.0, top_k=-1, top_p=1.0)
@@ -100,6 +100,61 @@ def test_packing_groups_needs_an_attention_that_takes_a_custom_mask(random_model
     config = type("C", (), {"_attn_implementation": "flash_attention_2", "architectures": ["LlamaForCausalLM"]})()
     with pytest.raises(
         ConfigError,
-        match="train.packing=groups needs sdpa or eager attention; LlamaForCausalLM uses 'flash_attention_2'",
+        match="train.packing=groups needs sdpa or eager or flex_attention attention; LlamaForCausalLM uses "
+        "'flash_attention_2'",
     ):
         ForwardLayout("groups", 0, SAMPLED, config, "cpu")
+
+
+def _long_group() -> Experience:
+    """One prompt and two 512-token responses: rows long enough for FlexAttention's 128-position blocks."""
+    prompt = Prompt("a", "", [5, 6, 7, 8])
+    rollouts = [Rollout(prompt, i, [10 + i] * 512, "", [-1.0] * 512, "stop", [0] * 512) for i in range(2)]
+    return make_experience(rollouts, [Score(1.0), Score(0.0)], pad_id=0)
+
+
+@pytest.mark.parametrize(
+    "exp", [_two_groups(), _experience(groups=4, n=4), _long_group()], ids=["ragged", "4x4", "long"]
+)
+def test_the_flex_block_mask_allows_exactly_what_the_dense_mask_allows(exp):
+    from torch.nn.attention.flex_attention import create_mask
+
+    packed = pack_groups(exp, pad_id=0)
+    block = packed.flex_mask("cpu")
+    rows, _, width, _ = packed.attention_mask.shape
+    assert torch.equal(create_mask(block.mask_mod, rows, 1, width, width, device="cpu"), packed.attention_mask)
+
+
+def test_the_flex_block_mask_skips_the_blocks_where_one_response_would_see_another():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    packed = pack_groups(_long_group(), pad_id=0)
+    width = packed.input_ids.shape[1]
+    causal = create_block_mask(lambda b, h, q, k: k <= q, 1, None, width, width, device="cpu")
+    assert packed.flex_mask("cpu").sparsity() > causal.sparsity() + 10  # percent of blocks skipped
+
+
+def test_packed_rows_through_flex_attention_give_the_padded_log_probs(random_model_dir):
+    """The forward only: torch has no FlexAttention backward on CPU (benchmarks/gpu_check.sh's learner step checks
+    the gradients on a GPU). Compiles flex_attention once (~10 s on 2 cores)."""
+    exp = _experience(groups=4, n=4)
+    padded = PolicyLearner(_config(random_model_dir, micro_batch=8, packing="none")).logprobs(exp)
+    learner = PolicyLearner(_config(random_model_dir, micro_batch=8, packing="groups"))
+    learner.network.set_attn_implementation("flex_attention")  # what model.attention does on a GPU
+    learner.layout.attention = "flex_attention"
+    packed = learner.logprobs(exp)
+    assert learner.layout.take_counts()["learner/packed_frac"] == 1.0
+    torch.testing.assert_close(packed[exp.loss_mask.bool()], padded[exp.loss_mask.bool()], atol=2e-5, rtol=1e-4)
+
+
+def test_flex_attention_is_refused_on_cpu_by_its_key(random_model_dir):
+    with pytest.raises(
+        ConfigError, match="model.attention=flex_attention: torch .* has no FlexAttention backward on cpu"
+    ):
+        PolicyLearner(_config(random_model_dir, extra=["model.attention=flex_attention"]))
+
+
+def test_model_attention_switches_the_learners_kernel(random_model_dir):
+    learner = PolicyLearner(_config(random_model_dir, extra=["model.attention=eager", "algorithm.kl.coef=0.1"]))
+    assert learner.layout.attention == "eager"
+    assert learner.reference is not None and learner.reference.config._attn_implementation == "eager"
