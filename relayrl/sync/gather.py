@@ -39,6 +39,7 @@ from relayrl.sync.transports import (
     ObjectStoreSender,
     Sender,
     _broadcast,  # the one broadcast with a deadline, as BroadcastSender sends
+    as_bytes,
     make_sender,
 )
 
@@ -183,7 +184,5 @@ def _stream_broadcast(sender, chosen: list[int], packed, version: int, start: fl
     _broadcast(sender.group, header, sender.timeout_s)
     for i in chosen:
         bucket = packed(i)
-        _broadcast(
-            sender.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket, sender.timeout_s
-        )
+        _broadcast(sender.group, as_bytes(bucket), sender.timeout_s)
     return Manifest(version, sums or None, None, _nbytes(sender, chosen), time.perf_counter() - start, chosen)

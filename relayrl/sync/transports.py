@@ -328,6 +328,12 @@ def _broadcast(group: SyncGroup, tensor: torch.Tensor, timeout_s: float) -> None
     group.broadcast(tensor, timeout_s)
 
 
+def as_bytes(bucket: torch.Tensor) -> torch.Tensor:
+    """A bucket as the bytes a broadcast moves: a bf16 bucket travels as uint8, which every backend takes (it went
+    as int16 before, which gloo refuses: "Invalid scalar type", so `sync.wire_dtype=bf16` over gloo failed)."""
+    return bucket.view(torch.uint8) if bucket.dtype == torch.bfloat16 else bucket
+
+
 class BroadcastSender(Sender):
     def __init__(self, layout: BucketLayout, verify_checksums: bool, group: SyncGroup, timeout_s: float, buckets=None):
         self.group, self.timeout_s = group, timeout_s  # before the buckets: they are allocated on its device
@@ -341,9 +347,7 @@ class BroadcastSender(Sender):
         header = torch.tensor([version] + sums, dtype=torch.int64, device=self.group.device)
         _broadcast(self.group, header, self.timeout_s)
         for bucket in (self.buckets[i] for i in chosen):
-            _broadcast(
-                self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket, self.timeout_s
-            )
+            _broadcast(self.group, as_bytes(bucket), self.timeout_s)
 
 
 class BroadcastReceiver(Receiver):
@@ -359,9 +363,7 @@ class BroadcastReceiver(Receiver):
         )
         _broadcast(self.group, header, self.timeout_s)
         for bucket in (self.buckets[i] for i in chosen):
-            _broadcast(
-                self.group, bucket.view(torch.int16) if bucket.dtype == torch.bfloat16 else bucket, self.timeout_s
-            )
+            _broadcast(self.group, as_bytes(bucket), self.timeout_s)
         version = int(header[0])
         if version != manifest.version:
             raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")

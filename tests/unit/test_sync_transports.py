@@ -219,3 +219,37 @@ def test_sweep_removes_segments_whose_owner_or_creator_is_dead(tmp_path):
     removed = sweep_segments(tmp_path)
     assert sorted(removed) == sorted(n for n, keep in names.items() if not keep)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, keep in names.items() if keep)
+
+
+def broadcast_pair(world=2):
+    """A sender's and a receiver's end of a real gloo weight-sync group, both in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.sync.remote import free_port
+    from relayrl.sync.transports import join_group
+
+    port = free_port()
+    with ThreadPoolExecutor(world) as pool:
+        ends = [pool.submit(join_group, "127.0.0.1", port, rank, world, 30.0) for rank in range(world)]
+        return [end.result(60) for end in ends]
+
+
+@pytest.mark.parametrize("wire", ["fp32", "bf16"])
+def test_a_broadcast_over_gloo_delivers_every_tensor(wire):
+    """Both wire dtypes (bf16 buckets went as int16, which gloo refuses)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.sync.transports import Manifest
+
+    learner, worker = broadcast_pair()
+    layout = layout_of(weights(), bucket_mb=0.001, wire_dtype=wire)
+    assert len(layout.bucket_sizes) >= 2
+    sender = make_sender("broadcast", layout, True, learner, 30.0)
+    receiver = make_receiver("broadcast", layout, True, worker, 30.0)
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(sender.send, weights(), 4)
+        got = [(name, tensor.clone()) for name, tensor in receiver.receive(Manifest(4, None))]
+        sent.result(60)
+    assert [n for n, _ in got] == [n for n, _ in weights()]
+    for (_, a), (_, b) in zip(got, weights()):
+        torch.testing.assert_close(a.float(), b.to(layout.dtype).float())
