@@ -11,7 +11,9 @@ Steps (the shell runs each in its own process with its own timeout; docs in gpu_
   cuda_ipc    weights handed between two processes by CUDA IPC handle, against a copy in one process
   colocated   free memory per phase of a colocated step whose learner states leave the device while it generates
   step_0p5b   one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
-  vllm, ray, two_gpus   skipped by name unless this machine has what they need
+  vllm, ray, two_gpus   skipped by name unless this machine has what they need (vllm: generate, mismatch, a push
+              through the weight-update session, and with a second GPU a broadcast into the engine's worker;
+              GPU_CHECK_FORCE=vllm runs it on vLLM's CPU build)
 
 Each step's checks are named booleans; a step is `ok` when all hold, else `failed: <names>`. A step that needs
 what the machine lacks raises `Missing` and reads `skipped: needs <what>`. On a machine without CUDA
@@ -280,16 +282,61 @@ def step_vllm(work: Path) -> dict:
     # then samples what it sampled before
     from transformers import AutoModelForCausalLM
 
-    weights = AutoModelForCausalLM.from_pretrained(model_dir).to(platform).named_parameters()
-    _, push_s = timed(engine.load_weights, ((n, p.detach()) for n, p in weights), 1)
+    named = [
+        (n, p.detach()) for n, p in AutoModelForCausalLM.from_pretrained(model_dir).to(platform).named_parameters()
+    ]
+    _, push_s = timed(engine.load_weights, iter(named), 1)
     again, _ = timed(engine.generate, prompts(8, 6, 16), Sampling(n=4, max_tokens=24, seed=0), 1)
     same = [r.response_ids for r in again] == [r.response_ids for r in rollouts]
+    checks = {f"gap_{tolerance:g}": gap <= tolerance, "push_same_samples": same}
+    landed, said = broadcast_into_workers(engine, named, platform)
+    if landed is not None:  # the same weights again, by broadcast: the samples stay the same
+        again, _ = timed(engine.generate, prompts(8, 6, 16), Sampling(n=4, max_tokens=24, seed=0), 2)
+        checks["broadcast_same_samples"] = landed and [r.response_ids for r in again] == [
+            r.response_ids for r in rollouts
+        ]
     return {
-        "checks": {f"gap_{tolerance:g}": gap <= tolerance, "push_same_samples": same},
+        "checks": checks,
         "figure": f"vLLM ({platform}) max abs(engine - learner) {fmt(gap)}; generate {gen_s:.2f} s; "
-        f"push through the weight-update session {push_s:.2f} s{note}",
+        f"push through the weight-update session {push_s:.2f} s; {said}{note}",
         "details": found,
     }
+
+
+def broadcast_into_workers(engine, named: list, platform: str) -> tuple[bool | None, str]:
+    """`sync.transport=broadcast` into vLLM (relayrl/rollout/vllm_transfer.py): the engine's worker joins the
+    weight-sync group and receives a push from the learner (a thread here, rank 0) itself. NCCL takes one rank
+    per GPU, so on CUDA the learner's rank needs a second GPU (cuda:1); gloo on CPU. (None, why) when it cannot run."""
+    import torch
+
+    if platform == "cuda" and torch.cuda.device_count() < 2:
+        return None, "broadcast into the workers: not run (the learner's NCCL rank needs a second GPU)"
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.sync.buckets import layout_of
+    from relayrl.sync.remote import free_port
+    from relayrl.sync.transports import join_group, make_sender
+
+    def learner_joins(port: int):
+        if platform == "cuda":
+            torch.cuda.set_device(1)  # this thread's device: the sends below run in it too
+        return join_group("127.0.0.1", port, 0, 2, 120.0)
+
+    layout = layout_of(named, 1.0, "bf16" if platform == "cuda" else "fp32")
+    with ThreadPoolExecutor(1) as pool:
+        port = free_port()
+        joined = pool.submit(learner_joins, port)
+        engine.join_weight_group("127.0.0.1", port, 1, 2, 120.0)
+        group = joined.result(120)
+        engine.open_weight_receivers(layout, True, 120.0)
+        sender = make_sender("broadcast", layout, True, group, 120.0)
+        tensors = [(n, t.to(group.device)) for n, t in named]
+        start = time.perf_counter()
+        sent = pool.submit(sender.send, iter(tensors), 2)
+        engine.receive_broadcast(2)
+        sent.result(120)
+        seconds = time.perf_counter() - start
+    return engine.version == 2, f"broadcast into the workers ({group.backend}) {seconds:.2f} s"
 
 
 def step_ray(work: Path) -> dict:

@@ -18,7 +18,9 @@
 #   6. colocated  torch.cuda.mem_get_info per phase of a colocated step whose learner states leave the device
 #   7. step_0p5b  one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
 #   8. vllm, ray, two_gpus: skipped by name ("skipped: needs vLLM (not installed)") unless present: vLLM's CUDA
-#                 build, Ray with real GPUs, a second GPU for two NCCL ranks (W=2 FSDP2 equivalence)
+#                 build (generate, mismatch, a push through the weight-update session; with a second GPU, a NCCL
+#                 broadcast from the learner's rank on cuda:1 straight into the engine's worker), Ray with real
+#                 GPUs, a second GPU for two NCCL ranks (W=2 FSDP2 equivalence)
 # Each step is `python benchmarks/gpu_check.py <step>` in its own process with its own timeout; its full output is
 # $OUT/<step>.log, whose last line is the JSON the table reads. What each step proves: benchmarks/gpu_check.py.
 #

@@ -1,5 +1,6 @@
 """A rollout engine as a Ray actor: the run's engine (built from `config.rollout` by the same function as a
-local run's) in the actor's process, plus the receiving half of a transport (`WeightSink`).
+local run's) in the actor's process, plus the receiving half of a transport (`WeightSink`); with `broadcast` into
+a vLLM engine the receiving half is the engine's own workers, and this actor opens and closes each session.
 
 The engine is told the cores its bundle was given (it pins its threads to them); torch's intra-op threads
 are set explicitly, because Ray leaves actors at one thread unless told otherwise. With
@@ -11,12 +12,16 @@ from __future__ import annotations
 
 import os
 import time
+from typing import cast
 
 from relayrl.rollout.build import engine_from_config
+from relayrl.rollout.protocols import WorkersReceive
 from relayrl.sync.endpoints import WeightSink
 
 
 class EngineWorker(WeightSink):
+    in_workers = False  # set by open_receiver: the engine's workers receive each push (broadcast into vLLM)
+
     def __init__(self, config, max_model_len: int, threads: int, cores: str):
         import torch
 
@@ -59,3 +64,36 @@ class EngineWorker(WeightSink):
 
     def load_weights(self, named_tensors, version: int) -> None:
         self.engine.load_weights(named_tensors, version)
+
+    # `broadcast` into a vLLM engine: its workers are the group's members and receive every push themselves
+    # (relayrl/rollout/vllm_transfer.py); this actor only opens and closes each weight-update session.
+
+    def _workers_receive(self) -> WorkersReceive | None:
+        return cast("WorkersReceive", self.engine) if getattr(self.engine, "receives_in_workers", False) else None
+
+    def sync_ranks(self) -> int:
+        engine = self._workers_receive()
+        return engine.tensor_parallel if engine else 1
+
+    def join_sync_group(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> None:
+        engine = self._workers_receive()
+        if engine:
+            engine.join_weight_group(address, port, rank, world, timeout_s)
+        else:
+            super().join_sync_group(address, port, rank, world, timeout_s)
+
+    def open_receiver(self, transport: str, layout, checksum: bool, timeout_s: float) -> None:
+        engine = self._workers_receive() if transport == "broadcast" else None
+        self.in_workers = engine is not None
+        if engine:
+            engine.open_weight_receivers(layout, checksum, timeout_s)
+        else:
+            super().open_receiver(transport, layout, checksum, timeout_s)
+
+    def receive_weights(self, manifest) -> float:
+        engine = self._workers_receive() if self.in_workers else None
+        if not engine:
+            return super().receive_weights(manifest)
+        start = time.perf_counter()
+        engine.receive_broadcast(manifest.version, manifest.buckets)
+        return time.perf_counter() - start

@@ -44,6 +44,20 @@ class Engine(Protocol):
         ...
 
 
+class WorkersReceive(Protocol):
+    """An engine whose workers join the weight-sync group themselves and take each broadcast push (vLLM:
+    relayrl/rollout/vllm_transfer.py), so the bytes never pass through the process that drives it."""
+
+    tensor_parallel: int  # its workers: the group ranks it holds
+    version: int
+
+    def join_weight_group(self, address: str, port: int, rank_offset: int, world: int, timeout_s: float) -> None: ...
+
+    def open_weight_receivers(self, layout: Any, checksum: bool, timeout_s: float) -> None: ...
+
+    def receive_broadcast(self, version: int, buckets: list[int] | None = None) -> None: ...
+
+
 class EngineGroup(Protocol):
     """What the controller, the schedules and the sync hold: the run's engine replicas (a local engine is a
     one-replica group, relayrl/rollout/local_group.py; Ray actors are relayrl/placement/engines.py)."""

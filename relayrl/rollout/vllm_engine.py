@@ -7,7 +7,8 @@ Weights are replaced through the worker's weight-update session, relayrl's engin
 (relayrl/rollout/vllm_transfer.py: a layerwise reload, since a second `load_weights` fails on CPU, where parameters
 are post-processed), and the prefix cache is reset after every update (stale KV otherwise).
 With `tensor_parallel` T > 1 the model lives in T rank processes instead (relayrl/rollout/vllm_tp.py: their core
-lists, and weights streamed to every rank by RPC).
+lists, and weights streamed to every rank by RPC). Under `sync.transport=broadcast` the workers, one or T, are the
+weight-sync group's members and receive each push themselves (`join_weight_group`, `receive_broadcast`).
 
 With an `AdapterSpec` (`sync.lora=adapter`) the base weights never change: each pushed adapter is written to a
 per-version directory (tmpfs) and registered under a new name and id, never re-used; a request carries the
@@ -24,8 +25,8 @@ import tempfile
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterable
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -246,17 +247,49 @@ class VLLMEngine:
         from relayrl.rollout.vllm_transfer import stream_weights
 
         self._check_usable()
-        try:
+        with self._breaks_on_failure():
             if self.tensor_parallel > 1:  # the model lives in the rank processes: streamed to each by RPC
                 load_weights_tp(self.llm, named_tensors)
             else:  # in this process: the tensors by reference, in one call
                 stream_weights(self.llm, named_tensors, None)
+
+    @contextmanager
+    def _breaks_on_failure(self) -> Iterator[None]:
+        try:
+            yield
         except Exception as err:
             self.broken = f"a weight push failed part-way ({type(err).__name__}: {err})"
             raise SyncError(
                 f"{self.broken}: the engine's layers now mix two versions, and vLLM's reload state in this process is "
                 "left behind; it must be restarted in a new process"
             ) from err
+
+    @property
+    def receives_in_workers(self) -> bool:
+        """A broadcast push goes straight into the workers (relayrl/rollout/vllm_transfer.py), not through this
+        process: true unless the engine serves adapters (those are registered from this process)."""
+        return self.adapters is None
+
+    def join_weight_group(self, address: str, port: int, rank_offset: int, world: int, timeout_s: float) -> None:
+        """The workers join the weight-sync group at ranks `rank_offset` .. `rank_offset` + T - 1."""
+        from relayrl.rollout.vllm_transfer import join_workers
+
+        join_workers(self.llm, address, port, rank_offset, world, timeout_s)
+
+    def open_weight_receivers(self, layout, checksum: bool, timeout_s: float) -> None:
+        from relayrl.rollout.vllm_transfer import open_worker_receivers
+
+        open_worker_receivers(self.llm, layout, checksum, timeout_s)
+
+    def receive_broadcast(self, version: int, buckets: list[int] | None = None) -> None:
+        """One push of the learner's broadcast, into every worker; a push that fails part-way breaks the engine,
+        as `load_base_weights` says."""
+        from relayrl.rollout.vllm_transfer import receive_broadcast
+
+        self._check_usable()
+        with self._breaks_on_failure():
+            receive_broadcast(self.llm, version, buckets)
+        self.version = version
 
     def _check_usable(self) -> None:
         if self.broken:

@@ -8,7 +8,8 @@ layerwise reload (vLLM's own `reload_weights`, split into begin / buckets / end)
 in buckets of at most `RPC_BUCKET_BYTES`, and each rank's weight loaders keep their own slice of every
 tensor (column/row-parallel shards, fused qkv and gate_up). The bytes of one bucket cross vLLM's shared
 memory queue out of band, inside vLLM's weight-update session (relayrl/rollout/vllm_transfer.py); no rank ever
-holds a second copy of the model.
+holds a second copy of the model. With `sync.transport=broadcast` the ranks take a push from the learner's broadcast
+themselves instead (vllm_transfer.py), a bucket at a time.
 
 `check_tensor_parallel` is the config rule (relayrl/config/ calls it): T > 1 needs vLLM (`auto` then
 chooses vLLM; an explicit `hf` is an error), T must split the attention heads as vLLM does, and each

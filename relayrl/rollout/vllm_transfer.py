@@ -9,8 +9,16 @@ engine's process (one rank) by reference, and to T rank processes through vLLM's
 ring, out of band), as before this engine existed. What the engine does with them is what vLLM's checkpoint-
 format engines do: a layerwise reload (`initialize_layerwise_reload` at start, the model's `load_weights` per
 bucket, `finalize_layerwise_reload` at the end), so the CPU suite runs the worker-side sequence and its checks
-(an update outside a session, two sessions at once) that a GPU push runs. The trainer side of `nccl`/`ipc` on GPU
-is not wired yet (gpu_check.sh measures the IPC handoff by itself).
+(an update outside a session, two sessions at once) that a GPU push runs.
+
+With `sync.transport=broadcast` the workers take the push themselves: at `init_weight_transfer_engine` each of an
+engine's T workers joins the weight-sync group (relayrl/sync/transports.py `join_group`: gloo here, NCCL on a GPU)
+at rank `rank_offset` + its own rank, and each `update_weights` receives that push's buckets from the learner's
+broadcast, verifies their checksums and loads them: the bytes go from the learner straight into every worker (vLLM's
+`nccl` engine's route), not through the engine's process and vLLM's RPC ring. We keep our own engine rather than
+vLLM's `nccl` because that one receives through PyNccl, CUDA only: with ours the CPU suite runs, under the strict
+group's device checks, the worker-side code a GPU push runs. The trainer side of `ipc` (CUDA IPC into a colocated
+engine) is not wired yet (gpu_check.sh measures the IPC handoff by itself).
 
 The engine registers itself when this module is imported: in the driver's process before an in-process engine
 starts (relayrl/rollout/vllm_engine.py imports it after vLLM's environment is set), and in each rank process,
@@ -21,7 +29,7 @@ engine. Every call into this vLLM API lives here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +42,21 @@ BACKEND = "relayrl"
 
 @dataclass
 class RelayrlInitInfo(WeightTransferInitInfo):
-    """Nothing to connect: the tensors come with each update."""
+    """Where the weight-sync group meets, for workers that receive the learner's broadcast themselves; with
+    `world_size` 0 there is nothing to join (the tensors come with each update)."""
+
+    address: str = ""
+    port: int = 0
+    rank_offset: int = 0  # this engine's first rank in the group; a worker joins at rank_offset + its own rank
+    world_size: int = 0
+    timeout_s: float = 60.0
 
 
 @dataclass
 class RelayrlUpdateInfo(WeightTransferUpdateInfo):
     named_tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # checkpoint names, full tensors
+    version: int = -1  # >= 0: receive this version's buckets from the group instead (`buckets`: None = all)
+    buckets: list[int] | None = None
 
 
 class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateInfo]):
@@ -48,9 +65,27 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
     init_info_cls = RelayrlInitInfo
     update_info_cls = RelayrlUpdateInfo
     supports_draft_weight_update = False
+    group: Any = None  # the weight-sync group (a SyncGroup), once joined
+    receiver: Any = None  # its BroadcastReceiver, once the bucket layout is known
 
     def init_transfer_engine(self, init_info: RelayrlInitInfo) -> None:
-        return None
+        """Join the weight-sync group (a new one replaces the last: after an engine restart every member joins
+        again), or leave it when `world_size` is 0."""
+        from relayrl.sync.transports import join_group
+
+        self.shutdown()
+        if init_info.world_size:
+            rank = init_info.rank_offset + self.parallel_config.rank
+            self.group = join_group(init_info.address, init_info.port, rank, init_info.world_size, init_info.timeout_s)
+
+    def open_receiver(self, layout, checksum: bool, timeout_s: float) -> None:
+        """The group's receiving end for `layout` (relayrl/sync/buckets.py): a bucket at a time on the worker's
+        device."""
+        from relayrl.sync.transports import StreamingBroadcastReceiver
+
+        if self.group is None:
+            raise RuntimeError("this worker is in no weight-sync group: init_weight_transfer_engine comes first")
+        self.receiver = StreamingBroadcastReceiver(layout, checksum, self.group, timeout_s)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
@@ -66,7 +101,23 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: RelayrlUpdateInfo) -> None:
-        self.model.load_weights(iter(update_info.named_tensors))  # pyright: ignore[reportCallIssue] - vLLM types the model as nn.Module
+        if update_info.version >= 0:  # from the learner's broadcast, every bucket verified before a tensor loads
+            from relayrl.sync.transports import Manifest
+
+            if self.receiver is None:
+                raise RuntimeError("no weight-sync receiver in this worker: open_receiver comes before a push")
+            named = self.receiver.receive(Manifest(update_info.version, None, buckets=update_info.buckets))
+        else:
+            named = iter(update_info.named_tensors)
+        try:
+            self.model.load_weights(named)  # pyright: ignore[reportCallIssue] - vLLM types the model as nn.Module
+        except BaseException:
+            for _ in named:  # the rest of the broadcast: the learner's side completes, and the error is this one
+                pass
+            raise
+        unread = sum(1 for _ in named)
+        if unread:
+            raise RuntimeError(f"the model's load_weights returned with {unread} tensors of the push unread")
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload.layerwise import finalize_layerwise_reload
@@ -77,7 +128,7 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
         _refresh_tied_lm_head(self.model)
 
     def shutdown(self) -> None:
-        return None
+        self.group = self.receiver = None
 
 
 def register() -> None:
@@ -88,29 +139,55 @@ def register() -> None:
 
 def stream_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int | None) -> None:
     """Checkpoint-named full tensors into every rank of `llm`, `bucket_bytes` per `update_weights` call (None: one
-    call), through the worker's weight-update session; then the caches that hold what the old weights computed
-    (the prefix cache, LoRA, encoder and multimodal caches, as vLLM's own `reload_weights` resets them). A stream
-    that fails part-way raises with the session closed: by the worker when a bucket failed in it, by `finish`
-    when the failure was on this side (the iterator), so no session is ever left open."""
+    call), through the worker's weight-update session (`run_session`)."""
+
+    def updates() -> Iterator[dict[str, Any]]:
+        bucket, size = [], 0
+        for name, tensor in named_tensors:
+            if bucket and bucket_bytes is not None and size + tensor.nbytes > bucket_bytes:
+                yield {"named_tensors": bucket}
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += tensor.nbytes
+        yield {"named_tensors": bucket}
+
+    run_session(llm, updates())
+
+
+def join_workers(llm, address: str, port: int, rank_offset: int, world: int, timeout_s: float) -> None:
+    """Every worker of `llm` joins the weight-sync group at `rank_offset` + its rank (the learner and the other
+    engines join at the same time: the group forms when all `world` members have)."""
+    info = {"address": address, "port": port, "rank_offset": rank_offset, "world_size": world, "timeout_s": timeout_s}
+    llm.collective_rpc("init_weight_transfer_engine", args=(info,))
+
+
+def open_worker_receivers(llm, layout, checksum: bool, timeout_s: float) -> None:
+    llm.collective_rpc(_open_receiver, args=(layout, checksum, timeout_s))
+
+
+def receive_broadcast(llm, version: int, buckets: list[int] | None) -> None:
+    """One push from the learner's broadcast into every worker of `llm`, in one weight-update session."""
+    run_session(llm, iter([{"version": version, "buckets": buckets}]))
+
+
+def run_session(llm, updates: Iterator[dict[str, Any]]) -> None:
+    """Each update into every rank, between `start_weight_update` and `finish_weight_update`; then the caches that
+    hold what the old weights computed (the prefix cache, LoRA, encoder and multimodal caches, as vLLM's own
+    `reload_weights` resets them). A session that fails part-way raises with it closed: by the worker when an
+    update failed in it, by `finish` when the failure was on this side (the iterator), so none is left open."""
     session = {"open": True}
 
-    def send(bucket: list[tuple[str, torch.Tensor]]) -> None:
+    def send(update: dict[str, Any]) -> None:
         try:
-            llm.collective_rpc("update_weights", args=({"named_tensors": bucket},))
+            llm.collective_rpc("update_weights", args=(update,))
         except BaseException:
             session["open"] = False
             raise
 
     llm.collective_rpc("start_weight_update")
     try:
-        bucket, size = [], 0
-        for name, tensor in named_tensors:
-            if bucket and bucket_bytes is not None and size + tensor.nbytes > bucket_bytes:
-                send(bucket)
-                bucket, size = [], 0
-            bucket.append((name, tensor))
-            size += tensor.nbytes
-        send(bucket)
+        for update in updates:
+            send(update)
     finally:
         if session["open"]:
             llm.collective_rpc("finish_weight_update")
@@ -125,6 +202,10 @@ def stream_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucke
 
 def _reset_lora_state(worker) -> None:
     worker.model_runner.reset_lora_state()
+
+
+def _open_receiver(worker, layout, checksum: bool, timeout_s: float) -> None:
+    worker.weight_transfer_engine.open_receiver(layout, checksum, timeout_s)
 
 
 register()

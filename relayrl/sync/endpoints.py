@@ -72,6 +72,10 @@ class WeightSink:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         raise NotImplementedError
 
+    def sync_ranks(self) -> int:
+        """How many ranks of the broadcast group this end holds (an engine whose workers receive: one per worker)."""
+        return 1
+
     def join_sync_group(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         self.sync_group = join_group(address, port, rank, world, timeout_s)
 

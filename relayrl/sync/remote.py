@@ -57,10 +57,15 @@ class RaySync:
         if self.transport == "broadcast":  # the learner (rank 0) hosts the group's store, on its own node
             where = learner.submit("__ray_call__", node_address)
             address, port = learner.wait(where, "choosing the weight-sync group's address", o.timeout_s)
-            world = 1 + len(replicas)
+            # a replica holds one rank (its actor receives) or T (a vLLM engine's T workers receive themselves)
+            held = [
+                r.wait(r.submit("sync_ranks"), "counting the weight-sync group's ranks", o.timeout_s) for r in replicas
+            ]
+            first = [1 + sum(held[:i]) for i in range(len(replicas))]
+            world = 1 + sum(held)
             refs = [learner.submit("join_sync_group", address, port, world, o.timeout_s)]
             refs += [
-                r.submit("join_sync_group", address, port, i + 1, world, o.timeout_s) for i, r in enumerate(replicas)
+                r.submit("join_sync_group", address, port, first[i], world, o.timeout_s) for i, r in enumerate(replicas)
             ]
             for role, ref in zip([learner, *replicas], refs):
                 role.wait(ref, "joining the weight-sync group", o.timeout_s)

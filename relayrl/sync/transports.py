@@ -373,6 +373,45 @@ class BroadcastReceiver(Receiver):
         return unpack(self.layout, fetched, chosen)
 
 
+class StreamingBroadcastReceiver(Receiver):
+    """The broadcast's receiving end in a process that loads each bucket as it arrives (a vLLM worker:
+    relayrl/rollout/vllm_transfer.py): one fresh bucket on the device at a time, never the whole model (a worker of
+    a T-GPU engine would otherwise hold a full copy on each GPU). Each bucket is verified before its tensors are
+    yielded; a later bucket can still fail after earlier ones loaded, and the engine then refuses to serve (a push
+    that fails part-way, as a push in several RPC calls can). A corrupt bucket is raised once the rest of the push
+    has been received, so the sender is never left waiting. Fresh buckets, not reused: vLLM's layerwise reload keeps
+    the tensors of a layer until all of it has arrived."""
+
+    def __init__(self, layout: BucketLayout, verify_checksums: bool, group: SyncGroup, timeout_s: float):
+        super().__init__(layout)
+        self.verify_checksums, self.group, self.timeout_s = verify_checksums, group, timeout_s
+
+    def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
+        chosen = list(range(len(self.layout.bucket_sizes))) if manifest.buckets is None else manifest.buckets
+        header = torch.zeros(
+            1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64, device=self.group.device
+        )
+        _broadcast(self.group, header, self.timeout_s)
+        version = int(header[0])
+        if version != manifest.version:
+            raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")
+        sums, corrupt = [int(x) for x in header[1:]], None
+        for k, index in enumerate(chosen):
+            bucket = torch.empty(self.layout.bucket_sizes[index], dtype=self.layout.dtype, device=self.group.device)
+            _broadcast(self.group, as_bytes(bucket), self.timeout_s)
+            if corrupt is not None:  # received and dropped: the sender's broadcast completes, the push fails here
+                continue
+            try:
+                if self.verify_checksums:
+                    verify(self.layout, [bucket], [sums[k]], version, [index])
+            except SyncError as err:
+                corrupt = err
+                continue
+            yield from unpack(self.layout, [bucket], [index])
+        if corrupt is not None:
+            raise corrupt
+
+
 def make_sender(
     kind: str,
     layout: BucketLayout,

@@ -109,6 +109,49 @@ def test_pushed_weights_reach_every_rank(engines, hf_model, prompts):
     two.load_base_weights((n, p.detach()) for n, p in hf_model.named_parameters())  # the base back
 
 
+def test_a_broadcast_push_lands_in_every_worker(engines, hf_model):
+    """`sync.transport=broadcast` into vLLM: this process is the learner (rank 0 of a gloo group under the strict
+    device check), the one-rank engine's worker rank 1 and the two-rank engine's workers ranks 2 and 3; every
+    worker receives and verifies the buckets itself, and every shard then serves the pushed weights."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.sync.buckets import layout_of
+    from relayrl.sync.remote import free_port
+    from relayrl.sync.transports import join_group, make_sender
+
+    one, two = engines
+    new = perturbed(hf_model, 1.2)
+    named = [(n, p.detach()) for n, p in new.named_parameters()]
+    layout = layout_of(named, 0.05, "fp32")  # several buckets: a layer may arrive across two
+    assert len(layout.bucket_sizes) > 2
+    port, world = free_port(), 4
+    with ThreadPoolExecutor(3) as pool:
+        learner = pool.submit(join_group, "127.0.0.1", port, 0, world, 60.0)
+        joins = [pool.submit(one.join_weight_group, "127.0.0.1", port, 1, world, 60.0)]
+        joins.append(pool.submit(two.join_weight_group, "127.0.0.1", port, 2, world, 60.0))
+        group = learner.result(timeout=120)
+        [join.result(timeout=120) for join in joins]
+    assert group.device == torch.device("cpu") and group.backend == "gloo"
+    sender = make_sender("broadcast", layout, True, group, 60.0)
+    one.open_weight_receivers(layout, True, 60.0)
+    two.open_weight_receivers(layout, True, 60.0)
+    before = torch.tensor(two.prompt_logprobs(IDS))
+    with ThreadPoolExecutor(2) as pool:
+        sent = pool.submit(sender.send, iter(named), 7)
+        received = pool.submit(one.receive_broadcast, 7)
+        two.receive_broadcast(7)
+        manifest, _ = sent.result(timeout=120), received.result(timeout=120)
+    assert manifest.checksums is not None and len(manifest.checksums) == len(layout.bucket_sizes)
+    assert one.version == two.version == 7
+    expected = hf_logprobs(new, IDS)
+    assert (torch.tensor(two.prompt_logprobs(IDS)) - before).abs().max() > 0.05
+    torch.testing.assert_close(torch.tensor(two.prompt_logprobs(IDS)), expected, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(one.prompt_logprobs(IDS)), expected, atol=1e-4, rtol=0)
+    for engine in engines:  # the base back, and no group left in the workers
+        engine.load_base_weights((n, p.detach()) for n, p in hf_model.named_parameters())
+        engine.join_weight_group("", 0, 0, 0, 1.0)
+
+
 def test_an_adapter_on_two_ranks_serves_what_its_merged_weights_do(engines, hf_model, config):
     from relayrl.models import lora
 
@@ -127,3 +170,39 @@ def test_an_adapter_on_two_ranks_serves_what_its_merged_weights_do(engines, hf_m
     served = torch.tensor(two.prompt_logprobs(IDS))
     assert (served - base).abs().max() > 0.05 and two.version == 3
     torch.testing.assert_close(served, torch.tensor(one.prompt_logprobs(IDS)), atol=1e-3, rtol=0)
+
+
+def test_a_corrupt_broadcast_push_breaks_the_engine_and_never_strands_the_learner(engines, hf_model, prompts):
+    """A bucket whose bytes changed after the learner hashed them: the worker names it, the engine refuses to serve
+    from then on (a push that failed part-way), and the learner's broadcast completes instead of waiting on a worker
+    that stopped receiving. Last in the module: it breaks the one-rank engine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.errors import SyncError
+    from relayrl.sync.buckets import checksum, layout_of
+    from relayrl.sync.remote import free_port
+    from relayrl.sync.transports import BroadcastSender, join_group
+
+    class Corrupting(BroadcastSender):
+        def _publish(self, version, chosen):
+            sums = [checksum(b) for b in self.buckets]
+            self.buckets[1][0] += 1.0
+            self.group.broadcast(torch.tensor([version] + sums, dtype=torch.int64), self.timeout_s)
+            for bucket in self.buckets:
+                self.group.broadcast(bucket, self.timeout_s)
+
+    one, _ = engines
+    named = [(n, p.detach()) for n, p in hf_model.named_parameters()]
+    layout = layout_of(named, 0.05, "fp32")
+    port = free_port()
+    with ThreadPoolExecutor(1) as pool:
+        learner = pool.submit(join_group, "127.0.0.1", port, 0, 2, 60.0)
+        one.join_weight_group("127.0.0.1", port, 1, 2, 60.0)
+        sender = Corrupting(layout, True, learner.result(timeout=120), 60.0)
+        one.open_weight_receivers(layout, True, 60.0)
+        sent = pool.submit(sender.send, iter(named), 9)
+        with pytest.raises(SyncError, match=r"a weight push failed part-way .*bucket 1 of policy version 9 is corrupt"):
+            one.receive_broadcast(9)
+        sent.result(timeout=30)  # the learner's side finished: the worker received the rest of the push
+    with pytest.raises(SyncError, match="this vLLM engine cannot serve: a weight push failed part-way"):
+        one.generate(prompts, Sampling.greedy(max_tokens=4), 9)

@@ -111,3 +111,92 @@ def test_a_restart_between_pushes_re_pushes_the_current_version():
     sync.push(learner, engines)
     engines.recover(0, RoleFailure("engine 0 died", "engine 0", died=True))
     assert engines.restarted[0].loaded == [2]
+
+
+class GroupMember:
+    """An end of the broadcast group that records where it joined; `ranks` is how many members it holds."""
+
+    def __init__(self, ranks=1):
+        self.ranks, self.joined = ranks, None
+
+    def __ray_call__(self, fn):  # node_address, run in the learner's actor
+        return "10.0.0.1", 1234
+
+    def weight_layout(self, bucket_mb, wire_dtype):
+        return SimpleNamespace(bucket_sizes=[2], nbytes=8)
+
+    def sync_ranks(self):
+        return self.ranks
+
+    def join_sync_group(self, address, port, *rank_and_world):
+        self.joined = (address, port, *rank_and_world)
+
+    def open_sender(self, *args):
+        return 0
+
+    def open_receiver(self, *args):
+        pass
+
+
+def test_broadcast_ranks_count_every_engine_worker():
+    """A vLLM engine whose T workers receive the push holds T ranks of the group: ranks follow one another and
+    the world counts them all (the learner is rank 0)."""
+    learner, members = GroupMember(), [GroupMember(2), GroupMember(1), GroupMember(2)]
+    engines = Engines([])
+    engines.replicas = [FakeRole(m) for m in members]
+    RaySync(SyncConfig(), "broadcast").setup(FakeRole(learner), engines)
+    assert learner.joined == ("10.0.0.1", 1234, 6, SyncConfig().timeout_s)
+    assert [m.joined[2:4] for m in members] == [(1, 6), (3, 6), (4, 6)]
+
+
+class RecordingEngine:
+    """The engine-side calls an EngineWorker makes: a vLLM engine without adapters receives in its workers."""
+
+    def __init__(self, in_workers: bool, tensor_parallel=2):
+        self.receives_in_workers, self.tensor_parallel = in_workers, tensor_parallel
+        self.calls: list[tuple] = []
+
+    def join_weight_group(self, *args):
+        self.calls.append(("join", *args))
+
+    def open_weight_receivers(self, *args):
+        self.calls.append(("open", *args))
+
+    def receive_broadcast(self, version, buckets=None):
+        self.calls.append(("receive", version, buckets))
+
+    def load_weights(self, named, version):
+        self.calls.append(("load", [n for n, _ in named], version))
+
+
+def worker_with(engine):
+    from relayrl.placement.engine_worker import EngineWorker
+
+    worker = EngineWorker.__new__(EngineWorker)  # the actor's state without starting an engine
+    worker.engine = engine
+    return worker
+
+
+def test_an_engine_worker_hands_a_broadcast_to_the_engines_workers():
+    engine = RecordingEngine(in_workers=True)
+    worker = worker_with(engine)
+    assert worker.sync_ranks() == 2
+    worker.join_sync_group("10.0.0.1", 1234, 3, 6, 9.0)
+    worker.open_receiver("broadcast", "layout", True, 9.0)
+    worker.receive_weights(Manifest(4, None, buckets=[1]))
+    assert engine.calls == [("join", "10.0.0.1", 1234, 3, 6, 9.0), ("open", "layout", True, 9.0), ("receive", 4, [1])]
+    assert worker.receiver is None and worker.sync_group is None  # nothing received in the actor itself
+
+
+def test_other_transports_and_engines_receive_in_the_actor():
+    import torch
+
+    from relayrl.sync.buckets import layout_of
+
+    named = [("w", torch.ones(3))]
+    layout = layout_of(named, 1.0, "fp32")
+    for engine, transport in [(RecordingEngine(in_workers=True), "object_store"), (RecordingEngine(False), "disk")]:
+        worker = worker_with(engine)
+        worker.open_receiver(transport, layout, True, 9.0)
+        assert worker.receiver is not None and not worker.in_workers
+    assert worker_with(RecordingEngine(in_workers=False)).sync_ranks() == 1

@@ -235,17 +235,22 @@ def broadcast_pair(world=2):
 
 
 @pytest.mark.parametrize("wire", ["fp32", "bf16"])
-def test_a_broadcast_over_gloo_delivers_every_tensor(wire):
-    """Both wire dtypes (bf16 buckets went as int16, which gloo refuses)."""
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_broadcast_over_gloo_delivers_every_tensor(wire, streaming):
+    """The actor's end (every bucket, then verified) and a vLLM worker's end (each bucket as it arrives, verified,
+    with no buffer for the whole model), in both wire dtypes (bf16 buckets went as int16, which gloo refuses)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from relayrl.sync.transports import Manifest
+    from relayrl.sync.transports import Manifest, StreamingBroadcastReceiver
 
     learner, worker = broadcast_pair()
     layout = layout_of(weights(), bucket_mb=0.001, wire_dtype=wire)
     assert len(layout.bucket_sizes) >= 2
     sender = make_sender("broadcast", layout, True, learner, 30.0)
-    receiver = make_receiver("broadcast", layout, True, worker, 30.0)
+    if streaming:
+        receiver = StreamingBroadcastReceiver(layout, True, worker, 30.0)
+    else:
+        receiver = make_receiver("broadcast", layout, True, worker, 30.0)
     with ThreadPoolExecutor(1) as pool:
         sent = pool.submit(sender.send, weights(), 4)
         got = [(name, tensor.clone()) for name, tensor in receiver.receive(Manifest(4, None))]
@@ -253,3 +258,32 @@ def test_a_broadcast_over_gloo_delivers_every_tensor(wire):
     assert [n for n, _ in got] == [n for n, _ in weights()]
     for (_, a), (_, b) in zip(got, weights()):
         torch.testing.assert_close(a.float(), b.to(layout.dtype).float())
+
+
+def test_a_streaming_receiver_names_a_corrupt_bucket_before_yielding_its_tensors():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.sync.transports import BroadcastSender, Manifest, StreamingBroadcastReceiver
+
+    class Corrupting(BroadcastSender):  # the bytes of bucket 1 change after they were hashed, as on a bad link
+        def _publish(self, version, chosen):
+            sums = [checksum(b) for b in self.buckets]
+            self.buckets[1][0] += 1.0
+            header = torch.tensor([version] + sums, dtype=torch.int64)
+            self.group.broadcast(header, self.timeout_s)
+            for bucket in self.buckets:
+                self.group.broadcast(bucket, self.timeout_s)
+
+    learner, worker = broadcast_pair()
+    layout = layout_of(weights(), bucket_mb=0.001, wire_dtype="fp32")
+    sender = Corrupting(layout, True, learner, 30.0)
+    stream = StreamingBroadcastReceiver(layout, True, worker, 30.0).receive(Manifest(2, None))
+    yielded = []
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(sender.send, weights(), 2)
+        with pytest.raises(SyncError, match=r"bucket 1 of policy version 2 is corrupt.*layer\.0\.w"):
+            for name, _ in stream:
+                yielded.append(name)
+        sent.result(60)
+    # bucket 0 was good; nothing of bucket 1 or after; the sender's broadcast completed
+    assert yielded == [s.name for s in layout.bucket_slots(0)] and len(layout.bucket_sizes) > 2
