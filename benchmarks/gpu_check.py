@@ -314,8 +314,9 @@ def broadcast_into_workers(engine, named: list, platform: str) -> tuple[bool | N
     from concurrent.futures import ThreadPoolExecutor
 
     from relayrl.sync.buckets import layout_of
+    from relayrl.sync.group import join_group
     from relayrl.sync.remote import free_port
-    from relayrl.sync.transports import join_group, make_sender
+    from relayrl.sync.transports import WorkerMembership, make_sender
 
     def learner_joins(port: int):
         if platform == "cuda":
@@ -326,9 +327,9 @@ def broadcast_into_workers(engine, named: list, platform: str) -> tuple[bool | N
     with ThreadPoolExecutor(1) as pool:
         port = free_port()
         joined = pool.submit(learner_joins, port)
-        engine.join_weight_group("127.0.0.1", port, 1, 2, 120.0)
+        engine.join_weight_group(WorkerMembership("127.0.0.1", port, 1, 2, 120.0))
         group = joined.result(120)
-        engine.open_weight_receivers(layout, True, 120.0)
+        engine.open_weight_receivers(layout, True)
         sender = make_sender("broadcast", layout, True, group, 120.0)
         tensors = [(n, t.to(group.device)) for n, t in named]
         start = time.perf_counter()

@@ -45,8 +45,9 @@ def main() -> None:
     from relayrl.rollout.vllm_engine import VLLMEngine
     from relayrl.rollout.vllm_tp import load_weights_tp
     from relayrl.sync.buckets import layout_of
+    from relayrl.sync.group import join_group
     from relayrl.sync.remote import free_port
-    from relayrl.sync.transports import Manifest, join_group, make_receiver, make_sender
+    from relayrl.sync.transports import Manifest, WorkerMembership, make_receiver, make_sender
 
     with tempfile.TemporaryDirectory() as out, ThreadPoolExecutor(2) as pool:
         texts = [f"{a}+{b}={a + b}" for a in range(100) for b in range(10)] + [" "]
@@ -65,8 +66,10 @@ def main() -> None:
             return learner.result(TIMEOUT_S)
 
         # route 1: the two workers are ranks 1 and 2
-        into_workers = group(3, lambda port, world: engine.join_weight_group("127.0.0.1", port, 1, world, TIMEOUT_S))
-        engine.open_weight_receivers(layout, True, TIMEOUT_S)
+        into_workers = group(
+            3, lambda port, world: engine.join_weight_group(WorkerMembership("127.0.0.1", port, 1, world, TIMEOUT_S))
+        )
+        engine.open_weight_receivers(layout, True)
         sender_workers = make_sender("broadcast", layout, True, into_workers, TIMEOUT_S)
         # route 2: this process is rank 1 and forwards by RPC
         side: dict = {}

@@ -53,7 +53,7 @@ def join_learner_group(
             f"learner rank {rank} of {world} could not join the learner group at {address}:{port} "
             f"within {timeout_s:.0f} s: {err}"
         ) from err
-    from relayrl.sync.transports import check_backends
+    from relayrl.sync.group import check_backends
 
     store = dist.distributed_c10d._get_default_store()
     check_backends(store, rank, world, backend, "the learner group (its ranks)")

@@ -17,6 +17,7 @@ from typing import cast
 from relayrl.rollout.build import engine_from_config
 from relayrl.rollout.protocols import WorkersReceive
 from relayrl.sync.endpoints import WeightSink
+from relayrl.sync.transports import WorkerMembership
 
 
 class EngineWorker(WeightSink):
@@ -78,7 +79,7 @@ class EngineWorker(WeightSink):
     def join_sync_group(self, address: str, port: int, rank: int, world: int, timeout_s: float) -> None:
         engine = self._workers_receive()
         if engine:
-            engine.join_weight_group(address, port, rank, world, timeout_s)
+            engine.join_weight_group(WorkerMembership(address, port, rank, world, timeout_s))
         else:
             super().join_sync_group(address, port, rank, world, timeout_s)
 
@@ -86,7 +87,7 @@ class EngineWorker(WeightSink):
         engine = self._workers_receive() if transport == "broadcast" else None
         self.in_workers = engine is not None
         if engine:
-            engine.open_weight_receivers(layout, checksum, timeout_s)
+            engine.open_weight_receivers(layout, checksum)
         else:
             super().open_receiver(transport, layout, checksum, timeout_s)
 

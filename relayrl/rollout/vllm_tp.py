@@ -137,7 +137,7 @@ class TPWeightLoader:
 
 @dataclass(frozen=True)
 class LoraView:
-    """What the LoRA start-up check needs of an engine's model (relayrl/rollout/vllm_engine.py, `_Adapters.check`):
+    """What the LoRA start-up check needs of an engine's model (relayrl/rollout/vllm_adapters.py, `EngineAdapters.check`):
     the modules that serve adapters, the fused-projection map and the vocabulary size. A T-rank engine's model
     is in its rank processes: rank 0 reports this instead."""
 

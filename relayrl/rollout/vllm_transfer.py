@@ -12,7 +12,7 @@ bucket, `finalize_layerwise_reload` at the end), so the CPU suite runs the worke
 (an update outside a session, two sessions at once) that a GPU push runs.
 
 With `sync.transport=broadcast` the workers take the push themselves: at `init_weight_transfer_engine` each of an
-engine's T workers joins the weight-sync group (relayrl/sync/transports.py `join_group`: gloo here, NCCL on a GPU)
+engine's T workers joins the weight-sync group (relayrl/sync/group.py: gloo here, NCCL on a GPU)
 at rank `rank_offset` + its own rank, and each `update_weights` receives that push's buckets from the learner's
 broadcast, verifies their checksums and loads them: the bytes go from the learner straight into every worker (vLLM's
 `nccl` engine's route), not through the engine's process and vLLM's RPC ring. We keep our own engine rather than
@@ -42,14 +42,11 @@ BACKEND = "relayrl"
 
 @dataclass
 class RelayrlInitInfo(WeightTransferInitInfo):
-    """Where the weight-sync group meets, for workers that receive the learner's broadcast themselves; with
-    `world_size` 0 there is nothing to join (the tensors come with each update)."""
+    """`member`: this worker's membership of the weight-sync group (relayrl/sync/transports.py `WorkerMembership`:
+    `join(rank)`, `open(layout, checksum)`, `receive(version, buckets)`), for workers that receive the learner's
+    broadcast themselves; None leaves the group (the tensors then come with each update)."""
 
-    address: str = ""
-    port: int = 0
-    rank_offset: int = 0  # this engine's first rank in the group; a worker joins at rank_offset + its own rank
-    world_size: int = 0
-    timeout_s: float = 60.0
+    member: Any = None
 
 
 @dataclass
@@ -65,27 +62,21 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
     init_info_cls = RelayrlInitInfo
     update_info_cls = RelayrlUpdateInfo
     supports_draft_weight_update = False
-    group: Any = None  # the weight-sync group (a SyncGroup), once joined
-    receiver: Any = None  # its BroadcastReceiver, once the bucket layout is known
+    member: Any = None  # the weight-sync group's membership, once joined
 
     def init_transfer_engine(self, init_info: RelayrlInitInfo) -> None:
-        """Join the weight-sync group (a new one replaces the last: after an engine restart every member joins
-        again), or leave it when `world_size` is 0."""
-        from relayrl.sync.transports import join_group
-
+        """Join the weight-sync group (a new membership replaces the last: after an engine restart every member joins
+        again), or leave it."""
         self.shutdown()
-        if init_info.world_size:
-            rank = init_info.rank_offset + self.parallel_config.rank
-            self.group = join_group(init_info.address, init_info.port, rank, init_info.world_size, init_info.timeout_s)
+        if init_info.member is not None:
+            init_info.member.join(self.parallel_config.rank)
+            self.member = init_info.member
 
-    def open_receiver(self, layout, checksum: bool, timeout_s: float) -> None:
-        """The group's receiving end for `layout` (relayrl/sync/buckets.py): a bucket at a time on the worker's
-        device."""
-        from relayrl.sync.transports import StreamingBroadcastReceiver
-
-        if self.group is None:
+    def open_receiver(self, layout, checksum: bool) -> None:
+        """The receiving end for `layout` (relayrl/sync/buckets.py): a bucket at a time on the worker's device."""
+        if self.member is None:
             raise RuntimeError("this worker is in no weight-sync group: init_weight_transfer_engine comes first")
-        self.receiver = StreamingBroadcastReceiver(layout, checksum, self.group, timeout_s)
+        self.member.open(layout, checksum)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
@@ -102,11 +93,9 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
 
     def receive_weights(self, update_info: RelayrlUpdateInfo) -> None:
         if update_info.version >= 0:  # from the learner's broadcast, every bucket verified before a tensor loads
-            from relayrl.sync.transports import Manifest
-
-            if self.receiver is None:
-                raise RuntimeError("no weight-sync receiver in this worker: open_receiver comes before a push")
-            named = self.receiver.receive(Manifest(update_info.version, None, buckets=update_info.buckets))
+            if self.member is None:
+                raise RuntimeError("this worker is in no weight-sync group: init_weight_transfer_engine comes first")
+            named = self.member.receive(update_info.version, update_info.buckets)
         else:
             named = iter(update_info.named_tensors)
         try:
@@ -128,7 +117,7 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
         _refresh_tied_lm_head(self.model)
 
     def shutdown(self) -> None:
-        self.group = self.receiver = None
+        self.member = None
 
 
 def register() -> None:
@@ -154,15 +143,14 @@ def stream_weights(llm, named_tensors: Iterable[tuple[str, torch.Tensor]], bucke
     run_session(llm, updates())
 
 
-def join_workers(llm, address: str, port: int, rank_offset: int, world: int, timeout_s: float) -> None:
-    """Every worker of `llm` joins the weight-sync group at `rank_offset` + its rank (the learner and the other
-    engines join at the same time: the group forms when all `world` members have)."""
-    info = {"address": address, "port": port, "rank_offset": rank_offset, "world_size": world, "timeout_s": timeout_s}
-    llm.collective_rpc("init_weight_transfer_engine", args=(info,))
+def join_workers(llm, member) -> None:
+    """Every worker of `llm` joins the weight-sync group through `member` (the learner and the other engines join at
+    the same time: the group forms when all its members have); None: every worker leaves it."""
+    llm.collective_rpc("init_weight_transfer_engine", args=({"member": member},))
 
 
-def open_worker_receivers(llm, layout, checksum: bool, timeout_s: float) -> None:
-    llm.collective_rpc(_open_receiver, args=(layout, checksum, timeout_s))
+def open_worker_receivers(llm, layout, checksum: bool) -> None:
+    llm.collective_rpc(_open_receiver, args=(layout, checksum))
 
 
 def receive_broadcast(llm, version: int, buckets: list[int] | None) -> None:
@@ -204,8 +192,8 @@ def _reset_lora_state(worker) -> None:
     worker.model_runner.reset_lora_state()
 
 
-def _open_receiver(worker, layout, checksum: bool, timeout_s: float) -> None:
-    worker.weight_transfer_engine.open_receiver(layout, checksum, timeout_s)
+def _open_receiver(worker, layout, checksum: bool) -> None:
+    worker.weight_transfer_engine.open_receiver(layout, checksum)
 
 
 register()

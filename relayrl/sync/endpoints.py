@@ -14,7 +14,8 @@ from typing import TypeVar
 import torch
 
 from relayrl.sync.buckets import BucketLayout, layout_of
-from relayrl.sync.transports import Manifest, Receiver, Sender, join_group, make_receiver, make_sender
+from relayrl.sync.group import join_group
+from relayrl.sync.transports import Manifest, Receiver, Sender, make_receiver, make_sender
 
 T = TypeVar("T")
 

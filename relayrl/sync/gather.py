@@ -32,16 +32,8 @@ import torch
 
 from relayrl.errors import SyncError
 from relayrl.sync.buckets import BucketLayout, checksum, pack
-from relayrl.sync.transports import (
-    BroadcastSender,
-    DiskSender,
-    Manifest,
-    ObjectStoreSender,
-    Sender,
-    _broadcast,  # the one broadcast with a deadline, as BroadcastSender sends
-    as_bytes,
-    make_sender,
-)
+from relayrl.sync.group import _broadcast, as_bytes  # the one broadcast with a deadline, as BroadcastSender sends
+from relayrl.sync.transports import BroadcastSender, DiskSender, Manifest, ObjectStoreSender, Sender, make_sender
 
 
 @dataclass

@@ -12,13 +12,12 @@ reaches the engine half-applied.
   so a killed run leaves nothing behind in /dev/shm beyond the next run's start.
 - `disk`: one safetensors file, written under a temporary name and renamed into place.
 - `object_store`: Ray's object store, one numpy array per bucket; refs are owned by the sender.
-- `broadcast`: a torch.distributed group of its own (gloo on CPU, nccl on GPU) spanning the sender
+- `broadcast`: a torch.distributed group of its own (relayrl/sync/group.py: gloo on CPU, nccl on GPU) spanning the sender
   (rank 0) and every receiver, separate from any group the learner uses, with a timeout on every call.
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import tempfile
@@ -33,6 +32,7 @@ import torch
 
 from relayrl.errors import SyncError
 from relayrl.sync.buckets import BucketLayout, checksum, pack, unpack, verify
+from relayrl.sync.group import SyncGroup, _broadcast, as_bytes, join_group
 
 TRANSPORTS = ("shm", "disk", "object_store", "broadcast")
 
@@ -274,66 +274,6 @@ class ObjectStoreReceiver(Receiver):
 # ---------------------------------------------------------------------------- torch.distributed broadcast
 
 
-@dataclass(frozen=True)
-class SyncGroup:
-    """The weight-sync process group and the device its collectives take tensors on: CUDA for NCCL, CPU for gloo.
-    Every tensor handed to it must be on that device (`broadcast` refuses any other: NCCL would refuse a CPU
-    tensor, and the CPU suite, all gloo, then fails the same way)."""
-
-    group: Any
-    backend: str  # "nccl" or "gloo"
-    device: torch.device
-
-    def broadcast(self, tensor: torch.Tensor, timeout_s: float) -> None:
-        if tensor.device != self.device:
-            raise SyncError(
-                f"a {tuple(tensor.shape)} tensor on {tensor.device} was handed to the weight-sync group, whose "
-                f"{self.backend} collectives take tensors on {self.device}"
-            )
-        options = torch.distributed.BroadcastOptions()
-        options.rootRank = 0
-        work = self.group.broadcast([tensor], options)
-        if not work.wait(datetime.timedelta(seconds=timeout_s)):
-            raise SyncError(f"weight broadcast did not complete within {timeout_s} s")
-
-
-def join_group(address: str, port: int, rank: int, world: int, timeout_s: float) -> SyncGroup:
-    """A process group of its own (never the default one): TCPStore hosted by rank 0, gloo or nccl. Every member
-    says its backend through the store first: a group whose sides differ (NCCL on a GPU learner, gloo on a CPU
-    engine) is refused at join, naming both, instead of hanging at its first collective."""
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = torch.distributed.TCPStore(address, port, world, rank == 0, timeout=timeout)  # pyright: ignore[reportPrivateImportUsage] - exported at run time
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    check_backends(store, rank, world, backend, "the weight-sync group (rank 0 the learner, 1.. the engines)")
-    if backend == "nccl":  # the same deadline as gloo's: a dead peer ends a collective, not the run
-        options = torch.distributed.ProcessGroupNCCL.Options()  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
-        options._timeout = timeout
-        group = torch.distributed.ProcessGroupNCCL(store, rank, world, options)  # pyright: ignore[reportAttributeAccessIssue] - CUDA builds only
-        return SyncGroup(group, backend, torch.device("cuda", torch.cuda.current_device()))
-    return SyncGroup(torch.distributed.ProcessGroupGloo(store, rank, world, timeout), backend, torch.device("cpu"))
-
-
-def check_backends(store, rank: int, world: int, backend: str, what: str) -> None:
-    """Every member's backend through `store`; raise SyncError naming the sides when they differ."""
-    store.set(f"relayrl/backend/{rank}", backend)
-    sides = {r: store.get(f"relayrl/backend/{r}").decode() for r in range(world)}
-    if len(set(sides.values())) > 1:
-        listed = ", ".join(f"rank {r}: {b}" for r, b in sides.items())
-        raise SyncError(
-            f"{what} mixes collective backends ({listed}): every member must see a GPU (nccl) or none (gloo)"
-        )
-
-
-def _broadcast(group: SyncGroup, tensor: torch.Tensor, timeout_s: float) -> None:
-    group.broadcast(tensor, timeout_s)
-
-
-def as_bytes(bucket: torch.Tensor) -> torch.Tensor:
-    """A bucket as the bytes a broadcast moves: a bf16 bucket travels as uint8, which every backend takes (it went
-    as int16 before, which gloo refuses: "Invalid scalar type", so `sync.wire_dtype=bf16` over gloo failed)."""
-    return bucket.view(torch.uint8) if bucket.dtype == torch.bfloat16 else bucket
-
-
 class BroadcastSender(Sender):
     def __init__(self, layout: BucketLayout, verify_checksums: bool, group: SyncGroup, timeout_s: float, buckets=None):
         self.group, self.timeout_s = group, timeout_s  # before the buckets: they are allocated on its device
@@ -410,6 +350,32 @@ class StreamingBroadcastReceiver(Receiver):
             yield from unpack(self.layout, [bucket], [index])
         if corrupt is not None:
             raise corrupt
+
+
+@dataclass
+class WorkerMembership:
+    """One receiving member of the weight-sync group, handed to a vLLM engine's worker (relayrl/rollout/vllm_transfer.py),
+    which holds it opaquely (rollout/ never imports sync/): it joins at `rank_offset` + the worker's rank, opens a
+    streaming receiver for the bucket layout, and gives each push's tensors."""
+
+    address: str
+    port: int
+    rank_offset: int  # the engine's first rank in the group
+    world: int
+    timeout_s: float
+    receiver: StreamingBroadcastReceiver | None = None
+    group: SyncGroup | None = None
+
+    def join(self, worker_rank: int) -> None:
+        self.group = join_group(self.address, self.port, self.rank_offset + worker_rank, self.world, self.timeout_s)
+
+    def open(self, layout: BucketLayout, verify_checksums: bool) -> None:
+        self.receiver = StreamingBroadcastReceiver(layout, verify_checksums, _joined(self.group), self.timeout_s)
+
+    def receive(self, version: int, buckets: list[int] | None) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.receiver is None:
+            raise SyncError("no weight-sync receiver in this worker: open_weight_receivers comes before a push")
+        return self.receiver.receive(Manifest(version, None, buckets=buckets))
 
 
 def make_sender(

@@ -116,8 +116,9 @@ def test_a_broadcast_push_lands_in_every_worker(engines, hf_model):
     from concurrent.futures import ThreadPoolExecutor
 
     from relayrl.sync.buckets import layout_of
+    from relayrl.sync.group import join_group
     from relayrl.sync.remote import free_port
-    from relayrl.sync.transports import join_group, make_sender
+    from relayrl.sync.transports import WorkerMembership, make_sender
 
     one, two = engines
     new = perturbed(hf_model, 1.2)
@@ -127,14 +128,14 @@ def test_a_broadcast_push_lands_in_every_worker(engines, hf_model):
     port, world = free_port(), 4
     with ThreadPoolExecutor(3) as pool:
         learner = pool.submit(join_group, "127.0.0.1", port, 0, world, 60.0)
-        joins = [pool.submit(one.join_weight_group, "127.0.0.1", port, 1, world, 60.0)]
-        joins.append(pool.submit(two.join_weight_group, "127.0.0.1", port, 2, world, 60.0))
+        joins = [pool.submit(one.join_weight_group, WorkerMembership("127.0.0.1", port, 1, world, 60.0))]
+        joins.append(pool.submit(two.join_weight_group, WorkerMembership("127.0.0.1", port, 2, world, 60.0)))
         group = learner.result(timeout=120)
         [join.result(timeout=120) for join in joins]
     assert group.device == torch.device("cpu") and group.backend == "gloo"
     sender = make_sender("broadcast", layout, True, group, 60.0)
-    one.open_weight_receivers(layout, True, 60.0)
-    two.open_weight_receivers(layout, True, 60.0)
+    one.open_weight_receivers(layout, True)
+    two.open_weight_receivers(layout, True)
     before = torch.tensor(two.prompt_logprobs(IDS))
     with ThreadPoolExecutor(2) as pool:
         sent = pool.submit(sender.send, iter(named), 7)
@@ -149,7 +150,7 @@ def test_a_broadcast_push_lands_in_every_worker(engines, hf_model):
     torch.testing.assert_close(torch.tensor(one.prompt_logprobs(IDS)), expected, atol=1e-4, rtol=0)
     for engine in engines:  # the base back, and no group left in the workers
         engine.load_base_weights((n, p.detach()) for n, p in hf_model.named_parameters())
-        engine.join_weight_group("", 0, 0, 0, 1.0)
+        engine.join_weight_group(None)
 
 
 def test_an_adapter_on_two_ranks_serves_what_its_merged_weights_do(engines, hf_model, config):
@@ -180,8 +181,9 @@ def test_a_corrupt_broadcast_push_breaks_the_engine_and_never_strands_the_learne
 
     from relayrl.errors import SyncError
     from relayrl.sync.buckets import checksum, layout_of
+    from relayrl.sync.group import join_group
     from relayrl.sync.remote import free_port
-    from relayrl.sync.transports import BroadcastSender, join_group
+    from relayrl.sync.transports import BroadcastSender, WorkerMembership
 
     class Corrupting(BroadcastSender):
         def _publish(self, version, chosen):
@@ -197,9 +199,9 @@ def test_a_corrupt_broadcast_push_breaks_the_engine_and_never_strands_the_learne
     port = free_port()
     with ThreadPoolExecutor(1) as pool:
         learner = pool.submit(join_group, "127.0.0.1", port, 0, 2, 60.0)
-        one.join_weight_group("127.0.0.1", port, 1, 2, 60.0)
+        one.join_weight_group(WorkerMembership("127.0.0.1", port, 1, 2, 60.0))
         sender = Corrupting(layout, True, learner.result(timeout=120), 60.0)
-        one.open_weight_receivers(layout, True, 60.0)
+        one.open_weight_receivers(layout, True)
         sent = pool.submit(sender.send, iter(named), 9)
         with pytest.raises(SyncError, match=r"a weight push failed part-way .*bucket 1 of policy version 9 is corrupt"):
             one.receive_broadcast(9)

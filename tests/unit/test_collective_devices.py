@@ -12,7 +12,7 @@ import torch
 
 from relayrl.errors import PlacementError, SyncError
 from relayrl.learner.process_group import all_reduce, group_device
-from relayrl.sync.transports import SyncGroup, check_backends
+from relayrl.sync.group import SyncGroup, check_backends
 
 ROOT = Path(__file__).resolve().parents[2] / "relayrl"
 COLLECTIVE_CALLS = {"_broadcast", "all_reduce", "broadcast", "all_gather", "reduce_scatter"}

@@ -184,7 +184,13 @@ def test_an_engine_worker_hands_a_broadcast_to_the_engines_workers():
     worker.join_sync_group("10.0.0.1", 1234, 3, 6, 9.0)
     worker.open_receiver("broadcast", "layout", True, 9.0)
     worker.receive_weights(Manifest(4, None, buckets=[1]))
-    assert engine.calls == [("join", "10.0.0.1", 1234, 3, 6, 9.0), ("open", "layout", True, 9.0), ("receive", 4, [1])]
+    from relayrl.sync.transports import WorkerMembership
+
+    assert engine.calls == [
+        ("join", WorkerMembership("10.0.0.1", 1234, 3, 6, 9.0)),
+        ("open", "layout", True),
+        ("receive", 4, [1]),
+    ]
     assert worker.receiver is None and worker.sync_group is None  # nothing received in the actor itself
 
 

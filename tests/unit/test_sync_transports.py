@@ -225,8 +225,8 @@ def broadcast_pair(world=2):
     """A sender's and a receiver's end of a real gloo weight-sync group, both in this process."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from relayrl.sync.group import join_group
     from relayrl.sync.remote import free_port
-    from relayrl.sync.transports import join_group
 
     port = free_port()
     with ThreadPoolExecutor(world) as pool:
@@ -287,3 +287,4 @@ def test_a_streaming_receiver_names_a_corrupt_bucket_before_yielding_its_tensors
         sent.result(60)
     # bucket 0 was good; nothing of bucket 1 or after; the sender's broadcast completed
     assert yielded == [s.name for s in layout.bucket_slots(0)] and len(layout.bucket_sizes) > 2
+
