@@ -5,7 +5,8 @@ that owns it, in this order:
 2. `rollout.tensor_parallel` > 1: vLLM ranks, their heads and devices (relayrl/rollout/vllm_tp.py), after the
    engine is known;
 3. `sync.lora: auto` -> adapter or merged (relayrl/sync/lora.py), after the engine is known;
-4. `rollout.sleep: auto` and `learner.offload: auto` -> colocated time-sharing on or off (relayrl/rollout/sleep.py).
+4. `rollout.sleep: auto` and `learner.offload: auto` -> colocated time-sharing on or off (relayrl/rollout/sleep.py);
+5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py).
 
 This is the one place the config package reaches into runtime packages, and it does so lazily: validating a tree
 (`Config.model_validate`) imports none of them (docs/architecture.md states the rule a test checks). Resolving
@@ -42,6 +43,10 @@ def resolve(config: Config) -> Config:
         from relayrl.rollout.sleep import resolve_sleep  # after sync.lora: an adapter push keeps level 1
 
         resolve_sleep(config)
+        if config.sync.wire_dtype == "auto":
+            from relayrl.sync.buckets import resolve_wire_dtype
+
+            resolve_wire_dtype(config)
     except ValueError as err:  # a rule's own message, as validation would have given it
         raise ConfigError(f"invalid config:\n  {err}") from None
     config._resolved = True

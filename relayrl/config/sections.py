@@ -414,8 +414,10 @@ class SyncConfig(Section):
     bucket_mb: float = Field(
         default=64.0, ge=0, description="Pack tensors into buckets of this many MiB (0 = one per tensor)."
     )
-    wire_dtype: Literal["fp32", "bf16"] = Field(
-        default="fp32", description="Dtype on the wire (bf16 halves the bytes)."
+    wire_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="Dtype on the wire (bf16 halves the bytes): auto = bf16 where the engine serves bf16 (a GPU "
+        "that supports it: fp32 would carry bytes the engine drops), fp32 otherwise.",
     )
     checksum: bool = Field(
         default=True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything."

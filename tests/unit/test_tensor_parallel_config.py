@@ -87,8 +87,10 @@ def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch
     monkeypatch.setattr(choice, "_cuda_available", lambda: True)
     monkeypatch.setattr(vllm_tp.torch.cuda, "is_available", lambda: True)  # sync.lora: auto asks torch
     monkeypatch.setattr(vllm_tp.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(vllm_tp.torch.cuda, "is_bf16_supported", lambda: True)  # sync.wire_dtype: auto asks it
     model = write_model(tmp_path / "m", heads=8, kv_heads=8)
     config = load(model, "rollout.tensor_parallel=2", "placement.mode=ray")
+    assert config.sync.wire_dtype == "bf16"  # the engine serves bf16 on this (pretended) GPU
     bundles, slots = plan_slots(config.placement, 4, gpus=True, tensor_parallel=2)
     assert config.placement.engine_resources == {} and bundles[1]["GPU"] == 2.0 and slots[1].gpus == 2.0
     with pytest.raises(ConfigError, match=r"needs 2 GPUs per engine bundle, placement.engine_resources gives GPU: 1"):
