@@ -92,9 +92,8 @@ class EngineWorker(WeightSink):
             super().open_receiver(transport, layout, checksum, timeout_s)
 
     def receive_weights(self, manifest) -> float:
-        engine = self._workers_receive() if self.in_workers else None
-        if not engine:
+        if not self.in_workers:
             return super().receive_weights(manifest)
         start = time.perf_counter()
-        engine.receive_broadcast(manifest.version, manifest.buckets)
+        cast("WorkersReceive", self.engine).receive_broadcast(manifest.version, manifest.buckets)
         return time.perf_counter() - start

@@ -74,9 +74,12 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
 
     def open_receiver(self, layout, checksum: bool) -> None:
         """The receiving end for `layout` (relayrl/sync/buckets.py): a bucket at a time on the worker's device."""
+        self._joined().open(layout, checksum)
+
+    def _joined(self) -> Any:
         if self.member is None:
             raise RuntimeError("this worker is in no weight-sync group: init_weight_transfer_engine comes first")
-        self.member.open(layout, checksum)
+        return self.member
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload.layerwise import initialize_layerwise_reload
@@ -92,10 +95,8 @@ class RelayrlTransferEngine(WeightTransferEngine[RelayrlInitInfo, RelayrlUpdateI
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: RelayrlUpdateInfo) -> None:
-        if update_info.version >= 0:  # from the learner's broadcast, every bucket verified before a tensor loads
-            if self.member is None:
-                raise RuntimeError("this worker is in no weight-sync group: init_weight_transfer_engine comes first")
-            named = self.member.receive(update_info.version, update_info.buckets)
+        if update_info.version >= 0:  # from the learner's broadcast, each bucket verified before its tensors load
+            named = self._joined().receive(update_info.version, update_info.buckets)
         else:
             named = iter(update_info.named_tensors)
         try:
