@@ -1,8 +1,10 @@
 """The typed config tree: one pydantic model per section, strict keys, loaded from YAML plus dotted overrides.
 
 - root.py: `Config`, the sections it holds, the batch sizes derived from them, the rules across sections;
-- section.py: the base of every section; sections.py, rollout.py, algorithm.py, env.py, lora.py, learner.py: the
-  sections, every key with its type, default, bounds and one-line description (`docs/config.md`: docs.py);
+- section.py: the base of every section; the sections, each module one owner's settings, every key with its type,
+  default, bounds and one-line description (`docs/config.md`: docs.py): model.py (`model`, `model.lora`), data.py
+  (`data`, `eval`), reward.py, env.py, rollout.py, algorithm.py (`algorithm`, `critic`), train.py, learner.py,
+  placement.py, sync.py, log.py (`log`, `checkpoint`);
 - load.py: files, overrides, unknown keys with a "did you mean", messages naming the key, the resolved dump;
 - resolve.py: the `auto` choices, each made by the package that owns it;
 - effects.py: settings that cannot take effect in the chosen mode, warned about by name;
@@ -12,27 +14,21 @@ Importing this package or validating a tree loads no runtime code (no torch, no 
 """
 
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, CriticConfig, DAPOConfig, KLConfig
-from relayrl.config.effects import SYNC_KEYS, effective_transport, warn_ineffective
+from relayrl.config.data import DataConfig, EvalConfig
+from relayrl.config.effects import warn_ineffective
 from relayrl.config.env import EnvConfig
 from relayrl.config.learner import LearnerConfig
 from relayrl.config.load import dump_config, load_config, parse_override, read_yaml
-from relayrl.config.lora import LoraConfig
+from relayrl.config.log import CheckpointConfig, LogConfig, SamplesConfig
+from relayrl.config.model import LoraConfig, ModelConfig
+from relayrl.config.placement import PlacementConfig
 from relayrl.config.resolve import resolve
+from relayrl.config.reward import RewardComponentConfig, RewardConfig
+from relayrl.config.rollout import RolloutConfig
 from relayrl.config.root import Config
-from relayrl.config.sections import (
-    CheckpointConfig,
-    DataConfig,
-    EvalConfig,
-    LogConfig,
-    ModelConfig,
-    PlacementConfig,
-    RewardComponentConfig,
-    RewardConfig,
-    RolloutConfig,
-    Section,
-    SyncConfig,
-    TrainConfig,
-)
+from relayrl.config.section import Section
+from relayrl.config.sync import SYNC_KEYS, SyncConfig, effective_transport
+from relayrl.config.train import TrainConfig
 
 __all__ = [
     "SYNC_KEYS",
@@ -54,6 +50,7 @@ __all__ = [
     "RewardComponentConfig",
     "RewardConfig",
     "RolloutConfig",
+    "SamplesConfig",
     "Section",
     "SyncConfig",
     "TrainConfig",

@@ -1,7 +1,7 @@
 """The algorithm's config sections: `algorithm.*` with its `kl`, `correction` and `dapo` blocks, and `critic`.
 
-Strict pydantic models like every section (`relayrl/config/sections.py` holds the others); `relayrl/config/`
-re-exports them and holds the rules across sections.
+Strict pydantic models like every section (each role's in a module of its own: rollout.py, train.py, sync.py, ...);
+`relayrl/config/` re-exports them and holds the rules across sections.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from relayrl.config.sections import Section
+from relayrl.config.section import Section
 
 
 class KLConfig(Section):

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from relayrl.config.learner import check_learner
-from relayrl.config.lora import warn_lora
+from relayrl.config.model import warn_lora
+from relayrl.config.sync import SYNC_KEYS, effective_transport
 from relayrl.config.warn import warn
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
     _warn_algorithm(config)
-    warn_lora(config)  # relayrl/config/lora.py: a LoRA run at a full fine-tuning learning rate
+    warn_lora(config)  # relayrl/config/model.py: a LoRA run at a full fine-tuning learning rate
     check_learner(config)  # relayrl/config/learner.py: an offload that cannot take effect
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
@@ -68,22 +69,3 @@ def _warn_algorithm(config: Config) -> None:
         warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2")
     if config.data.eval is None and config.eval.model_fields_set:
         warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval")
-
-
-# The sync settings each transport reads: the in-process transport hands tensors over (no wire, no deadline) but
-# still runs the parity probe; only the disk transport writes into a directory.
-_WIRE = {"transport", "bucket_mb", "wire_dtype", "checksum", "parity_probe", "timeout_s", "lora"}
-SYNC_KEYS = {
-    "inprocess": {"transport", "parity_probe", "lora"},
-    "shm": _WIRE,
-    "broadcast": _WIRE,
-    "object_store": _WIRE,
-    "disk": _WIRE | {"directory"},
-}
-
-
-def effective_transport(config: Config) -> str:
-    """`sync.transport`, with `auto` resolved for the placement."""
-    if config.sync.transport != "auto":
-        return config.sync.transport
-    return "inprocess" if config.placement.mode == "local" else "shm"

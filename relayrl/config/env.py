@@ -1,6 +1,5 @@
-"""The `env.*` config section (multi-turn rollouts: an environment class, or an agent program calling the
-policy through an OpenAI-compatible endpoint). Its own module: relayrl/config/sections.py is at its line budget.
-The root `Config` (relayrl/config/) holds it as `env`."""
+"""The `env.*` config section: multi-turn rollouts, each turn answered by an environment class (with tools or not)
+or every call made by an agent program through an OpenAI-compatible endpoint. The root `Config` holds it as `env`."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from relayrl.config.sections import Section
+from relayrl.config.section import Section
 
 
 class EnvConfig(Section):

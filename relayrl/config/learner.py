@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from relayrl.config.sections import Section
+from relayrl.config.section import Section
 
 
 class LearnerConfig(Section):

@@ -2,7 +2,7 @@
 rules that hold across sections (checked when the tree is validated).
 
 Validating imports no runtime code: `auto` choices are resolved after validation, by the package that owns each
-(relayrl/config/resolve.py). The sections are relayrl/config/sections.py and its siblings; loading, overrides and
+(relayrl/config/resolve.py). The sections are its sibling modules, one per owner (model.py, rollout.py, sync.py, ...); loading, overrides and
 the messages are relayrl/config/load.py.
 """
 
@@ -13,21 +13,17 @@ from typing import Any
 from pydantic import Field, PrivateAttr, model_serializer, model_validator
 
 from relayrl.config.algorithm import AlgorithmConfig, CriticConfig
+from relayrl.config.data import DataConfig, EvalConfig
 from relayrl.config.env import EnvConfig
 from relayrl.config.learner import LearnerConfig
-from relayrl.config.sections import (
-    CheckpointConfig,
-    DataConfig,
-    EvalConfig,
-    LogConfig,
-    ModelConfig,
-    PlacementConfig,
-    RewardConfig,
-    RolloutConfig,
-    Section,
-    SyncConfig,
-    TrainConfig,
-)
+from relayrl.config.log import CheckpointConfig, LogConfig
+from relayrl.config.model import ModelConfig
+from relayrl.config.placement import PlacementConfig
+from relayrl.config.reward import RewardConfig
+from relayrl.config.rollout import RolloutConfig
+from relayrl.config.section import Section
+from relayrl.config.sync import SyncConfig
+from relayrl.config.train import TrainConfig
 
 
 class Config(Section):

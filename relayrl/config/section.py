@@ -1,5 +1,5 @@
 """`Section`: the base of every config section: strict keys, validated assignment, and YAML's bare on/off read back
-as the words they are."""
+as the words they are; and the rule for relative input paths that the `model` and `data` keys state."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import typing
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+INPUT_PATH_RULE = (
+    "A relative path is taken against the config file's directory, else the working directory (an "
+    "override's: the working directory); the saved config.yaml holds it absolute."
+)
 
 
 class Section(BaseModel):

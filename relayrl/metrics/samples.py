@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relayrl.config.sections import logged_step
 from relayrl.metrics.sample_images import images_html, thumbnails
 from relayrl.metrics.trajectories import segments, trajectories_section
 from relayrl.run.jsonl import read_jsonl, truncate_after
@@ -38,6 +37,11 @@ SHOWN = 3  # best and worst samples shown per chosen step in the report
 TEXT_CHARS = 600  # longer prompts/completions are cut in the report (the file keeps them whole)
 
 __all__ = ["FILE", "log_samples", "sample_rows", "samples_section", "truncate_after"]
+
+
+def logged_step(every: int, step: int, last_step: int) -> bool:
+    """Whether `step` writes samples (log.samples.every): a multiple of `every`, or the last step (0: never)."""
+    return bool(every) and (step % every == 0 or step == last_step)
 
 
 def sample_rows(

@@ -1,17 +1,18 @@
-"""The `model.lora` config section and its learning-rate advice. Its own module: relayrl/config/sections.py is at
-its line budget; that module re-exports both. Pure pydantic (no torch, no peft)."""
+"""The `model` section: the policy's weights, its learner dtype and attention kernel, and `model.lora` (a LoRA
+adapter instead of full fine-tuning) with its learning-rate advice. Pure pydantic (no torch, no peft)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Literal
 
+from pydantic import Field, model_validator
+
+from relayrl.config.section import INPUT_PATH_RULE, Section
 from relayrl.config.warn import warn
 
 
-class LoraConfig(BaseModel):
+class LoraConfig(Section):
     """`model.lora`: train a peft LoRA adapter instead of every weight (absent = full fine-tuning)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)  # as every config section
 
     rank: int = Field(default=16, ge=1, description="LoRA rank r (RL needs small ranks: 1-32).")
     alpha: float = Field(default=32.0, gt=0, description="LoRA alpha; the adapter's update is scaled by alpha / rank.")
@@ -50,3 +51,28 @@ def warn_lora(config) -> None:
             f"model.lora is set with train.lr={config.train.lr:g}, a full fine-tuning rate: LoRA needs about 10x "
             f"the full fine-tuning rate (e.g. 1e-5 -> 1e-4); raise train.lr above {LORA_MIN_LR:g}"
         )
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        default="", description="HF model directory (config.json + weights + tokenizer). " + INPUT_PATH_RULE
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="Learner dtype: auto = float32 on CPU, bf16 autocast with fp32 master weights on GPU.",
+    )
+    lora: LoraConfig | None = Field(
+        default=None, description="Train a LoRA adapter (peft) on a frozen base; absent = full fine-tuning."
+    )
+    attention: Literal["auto", "sdpa", "eager", "flex_attention"] = Field(
+        default="auto",
+        description="The learner's attention kernel: auto = the model's own (sdpa for most). flex_attention: "
+        "group-packed rows (train.packing) attend through a block-sparse FlexAttention mask, which skips the blocks "
+        "where one response would see another, instead of a dense [L, L] mask per row; GPU only (torch has no "
+        "FlexAttention backward on CPU). Opt-in until benchmarks/gpu_check.sh has timed it against sdpa on a GPU.",
+    )
+    freeze_vision: bool = Field(
+        default=True,
+        description="A vision-language model's vision tower is not trained (the language model and the connector "
+        "are), and pushes leave it out. No effect on a text-only model.",
+    )
