@@ -1,5 +1,6 @@
 """Habits the code keeps, checked on every `make test`: a size budget per file and per function, and a README
-that cannot drift from the code (its example files are the ones in examples/, its commands table is the CLI's).
+that cannot drift from the code (its example files are the ones in examples/, its commands table and
+docs/commands.md's are the CLI's). Its length and links: test_docs_links.py.
 """
 
 from __future__ import annotations
@@ -59,10 +60,21 @@ def _subcommands() -> set[str]:
     return set(actions[0].choices)
 
 
+def _documented(table: str) -> set[str]:
+    return set(re.findall(r"^\| `relayrl (\w+)", table, flags=re.M))
+
+
 def test_the_readme_commands_table_is_the_cli():
-    table = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
-    documented = set(re.findall(r"^\| `relayrl (\w+)", table, flags=re.M))
+    documented = _documented(README.split("## Commands", 1)[1].split("\n## ", 1)[0])
     assert documented == _subcommands(), (
         f"README commands table vs the CLI: missing {sorted(_subcommands() - documented)}, "
+        f"not commands {sorted(documented - _subcommands())}"
+    )
+
+
+def test_the_commands_page_is_the_cli():
+    documented = _documented((ROOT / "docs/commands.md").read_text())
+    assert documented == _subcommands(), (
+        f"docs/commands.md vs the CLI: missing {sorted(_subcommands() - documented)}, "
         f"not commands {sorted(documented - _subcommands())}"
     )
