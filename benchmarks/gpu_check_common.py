@@ -122,7 +122,8 @@ def shaped_model(
 
 
 def config(model_dir: Path, *extra: str, groups: int = 4, n: int = 4):
-    """relayrl's validated config for the learner and the HF engine on `model_dir`."""
+    """relayrl's resolved config for the learner and the HF engine on `model_dir`."""
+    from relayrl.build import resolve
     from relayrl.config import load_config
 
     overrides = [
@@ -132,7 +133,7 @@ def config(model_dir: Path, *extra: str, groups: int = 4, n: int = 4):
         f"rollout.prompts_per_step={groups}",
         "train.lr=1e-3",
     ]
-    return load_config(None, overrides + list(extra))
+    return resolve(load_config(None, overrides + list(extra)))
 
 
 def experience(seed: int = 0, groups: int = 4, n: int = 4, vocab: int = 16, prompt: int = 3, response: int = 7):

@@ -83,12 +83,13 @@ def best_of(fn, times: int = 3) -> float:
 
 
 def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.learner.process_group import split_by_groups
 
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", f"rollout.n={N}", f"rollout.prompts_per_step={GROUPS}"]
-    config = load_config(None, overrides + ["train.micro_batch=8", f"rollout.max_tokens={RESPONSE}"])
+    config = resolve(load_config(None, overrides + ["train.micro_batch=8", f"rollout.max_tokens={RESPONSE}"]))
     from relayrl.learner.sharded import ShardedRanks, sharded_learner, transformer_blocks
 
     if world == 1 and not sharded:
@@ -160,6 +161,7 @@ def startup_main(rank, world, port, model_dir, results):
     """Build the learner (policy, reference, critic) and report this rank's peak RSS before and after."""
     import transformers.models.llama.modeling_llama  # noqa: F401  (imports count in the baseline)
 
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.learner.process_group import leave_learner_group
     from relayrl.learner.role import LearnerRole
@@ -167,7 +169,7 @@ def startup_main(rank, world, port, model_dir, results):
 
     torch.set_num_threads(1)
     overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4"]
-    config = load_config(None, overrides + ["algorithm.advantage=gae", "algorithm.kl.coef=0.1"])
+    config = resolve(load_config(None, overrides + ["algorithm.advantage=gae", "algorithm.kl.coef=0.1"]))
     base = rss_mb()
     if world == 1:
         learner = LearnerRole(config, threads=1)

@@ -100,10 +100,11 @@ def measured_medians(run_dir: Path) -> dict[str, float]:
 def predict(config_path: Path, overrides: list[str], model_dir: Path, response: float, mean_response: float):
     """`relayrl plan --hardware cpu --measure`, given the run's median longest and mean response (prompt
     lengths the planner reads from data.train itself)."""
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.planner import get_profile, load_shape, make_plan
 
-    config = load_config(config_path, overrides)
+    config = resolve(load_config(config_path, overrides))
     return make_plan(
         config,
         load_shape(str(model_dir)),
@@ -268,6 +269,7 @@ def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
     import tempfile
 
     from relayrl.algorithms.advantages import grpo, make_inputs
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.data.source import load_prompts
     from relayrl.learner.batching import make_experience
@@ -283,7 +285,7 @@ def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
 
     config_path = base_config(name, root)
     model_dir, paths = build_case(name, root)
-    config = load_config(config_path, overrides_for(name, model_dir, paths, root / name / "interleaved", 1))
+    config = resolve(load_config(config_path, overrides_for(name, model_dir, paths, root / name / "interleaved", 1)))
     n, length = config.rollout.n, config.rollout.max_tokens
     prompts, _ = load_prompts(paths["train"], load_tokenizer(model_dir), config.data.max_prompt_tokens)
     chosen = random.Random(0).sample(list(prompts), config.rollout.prompts_per_step)

@@ -118,11 +118,12 @@ def update_overrides(model_dir: str, samples: int, response_tokens: int, memory:
 def predicted_over_mb(model_dir: str, samples: int, response_tokens: int, memory: tuple = ()) -> float:
     """The planner's update peak beyond the loaded model and batch: gradients and AdamW (12 B/param on CPU) and
     one micro-batch's activations and logits (relayrl/planner/learner_memory.py)."""
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.planner import PROFILES, load_shape
     from relayrl.planner.estimate import estimate_memory, precision_for, workload_from_config
 
-    config = load_config(None, update_overrides(model_dir, samples, response_tokens, memory))
+    config = resolve(load_config(None, update_overrides(model_dir, samples, response_tokens, memory)))
     shape = load_shape(model_dir)
     memory = estimate_memory(shape, workload_from_config(config), PROFILES["cpu"], precision_for(PROFILES["cpu"]))
     return (shape.params * 12 + memory.activations + memory.logits) / 1e6
@@ -137,13 +138,14 @@ def update_child(model_dir: str, samples: int, response_tokens: int, memory: tup
     import torch
 
     from relayrl.algorithms.advantages import grpo, make_inputs
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.learner.batching import make_experience
     from relayrl.learner.policy import PolicyLearner
     from relayrl.types import Prompt, Rollout, Score
 
     torch.set_num_threads(2)
-    learner = PolicyLearner(load_config(None, update_overrides(model_dir, samples, response_tokens, memory)))
+    learner = PolicyLearner(resolve(load_config(None, update_overrides(model_dir, samples, response_tokens, memory))))
     gen = torch.Generator().manual_seed(0)
     rollouts = []
     for i in range(samples):

@@ -50,7 +50,13 @@ def __getattr__(name: str) -> Callable:
 
 def load_config(config: Any = None, overrides: list[str] | tuple[str, ...] = ()):
     """A `Config` from a YAML path, a dict of sections or a `Config`, with dotted `key=value` overrides applied
-    and every key checked, as `relayrl train CONFIG key=value ...` does."""
+    and every key checked, as `relayrl train CONFIG key=value ...` does.
+
+    It returns the validated tree, its `auto` settings (`rollout.engine`, `sync.lora`, `rollout.sleep`,
+    `learner.offload`, `sync.wire_dtype`) still `auto`: loading imports no torch, vLLM or Ray, and the choices
+    belong to the machine that runs the config. `train` makes them before it prints the config;
+    `relayrl.build.resolve(config)` makes them in place (once) for a caller that reads them. A `Config` passed
+    in without overrides comes back as a copy, resolved if it was."""
     from relayrl import config as config_module
 
     if config is None or isinstance(config, (str, Path)):
@@ -87,6 +93,7 @@ def train(
     (relayrl/agents/); a function is called in this process, so it may be a lambda or a notebook's. `tools`:
     `env.tools` (relayrl/envs/tools.py), each a module-level function, a spec string or an OpenAI schema; a tool
     runs in the environment workers, which import it by name, so a lambda or a notebook's function is refused."""
+    from relayrl.build import resolve
     from relayrl.build import train as run_training
     from relayrl.config import dump_config
 
@@ -106,6 +113,7 @@ def train(
     final = load_config(tree) if tree != _tree(loaded) else loaded
     if section is not None:
         final.reward = type(final.reward).model_validate(section)
+    resolve(final, stacklevel=2)  # the `auto` choices, so the printed config notes each with its reason
     if show_config:
         print(dump_config(final))
     result = run_training(final, resume=resume, overwrite=overwrite)

@@ -1,6 +1,9 @@
 """Building a run: every role constructed once, every variant chosen once, before the first step.
 
-Model, data and reward are checked before anything is written; only then is `log.dir` claimed
+First the config's `auto` choices are made (`resolve`: the engine, tensor-parallel ranks, the LoRA sync, colocated
+sleep and offload, the wire dtype), each by the package that owns it; a loaded config is only validated
+(relayrl/config/ imports no runtime code), so every caller that reads a chosen value resolves it first. Model,
+data and reward are checked before anything is written; only then is `log.dir` claimed
 (relayrl/run/directory.py), so a mistaken command never touches a previous run. Then the roles are placed
 (relayrl/placement/: in this process or as Ray actors), the reward service started, the rollout source chosen
 (single- or multi-turn, relayrl/sources/), the schedule and the advantage stage bound. The step that runs them is
@@ -18,6 +21,8 @@ import torch
 
 from relayrl.algorithms.stage import advantage_stage
 from relayrl.config import Config, dump_config
+from relayrl.config.effects import warn_chosen
+from relayrl.config.warn import gathered
 from relayrl.controller import Trainer
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError, RoleFailure
@@ -27,19 +32,65 @@ from relayrl.placement import build_roles
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import build_reward_service
+from relayrl.rollout.choice import resolve_auto
+from relayrl.rollout.sleep import resolve_sleep
+from relayrl.rollout.vllm_tp import check_tensor_parallel
 from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import SCHEDULES
 from relayrl.sources.multi_turn import MultiTurnSource, agent_context, check_env, response_budget
 from relayrl.sources.single_turn import RolloutSource
+from relayrl.sync.buckets import resolve_wire_dtype
+from relayrl.sync.lora import resolve_lora_auto
 from relayrl.types import Prompt
 
 Prompts = list[Prompt] | PromptTable  # a file's prompts: read now (small), or each row when drawn (large)
 
 
+def resolve(config: Config, stacklevel: int = 1) -> Config:
+    """Make the config's `auto` choices in place (once) and return it; a choice that cannot hold is a ConfigError.
+
+    Each is decided by the package that owns it, in this order:
+    1. `rollout.engine: auto` -> vllm or hf (relayrl/rollout/choice.py), with the reason the dump prints;
+    2. `rollout.tensor_parallel` > 1: vLLM ranks, their heads and devices (relayrl/rollout/vllm_tp.py), after the
+       engine is known;
+    3. `sync.lora: auto` -> adapter or merged (relayrl/sync/lora.py), after the engine is known;
+    4. `rollout.sleep: auto` and `learner.offload: auto` -> colocated time-sharing on or off, and an offload as set
+       checked against this machine (relayrl/rollout/sleep.py);
+    5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py).
+    Then the settings a choice left without effect are warned about (at the line `stacklevel` frames up: 1 = this
+    caller's). Resolving twice changes nothing; a dump writes `auto` back (so a reload chooses again, on its own
+    machine).
+    """
+    if config._resolved:
+        return config
+    with gathered(stacklevel):
+        try:
+            _choose(config)
+        except ValueError as err:  # a rule's own message, as validation would have given it
+            raise ConfigError(f"invalid config:\n  {err}") from None
+        warn_chosen(config)
+    config._resolved = True
+    return config
+
+
+def _choose(config: Config) -> None:
+    if config.rollout.engine == "auto":
+        resolve_auto(config)
+    if config.rollout.tensor_parallel > 1:
+        check_tensor_parallel(config)
+    if config.model.lora is not None and config.sync.lora == "auto":
+        resolve_lora_auto(config)
+    resolve_sleep(config)  # after sync.lora: an adapter push keeps level 1
+    if config.sync.wire_dtype == "auto":
+        resolve_wire_dtype(config)
+
+
 def build_trainer(config: Config, resume_step: int | None = None, overwrite: bool = False) -> Trainer:
-    """Construct every role once: in this process (`placement.mode=local`) or as Ray actors (`ray`)."""
+    """Construct every role once: in this process (`placement.mode=local`) or as Ray actors (`ray`), after the
+    config's `auto` choices are made (`resolve`; a no-op for a config already resolved)."""
+    resolve(config)
     check_model_dir(config.model.path)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)

@@ -24,7 +24,7 @@ def register(commands) -> None:
 
 
 def run_demo(run_dir: str | Path = "runs/demo", overrides: Sequence[str] = ()) -> dict:
-    from relayrl.build import train
+    from relayrl.build import resolve, train
     from relayrl.config import dump_config, load_config, read_yaml
     from relayrl.data.toy import write_toy_task
     from relayrl.learner.sft import SFTSettings, run_sft
@@ -45,7 +45,7 @@ def run_demo(run_dir: str | Path = "runs/demo", overrides: Sequence[str] = ()) -
         data={**base.get("data", {}), "train": str(paths["train"]), "eval": str(paths["eval"])},
         log={"dir": str(run_dir)},
     )
-    config = load_config(None, list(overrides), base=base)
+    config = resolve(load_config(None, list(overrides), base=base))  # the dump notes each `auto` choice
     print(dump_config(config))
     result = train(config, overwrite=True)  # each demo is a fresh RL run; data/ and warmstart/ are kept
     before, after = result["before"], result["after"]

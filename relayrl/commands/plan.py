@@ -77,10 +77,11 @@ def run(args) -> None:
 
             raise ConfigError("relayrl plan: --nodes, --gpus-per-node, --cpus-per-node and --json go with --place")
         return run_plan(args)
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.placement.dry_run import SimulatedCluster, place, print_placement
 
-    config = load_config(args.config, args.overrides)
+    config = resolve(load_config(args.config, args.overrides))  # tensor_parallel sizes the engine bundles
     simulated = None if args.nodes is None else SimulatedCluster(args.nodes, args.gpus_per_node, args.cpus_per_node)
     placement = place(config, simulated)
     if args.json:
@@ -90,6 +91,7 @@ def run(args) -> None:
 
 
 def run_plan(args) -> None:
+    from relayrl.build import resolve
     from relayrl.config import load_config
     from relayrl.errors import ConfigError
     from relayrl.planner import get_profile, load_shape, make_plan
@@ -97,7 +99,7 @@ def run_plan(args) -> None:
 
     if args.learner_ranks is not None and args.learner_ranks < 1:
         raise ConfigError(f"--learner-ranks {args.learner_ranks}: W is a number of learner ranks, 1 or more")
-    config = load_config(args.config, args.overrides)
+    config = resolve(load_config(args.config, args.overrides))  # the engine, sleep and offload the run would get
     check_lengths(args, config)
     shape = load_shape(
         config.model.path,

@@ -5,12 +5,13 @@
   default, bounds and one-line description (`docs/config.md`: docs.py): model.py (`model`, `model.lora`), data.py
   (`data`, `eval`), reward.py, env.py, rollout.py, algorithm.py (`algorithm`, `critic`), train.py, learner.py,
   placement.py, sync.py, log.py (`log`, `checkpoint`);
-- load.py: files, overrides, unknown keys with a "did you mean", messages naming the key, the resolved dump;
-- resolve.py: the `auto` choices, each made by the package that owns it;
+- load.py: files, overrides, unknown keys with a "did you mean", messages naming the key, the dump;
 - effects.py: settings that cannot take effect in the chosen mode, warned about by name;
 - paths.py: which directory a relative path is taken against; aliases.py: other frameworks' key names.
 
-Importing this package or validating a tree loads no runtime code (no torch, no engine): the sections are data.
+A leaf: it imports nothing of relayrl but `errors` (and `types`), so importing it, loading a file and checking a
+tree load no runtime code (no torch, no engine, no Ray). The `auto` choices (`rollout.engine`, `sync.lora`,
+`rollout.sleep`, ...) are made afterwards, on the machine that runs the config, by `relayrl.build.resolve`.
 """
 
 from relayrl.config.algorithm import AlgorithmConfig, CorrectionConfig, CriticConfig, DAPOConfig, KLConfig
@@ -22,7 +23,6 @@ from relayrl.config.load import dump_config, load_config, parse_override, read_y
 from relayrl.config.log import CheckpointConfig, LogConfig, SamplesConfig
 from relayrl.config.model import LoraConfig, ModelConfig
 from relayrl.config.placement import PlacementConfig
-from relayrl.config.resolve import resolve
 from relayrl.config.reward import RewardComponentConfig, RewardConfig
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.root import Config
@@ -59,6 +59,5 @@ __all__ = [
     "load_config",
     "parse_override",
     "read_yaml",
-    "resolve",
     "warn_ineffective",
 ]

@@ -1,12 +1,11 @@
 """Settings that cannot take effect in the chosen mode: each is warned about by name when a config is loaded
-(`max_staleness` under `sync`, a KL estimator at coefficient 0, sync keys the transport does not read, ...), and
-the transport `sync.transport: auto` means for a placement."""
+(`max_staleness` under `sync`, a KL estimator at coefficient 0, sync keys the transport does not read, ...), or,
+for a setting that an `auto` choice leaves without effect, once the choices are made (`warn_chosen`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relayrl.config.learner import check_learner
 from relayrl.config.model import warn_lora
 from relayrl.config.sync import SYNC_KEYS, effective_transport
 from relayrl.config.warn import warn
@@ -19,7 +18,6 @@ def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
     _warn_algorithm(config)
     warn_lora(config)  # relayrl/config/model.py: a LoRA run at a full fine-tuning learning rate
-    check_learner(config)  # relayrl/config/learner.py: an offload that cannot take effect
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))
@@ -51,8 +49,7 @@ def _warn_algorithm(config: Config) -> None:
     if algo.kl.coef == 0 and "estimator" in algo.kl.model_fields_set:
         warn("algorithm.kl.estimator has no effect while algorithm.kl.coef is 0")
     if config.rollout.engine == "hf" and "kv_cache_gib" in config.rollout.model_fields_set:
-        chosen = " (auto's choice)" if config._engine_choice is not None else ""
-        warn(f"rollout.kv_cache_gib has no effect with rollout.engine=hf{chosen}")
+        warn("rollout.kv_cache_gib has no effect with rollout.engine=hf")
     if algo.kl.coef == 0 and algo.kl.model_fields_set - {"coef", "estimator"}:
         names = ", ".join(f"algorithm.kl.{k}" for k in sorted(algo.kl.model_fields_set - {"coef", "estimator"}))
         warn(f"{names} has no effect while algorithm.kl.coef is 0")
@@ -69,3 +66,10 @@ def _warn_algorithm(config: Config) -> None:
         warn(f"algorithm.clip_eps={algo.clip_eps} is a GSPO-sized range; ppo_clip usually uses ~0.2")
     if config.data.eval is None and config.eval.model_fields_set:
         warn(f"eval.{', eval.'.join(sorted(config.eval.model_fields_set))} has no effect without data.eval")
+
+
+def warn_chosen(config: Config) -> None:
+    """Name settings that an `auto` choice left without effect (run once the choices are made: relayrl/build.py)."""
+    chose_hf = config._engine_choice is not None and config.rollout.engine == "hf"
+    if chose_hf and "kv_cache_gib" in config.rollout.model_fields_set:
+        warn("rollout.kv_cache_gib has no effect with rollout.engine=hf (auto's choice)")

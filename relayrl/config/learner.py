@@ -1,7 +1,8 @@
-"""The `learner` config section (the learner's memory options) and the check across sections it needs.
+"""The `learner` config section: the learner's memory options.
 
-The section is pure pydantic; `check_learner` imports torch only when an offload is asked for. The switch that
-turns activation checkpointing on is relayrl/learner/activation_checkpointing.py.
+The section is pure pydantic. Whether an offload can take effect on this machine (a CUDA device, sharded ranks) is
+checked when the config is resolved (`check_offload`, relayrl/rollout/sleep.py, beside `learner.offload: auto`). The
+switch that turns activation checkpointing on is relayrl/learner/activation_checkpointing.py.
 
 - `learner.activation_checkpointing`: every decoder layer's activations are recomputed in the backward
   instead of kept (HF's `gradient_checkpointing_enable`, non-reentrant `torch.utils.checkpoint`), for the
@@ -45,36 +46,3 @@ class LearnerConfig(Section):
         "step on the CPU); auto = between_phases when rollout.sleep is on, else none. `optimizer` alone is not an "
         "FSDP2 policy and is refused.",
     )
-
-
-def check_learner(config) -> None:
-    """Refuse an offload that cannot take effect: `optimizer`, a run without CUDA, or one learner rank."""
-    from relayrl.errors import ConfigError
-
-    offload = config.learner.offload
-    if offload in ("none", "auto"):  # auto: resolved to none or between_phases with rollout.sleep
-        return
-    if offload == "optimizer":
-        raise ConfigError(
-            "learner.offload=optimizer is not available: FSDP2 has no optimizer-only offload; its CPUOffloadPolicy "
-            "(learner.offload=params) moves parameters, gradients and the optimizer state to CPU together"
-        )
-    import torch
-
-    if not torch.cuda.is_available():
-        moves = "FSDP2 shards" if offload == "params" else "the learner's states"
-        raise ConfigError(
-            f"learner.offload={offload} needs a CUDA device (it moves {moves} off the GPU); this machine has "
-            "none, and on CPU the states already live in CPU memory: use learner.offload=none"
-        )
-    ranks = config.placement.learner_ranks
-    if offload == "params" and ranks < 2:
-        raise ConfigError(
-            f"learner.offload={offload} needs FSDP2 learner ranks (placement.mode=ray, placement.learner_ranks >= 2); "
-            f"placement.learner_ranks={ranks} runs the unsharded learner, which has no offload"
-        )
-    if offload == "between_phases" and ranks > 1:
-        raise ConfigError(
-            f"learner.offload=between_phases moves a whole learner off its GPU; placement.learner_ranks={ranks} "
-            "shards it: use learner.offload=params (FSDP2 keeps the shards in CPU memory)"
-        )

@@ -3,9 +3,9 @@
 Every section forbids unknown keys. Every unknown key of the file and the overrides is reported at once, each with
 its full path and the nearest real key (also in another section, or the key another framework's name means:
 relayrl/config/aliases.py); a wrong type fails naming the key. Relative input paths become absolute as
-relayrl/config/paths.py rules, so a dumped config re-runs anywhere. A loaded config is validated, then resolved
-(the `auto` choices, relayrl/config/resolve.py), then checked for settings that cannot take effect
-(relayrl/config/effects.py).
+relayrl/config/paths.py rules, so a dumped config re-runs anywhere. A loaded config is validated, then checked for
+settings that cannot take effect (relayrl/config/effects.py). Its `auto` choices are left as `auto`: they are made on
+the machine that runs it, by `relayrl.build.resolve`, which `dump_config` then notes beside each `auto` key.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from pydantic_core import to_jsonable_python
 from relayrl.config.aliases import foreign_name
 from relayrl.config.effects import warn_ineffective
 from relayrl.config.paths import Bases, origins, resolve_tree, section_model
-from relayrl.config.resolve import resolve
 from relayrl.config.root import Config
 from relayrl.config.warn import gathered
 from relayrl.errors import ConfigError
@@ -43,8 +42,9 @@ _Loader.add_implicit_resolver(
 def load_config(
     path: str | Path | None = None, overrides: Sequence[str] = (), base: dict | None = None, stacklevel: int = 1
 ) -> Config:
-    """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly, resolve the `auto`
-    choices, then warn about settings without effect (at the line `stacklevel` frames up: 1 = this caller's).
+    """Read YAML (or start from `base`), apply `key=value` overrides, validate strictly, then warn about settings
+    without effect (at the line `stacklevel` frames up: 1 = this caller's). The `auto` choices stay `auto` (the
+    validated tree): `relayrl.build.resolve` makes them.
 
     Every unknown key of `base`, the file and the overrides is reported at once. Relative input paths are
     made absolute: a file's against its directory (else the working directory), the rest against the
@@ -75,7 +75,6 @@ def _load(path: str | Path | None, overrides: Sequence[str], base: dict | None) 
         config = Config.model_validate(tree)
     except ValidationError as err:
         raise ConfigError(_describe(err, source)) from None
-    resolve(config)
     warn_ineffective(config)
     return config
 
@@ -106,7 +105,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def dump_config(config: Config) -> str:
-    """The resolved config as YAML: every key, so that loading it gives back an equal config.
+    """The config as YAML: every key, so that loading it gives back an equal config; for a resolved config, what
+    each `auto` chose and why beside it (the key itself stays `auto`, so a reload chooses again).
 
     `reward.fn`/`kwargs` are left out beside `reward.components`, which replaces them (setting both fails).
     """

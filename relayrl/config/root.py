@@ -1,9 +1,9 @@
 """The root of the typed config tree, `Config`: one field per section, the batch sizes derived from them, and the
 rules that hold across sections (checked when the tree is validated).
 
-Validating imports no runtime code: `auto` choices are resolved after validation, by the package that owns each
-(relayrl/config/resolve.py). The sections are its sibling modules, one per owner (model.py, rollout.py, sync.py, ...); loading, overrides and
-the messages are relayrl/config/load.py.
+Validating imports no runtime code: `auto` choices are made after validation, each by the package that owns it
+(`relayrl.build.resolve`), and recorded here (`choose`) for the dump. The sections are its sibling modules, one per
+owner (model.py, rollout.py, sync.py, ...); loading, overrides and the messages are relayrl/config/load.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Config(Section):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     _engine_choice: Any = PrivateAttr(None)  # what `rollout.engine: auto` chose, and why (relayrl/rollout/choice.py)
-    _resolved: bool = PrivateAttr(False)  # the `auto` choices made (relayrl/config/resolve.py)
+    _resolved: bool = PrivateAttr(False)  # the `auto` choices made (relayrl/build.py, `resolve`)
     _auto: dict[str, tuple[Any, str]] = PrivateAttr(default_factory=dict)  # "rollout.dtype" -> (chosen, why)
 
     def choose(self, key: str, value: Any, reason: str) -> None:

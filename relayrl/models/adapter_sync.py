@@ -2,7 +2,7 @@
 
 `lora_sync_mode` is what the learner and every engine read; `adapter_spec` is what a vLLM engine serving adapters
 needs before the first push; `map_adapter_keys` says where adapter tensors land on an engine's (fused) modules.
-Light on purpose (no torch, no peft): the planner and the config's resolution read it.
+Light on purpose (no torch, no peft): the planner reads it as well as the learner and the engines.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def engine_serves_lora(kind: str) -> bool:
     return kind == "vllm"
 
 
-def lora_sync_mode(config) -> str | None:
+def lora_sync_mode(config: Config) -> str | None:
     """None for full fine-tuning, else "adapter" or "merged"."""
     if config.model.lora is None:
         return None
@@ -56,14 +56,15 @@ def kept_versions(config: Config) -> int:
     return staleness + 2  # a rollout started on the oldest usable version finishes on it while the next loads
 
 
-def adapter_spec(config) -> AdapterSpec | None:
+def adapter_spec(config: Config) -> AdapterSpec | None:
     """The engine's half of `sync.lora=adapter`; None when the run pushes full (or merged) weights."""
-    if lora_sync_mode(config) != "adapter":
+    lora = config.model.lora
+    if lora is None or lora_sync_mode(config) != "adapter":
         return None
     from relayrl.models.lora import adapter_layout
 
-    resolved, shapes = adapter_layout(config.model.path, config.model.lora)
-    return AdapterSpec(resolved, shapes, config.model.lora.rank, kept_versions(config))
+    resolved, shapes = adapter_layout(config.model.path, lora)
+    return AdapterSpec(resolved, shapes, lora.rank, kept_versions(config))
 
 
 def adapter_module(key: str) -> str:

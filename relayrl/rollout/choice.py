@@ -1,9 +1,10 @@
-"""`rollout.engine: auto`: which rollout engine a run gets, and why, decided once when the config is validated.
+"""`rollout.engine: auto`: which rollout engine a run gets, and why, decided once when the config is resolved
+(`relayrl.build.resolve`, before the run is built).
 
 HF `generate` for a model under the measured CPU crossover (HF_BELOW_PARAMS), vLLM otherwise: on a GPU, under
 `placement.mode=ray` (its engine actors run vLLM), and when the model's size cannot be read. The size is config
 arithmetic on the model directory's config.json (`relayrl/models/shape.py`); no weights are read. The reason is
-one line that the resolved config prints beside `engine: auto` (`relayrl/config/`, `dump_config`).
+one line that the resolved config prints beside `engine: auto` (`relayrl.config.dump_config`).
 Leaves out: choosing by the rollout's length or batch (the crossover was measured on the demo's short answers).
 """
 

@@ -1,4 +1,5 @@
-"""`rollout.sleep: auto` and the `learner.offload: auto` that follows it, resolved once when the config is loaded.
+"""`rollout.sleep: auto` and the `learner.offload: auto` that follows it, resolved once before a run is built
+(`relayrl.build.resolve`), and an offload as set checked against this machine.
 
 Colocated time-sharing (relayrl/placement/time_sharing.py) frees the engine's memory while the learner trains and
 the learner's while the engine generates. It is on by default where it can help and work: a colocated run (in one
@@ -7,6 +8,8 @@ process, or `placement.layout=colocated`) on a GPU under `train.schedule=sync`. 
 (`sync.lora=adapter`) needs for its base. Elsewhere it is off, and the reason is noted beside `auto` in the dump:
 vLLM's CPU platform has no sleep mode; an overlapped schedule generates while it trains. Whether there is a GPU is
 this process's view (a driver without one, in front of a GPU cluster, gets `off`: set `rollout.sleep` to 1 or 2).
+An offload the user set is refused where it cannot take effect (`check_offload`): `optimizer` (FSDP2 has no such
+policy), a machine without CUDA, `params` on one learner rank, `between_phases` on sharded ranks.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from relayrl.errors import ConfigError
 
 
 def resolve_sleep(config, cuda: Callable[[], bool] | None = None) -> None:
-    """Replace `rollout.sleep: auto` (and `learner.offload: auto`) by what the run uses; refuse a level that
-    cannot take effect, naming the key."""
+    """Replace `rollout.sleep: auto` (and `learner.offload: auto`) by what the run uses; refuse a level or an
+    offload that cannot take effect, naming the key."""
     if cuda is None:
         import torch
 
@@ -36,6 +39,37 @@ def resolve_sleep(config, cuda: Callable[[], bool] | None = None) -> None:
         if config.rollout.sleep != "off" and not on:
             why = "sharded ranks move their shards with learner.offload=params instead"
         config.choose("learner.offload", "between_phases" if on else "none", why)
+    else:
+        check_offload(config, cuda)
+
+
+def check_offload(config, cuda: Callable[[], bool]) -> None:
+    """Refuse a `learner.offload` that cannot take effect: `optimizer`, a run without CUDA, or one learner rank."""
+    offload = config.learner.offload
+    if offload in ("none", "auto"):  # auto: resolved to none or between_phases with rollout.sleep
+        return
+    if offload == "optimizer":
+        raise ConfigError(
+            "learner.offload=optimizer is not available: FSDP2 has no optimizer-only offload; its CPUOffloadPolicy "
+            "(learner.offload=params) moves parameters, gradients and the optimizer state to CPU together"
+        )
+    if not cuda():
+        moves = "FSDP2 shards" if offload == "params" else "the learner's states"
+        raise ConfigError(
+            f"learner.offload={offload} needs a CUDA device (it moves {moves} off the GPU); this machine has "
+            "none, and on CPU the states already live in CPU memory: use learner.offload=none"
+        )
+    ranks = config.placement.learner_ranks
+    if offload == "params" and ranks < 2:
+        raise ConfigError(
+            f"learner.offload={offload} needs FSDP2 learner ranks (placement.mode=ray, placement.learner_ranks >= 2); "
+            f"placement.learner_ranks={ranks} runs the unsharded learner, which has no offload"
+        )
+    if offload == "between_phases" and ranks > 1:
+        raise ConfigError(
+            f"learner.offload=between_phases moves a whole learner off its GPU; placement.learner_ranks={ranks} "
+            "shards it: use learner.offload=params (FSDP2 keeps the shards in CPU memory)"
+        )
 
 
 def time_sharing_on(config, gpu: bool) -> tuple[bool, bool]:

@@ -1,9 +1,9 @@
-"""`sync.lora: auto`, resolved once when the config is loaded: which LoRA sync a run uses. The mode's rules (what
-each consumer reads: `lora_sync_mode`, the engine's `adapter_spec`) are in relayrl/models/lora.py.
+"""`sync.lora: auto`, resolved once before a run is built: which LoRA sync a run uses. The mode's rules (what
+each consumer reads: `lora_sync_mode`, the engine's `adapter_spec`) are in relayrl/models/adapter_sync.py.
 
 `adapter`: only the adapter's tensors travel; the vLLM engine registers each version as a new adapter
 (relayrl/rollout/vllm_engine.py). `merged`: the learner sends W + scale * B @ A under the base's names and
-any engine loads them as full weights. `auto`, resolved once when the config is validated (so the learner and
+any engine loads them as full weights. `auto`, resolved once by `relayrl.build.resolve` (so the learner and
 every engine actor read the same answer): adapter on vLLM with a GPU; merged on CPU and on the HF engine, which
 loads plain weights only.
 

@@ -7,7 +7,8 @@ import warnings
 import pytest
 from pydantic import BaseModel
 
-from relayrl.config import Config, dump_config, load_config, parse_override, resolve
+from relayrl.build import resolve
+from relayrl.config import Config, dump_config, load_config, parse_override
 from relayrl.errors import ConfigError, RelayError
 
 
@@ -31,7 +32,8 @@ def test_defaults_validate_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config = load_config()
-    assert config == resolve(Config())
+    assert config == Config() and config.rollout.engine == "auto"  # validated: the choices are the builder's
+    assert resolve(config) == resolve(Config())
     assert config.rollout.n == 8 and config.train.lr == 1e-5 and config.data.eval is None
     assert config.mini_batch == config.rollout_batch == 16 * 8
 
@@ -239,30 +241,32 @@ def test_yaml_top_level_must_be_a_mapping(tmp_path):
 
 
 def test_empty_yaml_file_gives_defaults(tmp_path):
-    assert load_config(write(tmp_path, "# nothing\n")) == resolve(Config())
+    assert load_config(write(tmp_path, "# nothing\n")) == Config()
 
 
 # ---------------------------------------------------------------------------- dump, warnings, docs
 
 
 def test_dump_round_trips(tmp_path):
-    config = load_config(
-        None,
-        [
-            "train.lr=3e-4",
-            'rollout.stop=["\\n"]',
-            "data.eval=held.jsonl",
-            "algorithm.kl.coef=0.1",
-            "reward.kwargs={pattern: '\\d+'}",
-            "train.mini_batch=32",
-            "rollout.engine=hf",
-            "train.betas=[0.8, 0.95]",
-        ],
+    config = resolve(
+        load_config(
+            None,
+            [
+                "train.lr=3e-4",
+                'rollout.stop=["\\n"]',
+                "data.eval=held.jsonl",
+                "algorithm.kl.coef=0.1",
+                "reward.kwargs={pattern: '\\d+'}",
+                "train.mini_batch=32",
+                "rollout.engine=hf",
+                "train.betas=[0.8, 0.95]",
+            ],
+        )
     )
     path = write(tmp_path, dump_config(config), "dumped.yaml")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a full dump sets every key, so the "no effect" warnings fire
-        reloaded = load_config(path)
+        reloaded = resolve(load_config(path))
     assert reloaded == config
     assert reloaded.model_dump() == config.model_dump()
     assert dump_config(reloaded) == dump_config(config)
@@ -272,7 +276,7 @@ def test_default_dump_round_trips(tmp_path):
     path = write(tmp_path, dump_config(Config()), "dumped.yaml")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a full dump sets algorithm.kl.estimator explicitly, with coef 0
-        assert load_config(path) == resolve(Config())
+        assert load_config(path) == Config()
 
 
 def test_estimator_without_kl_warns_naming_the_key():

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import relayrl
+from relayrl.build import resolve
 from relayrl.config import dump_config, load_config
 from relayrl.rollout import choice
 from relayrl.rollout.choice import HF_BELOW_PARAMS, choose_engine
@@ -68,19 +69,20 @@ def test_a_gpu_or_ray_or_an_unknown_size_gets_vllm(small, tmp_path):
     assert "model_type='gpt2'" in choose_engine(str(tmp_path / "gpt2"), "local", cuda=lambda: False).reason
 
 
-def test_load_config_resolves_auto_and_leaves_explicit_engines_alone(small, no_gpu):
-    auto = load_config(None, [f"model.path={small}"])
+def test_resolve_chooses_for_auto_and_leaves_explicit_engines_alone(small, no_gpu):
+    assert load_config(None, [f"model.path={small}"]).rollout.engine == "auto"  # loading only validates
+    auto = resolve(load_config(None, [f"model.path={small}"]))
     assert auto.rollout.engine == "hf" and "engine" not in auto.rollout.model_fields_set
-    pinned = load_config(None, [f"model.path={small}", "rollout.engine=vllm"])
+    pinned = resolve(load_config(None, [f"model.path={small}", "rollout.engine=vllm"]))
     assert pinned.rollout.engine == "vllm" and pinned._engine_choice is None
-    big = load_config(None, [f"model.path={SEVEN_B}", "rollout.engine=hf"])
+    big = resolve(load_config(None, [f"model.path={SEVEN_B}", "rollout.engine=hf"]))
     assert big.rollout.engine == "hf" and big._engine_choice is None
-    ray = load_config(None, [f"model.path={small}", "placement.mode=ray"])
+    ray = resolve(load_config(None, [f"model.path={small}", "placement.mode=ray"]))
     assert ray.rollout.engine == "vllm"  # auto never picks what placement.mode=ray refuses
 
 
 def test_the_resolved_config_shows_the_choice_and_reloads_to_the_same(small, no_gpu, tmp_path):
-    config = load_config(None, [f"model.path={small}"])
+    config = resolve(load_config(None, [f"model.path={small}"]))
     text = dump_config(config)
     line = next(line for line in text.splitlines() if line.startswith("  engine:"))
     assert line.startswith("  engine: auto  # auto chose hf: 0.135M params") and "crossover on CPU" in line
@@ -89,7 +91,7 @@ def test_the_resolved_config_shows_the_choice_and_reloads_to_the_same(small, no_
     saved.write_text(text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a full dump sets every key
-        again = load_config(saved)
+        again = resolve(load_config(saved))
     assert again == config and again.rollout.engine == "hf" and dump_config(again) == text
     explicit = dump_config(load_config(None, [f"model.path={small}", "rollout.engine=hf"]))
     assert "\n  engine: hf\n" in explicit and "auto chose hf" not in explicit

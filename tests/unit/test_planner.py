@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from relayrl.build import resolve
 from relayrl.cli import main
 from relayrl.config import load_config
 from relayrl.planner import PROFILES, ModelShape, count_params, load_shape, make_plan
@@ -28,6 +29,11 @@ SMALL = dict(
     num_attention_heads=4,
     num_key_value_heads=2,
 )  # GQA: 2 KV heads for 4 query heads
+
+
+def planned(*args, **kwargs):
+    """The config `relayrl plan` plans: loaded, then its `auto` choices made on this machine."""
+    return resolve(load_config(*args, **kwargs))
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -59,7 +65,7 @@ def test_example_7b_shape_is_qwen2_5_7b():
 
 
 def _plan_7b(hardware="H100-80GB", **kwargs):
-    config = load_config(EXAMPLE, ["algorithm.kl.coef=0.001"])
+    config = planned(EXAMPLE, ["algorithm.kl.coef=0.001"])
     shape = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
     return make_plan(config, shape, PROFILES[hardware], **kwargs)
 
@@ -78,7 +84,7 @@ def test_7b_memory_matches_the_seeds_arithmetic():
 
 
 def test_reference_memory_is_zero_without_kl():
-    config = load_config(EXAMPLE, ["algorithm.kl.coef=0"])
+    config = planned(EXAMPLE, ["algorithm.kl.coef=0"])
     plan = make_plan(config, _plan_7b().shape, PROFILES["H100-80GB"])
     assert plan.memory.reference == 0 and plan.time.ref_logprobs == 0
 
@@ -125,7 +131,7 @@ def test_decode_is_memory_bound_at_batch_1_and_compute_bound_for_a_huge_batch():
 
 
 def test_a_shorter_mean_response_thins_a_compute_bound_decode_and_not_a_memory_bound_one():
-    config = load_config(
+    config = planned(
         None, ["rollout.n=8", "rollout.prompts_per_step=8", "rollout.max_tokens=16", "data.max_prompt_tokens=8"]
     )
     shape = ModelShape(params=10_000_000, layers=2, hidden=64, kv_heads=2, head_dim=32, vocab=100)  # weights >> KV
@@ -186,7 +192,7 @@ def test_engine_fixed_costs_are_recovered_from_exact_timings():
 
 
 def test_update_is_three_forwards_per_epoch_plus_the_optimizer_bytes():
-    config = load_config(
+    config = planned(
         None,
         [
             "rollout.n=4",
@@ -211,7 +217,7 @@ def test_update_is_three_forwards_per_epoch_plus_the_optimizer_bytes():
 
 
 def test_measured_engine_costs_enter_generate():
-    config = load_config(None, ["rollout.n=4", "rollout.prompts_per_step=2", "rollout.max_tokens=6"])
+    config = planned(None, ["rollout.n=4", "rollout.prompts_per_step=2", "rollout.max_tokens=6"])
     shape = ModelShape(params=1000, layers=2, hidden=8, kv_heads=2, head_dim=4, vocab=10)
     plan = make_plan(config, shape, PROFILES["cpu"], longest_response_tokens=5)
     from relayrl.planner.timing import estimate_time
@@ -321,7 +327,7 @@ def test_cli_plan_refuses_impossible_lengths_naming_the_flag(capsys, tmp_path, l
 def test_expected_longest_prompt_and_response_set_the_padded_width_but_not_memory():
     from relayrl.planner.estimate import workload_from_config
 
-    config = load_config(
+    config = planned(
         None,
         [
             "rollout.max_tokens=64",
@@ -348,7 +354,7 @@ def test_packed_groups_set_the_tokens_per_pass_when_they_save_positions():
         "rollout.prompts_per_step=4",
         "train.micro_batch=32",
     ]
-    packed = workload_from_config(load_config(None, short))
+    packed = workload_from_config(planned(None, short))
     # 4 groups x (100 + 8 x 8) instead of 32 rows x (100 + 8): the prompt is computed once per group
     assert packed.packed and packed.tokens == 4 * 164
     long = [
@@ -358,19 +364,19 @@ def test_packed_groups_set_the_tokens_per_pass_when_they_save_positions():
         "rollout.prompts_per_step=4",
         "train.micro_batch=32",
     ]
-    assert not workload_from_config(load_config(None, long)).packed  # 4 x 808 is no saving over 32 x 108
-    assert workload_from_config(load_config(None, long + ["train.packing=groups"])).tokens == 4 * 808
-    assert not workload_from_config(load_config(None, short[:-1] + ["train.micro_batch=8"])).packed  # split groups
+    assert not workload_from_config(planned(None, long)).packed  # 4 x 808 is no saving over 32 x 108
+    assert workload_from_config(planned(None, long + ["train.packing=groups"])).tokens == 4 * 808
+    assert not workload_from_config(planned(None, short[:-1] + ["train.micro_batch=8"])).packed  # split groups
 
 
 def test_plan_advises_the_hf_engine_for_a_tiny_model_on_cpu_only():
     from relayrl.planner.report import engine_advice
 
     tiny = ModelShape(params=600_000, layers=3, hidden=128, kv_heads=4, head_dim=32, vocab=16)
-    config = load_config(None, ["rollout.n=8", "rollout.prompts_per_step=32", "rollout.max_tokens=6"])
+    config = planned(None, ["rollout.n=8", "rollout.prompts_per_step=32", "rollout.max_tokens=6"])
     assert "rollout.engine=hf is faster here" in engine_advice(make_plan(config, tiny, PROFILES["cpu"]))
     assert engine_advice(make_plan(config, tiny, PROFILES["H100-80GB"])) is None
-    hf = load_config(None, ["rollout.engine=hf"])
+    hf = planned(None, ["rollout.engine=hf"])
     assert engine_advice(make_plan(hf, tiny, PROFILES["cpu"])) is None
     big = ModelShape(params=27e6, layers=8, hidden=512, kv_heads=8, head_dim=64, vocab=16)
     assert engine_advice(make_plan(config, big, PROFILES["cpu"])) is None
@@ -402,7 +408,7 @@ def test_broadcast_with_checksums_gathers_twice():
     broadcast = ["placement.mode=ray", "placement.learner_ranks=4", "sync.transport=broadcast"]
     gathers = []
     for checksum in ("true", "false"):
-        config = load_config(EXAMPLE, [*broadcast, f"sync.checksum={checksum}"])
+        config = planned(EXAMPLE, [*broadcast, f"sync.checksum={checksum}"])
         gathers.append(make_plan(config, SEVEN_B, PROFILES["H100-80GB"]).time.gather)  # W from the config
     assert gathers[0] == pytest.approx(2 * gathers[1])
 
@@ -432,31 +438,29 @@ def test_cli_plan_prints_the_smallest_learner_ranks_per_profile(capsys, monkeypa
 def test_the_recommendation_is_a_placement_the_code_expresses_with_its_overrides():
     """7B on H100s: colocated time-sharing (rollout.sleep auto on a GPU) fits 4 colocated pairs; with the engine
     awake while training it does not, and the advice is disaggregated. Either set of overrides loads."""
-    from relayrl.config import load_config
     from relayrl.planner import get_profile, load_shape, make_plan
 
     example = "examples/grpo_7b/config.yaml"
-    config = load_config(example)
+    config = planned(example)
     hardware = get_profile("H100-80GB")
     shared = make_plan(config, load_shape(config.model.path), hardware, read_prompts=False)
     assert shared.sleep and shared.advice.overrides == (
         "placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=4", "placement.engines=4"
     )  # fmt: skip
-    awake = load_config(example, ["rollout.sleep=off"])
+    awake = planned(example, ["rollout.sleep=off"])
     apart = make_plan(awake, load_shape(awake.model.path), hardware, read_prompts=False).advice
     assert apart.text.startswith("disaggregated") and "placement.layout=disaggregated" in apart.overrides
     for overrides in (shared.advice.overrides, apart.overrides):
-        placed = load_config(example, list(overrides)).placement
+        placed = planned(example, list(overrides)).placement
         assert placed.mode == "ray" and placed.learner_ranks in (4, 5, 8)
 
 
 def test_a_measurement_on_a_busy_machine_is_said_in_the_plan(monkeypatch, capsys):
     import relayrl.planner as planner
-    from relayrl.config import load_config
     from relayrl.planner import get_profile, load_shape, make_plan
     from relayrl.planner.report import print_plan
 
-    config = load_config("examples/grpo_7b/config.yaml")
+    config = planned("examples/grpo_7b/config.yaml")
     cpu = get_profile("cpu")
     monkeypatch.setattr(planner, "_measured_rates", lambda *args: planner.profile_rates(cpu))
     monkeypatch.setattr(planner.os, "getloadavg", lambda: (64.0, 1.0, 1.0))

@@ -292,14 +292,17 @@ def test_a_streaming_receiver_names_a_corrupt_bucket_before_yielding_its_tensors
 def test_the_wire_dtype_follows_the_engines_dtype(random_model_dir):
     """`sync.wire_dtype: auto`: bf16 where the engine serves bf16 (a GPU), fp32 for an fp16 or fp32 engine (this CPU),
     the reason in the dump; an explicit choice stays."""
+    from relayrl.build import resolve
     from relayrl.config import dump_config, load_config
     from relayrl.sync.buckets import resolve_wire_dtype
 
-    config = load_config(None, [f"model.path={random_model_dir}"])
+    config = resolve(load_config(None, [f"model.path={random_model_dir}"]))
     assert config.sync.wire_dtype == "fp32"  # this CPU: the engine serves float32
     assert "auto chose fp32: the engine serves float32" in dump_config(config)
     for engine, wire in [("bfloat16", "bf16"), ("float16", "fp32")]:
         config.sync.wire_dtype = "auto"
         resolve_wire_dtype(config, engine)
         assert config.sync.wire_dtype == wire
-    assert load_config(None, [f"model.path={random_model_dir}", "sync.wire_dtype=bf16"]).sync.wire_dtype == "bf16"
+    assert (
+        resolve(load_config(None, [f"model.path={random_model_dir}", "sync.wire_dtype=bf16"])).sync.wire_dtype == "bf16"
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from relayrl.build import resolve
 from relayrl.config import dump_config, load_config
 from relayrl.errors import ConfigError
 from relayrl.rollout import choice, vllm_tp
@@ -39,7 +40,8 @@ def cpu_only(monkeypatch):
 
 
 def load(model: Path, *overrides: str):
-    return load_config(None, [f"model.path={model}", *overrides])
+    """The config a run on `model` gets: validated, then its choices made (the rule is checked there)."""
+    return resolve(load_config(None, [f"model.path={model}", *overrides]))
 
 
 def test_auto_chooses_vllm_for_ranks_and_an_explicit_hf_is_refused(tmp_path):

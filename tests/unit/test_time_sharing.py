@@ -154,9 +154,10 @@ def test_sleep_levels_that_cannot_take_effect_are_refused_by_name():
 
 
 def test_the_dump_keeps_auto_with_its_choice_and_reason():
+    from relayrl.build import resolve
     from relayrl.config import dump_config
 
-    text = dump_config(load_config(None, []))  # this CPU machine
+    text = dump_config(resolve(load_config(None, [])))  # this CPU machine
     assert "  sleep: auto  # auto chose off: no GPU here (vLLM's CPU platform has no sleep mode)" in text
     assert "  offload: auto  # auto chose none: rollout.sleep is off" in text
     assert load_config(None, ["rollout.sleep=off"]).rollout.sleep == "off"
