@@ -113,9 +113,17 @@ def test_placement_and_sync_name_no_engine_module():
     assert offenders == []
 
 
+def test_the_config_is_a_leaf():
+    """`config` imports nothing of relayrl but `errors` and `types`: it sits beside them at the bottom of the layers,
+    and every package may read it. Its `auto` choices are made above it, by the builder (`relayrl.build.resolve`)."""
+    edges = import_edges()
+    above = {target: path for (source, target), path in edges.items() if source == "config"}
+    assert set(above) <= {"errors", "types"}, f"config imports {above}"
+
+
 def test_validating_a_config_imports_no_runtime_code():
     """The config package is data: a tree validates (and dumps) without loading an engine, torch or another
-    relayrl package; its `auto` choices are made afterwards, by `config.resolve`."""
+    relayrl package; its `auto` choices are made afterwards, by `relayrl.build.resolve`."""
     probe = (
         "import sys, relayrl.config as c\n"
         "config = c.Config.model_validate({'rollout': {'tensor_parallel': 2}, 'model': {'lora': {'rank': 4}}})\n"
