@@ -211,7 +211,7 @@ def step_0p5b(work: Path) -> dict:
         batch = prompts(groups, prompt, shape["vocab"], seed=step)
         rollouts, gen_s = timed(group.generate, batch, sampling, step)
         exp = rollouts_experience(rollouts, engine.pad_id)
-        stats, update_s = timed(lambda exp=exp, step=step: role.update(step, role.prepare(exp)))
+        stats, update_s = timed(lambda exp=exp, step=step: role.update(step, role.prepare(exp)).metrics)
         _, sync_s = timed(sync.push, role, group)
         rows.append(
             {

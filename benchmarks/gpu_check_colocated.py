@@ -187,7 +187,7 @@ def run_colocated(work: Path) -> dict:
     free["reload"] = free_memory()
     exact = torch.equal(checksum(role.policy), before)
     exp = rollouts_experience(rollouts, engine.pad_id)
-    stats = role.update(1, role.prepare(exp))
+    stats = role.update(1, role.prepare(exp)).metrics
     free["update"] = free_memory()
     sync = InProcessSync()
     sync.push(role, group)

@@ -85,7 +85,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, offload: bool, r
         phase = "update with gradient clipping"
         part = split_by_groups(experience(groups=GROUPS, n=N), world)[rank]
         clip_comms = count_clip_collectives()
-        stats = learner.update(0, learner.prepare(part))
+        stats = learner.update(0, learner.prepare(part)).metrics
         phase = "named_weights (full_tensor gathers)"
         with CommDebugMode() as comms:
             weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in learner.named_weights()}
@@ -137,7 +137,7 @@ def run_fsdp(work: Path, world: int, offload: bool | None = None) -> dict:
 
     reference = PolicyLearner(fsdp_config(model_dir))  # the one-process learner, whole batch
     initial = {name: t.detach().to("cpu", copy=True) for name, t in reference.named_weights()}
-    stats = reference.update(experience(groups=GROUPS, n=N))
+    stats = reference.update(experience(groups=GROUPS, n=N)).metrics
     expected = {name: t.detach().to("cpu") for name, t in reference.named_weights()}
     weights = found["weights"]
     same_names = set(weights) == set(expected) and all(weights[k].shape == expected[k].shape for k in expected)

@@ -14,28 +14,32 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from relayrl.config import Config
-from relayrl.data.source import PromptSampler
 from relayrl.errors import RoleFailure
 from relayrl.learner.batching import make_experience
-from relayrl.learner.policy import LEARNER_LOGPROBS
-from relayrl.learner.role import Learner
-from relayrl.metrics.samples import log_samples
+from relayrl.metrics.samples import log_samples, logged_rows
 from relayrl.metrics.step_metrics import step_metrics
-from relayrl.metrics.timeline import Timeline
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.placement.learner_restarts import LearnerRestarts
 from relayrl.placement.time_sharing import TimeSharing
-from relayrl.rollout.protocols import EngineGroup
 from relayrl.run.checkpoint import latest_checkpoint
 from relayrl.run.jsonl import truncate_after
 from relayrl.run.preemption import Interrupted, StopSignals
-from relayrl.schedules.modes import Schedule
-from relayrl.sources.single_turn import Batch, RolloutSource
-from relayrl.sync.base import WeightSync
-from relayrl.types import Experience, Prompt, Rollout
+
+if TYPE_CHECKING:  # annotations only: the step calls these through their protocols
+    from transformers import PreTrainedTokenizerBase
+
+    from relayrl.config import Config
+    from relayrl.data.source import PromptSampler
+    from relayrl.learner.role import Learner
+    from relayrl.metrics.timeline import Timeline
+    from relayrl.rollout.protocols import EngineGroup
+    from relayrl.schedules.modes import Schedule
+    from relayrl.sources.single_turn import Batch, RolloutSource
+    from relayrl.sync.base import WeightSync
+    from relayrl.types import Experience, Prompt, Rollout
 
 
 @dataclass
@@ -49,7 +53,7 @@ class Trainer:
     make_schedule: Callable[[], Schedule]  # the train.schedule's, drawing on a RolloutSource
     advantages: Callable[[Experience, list[Rollout]], Experience]  # the estimator and DAPO's overlong filter
     eval_prompts: list[Prompt]
-    tokenizer: object  # a transformers tokenizer
+    tokenizer: PreTrainedTokenizerBase | None  # None in tests that build a Trainer without one
     run_dir: Path
     data_metrics: dict
     pad_id: int
@@ -61,7 +65,7 @@ class Trainer:
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: the learner heals
 
     def step(self, step: int) -> dict[str, float]:
-        """One training step as named phases (DESIGN.md section 1); every variant was chosen by relayrl/build.py."""
+        """One training step as named phases (docs/architecture.md); every variant was chosen by relayrl/build.py."""
         timer, schedule = StepTimer(self.timeline, step), self.schedule
         assert schedule is not None, "run() makes the schedule before the first step"
         batch = schedule.batch(step, timer)  # generate and reward, overlapped as the schedule says
@@ -70,8 +74,8 @@ class Trainer:
             exp = self.learner.prepare(make_experience(batch.rollouts, batch.scores, self.pad_id))
         with timer("advantage"):
             exp = self.advantages(exp, batch.rollouts)
-        with timer("update"):
-            stats = self.learner.update(step, exp)
+        with timer("update"):  # with the pre-update log-probs of the rows this step logs to samples.jsonl
+            update = self.learner.update(step, exp, self.sample_rows(step))
         trained = self.sync.version  # the version this update started from
         self.time_sharing.before_push(timer)  # colocated: the learner's states leave, the engine's weights wake
         with timer("sync"):
@@ -79,19 +83,26 @@ class Trainer:
         self.time_sharing.after_push(timer)  # colocated: the engine's KV cache wakes
         schedule.published(self.sync.version)
         roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
-        learner_logprobs = stats.pop(LEARNER_LOGPROBS, None)  # the logged samples' (a list, not a metric)
-        metrics = step_metrics(self.config, trained, batch, exp, stats, timer, self.sync.last, roles)
-        self.record(step, batch, exp, learner_logprobs)
+        metrics = step_metrics(self.config, trained, batch, exp, update, timer, self.sync.last, roles)
+        self.record(step, batch, exp, update.sample_logprobs)
         return metrics
 
-    def record(self, step: int, batch: Batch, exp: Experience, learner_logprobs=None) -> None:
-        """The engines' generate spans on the timeline, and the step's samples (log.samples)."""
+    def sample_rows(self, step: int) -> int:
+        """How many first rows of the step's batch samples.jsonl logs (log.samples; 0 on a step it skips)."""
+        samples = self.config.log.samples
+        return logged_rows(samples.every, samples.max_per_step, step, self.config.train.steps - 1)
+
+    def record(
+        self, step: int, batch: Batch, exp: Experience, learner_logprobs: list[list[float]] | None = None
+    ) -> None:
+        """The engines' generate spans on the timeline, and the step's samples (log.samples) with the learner's
+        log-probs of their rows."""
         if self.timeline is not None:
             for replica, start, end in self.engines.take_spans():
                 self.timeline.add(step, f"engine {replica}", "generate", start, end)
             self.timeline.flush()
         samples, last = self.config.log.samples, self.config.train.steps - 1
-        decode = getattr(self.tokenizer, "decode", None)  # None in tests that build a Trainer with no tokenizer
+        decode = self.tokenizer.decode if self.tokenizer is not None else None
         log_samples(
             self.run_dir,
             samples.every,

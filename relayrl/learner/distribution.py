@@ -25,6 +25,7 @@ from relayrl.sync.transports import Manifest, make_sender
 
 if TYPE_CHECKING:
     from relayrl.config import Config
+    from relayrl.learner.result import UpdateResult
     from relayrl.learner.role import LearnerRole
     from relayrl.types import Experience
 
@@ -44,8 +45,8 @@ class Distribution(Protocol):
         """After the no-grad passes of `prepare`."""
         ...
 
-    def update(self, learner: LearnerRole, step: int, exp: Experience) -> dict[str, float]:
-        """`learner.train_step(step, exp)`, with whatever the ranks must agree on around it."""
+    def update(self, learner: LearnerRole, step: int, exp: Experience, sample_rows: int) -> UpdateResult:
+        """`learner.train_step(step, exp, sample_rows)`, with whatever the ranks must agree on around it."""
         ...
 
     def named_weights(self, learner: LearnerRole) -> Iterator[tuple[str, torch.Tensor]]: ...
@@ -86,8 +87,8 @@ class OneProcess:
     def after_passes(self, learner: LearnerRole) -> None:
         pass
 
-    def update(self, learner: LearnerRole, step: int, exp: Experience) -> dict[str, float]:
-        return learner.train_step(step, exp)
+    def update(self, learner: LearnerRole, step: int, exp: Experience, sample_rows: int) -> UpdateResult:
+        return learner.train_step(step, exp, sample_rows)
 
     # ------------------------------------------------------------------ weights
     def named_weights(self, learner: LearnerRole) -> Iterator[tuple[str, torch.Tensor]]:

@@ -17,11 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from relayrl.config import Config
 from relayrl.data.vision import vision_token_ids
 from relayrl.learner import malloc
 from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
@@ -29,11 +28,17 @@ from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
+from relayrl.learner.result import UpdateResult
 from relayrl.models import lora
 from relayrl.models.adapter_sync import lora_sync_mode
 from relayrl.models.loading import load_causal_lm, set_attention
 from relayrl.models.vision import freeze_vision
-from relayrl.types import Experience, filled
+from relayrl.types import filled
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.learner.result import MismatchByVersion
+    from relayrl.types import Experience
 
 
 class PolicyLearner:
@@ -133,9 +138,9 @@ class PolicyLearner:
             return self.logprobs(exp)
 
     # ------------------------------------------------------------------ update
-    def update(self, exp: Experience, keep_rows: int = 0) -> dict[str, float]:
-        """One step's optimizer updates; `keep_rows`: the pre-update log-probs of that many first rows go back in
-        the stats (LEARNER_LOGPROBS), for the samples the step logs."""
+    def update(self, exp: Experience, sample_rows: int = 0) -> UpdateResult:
+        """One step's optimizer updates; `sample_rows`: the pre-update log-probs of that many first rows come back
+        in the result (`sample_logprobs`), for the samples the step logs."""
         train = self.config.train
         totals = _Totals()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
@@ -156,11 +161,7 @@ class PolicyLearner:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
-        stats[MISMATCH_BY_VERSION] = mismatch_by_version(
-            pre_update, exp.behaviour_logprobs, exp.loss_mask, exp.versions
-        )
-        if keep_rows:
-            stats[LEARNER_LOGPROBS] = pre_update[:keep_rows].tolist()
+        mismatch = mismatch_by_version(pre_update, exp.behaviour_logprobs, exp.loss_mask, exp.versions)
         stats.update(correction or totals.correction_metrics())
         if self.use_reference:
             stats.update(self._kl_step(exp, stats))
@@ -169,7 +170,7 @@ class PolicyLearner:
         counts["learner/positions"] /= train.epochs  # per pass over the batch
         stats.update(counts)
         stats.update(self.micro.take_counts())
-        return stats
+        return UpdateResult(stats, mismatch, pre_update[:sample_rows].tolist() if sample_rows else None)
 
     def _kl_step(self, exp: Experience, stats: dict[str, float]) -> dict[str, float]:
         """Measure the KL to the reference on this batch (pre-update policy) and adapt the coefficient."""
@@ -281,14 +282,9 @@ class _Totals:
         return stats
 
 
-MISMATCH_BY_VERSION = "mismatch/by_version"  # a stats entry the controller turns into mismatch/* and drift/*
-# a stats entry on steps that log samples: the first rows' pre-update log-probs [rows][T-1], for samples.jsonl
-LEARNER_LOGPROBS = "samples/learner_logprobs"
-
-
 def mismatch_by_version(
     learner_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor, versions: torch.Tensor
-) -> dict[int, tuple[float, float, int]]:
+) -> MismatchByVersion:
     """|learner - behaviour| log-prob of the trained tokens (pre-update learner), per policy version that sampled
     them: {version: (sum, max, tokens)}; all [B, T-1]. The learner does not know which version it holds, so the
     controller splits these by lag (`mismatch_metrics`)."""
@@ -301,7 +297,7 @@ def mismatch_by_version(
     return out
 
 
-def mismatch_metrics(by_version: dict[int, tuple[float, float, int]], trained_version: int) -> dict[str, float]:
+def mismatch_metrics(by_version: MismatchByVersion, trained_version: int) -> dict[str, float]:
     """`mismatch/logprob_abs_{mean,max}`: over tokens sampled by the policy being trained (no version lag), the
     engine's and learner's numerics alone. `drift/logprob_abs_{mean,max}`: over lagged tokens, where the policy
     has also moved since sampling (off-policy schedules). `drift/token_frac`: the lagged share of trained

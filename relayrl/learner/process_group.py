@@ -6,7 +6,7 @@
 - `split_by_groups`: rank r takes the r-th contiguous slice of whole groups (a group never straddles two ranks,
   so group packing and group-relative statistics still hold); every rank gets as many rows, because each
   micro-batch is a collective that every rank must join.
-- `merge_experience` / `merge_stats`: the per-rank results put back as one batch / one metrics dict.
+- `merge_experience` / `merge_results`: the per-rank results put back as one batch / one `UpdateResult`.
 
 Leaves out: the sharding itself (sharded.py) and how ranks are started (tests spawn them; placement/learner_ranks.py
 starts Ray actors).
@@ -16,13 +16,18 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from relayrl.config import Config
 from relayrl.errors import ConfigError, PlacementError
-from relayrl.types import Experience
+from relayrl.learner.result import UpdateResult
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.learner.result import MismatchByVersion
+    from relayrl.types import Experience
 
 
 def join_learner_group(
@@ -159,27 +164,39 @@ def merge_experience(whole: Experience, parts: list[Experience]) -> Experience:
     return whole
 
 
+def sample_rows_of(parts: list[Experience], sample_rows: int) -> list[int]:
+    """How many of each rank's first rows are among the batch's first `sample_rows` (the rows the step logs):
+    the log-probs each rank sends back, so that joined in rank order they are exactly those rows'."""
+    counts, start = [], 0
+    for part in parts:
+        counts.append(max(0, min(len(part), sample_rows - start)))
+        start += len(part)
+    return counts
+
+
 SUMMED = ("loss/", "learner/positions")  # each rank's loss is its share of the global sum
 FROM_RANK_0 = ("lr", "actor/grad_norm", "actor/kl_coef", "stale/mean", "stale/max")
 
 
-def merge_stats(stats: list[dict], tokens: list[float]) -> dict:
+def merge_results(results: list[UpdateResult], tokens: list[float]) -> UpdateResult:
+    """One result from the ranks': the metrics merged (`merge_stats`), the gaps by version added up, the logged
+    rows' log-probs joined in rank order (each rank's first rows: the batch's order)."""
+    rows = [row for result in results for row in result.sample_logprobs or []]
+    any_rows = any(result.sample_logprobs is not None for result in results)
+    mismatch = merge_mismatch([result.mismatch for result in results])
+    return UpdateResult(
+        merge_stats([result.metrics for result in results], tokens), mismatch, rows if any_rows else None
+    )
+
+
+def merge_stats(stats: list[dict[str, float]], tokens: list[float]) -> dict[str, float]:
     """One metrics dict from the ranks': losses and counts add up, maxima take the max, values every rank
     shares (lr, the global grad norm, the KL coefficient) come from rank 0, the rest are token-weighted means."""
     total = max(sum(tokens), 1.0)
     out = {}
     for name, first in stats[0].items():
         values = [s[name] for s in stats]
-        if isinstance(first, dict):  # mismatch/by_version: {version: (sum, max, tokens)}
-            merged: dict = {}
-            for part in values:
-                for version, (gap_sum, gap_max, n) in part.items():
-                    s, m, c = merged.get(version, (0.0, 0.0, 0))
-                    merged[version] = (s + gap_sum, max(m, gap_max), c + n)
-            out[name] = merged
-        elif isinstance(first, list):  # the logged rows' log-probs: each rank's first rows, in rank order
-            out[name] = [row for part in values for row in part]
-        elif name.startswith(SUMMED):
+        if name.startswith(SUMMED):
             out[name] = float(sum(values))
         elif name in FROM_RANK_0:
             out[name] = first
@@ -188,3 +205,13 @@ def merge_stats(stats: list[dict], tokens: list[float]) -> dict:
         else:
             out[name] = sum(v * t for v, t in zip(values, tokens)) / total
     return out
+
+
+def merge_mismatch(parts: list[MismatchByVersion]) -> MismatchByVersion:
+    """The ranks' gaps by version as one: sums and token counts add up, maxima take the max."""
+    merged: MismatchByVersion = {}
+    for part in parts:
+        for version, (gap_sum, gap_max, n) in part.items():
+            s, m, c = merged.get(version, (0.0, 0.0, 0))
+            merged[version] = (s + gap_sum, max(m, gap_max), c + n)
+    return merged

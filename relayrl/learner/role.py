@@ -11,22 +11,25 @@ a weight transport (`WeightSource`) lives here too.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from relayrl.config import Config
-from relayrl.config.sections import logged_step
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
+from relayrl.learner.result import UpdateResult
 from relayrl.sync.base import LearnerWeights
-from relayrl.sync.buckets import BucketLayout
 from relayrl.sync.endpoints import WeightSource
-from relayrl.sync.transports import Manifest
-from relayrl.types import Experience
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.sync.buckets import BucketLayout
+    from relayrl.sync.transports import Manifest
+    from relayrl.types import Experience
 
 
 class Learner(LearnerWeights, Protocol):
@@ -35,7 +38,10 @@ class Learner(LearnerWeights, Protocol):
 
     def prepare(self, exp: Experience) -> Experience: ...
 
-    def update(self, step: int, exp: Experience) -> dict[str, float]: ...
+    def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
+        """The step's optimizer updates; `sample_rows`: how many first rows of the batch the step logs to
+        samples.jsonl, whose pre-update log-probs come back in the result (0: none)."""
+        ...
 
     def checkpoint(self, run_dir: str | Path, step: int, loop_state: dict, keep: int) -> str: ...
 
@@ -77,20 +83,17 @@ class LearnerRole(WeightSource):
         self.distribution.after_passes(self)
         return exp
 
-    def update(self, step: int, exp: Experience) -> dict[str, float]:
-        return self.distribution.update(self, step, exp)
+    def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
+        return self.distribution.update(self, step, exp, sample_rows)
 
-    def train_step(self, step: int, exp: Experience) -> dict[str, float]:
-        """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps."""
-        stats = {} if self.critic is None else self.critic.update(exp)
-        if self.critic is None or step >= self.config.critic.warmup_steps:
-            stats.update(self.policy.update(exp, self._logged_rows(step)))
-        return stats
-
-    def _logged_rows(self, step: int) -> int:
-        """How many first rows of this step's batch samples.jsonl logs (0 on a step it skips)."""
-        samples, last = self.config.log.samples, self.config.train.steps - 1
-        return samples.max_per_step if logged_step(samples.every, step, last) else 0
+    def train_step(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
+        """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps. The critic's
+        metrics come first in the result's."""
+        critic = {} if self.critic is None else self.critic.update(exp)
+        if self.critic is not None and step < self.config.critic.warmup_steps:
+            return UpdateResult(critic)
+        actor = self.policy.update(exp, sample_rows)
+        return dataclasses.replace(actor, metrics={**critic, **actor.metrics})
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict:

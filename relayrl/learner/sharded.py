@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,16 +47,18 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from relayrl.config import Config
 from relayrl.learner.process_group import all_reduce_sum, join_learner_group, rank_config
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.learner.sharded_lora import push_view
-from relayrl.sync.buckets import BucketLayout, make_layout
-from relayrl.types import Experience
+from relayrl.sync.buckets import make_layout
 
 if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.learner.result import UpdateResult
     from relayrl.learner.role import LearnerRole
+    from relayrl.sync.buckets import BucketLayout
     from relayrl.sync.gather import SyncPlan
+    from relayrl.types import Experience
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
@@ -187,12 +189,13 @@ class ShardedRanks:
             if model is not None:
                 cast(FSDPModule, model).reshard()  # a no-grad forward leaves the root's parameters gathered
 
-    def update(self, learner: LearnerRole, step: int, exp: Experience) -> dict[str, float]:
+    def update(self, learner: LearnerRole, step: int, exp: Experience, sample_rows: int) -> UpdateResult:
         self.tokens = float(exp.loss_mask.sum())
-        stats = learner.train_step(step, exp)
-        if learner.critic is not None:  # each rank's value loss is its part of the global token mean
-            stats["critic/value_loss"] = all_reduce_sum(stats["critic/value_loss"])
-        return stats
+        result = learner.train_step(step, exp, sample_rows)
+        if learner.critic is None:
+            return result
+        value_loss = all_reduce_sum(result.metrics["critic/value_loss"])  # each rank's part of the global token mean
+        return replace(result, metrics={**result.metrics, "critic/value_loss": value_loss})
 
     # ------------------------------------------------------------------ weights, one full tensor at a time
     def named_weights(self, learner: LearnerRole) -> Iterator[tuple[str, torch.Tensor]]:

@@ -36,12 +36,18 @@ FILE = "samples.jsonl"
 SHOWN = 3  # best and worst samples shown per chosen step in the report
 TEXT_CHARS = 600  # longer prompts/completions are cut in the report (the file keeps them whole)
 
-__all__ = ["FILE", "log_samples", "sample_rows", "samples_section", "truncate_after"]
+__all__ = ["FILE", "log_samples", "logged_rows", "sample_rows", "samples_section", "truncate_after"]
 
 
 def logged_step(every: int, step: int, last_step: int) -> bool:
     """Whether `step` writes samples (log.samples.every): a multiple of `every`, or the last step (0: never)."""
     return bool(every) and (step % every == 0 or step == last_step)
+
+
+def logged_rows(every: int, max_per_step: int, step: int, last_step: int) -> int:
+    """How many first rows of `step`'s batch `log_samples` writes (0 on a step it skips): the rows whose
+    pre-update log-probs the step asks the learner for (`UpdateResult.sample_logprobs`)."""
+    return max_per_step if logged_step(every, step, last_step) else 0
 
 
 def sample_rows(

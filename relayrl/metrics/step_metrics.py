@@ -8,14 +8,19 @@ The training loop (relayrl/controller.py) calls `step_metrics` once per step; no
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from relayrl.algorithms.advantages import degenerate_group_fraction
-from relayrl.config import Config
-from relayrl.learner.policy import MISMATCH_BY_VERSION, mismatch_metrics
-from relayrl.metrics.timer import StepTimer
-from relayrl.sources.single_turn import Batch
-from relayrl.types import Experience, Rollout
+from relayrl.learner.policy import mismatch_metrics
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.learner.result import UpdateResult
+    from relayrl.metrics.timer import StepTimer
+    from relayrl.sources.single_turn import Batch
+    from relayrl.types import Experience, Rollout
 
 
 def step_metrics(
@@ -23,15 +28,14 @@ def step_metrics(
     trained_version: int,
     batch: Batch,
     exp: Experience,
-    stats: dict,
+    update: UpdateResult,
     timer: StepTimer,
     sync_metrics: dict[str, float],
     role_metrics: dict[str, float],
 ) -> dict[str, float]:
     """The row for metrics.jsonl and the trackers. `trained_version`: the policy version the update started
     from; `timer` is read now, so call this once the step's phases (the push included) are done."""
-    stats = dict(stats)
-    stats.update(mismatch_metrics(stats.pop(MISMATCH_BY_VERSION, {}), trained_version))
+    stats = {**update.metrics, **mismatch_metrics(update.mismatch, trained_version)}
     metrics = {**stats, **rollout_metrics(exp, batch.rollouts), **batch.metrics, **sync_metrics, **timer.metrics()}
     lags = staleness_metrics(exp, trained_version)
     if lags and "stale/mean" in metrics:  # the learner counted optimizer steps within this step's update

@@ -24,17 +24,20 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
 
-from relayrl.config import Config
 from relayrl.errors import PlacementError, RoleFailure
-from relayrl.learner.process_group import merge_experience, merge_stats, split_by_groups
+from relayrl.learner.process_group import merge_experience, merge_results, sample_rows_of, split_by_groups
 from relayrl.learner.sharded import sharded_learner
 from relayrl.placement.handles import get
-from relayrl.types import Experience
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.learner.result import UpdateResult
+    from relayrl.types import Experience
 
 # calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts; Ray's
 # `__ray_call__` runs a function in the actor (the weight sync asks rank 0 for an address on its node)
@@ -188,10 +191,11 @@ class LearnerRanks:
         done = self.wait_all(self.submit("prepare", per_rank=[(p,) for p in parts]), "prepare")
         return merge_experience(exp, done)
 
-    def update(self, step: int, exp: Experience) -> dict[str, float]:
+    def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
         parts = split_by_groups(exp, len(self.actors))
-        stats = self.wait_all(self.submit("update", per_rank=[(step, p) for p in parts]), "update")
-        return merge_stats(stats, [float(p.loss_mask.sum()) for p in parts])
+        per_rank = [(step, p, rows) for p, rows in zip(parts, sample_rows_of(parts, sample_rows))]
+        results = self.wait_all(self.submit("update", per_rank=per_rank), "update")
+        return merge_results(results, [float(p.loss_mask.sum()) for p in parts])
 
 
 def start_learner_ranks(config: Config, group, slots: list) -> LearnerRanks:

@@ -41,8 +41,7 @@ def _grads_of_first_step(learner, exp):
             captured.extend(p.grad.clone() for p in learner.model.parameters())
 
     learner.optimizer.register_step_pre_hook(hook)
-    stats = learner.update(exp)
-    return captured, stats
+    return captured, learner.update(exp)  # the UpdateResult
 
 
 def test_experience_aligns_response_tokens_to_targets():
@@ -81,8 +80,8 @@ def test_micro_batches_change_neither_loss_nor_gradients(random_model_dir, micro
     assert any(g.abs().sum() > 0 for g in grads_whole)
     for a, b in zip(grads_whole, grads_split):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-    assert stats_split["loss/policy"] == pytest.approx(stats_whole["loss/policy"], abs=1e-6)
-    assert stats_split["actor/entropy"] == pytest.approx(stats_whole["actor/entropy"], rel=1e-5)
+    assert stats_split.metrics["loss/policy"] == pytest.approx(stats_whole.metrics["loss/policy"], abs=1e-6)
+    assert stats_split.metrics["actor/entropy"] == pytest.approx(stats_whole.metrics["actor/entropy"], rel=1e-5)
 
 
 def test_padding_does_not_change_logprobs(random_model_dir):
@@ -101,7 +100,7 @@ def test_single_on_policy_step_skips_the_old_logprob_pass(random_model_dir):
     learner.fill_logprobs(exp)
     assert exp.old_logprobs is None and exp.ref_logprobs is None
     before = [p.detach().clone() for p in learner.model.parameters()]
-    stats = learner.update(exp)
+    stats = learner.update(exp).metrics
     assert stats["actor/ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # on-policy: ratio exactly 1
     assert stats["actor/clip_frac"] == 0.0
     assert any(not torch.equal(a, b) for a, b in zip(before, learner.model.parameters()))
@@ -114,7 +113,7 @@ def test_several_updates_per_step_compute_old_logprobs(random_model_dir, train):
     exp = _experience()
     learner.fill_logprobs(exp)
     torch.testing.assert_close(exp.old_logprobs, learner.logprobs(exp))
-    stats = learner.update(exp)
+    stats = learner.update(exp).metrics
     assert stats["actor/ratio_max"] > 1.0  # later mini-batches / epochs see a moved policy
 
 
@@ -128,9 +127,9 @@ def test_reference_is_loaded_only_with_a_kl_coefficient(random_model_dir):
     exp = _experience()
     learner.fill_logprobs(exp)
     torch.testing.assert_close(exp.ref_logprobs, learner.logprobs(exp))
-    stats = learner.update(exp)
+    stats = learner.update(exp).metrics
     assert stats["actor/kl"] == pytest.approx(0.0, abs=1e-6)  # identical before the step
-    assert learner.update(exp)["actor/kl"] > 0  # the policy has moved away from the reference
+    assert learner.update(exp).metrics["actor/kl"] > 0  # the policy has moved away from the reference
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
@@ -149,10 +148,10 @@ def test_groups_follow_generation_order_not_prompt_ids():
 
 
 def test_staleness_counts_optimizer_steps_per_mini_batch(random_model_dir):
-    stats = PolicyLearner(_config(random_model_dir, mini_batch=4)).update(_experience())
+    stats = PolicyLearner(_config(random_model_dir, mini_batch=4)).update(_experience()).metrics
     # 16 responses in mini-batches of 4: the mini-batches are 0, 1, 2, 3 optimizer steps stale
     assert stats["stale/mean"] == 1.5 and stats["stale/max"] == 3.0
-    on_policy = PolicyLearner(_config(random_model_dir)).update(_experience())
+    on_policy = PolicyLearner(_config(random_model_dir)).update(_experience()).metrics
     assert on_policy["stale/mean"] == 0.0 and on_policy["loss/total"] == on_policy["loss/policy"]
 
 
@@ -170,7 +169,7 @@ def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
     learner = PolicyLearner(config)
     exp = _experience()
     learner.fill_logprobs(exp)
-    stats = learner.update(exp)
+    stats = learner.update(exp).metrics
     assert stats["loss/total"] == pytest.approx(stats["loss/policy"] + 0.5 * stats["actor/kl"], rel=1e-4, abs=1e-7)
 
 
@@ -182,7 +181,7 @@ def test_rollout_correction_uses_the_behaviour_logprobs(random_model_dir, mode):
     assert learner.needs_old_logprobs == mode.startswith("mask")
     exp = _experience()  # behaviour log-probs are all -1: far from the learner's, so ratios are off 1
     learner.fill_logprobs(exp)
-    stats = learner.update(exp)
+    stats = learner.update(exp).metrics
     assert stats["correction/ratio_mean"] != pytest.approx(1.0)
     frac = stats["correction/truncated_frac" if mode.startswith("tis") else "correction/masked_frac"]
     assert 0.0 <= frac <= 1.0
@@ -201,12 +200,12 @@ def test_kl_in_the_reward_forces_the_old_pass_and_reports_the_coefficient(random
     learner.fill_logprobs(exp)
     assert torch.equal(learner.objective.reward_penalty(exp), torch.zeros_like(exp.loss_mask))  # policy == ref
     exp.advantages = torch.ones_like(exp.loss_mask) * exp.loss_mask
-    first = learner.update(exp)
+    first = learner.update(exp).metrics
     assert first["actor/kl_coef"] == 0.2 and first["actor/kl"] == 0.0
     learner.fill_logprobs(exp)
     assert learner.objective.reward_penalty(exp).abs().sum() > 0  # the policy moved away from the reference
     # KL 0 is below target: the adaptive controller lowered the coefficient by (1 - 0.2 * 16 / horizon)
-    assert learner.update(exp)["actor/kl_coef"] == pytest.approx(0.2 * (1 - 0.2 * 16 / 10_000))
+    assert learner.update(exp).metrics["actor/kl_coef"] == pytest.approx(0.2 * (1 - 0.2 * 16 / 10_000))
 
 
 @pytest.mark.parametrize("mode", ["tis_token", "tis_seq"])
@@ -232,5 +231,7 @@ def test_tis_in_the_update_pass_equals_tis_from_a_separate_old_pass(random_model
     for a, b in zip(grads_in, grads_sep):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
     for name in ("ratio_mean", "ratio_max", "truncated_frac"):
-        assert stats_in[f"correction/{name}"] == pytest.approx(stats_sep[f"correction/{name}"], rel=1e-5)
-    assert 0 < stats_in["correction/truncated_frac"] < 1
+        assert stats_in.metrics[f"correction/{name}"] == pytest.approx(
+            stats_sep.metrics[f"correction/{name}"], rel=1e-5
+        )
+    assert 0 < stats_in.metrics["correction/truncated_frac"] < 1

@@ -30,12 +30,12 @@ class FailingOnce:
         self.inner, self.at, self.failure, self.failed = inner, at, failure, 0
         self.newest: list[tuple[int, int]] = []  # (step, the newest policy version among its tokens)
 
-    def update(self, step, exp):
+    def update(self, step, exp, sample_rows=0):
         self.newest.append((step, int(exp.versions[exp.loss_mask.bool()].max())))
         if step == self.at and not self.failed:
             self.failed += 1
             raise self.failure
-        return self.inner.update(step, exp)
+        return self.inner.update(step, exp, sample_rows)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -54,7 +54,7 @@ def test_reference_is_the_base_with_the_adapter_disabled(random_model_dir):
     before = plain.logprobs(exp)
     learner.fill_logprobs(exp)
     assert torch.allclose(exp.ref_logprobs, before, atol=1e-6)  # B = 0: the adapted model starts as the base
-    stats = learner.update(exp)
+    stats = learner.update(exp).metrics
     assert stats["actor/kl"] == pytest.approx(0.0, abs=1e-6)
     moved = learner.logprobs(exp)
     assert (moved - before).abs().max() > 1e-3  # the adapter learned something

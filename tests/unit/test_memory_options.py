@@ -22,7 +22,7 @@ def _grads_of_first_step(learner, exp):
     captured = []
     trainable = [p for p in learner.model.parameters() if p.requires_grad]
     learner.optimizer.register_step_pre_hook(lambda *_: captured or captured.extend(p.grad.clone() for p in trainable))
-    return captured, learner.update(exp)
+    return captured, learner.update(exp).metrics
 
 
 def _mlp_calls(network) -> list[int]:

@@ -61,8 +61,9 @@ def test_token_budget_and_count_micro_batches_give_identical_gradients(random_mo
     count = PolicyLearner(_config(random_model_dir, micro_batch=5, packing=packing, extra=extra))
     budget = PolicyLearner(_config(random_model_dir, micro_batch_tokens=18, packing=packing, extra=extra))
     with pytest.warns(RuntimeWarning, match="micro-batch of its own"):  # 18 positions: under the longest samples
-        grads_budget, stats_budget = _grads_of_first_step(budget, _ragged())
-    grads_count, stats_count = _grads_of_first_step(count, _ragged())
+        grads_budget, budget_result = _grads_of_first_step(budget, _ragged())
+    grads_count, count_result = _grads_of_first_step(count, _ragged())
+    stats_budget, stats_count = budget_result.metrics, count_result.metrics
     assert stats_budget["learner/micro_batches"] > 1 and stats_budget["learner/over_budget_units"] >= 1
     assert any(g.abs().sum() > 0 for g in grads_count)
     for a, b in zip(grads_count, grads_budget):

@@ -61,16 +61,16 @@ def test_auto_packs_only_when_it_saves_positions():
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_packed_and_padded_updates_have_the_same_loss_and_gradients(random_model_dir, attention):
     exp = _experience(groups=4, n=4)
-    grads, stats = {}, {}
+    grads, stats, mismatch = {}, {}, {}
     for packing in ("none", "groups"):
         learner = PolicyLearner(_config(random_model_dir, micro_batch=8, packing=packing))
         learner.model.config._attn_implementation = attention
         learner.layout.attention = attention
-        grads[packing], stats[packing] = _grads_of_first_step(learner, _experience(groups=4, n=4))
+        grads[packing], result = _grads_of_first_step(learner, _experience(groups=4, n=4))
+        stats[packing], mismatch[packing] = result.metrics, mismatch_metrics(result.mismatch, 0)
     for padded, packed in zip(grads["none"], grads["groups"]):
         torch.testing.assert_close(packed, padded, atol=2e-5, rtol=1e-4)
     assert stats["groups"]["loss/policy"] == pytest.approx(stats["none"]["loss/policy"], abs=1e-6)
-    mismatch = {packing: mismatch_metrics(stats[packing]["mismatch/by_version"], 0) for packing in stats}
     key = "mismatch/logprob_abs_mean"
     assert mismatch["groups"][key] == pytest.approx(mismatch["none"][key], abs=1e-5)
     assert stats["groups"]["learner/packed_frac"] == 1.0 and stats["none"]["learner/packed_frac"] == 0.0

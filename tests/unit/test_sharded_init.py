@@ -43,7 +43,7 @@ def full_weights(learner) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def step(learner, exp) -> dict[str, float]:
-    return learner.update(0, learner.prepare(exp))
+    return learner.update(0, learner.prepare(exp)).metrics
 
 
 def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
@@ -120,7 +120,7 @@ def lora_step(learner, part) -> tuple[float, dict, dict]:
     """(global loss, what sync.lora=merged sends, what sync.lora=adapter would send) after one step."""
     from relayrl.learner.process_group import all_reduce_sum
 
-    loss = all_reduce_sum(learner.update(1, learner.prepare(part))["loss/total"])
+    loss = all_reduce_sum(learner.update(1, learner.prepare(part)).metrics["loss/total"])
     merged = dict(learner.named_weights())
     learner.policy.sync_mode = "adapter"
     adapter = dict(learner.named_weights())
@@ -145,7 +145,7 @@ def single_lora(random_model_dir, tmp_path_factory):
     learner = LearnerRole(config(random_model_dir, LORA))
     step(learner, experience(seed=0))
     path = learner.checkpoint(tmp_path_factory.mktemp("lora_single"), 0, {"version": 1}, keep=1)
-    loss = learner.update(1, learner.prepare(experience(seed=1)))["loss/total"]
+    loss = learner.update(1, learner.prepare(experience(seed=1))).metrics["loss/total"]
     return path, loss, *pushed(learner)
 
 
@@ -242,7 +242,7 @@ def test_lora_sharded_checkpoint_resumes_in_one_process_and_exports(random_model
     path = found["lora"]["path"]
     learner = LearnerRole(config(random_model_dir, LORA))
     learner.load_state(path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
-    assert learner.update(1, learner.prepare(experience(seed=1)))["loss/total"] == pytest.approx(loss, rel=1e-5)
+    assert learner.update(1, learner.prepare(experience(seed=1))).metrics["loss/total"] == pytest.approx(loss, rel=1e-5)
     assert_close(pushed(learner)[0], merged, "2->1 merged")
     run_dir = Path(path).parents[1]
     (run_dir / "config.yaml").write_text(dump_config(config(random_model_dir, LORA)))

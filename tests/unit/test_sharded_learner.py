@@ -44,7 +44,7 @@ def run_ranks(target, args: tuple, finished) -> None:
 
 
 def single_step(learner, exp) -> dict:
-    return learner.update(0, learner.prepare(exp))
+    return learner.update(0, learner.prepare(exp)).metrics
 
 
 def params(learner) -> dict[str, torch.Tensor]:

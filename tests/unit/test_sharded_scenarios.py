@@ -95,7 +95,7 @@ def step(learner, part, loss_name):
     """(full weights, global loss, grad norm) after one update on this rank's share."""
     from relayrl.learner.process_group import all_reduce_sum
 
-    stats = learner.update(0, learner.prepare(part))
+    stats = learner.update(0, learner.prepare(part)).metrics
     loss = all_reduce_sum(stats[loss_name])  # each rank's loss is its part of the global sum
     return {n: t.clone() for n, t in learner.named_weights()}, loss, stats["actor/grad_norm"]
 

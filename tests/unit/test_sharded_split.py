@@ -4,8 +4,15 @@ import pytest
 import torch
 
 from relayrl.errors import ConfigError, PlacementError
-from relayrl.learner.policy import LEARNER_LOGPROBS
-from relayrl.learner.process_group import merge_experience, merge_stats, rank_config, split_by_groups
+from relayrl.learner.process_group import (
+    merge_experience,
+    merge_results,
+    merge_stats,
+    rank_config,
+    sample_rows_of,
+    split_by_groups,
+)
+from relayrl.learner.result import UpdateResult
 from tests.unit.test_sharded_scenarios import config, experience
 
 
@@ -27,25 +34,35 @@ def test_ranks_need_the_same_number_of_rows():
 
 def test_stats_add_losses_and_weigh_means_by_tokens():
     stats = [
-        {
-            "loss/policy": 0.25,
-            "actor/entropy": 1.0,
-            "actor/ratio_max": 1.5,
-            "lr": 0.1,
-            "mismatch/v": {3: (2.0, 0.5, 4)},
-        },
-        {"loss/policy": 0.5, "actor/entropy": 4.0, "actor/ratio_max": 1.2, "lr": 0.1, "mismatch/v": {3: (1.0, 0.7, 2)}},
+        {"loss/policy": 0.25, "actor/entropy": 1.0, "actor/ratio_max": 1.5, "lr": 0.1},
+        {"loss/policy": 0.5, "actor/entropy": 4.0, "actor/ratio_max": 1.2, "lr": 0.1},
     ]
     merged = merge_stats(stats, tokens=[3.0, 1.0])
     assert merged["loss/policy"] == 0.75 and merged["lr"] == 0.1 and merged["actor/ratio_max"] == 1.5
     assert merged["actor/entropy"] == pytest.approx((3 * 1.0 + 1 * 4.0) / 4)
-    assert merged["mismatch/v"] == {3: (3.0, 0.7, 6)}
 
 
-def test_the_logged_rows_log_probs_join_in_rank_order():
-    """Each rank sends its first rows (as many as the step logs); joined, rank 0's come first: the batch's order."""
-    stats = [{LEARNER_LOGPROBS: [[0.1, 0.2], [0.3]]}, {LEARNER_LOGPROBS: [[0.4, 0.5, 0.6]]}]
-    assert merge_stats(stats, tokens=[3.0, 3.0])[LEARNER_LOGPROBS] == [[0.1, 0.2], [0.3], [0.4, 0.5, 0.6]]
+def test_the_ranks_results_join_gaps_by_version_and_the_logged_rows_in_rank_order():
+    """The gaps by version add up; each rank sends its share of the logged rows, rank 0's first: the batch's order."""
+    results = [
+        UpdateResult({"loss/policy": 0.25}, {3: (2.0, 0.5, 4), 2: (1.0, 0.1, 1)}, [[0.1, 0.2], [0.3]]),
+        UpdateResult({"loss/policy": 0.5}, {3: (1.0, 0.7, 2)}, [[0.4, 0.5, 0.6]]),
+    ]
+    merged = merge_results(results, tokens=[3.0, 1.0])
+    assert merged.metrics == {"loss/policy": 0.75}
+    assert merged.mismatch == {3: (3.0, 0.7, 6), 2: (1.0, 0.1, 1)}
+    assert merged.sample_logprobs == [[0.1, 0.2], [0.3], [0.4, 0.5, 0.6]]
+    none = [UpdateResult({"loss/policy": 0.25}), UpdateResult({"loss/policy": 0.5})]  # a step that logs no samples
+    assert merge_results(none, tokens=[1.0, 1.0]).sample_logprobs is None
+
+
+def test_each_rank_is_asked_for_its_share_of_the_logged_rows():
+    """The step logs the batch's first rows: rank 0's rows come first, then rank 1's; a rank past them sends none."""
+    parts = split_by_groups(experience(), 2)  # 8 rows each
+    assert sample_rows_of(parts, 0) == [0, 0]
+    assert sample_rows_of(parts, 6) == [6, 0]
+    assert sample_rows_of(parts, 10) == [8, 2]
+    assert sample_rows_of(parts, 100) == [8, 8]
 
 
 def test_learner_ranks_config_errors_name_the_keys(tmp_path):

@@ -10,6 +10,7 @@ import relayrl.controller as controller
 from relayrl.config import load_config
 from relayrl.config.root import Config
 from relayrl.errors import ConfigError
+from relayrl.learner.result import UpdateResult
 from relayrl.metrics.timer import StepTimer
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rollout.sleep import resolve_sleep
@@ -39,9 +40,9 @@ class Recorder:
         self.log.append("log-probs")
         return exp
 
-    def update(self, step, exp):
+    def update(self, step, exp, sample_rows=0):
         self.log.append("update")
-        return {}
+        return UpdateResult({})
 
     def push(self, learner, engines, version=None):
         self.log.append("push")

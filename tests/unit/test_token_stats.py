@@ -48,8 +48,8 @@ def test_the_head_over_hidden_states_trains_as_the_models_logits(random_model_di
     (grads_a, stats_a), (grads_b, stats_b) = runs.values()
     for a, b in zip(grads_a, grads_b):
         torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4)
-    assert stats_a["actor/entropy"] == pytest.approx(stats_b["actor/entropy"], rel=1e-5)
-    assert stats_a["loss/total"] == pytest.approx(stats_b["loss/total"], abs=1e-6)
+    assert stats_a.metrics["actor/entropy"] == pytest.approx(stats_b.metrics["actor/entropy"], rel=1e-5)
+    assert stats_a.metrics["loss/total"] == pytest.approx(stats_b.metrics["loss/total"], abs=1e-6)
 
 
 def test_a_model_whose_logits_are_not_its_head_is_stopped_with_one_message(random_model_dir):

@@ -103,7 +103,7 @@ def rank_step(learner, part):
     gathered from the shards themselves: a push (`named_weights`) may leave a frozen tower out."""
     from relayrl.learner.process_group import all_reduce_sum
 
-    stats = learner.update(0, learner.prepare(part))
+    stats = learner.update(0, learner.prepare(part)).metrics
     loss = all_reduce_sum(stats["loss/policy"])  # each rank's loss is its part of the global sum
     weights = {n: cast(DTensor, p).full_tensor().detach().clone() for n, p in learner.policy.model.named_parameters()}
     pushed = [name for name, _ in learner.named_weights()]  # every rank gathers each tensor, in step
@@ -144,7 +144,7 @@ def test_two_ranks_match_one_learner_on_image_rows(task, ranks, case):
     before = params(single)
     exp = image_experience(task)
     assert exp.images is not None
-    stats = single.update(0, single.prepare(exp))
+    stats = single.update(0, single.prepare(exp)).metrics
     after = params(single)
     assert loss == pytest.approx(stats["loss/policy"], rel=1e-5, abs=1e-7)
     assert grad_norm == pytest.approx(stats["actor/grad_norm"], rel=1e-5)
