@@ -196,7 +196,7 @@ def grads_of_first_step(learner, exp):
             captured.extend(p.grad.clone() for p in trainable)
 
     learner.optimizer.register_step_pre_hook(hook)
-    return captured, learner.update(exp)
+    return captured, learner.update(exp).metrics
 
 
 def tensor_bytes(tensors) -> int:

@@ -160,7 +160,7 @@ def update_child(model_dir: str, samples: int, response_tokens: int, memory: tup
     times = []
     for _ in range(repeats + 1):  # the first warms up (AdamW states are allocated there); repeats=0: it alone
         start = time.perf_counter()
-        stats = learner.update(exp)
+        stats = learner.update(exp).metrics
         times.append(time.perf_counter() - start)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     row = {
