@@ -40,7 +40,7 @@ from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import SCHEDULES
 from relayrl.sources.multi_turn import MultiTurnSource, agent_context, check_env, response_budget
-from relayrl.sources.single_turn import RolloutSource
+from relayrl.sources.single_turn import SingleTurnSource
 from relayrl.sync.buckets import resolve_wire_dtype
 from relayrl.sync.lora import resolve_lora_auto
 from relayrl.types import Prompt
@@ -111,7 +111,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     source = (
         MultiTurnSource(config, roles.engines, rewards, sampler, roles.sync, max_len)
         if config.env.multi_turn
-        else RolloutSource(config, roles.engines, rewards, sampler, roles.sync)
+        else SingleTurnSource(config, roles.engines, rewards, sampler, roles.sync)
     )
     return Trainer(
         config=config,

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # annotations only: the step calls these through their protoc
     from relayrl.metrics.timeline import Timeline
     from relayrl.rollout.protocols import EngineGroup
     from relayrl.schedules.modes import Schedule
-    from relayrl.sources.single_turn import Batch, RolloutSource
+    from relayrl.sources.base import Batch, RolloutSource
     from relayrl.sync.base import WeightSync
     from relayrl.types import Experience, Prompt, Rollout
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from relayrl.config import Config
     from relayrl.learner.result import UpdateResult
     from relayrl.metrics.timer import StepTimer
-    from relayrl.sources.single_turn import Batch
+    from relayrl.sources.base import Batch
     from relayrl.types import Experience, Rollout
 
 

@@ -1,5 +1,6 @@
-"""The multi-turn rollout source: what the schedules call when `env.fn` (or env.agent, env.tools) is set (relayrl/sources/single_turn.py is the
-single-turn one, with the same methods).
+"""The multi-turn rollout source: what the schedules call when `env.fn` (or env.agent, env.tools) is set. It implements
+the `RolloutSource` seam (relayrl/sources/base.py) from the same shared parts as the single-turn one
+(relayrl/sources/single_turn.py): prompts drawn under a lock, the step's sampling settings, skipped groups dropped.
 
 `generate` runs the step's trajectories (relayrl/sources/trajectories.py) through the run's engines and the
 environment workers, which live for the whole run; `score` turns each trajectory's combined environment
@@ -27,19 +28,28 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.algorithms.advantages import TOKEN_LEVEL
-from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
 from relayrl.data.verifiers_tasks import is_spec as is_verifiers_spec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
-from relayrl.sources.single_turn import RolloutSource
+from relayrl.rewards.service import add_counts
+from relayrl.sources.base import Batch, PromptDraws, drop_skipped_groups, step_sampling
 from relayrl.sources.trajectories import EnvTools, MultiTurnDriver
 from relayrl.sources.trajectory import MultiTurnBatch, UnknownCharacters
 from relayrl.sources.turn_requests import turn_requests
 from relayrl.types import Prompt, Rollout, Sampling, Score
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.config.env import EnvConfig
+    from relayrl.data.source import PromptSampler
+    from relayrl.rewards.service import RewardService
+    from relayrl.rollout.protocols import EngineGroup
+    from relayrl.sources.ledger import PromptLedger
+    from relayrl.sync.base import WeightSync
 
 MAIN = "main"  # the lane of `generate` and `evaluate`: the calling (training) thread
 
@@ -207,9 +217,18 @@ class Lane:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class MultiTurnSource(RolloutSource):
-    def __init__(self, config, engines, rewards, sampler, sync, max_len: int | None = None):
-        super().__init__(config, engines, rewards, sampler, sync)
+class MultiTurnSource:
+    def __init__(
+        self,
+        config: Config,
+        engines: EngineGroup,
+        rewards: RewardService | None,
+        sampler: PromptSampler,
+        sync: WeightSync,
+        max_len: int | None = None,
+    ):
+        self.config, self.engines, self.rewards, self.sync = config, engines, rewards, sync
+        self.draws = PromptDraws(sampler)
         self.max_len = max_len  # the engines' context: no turn's prompt and budget go past it
         token_level = config.algorithm.advantage in TOKEN_LEVEL  # the turns' rewards are placed, so summed
         self.env: EnvConfig = config.env.model_copy(update={"reward": "sum"}) if token_level else config.env
@@ -221,6 +240,20 @@ class MultiTurnSource(RolloutSource):
         self._server = None  # env.agent: the agents' endpoint (relayrl/agents/server.py), shared by the lanes
         self.unknown = UnknownCharacters()  # characters the tokenizer lacks: warned about once per run
         self.codec = self._lane_of(MAIN).codec  # the main lane's workers start now, as the run is built
+
+    @property
+    def version(self) -> int:
+        """The policy version the engines hold (the last one pushed)."""
+        return self.sync.version
+
+    def prompts(self, n: int, ledger: PromptLedger | None = None) -> list[Prompt]:
+        return self.draws.next(n, ledger)
+
+    def sampler_state(self, ledger: PromptLedger | None = None) -> dict:
+        return self.draws.state(ledger)
+
+    def sampling(self, step: int, round_index: int = 0) -> Sampling:
+        return step_sampling(self.config, step, round_index)
 
     def run(
         self, prompts: list[Prompt], sampling: Sampling, lane: str = MAIN, replicas: list[int] | None = None
@@ -268,6 +301,7 @@ class MultiTurnSource(RolloutSource):
         scores: list[Score | None] = list(env_scores)
         metrics = dict(batch.metrics)
         if self.with_reward_fn and rollouts:
+            assert self.rewards is not None, "a reward.fn is scored by the run's reward service"
             extra, reward_metrics = self.rewards.score(rollouts)
             metrics.update(reward_metrics)
             scores = [
@@ -278,9 +312,13 @@ class MultiTurnSource(RolloutSource):
             ]
         return scores, metrics
 
+    def score(self, rollouts: list[Rollout]) -> Batch:
+        """`score_samples`; a group with a skipped sample (reward.on_error=skip) is dropped whole."""
+        return drop_skipped_groups(rollouts, *self.score_samples(rollouts))
+
     def merge_metrics(self, total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
         """As the single-turn source for the reward's metrics; env/* and tito/* weighted by trajectories."""
-        return merge_batch_metrics(total, super().merge_metrics(total, part))
+        return merge_batch_metrics(total, add_counts(total, part))
 
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out trajectories, greedy: mean reward, success, first-turn success, turns."""

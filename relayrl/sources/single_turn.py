@@ -1,46 +1,34 @@
-"""Where the schedules get scored rollouts from: prompts, the sampling settings of a step, the engines, the
-reward service, and the policy version the engines hold. The schedules decide who waits for whom; this
-object is what they call, so they never see the trainer.
+"""The single-turn rollout source (one prompt, one response): what the schedules call when no environment is set.
 
-This is the single-turn source (one prompt, one response). A multi-turn source (environments stepping each
-trajectory, relayrl/sources/multi_turn.py) offers the same methods and returns the same `Batch`: the schedules call
-`generate` (sync), or `submit` then `finish` (one_step_off, async), never the engines themselves. Both also
-`evaluate` held-out prompts (the trainer's before/after and every `eval.every` steps) and `close`.
+It implements the `RolloutSource` seam (relayrl/sources/base.py, where the schedules' use of it is described) from
+the shared parts there: prompts drawn under a lock, the step's sampling settings, skipped groups dropped. The
+multi-turn source (relayrl/sources/multi_turn.py) is built from the same parts and returns the same `Batch`.
 """
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from relayrl.rewards.service import add_counts
-from relayrl.rollout.protocols import EngineGroup
-from relayrl.sources.ledger import PromptLedger
-from relayrl.types import Prompt, Rollout, Sampling, Score
+from relayrl.sources.base import Batch, PromptDraws, drop_skipped_groups, step_sampling
+from relayrl.types import Sampling
 
 if TYPE_CHECKING:
     from relayrl.config import Config
     from relayrl.data.source import PromptSampler
     from relayrl.rewards.service import RewardService
+    from relayrl.rollout.protocols import EngineGroup
+    from relayrl.sources.ledger import PromptLedger
     from relayrl.sync.base import WeightSync
+    from relayrl.types import Prompt, Rollout, Score
 
 
-@dataclass
-class Batch:
-    """A step's scored rollouts (prompt-major, aligned one to one) and what collecting them measured."""
-
-    rollouts: list[Rollout]
-    scores: list[Score]
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class RolloutSource:
+class SingleTurnSource:
     def __init__(
         self, config: Config, engines: EngineGroup, rewards: RewardService, sampler: PromptSampler, sync: WeightSync
     ):
-        self.config, self.engines, self.rewards, self.sampler, self.sync = config, engines, rewards, sampler, sync
-        self._sampler_lock = threading.Lock()  # the async schedule's producer threads draw concurrently
+        self.config, self.engines, self.rewards, self.sync = config, engines, rewards, sync
+        self.draws = PromptDraws(sampler)
 
     @property
     def version(self) -> int:
@@ -48,35 +36,13 @@ class RolloutSource:
         return self.sync.version
 
     def prompts(self, n: int, ledger: PromptLedger | None = None) -> list[Prompt]:
-        """The next `n` prompts; with a ledger (async), the draw is recorded in it, in draw order."""
-        with self._sampler_lock:
-            drawn = self.sampler.next_rows(n)
-            if ledger is not None:
-                ledger.drawn(drawn)
-            return [prompt for _, prompt in drawn]
+        return self.draws.next(n, ledger)
 
     def sampler_state(self, ledger: PromptLedger | None = None) -> dict:
-        """The sampler's state, with the ledger's unsettled draws to be replayed first (taken between two draws)."""
-        with self._sampler_lock:
-            state = self.sampler.state()
-            if ledger is not None and (rows := ledger.open_rows()):
-                state["replay"] = rows + state.get("replay", [])
-            return state
+        return self.draws.state(ledger)
 
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
-        """The step's sampling settings; the seed differs per step and per DAPO round."""
-        r = self.config.rollout
-        seed = (self.config.train.seed * 100_003 + step) * 64 + round_index
-        return Sampling(
-            n=r.n,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            max_tokens=r.max_tokens,
-            min_tokens=r.min_tokens,
-            stop=tuple(r.stop),
-            seed=seed,
-        )
+        return step_sampling(self.config, step, round_index)
 
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[Rollout]:
         return self.engines.generate(prompts, sampling, self.version)
@@ -94,15 +60,8 @@ class RolloutSource:
         return self.rewards.score(rollouts)
 
     def score(self, rollouts: list[Rollout]) -> Batch:
-        """Score through the reward service; a group with a skipped sample (on_error=skip) is dropped whole,
-        as group-relative advantages need every member."""
-        scores, metrics = self.score_samples(rollouts)
-        skipped = {r.prompt.id for r, s in zip(rollouts, scores) if s is None}
-        if skipped:
-            kept = [(r, s) for r, s in zip(rollouts, scores) if r.prompt.id not in skipped]
-            rollouts, scores = [r for r, _ in kept], [s for _, s in kept]
-            metrics["reward/skipped_groups"] = float(len(skipped))
-        return Batch(rollouts, cast("list[Score]", scores), metrics)  # no None is left: its group is dropped
+        """Score through the reward service; a group with a skipped sample (on_error=skip) is dropped whole."""
+        return drop_skipped_groups(rollouts, *self.score_samples(rollouts))
 
     def merge_metrics(self, total: dict[str, float], part: dict[str, float]) -> dict[str, float]:
         """The metrics of two scored parts of one batch (the async producers' chunks, DAPO's rounds) as one."""

@@ -16,7 +16,7 @@ from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.schedules.buffer import Group, RolloutBuffer
 from relayrl.schedules.modes import AsyncSchedule, PartialState
 from relayrl.sources.ledger import PromptLedger
-from relayrl.sources.single_turn import RolloutSource
+from relayrl.sources.single_turn import SingleTurnSource
 from relayrl.types import Prompt, Rollout
 
 STEPS, GROUPS = 5, 2
@@ -41,7 +41,7 @@ def build(model_dir, sampler_state=None, version=0, **train):
     if sampler_state is not None:
         sampler.load_state(sampler_state)
     sync = SimpleNamespace(version=version)
-    source = RolloutSource(config, engine, build_reward_service(config.reward), sampler, sync)
+    source = SingleTurnSource(config, engine, build_reward_service(config.reward), sampler, sync)
     return AsyncSchedule(source, config), sync
 
 

@@ -13,7 +13,7 @@ from relayrl.rewards.service import build_reward_service
 from relayrl.rollout.build import build_engine
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.schedules.modes import OneStepOff, SyncSchedule
-from relayrl.sources.single_turn import RolloutSource
+from relayrl.sources.single_turn import SingleTurnSource
 from relayrl.types import Prompt
 
 
@@ -33,7 +33,7 @@ def build(model_dir, schedule: str):
     prompts = [Prompt(str(i), t, tokenizer(t)["input_ids"], columns={"answer": "0"}) for i, t in enumerate(texts)]
     engine = LocalEngineGroup(build_engine("hf", str(model_dir), max_model_len=32, seed=0))
     sampler = PromptSampler(prompts, seed=0, shuffle=True)
-    source = RolloutSource(config, engine, build_reward_service(config.reward), sampler, SimpleNamespace(version=0))
+    source = SingleTurnSource(config, engine, build_reward_service(config.reward), sampler, SimpleNamespace(version=0))
     return source, config
 
 
@@ -46,12 +46,12 @@ def test_a_one_step_off_checkpoint_saves_the_sampler_before_the_batch_in_flight(
     schedule = OneStepOff(source, config)
     first = schedule.batch(0, StepTimer())  # step 1's batch is drawn and in flight now
     saved = schedule.sampler_state()
-    assert saved != source.sampler.state()  # the live sampler is past the batch in flight
+    assert saved != source.sampler_state()  # the live sampler is past the batch in flight
     in_flight = trained_prompts(schedule.batch(1, StepTimer()))  # what the uninterrupted run trains at step 1
     schedule.close()
 
     resumed_source, _ = build(random_model_dir, "one_step_off")
-    resumed_source.sampler.load_state(saved)  # a run resumed from the checkpoint of step 0
+    resumed_source.draws.sampler.load_state(saved)  # a run resumed from the checkpoint of step 0
     resumed = OneStepOff(resumed_source, config)
     assert trained_prompts(resumed.batch(1, StepTimer())) == in_flight  # nothing skipped
     assert set(trained_prompts(first)).isdisjoint(in_flight)
@@ -62,8 +62,8 @@ def test_after_the_last_step_and_under_sync_the_sampler_state_is_the_live_one(ra
     source, config = build(random_model_dir, "sync")
     schedule = SyncSchedule(source, config)
     schedule.batch(0, StepTimer())
-    assert schedule.sampler_state() == source.sampler.state()
+    assert schedule.sampler_state() == source.sampler_state()
     source, config = build(random_model_dir, "one_step_off")
     last = OneStepOff(source, config)
     last.batch(config.train.steps - 1, StepTimer())  # nothing is submitted after the last step
-    assert last.pending is None and last.sampler_state() == source.sampler.state()
+    assert last.pending is None and last.sampler_state() == source.sampler_state()

@@ -10,7 +10,7 @@ from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.schedules.modes import OneStepOff, SyncSchedule
-from relayrl.sources.single_turn import RolloutSource
+from relayrl.sources.single_turn import SingleTurnSource
 from relayrl.sync.inprocess import InProcessSync
 from relayrl.types import Prompt, Rollout, Score
 
@@ -59,7 +59,7 @@ def source_and_config(**dapo):
     )
     prompts = [Prompt(f"p{i}", f"{i}+1=", [1, 2, 3]) for i in range(8)]
     engines = LocalEngineGroup(FakeEngine())
-    source = RolloutSource(config, engines, Rewards(), PromptSampler(prompts, 0, False), InProcessSync())
+    source = SingleTurnSource(config, engines, Rewards(), PromptSampler(prompts, 0, False), InProcessSync())
     return source, config
 
 

@@ -14,7 +14,7 @@ from relayrl.learner.result import UpdateResult
 from relayrl.metrics.timer import StepTimer
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rollout.sleep import resolve_sleep
-from relayrl.sources.single_turn import Batch
+from relayrl.sources.base import Batch
 
 
 class Recorder:
