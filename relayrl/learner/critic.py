@@ -13,12 +13,11 @@ sits on the language model's hidden size, and `model.freeze_vision` freezes its 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from relayrl.config import Config
 from relayrl.learner import malloc
 from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher
@@ -26,7 +25,11 @@ from relayrl.learner.layout import image_inputs
 from relayrl.learner.optim import build_optimizer
 from relayrl.models.loading import check_model_dir
 from relayrl.models.vision import freeze_vision
-from relayrl.types import Experience, filled
+from relayrl.types import filled
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.types import Experience
 
 
 class ValueModel(nn.Module):

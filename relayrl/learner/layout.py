@@ -14,13 +14,16 @@ one message naming the setting to change instead of training on them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from relayrl.errors import ConfigError
 from relayrl.learner.packing import pack_groups, packed_positions, packing_pays, padded_positions
 from relayrl.learner.token_stats import head_stats, logits_stats, output_head
-from relayrl.types import Experience
+
+if TYPE_CHECKING:
+    from relayrl.types import Experience
 
 PACKABLE_ATTENTION = ("sdpa", "eager", "flex_attention")  # implementations that take a custom mask as it is
 # max |log-prob difference| vs the plain forward. Half precision: bf16 logits of magnitude ~10 round to ~0.06, so

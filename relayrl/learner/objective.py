@@ -8,14 +8,18 @@ changes the loss; it returns metric *sums* that the learner turns into per-token
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import torch
 
 from relayrl.algorithms.correction import sequence_ratio_mask, sequence_tis, token_ratio_mask, token_tis
 from relayrl.algorithms.kl import AdaptiveKLController, FixedKLController, kl_in_reward
 from relayrl.algorithms.losses import POLICY_LOSSES, entropy_bonus, kl_penalty, mini_batch_normaliser
-from relayrl.config import AlgorithmConfig
-from relayrl.types import Experience, filled
+from relayrl.types import filled
+
+if TYPE_CHECKING:
+    from relayrl.config import AlgorithmConfig
+    from relayrl.types import Experience
 
 
 class Objective:

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import itertools
 import threading
+from typing import TYPE_CHECKING
 
-from relayrl.types import Prompt
+if TYPE_CHECKING:
+    from relayrl.types import Prompt
 
 
 class PromptLedger:

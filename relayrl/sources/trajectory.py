@@ -7,12 +7,14 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.data.source import shown_characters, unknown_characters
 from relayrl.errors import DataWarning
-from relayrl.sources.turn_requests import TurnOutput
-from relayrl.types import Prompt, Rollout
+
+if TYPE_CHECKING:
+    from relayrl.sources.turn_requests import TurnOutput
+    from relayrl.types import Prompt, Rollout
 
 
 @dataclass

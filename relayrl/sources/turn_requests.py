@@ -21,10 +21,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from relayrl.rollout.protocols import EngineGroup
 from relayrl.rollout.seeds import turn_seed
 from relayrl.types import Prompt, Sampling
+
+if TYPE_CHECKING:
+    from relayrl.rollout.protocols import EngineGroup
 
 
 @dataclass
