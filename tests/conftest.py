@@ -34,13 +34,18 @@ def random_model_dir(tmp_path_factory, toy_task):
 
 @pytest.fixture(scope="session")
 def warm_model_dir(tmp_path_factory, toy_task):
-    """The demo's sloppy-teacher warm start, trained briefly (a few epochs of the toy SFT set)."""
+    """The demo's sloppy-teacher warm start, trained briefly (a few epochs of the toy SFT set): built once per
+    content hash of relayrl's sources and kept across suites (tests/artifact_cache.py). Read it; never write into it."""
     from relayrl.learner.sft import SFTSettings, run_sft
+    from tests.artifact_cache import cached
 
-    out = tmp_path_factory.mktemp("warm_model")
-    return run_sft(
-        toy_task["sft"], out, init="tiny", settings=SFTSettings(epochs=4.0, batch_size=128), log=lambda *_: None
-    )
+    settings = SFTSettings(epochs=4.0, batch_size=128)
+    recipe = {"toy_seed": 0, "init": "tiny", "settings": repr(settings)}
+
+    def build(out):
+        assert run_sft(toy_task["sft"], out, init="tiny", settings=settings, log=lambda *_: None) == out
+
+    return cached("warm_model", recipe, build, tmp_path_factory.mktemp("warm_model"))
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +69,7 @@ def straight_sync_run(tmp_path_factory, warm_model_dir, toy_task):
     them runs; read the run, copy it before changing it)."""
     from types import SimpleNamespace
 
-    from benchmarks.learning_cases import run_cli, write_config
+    from benchmarks.learning_cases import run_in_process, write_config
 
     settings = [
         "train.steps=6",
@@ -77,6 +82,6 @@ def straight_sync_run(tmp_path_factory, warm_model_dir, toy_task):
     ]
     root = tmp_path_factory.mktemp("straight")
     config = write_config(root / "straight.yaml", warm_model_dir, toy_task, root / "run", "vllm")
-    result = run_cli("train", str(config), *settings)
+    result = run_in_process("train", str(config), *settings)
     assert result.returncode == 0, result.stderr[-3000:]
     return SimpleNamespace(dir=root / "run", config=config, settings=settings)
