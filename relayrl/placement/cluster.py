@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 
 from relayrl.config import Config, PlacementConfig, effective_transport
@@ -146,6 +147,22 @@ def start_ray(placement: PlacementConfig) -> None:
 
 
 _head = None  # the head this driver started, if any
+
+
+def leave_ray() -> None:
+    """Disconnect this process from Ray and end the head it started, if any: for a process that runs several
+    runs one after another (the test suite) and must not carry one run's cluster into the next. A no-op where Ray
+    was never imported."""
+    global _head
+    if "ray" not in sys.modules:
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    if _head is not None:
+        _head.stop()
+        _head = None
 
 
 def reserve(config: Config):

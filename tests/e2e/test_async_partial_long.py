@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from benchmarks.learning_cases import run_cli, write_config
+from benchmarks.learning_cases import run_in_process, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ STEPS = 12
 def test_partial_rollouts_with_drop_do_not_stall(tmp_path, random_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", random_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli(
+    result = run_in_process(
         "train",
         str(config),
         "placement.mode=ray",

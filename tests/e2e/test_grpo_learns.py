@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.learning_cases import CASES, gain, run_cli, write_config
+from benchmarks.learning_cases import CASES, gain, run_in_process, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -21,7 +21,7 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_t
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, engine)
     case = CASES[f"grpo_{engine}"]
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_in_process("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
 
     scores = json.loads((run_dir / "eval.json").read_text())
@@ -56,7 +56,7 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_t
 
 
 def test_eval_command_scores_a_saved_model(warm_model_dir, toy_task):
-    result = run_cli(
+    result = run_in_process(
         "eval",
         "--model",
         str(warm_model_dir),
@@ -77,7 +77,7 @@ def test_other_estimators_raise_held_out_accuracy(tmp_path, warm_model_dir, toy_
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES[name]
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_in_process("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     print(name, scores)
@@ -88,7 +88,7 @@ def test_ppo_with_a_critic_raises_held_out_accuracy(tmp_path, warm_model_dir, to
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["gae"]
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_in_process("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     print("gae", scores)
@@ -102,7 +102,7 @@ def test_dapo_recipe_filters_flat_groups_and_learns(tmp_path, warm_model_dir, to
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["dapo"]
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_in_process("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     print("dapo", scores)

@@ -80,13 +80,19 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
 
     ranks = start_learner_ranks(config(random_model_dir, 2), ray_group, [Slot("learner", 0, 2.0, 2, "0,1")])
     exp = experience()
-    stats = ranks.update(0, ranks.prepare(exp))
+    result = ranks.update(0, ranks.prepare(exp), 10)  # a step logging its first 10 rows: 8 of rank 0's, 2 of rank 1's
     single = LearnerRole(config(random_model_dir, 1))
     before = {n: p.detach().clone() for n, p in single.policy.model.named_parameters()}
-    expected = single.update(0, single.prepare(experience()))
+    expected = single.update(0, single.prepare(experience()), 10)
     after = {n: p.detach() for n, p in single.policy.model.named_parameters()}
-    assert stats["loss/policy"] == pytest.approx(expected["loss/policy"], rel=1e-5, abs=1e-7)
-    assert stats["actor/grad_norm"] == pytest.approx(expected["actor/grad_norm"], rel=1e-5)
+    stats = result.metrics
+    assert stats["loss/policy"] == pytest.approx(expected.metrics["loss/policy"], rel=1e-5, abs=1e-7)
+    assert stats["actor/grad_norm"] == pytest.approx(expected.metrics["actor/grad_norm"], rel=1e-5)
+    assert result.sample_logprobs is not None and expected.sample_logprobs is not None
+    assert len(result.sample_logprobs) == len(expected.sample_logprobs) == 10  # the ranks' shares, in batch order
+    for row, (got, want) in enumerate(zip(result.sample_logprobs, expected.sample_logprobs)):
+        trained = exp.loss_mask[row].nonzero().flatten().tolist()
+        assert [got[c] for c in trained] == pytest.approx([want[c] for c in trained], abs=1e-4)
 
     layout = ranks.weight_layout(0.02, "fp32")
     ranks.open_sender("object_store", layout, True, 60.0, "", None)

@@ -97,8 +97,8 @@ def test_roles_on_two_nodes_sync_across_them_and_a_hung_rank_is_named(cluster, r
         assert [node_of(actor) for actor in learner.actors] == [head, head]
         assert node_of(engine._actor) == other
         for step, transport in enumerate(["broadcast", "object_store", "disk"]):
-            stats = learner.update(step, learner.prepare(experience(seed=step)))  # new weights for the push to carry
-            assert stats["actor/grad_norm"] > 0
+            result = learner.update(step, learner.prepare(experience(seed=step)))  # new weights for the push to carry
+            assert result.metrics["actor/grad_norm"] > 0
             sync = roles.sync  # broadcast's group was formed by build_ray_roles, at the learner's node IP
             if transport != "broadcast":
                 options = cfg.sync.model_copy(update={"transport": transport, "directory": str(tmp_path / "w")})

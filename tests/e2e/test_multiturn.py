@@ -43,7 +43,7 @@ def test_overlapped_schedules_train_on_trajectories(tmp_path, random_model_dir, 
     A run is mostly Ray's and the engine actor's start, so only async runs here: one_step_off passes this test
     too (add it to the list); both are checked token by token, with a push landing mid-trajectory, in
     tests/unit/test_env_schedules.py."""
-    from benchmarks.learning_cases import run_cli
+    from benchmarks.learning_cases import run_in_process
 
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(4) for b in range(4)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -58,7 +58,7 @@ def test_overlapped_schedules_train_on_trajectories(tmp_path, random_model_dir, 
         "log": {"dir": str(tmp_path / "run"), "progress": False, "save_model": False, "samples": {"every": 1}},
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
-    result = run_cli("train", str(tmp_path / "config.yaml"))
+    result = run_in_process("train", str(tmp_path / "config.yaml"))
     assert result.returncode == 0, result.stderr[-3000:]
     run = tmp_path / "run"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from benchmarks.learning_cases import CASES, gain, run_cli, write_config
+from benchmarks.learning_cases import CASES, gain, run_in_process, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_a_retry_environment_run_raises_held_out_success(tmp_path, warm_model_di
     run_dir = tmp_path / "run"
     case = CASES["multiturn_retry"]
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, case.engine)
-    result = run_cli("train", str(config), *case.overrides)
+    result = run_in_process("train", str(config), *case.overrides)
     assert result.returncode == 0, result.stderr[-3000:]
 
     scores = json.loads((run_dir / "eval.json").read_text())

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from benchmarks.learning_cases import CASES, gain, run_cli, write_config
+from benchmarks.learning_cases import CASES, gain, run_cli, run_in_process, write_config
 from relayrl.placement.reaper import session_processes
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_d
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["ray_shm"]
-    result = run_cli("train", str(config), *case.overrides, f"placement.address={ray_address}")
+    result = run_in_process("train", str(config), *case.overrides, f"placement.address={ray_address}")
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     assert gain(scores) >= case.min_gain, (scores, case.spread)
@@ -77,7 +77,7 @@ def test_disaggregated_run_learns_with_shared_memory_sync(tmp_path, warm_model_d
 def test_every_replica_gets_every_push(tmp_path, warm_model_dir, toy_task, transport, extra, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli(
+    result = run_in_process(
         "train",
         str(config),
         *RAY,

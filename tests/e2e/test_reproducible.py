@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from benchmarks.learning_cases import AGENT, run_cli
+from benchmarks.learning_cases import AGENT, run_in_process
 from relayrl.api import train
 
 VOLATILE = ("time/", "time_frac/", "throughput/", "sync/GBps", "sync/send_s", "sync/receive_s")
@@ -50,8 +50,8 @@ def run(tmp_path, model_dir, name: str, case: dict, ray_address: str) -> tuple[l
     if "placement" in case:
         config["placement"] = {**case["placement"], "address": ray_address}
     (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
-    if "placement" in case:  # through the CLI, as the other Ray tests: the test process never joins Ray itself
-        done = run_cli("train", str(tmp_path / f"{name}.yaml"))
+    if "placement" in case:  # through the CLI's main, which leaves Ray after the run (run_in_process)
+        done = run_in_process("train", str(tmp_path / f"{name}.yaml"))
         assert done.returncode == 0, done.stderr[-3000:]
     else:
         train(str(tmp_path / f"{name}.yaml"))

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from benchmarks.learning_cases import AGENT_RETRY, run_cli, write_config
+from benchmarks.learning_cases import AGENT_RETRY, run_in_process, write_config
 from tests.e2e.test_reproducible import without_gaps
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_ta
     config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, killed, "vllm")
     kill_after_checkpoint(config, settings, killed, "step_000003")  # somewhere in step 4 (or writing its metrics)
 
-    resumed = run_cli("train", str(config), *settings, "--resume", str(killed))
+    resumed = run_in_process("train", str(config), *settings, "--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
     assert [r["step"] for r in metric_rows(killed)] == list(range(6))
@@ -97,7 +97,7 @@ def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_wo
         *("log.samples.every=1", f"log.samples.max_per_step={groups * n}"),
     ]
     kill_after_checkpoint(config, settings, run_dir, "step_000001")
-    resumed = run_cli("train", str(config), *settings, "--resume", str(run_dir))
+    resumed = run_in_process("train", str(config), *settings, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stdout
 
@@ -119,7 +119,7 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, straight_
     newest = run_dir / "checkpoints" / "step_000005" / "trainer_state.pt"
     newest.write_bytes(newest.read_bytes()[:100])  # a torn write
     config, settings = straight_sync_run.config, straight_sync_run.settings
-    resumed = run_cli("train", str(config), *settings, "--resume", str(run_dir))
+    resumed = run_in_process("train", str(config), *settings, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "step_000005 is unusable (trainer_state.pt does not match its checksum)" in resumed.stdout
     assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
@@ -129,7 +129,7 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, straight_
 
 def test_resume_without_checkpoints_is_a_clear_error(tmp_path, warm_model_dir, toy_task):
     config = write_config(tmp_path / "d.yaml", warm_model_dir, toy_task, tmp_path / "run", "vllm")
-    result = run_cli("train", str(config), "--resume", str(tmp_path / "nothing"))
+    result = run_in_process("train", str(config), "--resume", str(tmp_path / "nothing"))
     assert result.returncode == 2 and "no usable checkpoint" in result.stderr
 
 
@@ -146,10 +146,10 @@ def test_a_killed_agent_run_resumes_to_the_same_metrics_and_samples(tmp_path, wa
         runs[name] = tmp_path / name
         config = write_config(tmp_path / f"{name}.yaml", warm_model_dir, toy_task, runs[name], "hf")
         if name == "straight":
-            done = run_cli("train", str(config), *settings)
+            done = run_in_process("train", str(config), *settings)
         else:
             kill_after_checkpoint(config, settings, runs[name], "step_000001")  # somewhere in step 2
-            done = run_cli("train", str(config), *settings, "--resume", str(runs[name]))
+            done = run_in_process("train", str(config), *settings, "--resume", str(runs[name]))
             assert "resuming from" in done.stdout and "step_000001" in done.stdout
         assert done.returncode == 0, done.stderr[-3000:]
     assert_same_metrics(metric_rows(runs["straight"]), metric_rows(runs["killed"]))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.learning_cases import CASES, gain, run_cli, write_config
+from benchmarks.learning_cases import CASES, gain, run_in_process, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ def rows(run_dir):
 def test_one_step_off_samples_are_one_version_old(tmp_path, warm_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli(
+    result = run_in_process(
         "train",
         str(config),
         *RAY,
@@ -45,7 +45,7 @@ def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     case = CASES["async_wait"]
-    result = run_cli("train", str(config), *case.overrides, f"placement.address={ray_address}")
+    result = run_in_process("train", str(config), *case.overrides, f"placement.address={ray_address}")
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = rows(run_dir)
     assert len(metrics) == 14
@@ -58,7 +58,7 @@ def test_short_async_run_learns_within_the_staleness_bound(tmp_path, warm_model_
 def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli(
+    result = run_in_process(
         "train",
         str(config),
         *RAY,
@@ -81,7 +81,7 @@ def test_async_drop_keeps_every_sample_within_the_staleness_bound(tmp_path, warm
 def test_async_partial_rollouts_carry_responses_across_versions(tmp_path, warm_model_dir, toy_task, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    result = run_cli(
+    result = run_in_process(
         "train",
         str(config),
         *RAY,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.learning_cases import gain, run_cli
+from benchmarks.learning_cases import gain, run_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +39,7 @@ def prepare(out: Path):
 
 def test_grpo_on_pictures_raises_held_out_counting_accuracy(tmp_path):
     prepare(tmp_path)
-    sft = run_cli(
+    sft = run_in_process(
         "sft",
         "--model",
         str(tmp_path / "init"),
@@ -59,7 +59,7 @@ def test_grpo_on_pictures_raises_held_out_counting_accuracy(tmp_path):
         f"log.dir={run_dir}",
         "log.progress=false",
     ]
-    result = run_cli("train", str(EXAMPLE / "config.yaml"), *overrides)
+    result = run_in_process("train", str(EXAMPLE / "config.yaml"), *overrides)
     assert result.returncode == 0, result.stderr[-3000:]
     scores = json.loads((run_dir / "eval.json").read_text())
     print(scores)
@@ -68,6 +68,6 @@ def test_grpo_on_pictures_raises_held_out_counting_accuracy(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 15 and max(r["mismatch/logprob_abs_max"] for r in rows) < 1e-3
 
-    assert run_cli("report", str(run_dir)).returncode == 0
+    assert run_in_process("report", str(run_dir)).returncode == 0
     page = (run_dir / "report/index.html").read_text()
     assert 'class="sample-image"' in page
