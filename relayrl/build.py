@@ -12,10 +12,12 @@ relayrl/controller.py; `train` is a whole run: build, resume from a checkpoint, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,7 +29,7 @@ from relayrl.controller import Trainer
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError, RoleFailure
 from relayrl.metrics.timeline import Timeline
-from relayrl.models.loading import check_model_dir, context_length, load_tokenizer, pad_token_id
+from relayrl.models.loading import check_model_dir, load_tokenizer, pad_token_id
 from relayrl.placement import build_roles
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rewards import load_reward
@@ -39,11 +41,17 @@ from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import SCHEDULES
-from relayrl.sources.multi_turn import MultiTurnSource, agent_context, check_env, response_budget
+from relayrl.sources.context import context_budget
+from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.sources.single_turn import SingleTurnSource
 from relayrl.sync.buckets import resolve_wire_dtype
 from relayrl.sync.lora import resolve_lora_auto
 from relayrl.types import Prompt
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from relayrl.sources.base import RolloutSource
 
 Prompts = list[Prompt] | PromptTable  # a file's prompts: read now (small), or each row when drawn (large)
 
@@ -97,10 +105,8 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
     longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
-    check_env(config, longest)  # env.fn or env.agent: multi-turn rollouts, a whole trajectory in the context
-    max_len = longest + response_budget(config)
-    check_context(config, max_len)
-    max_len = agent_context(config, max_len)  # env.agent: the agent renders its own prompts (tools, system turns)
+    check_env(config)  # env.fn or env.agent: multi-turn rollouts
+    max_len = context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)
     run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
@@ -167,16 +173,6 @@ def load_data(config: Config, tokenizer) -> tuple[Prompts, list[Prompt], dict[st
     return prompts, eval_prompts, data_metrics
 
 
-def check_context(config: Config, max_len: int) -> None:
-    limit = context_length(config.model.path)
-    if limit is not None and max_len > limit:
-        raise ConfigError(
-            f"the longest prompt plus rollout.max_tokens={config.rollout.max_tokens} is {max_len} "
-            f"tokens, over the model's context of {limit}: lower data.max_prompt_tokens="
-            f"{config.data.max_prompt_tokens} or rollout.max_tokens"
-        )
-
-
 def train(config: Config, resume: str | None = None, overwrite: bool = False) -> dict[str, dict[str, float]]:
     """Run training into `log.dir`; with `resume`, continue the run in that directory from its newest intact
     checkpoint; with `overwrite`, replace a run already in `log.dir`. SIGTERM/SIGINT raise `Interrupted`
@@ -219,3 +215,39 @@ def with_resume_hint(message: str, run_dir: str) -> str:
         return message
     command = shlex.join(["relayrl", "train", str(Path(run_dir) / "config.yaml"), "--resume", str(run_dir)])
     return f"{message}\nresume with: {command}"
+
+
+def build_evaluation(config: Config, prompts: list[Prompt]) -> tuple[RolloutSource, Callable[[], None]]:
+    """What `relayrl eval` runs on `prompts`: one local engine holding model.path, the reward service, and the rollout
+    source training builds on them (single- or multi-turn), with the function that closes them; no learner, no run
+    directory, no weights pushed (the engine's policy version stays 0). The config is resolved first."""
+    from relayrl.rollout.build import engine_from_config
+    from relayrl.rollout.local_group import LocalEngineGroup
+
+    resolve(config)
+    check_env(config)
+    r, data = config.rollout, config.data
+    max_len = context_budget(longest_prompt_tokens(prompts), r, config.env, config.model.path, data.max_prompt_tokens)
+    rewards = build_reward_service(config.reward)  # before the engine: a spec that cannot load fails first
+    try:
+        engines, sampler = LocalEngineGroup(engine_from_config(config, max_len)), PromptSampler(prompts, 0, False)
+        source: RolloutSource = (
+            MultiTurnSource(config, engines, rewards, sampler, _AsLoaded(), max_len)
+            if config.env.multi_turn
+            else SingleTurnSource(config, engines, rewards, sampler, _AsLoaded())
+        )
+    except BaseException:
+        rewards.close()
+        raise
+    return source, functools.partial(_close, source, rewards)
+
+
+@dataclasses.dataclass
+class _AsLoaded:
+    """An evaluation's weight sync: the engine keeps the weights it loaded (version 0); nothing is pushed."""
+
+    version: int = 0
+    last: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def push(self, learner: Any, engines: Any, version: int | None = None) -> int:
+        raise RuntimeError("an evaluation pushes no weights")

@@ -10,10 +10,14 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from relayrl.errors import ConfigError, ModelError, RelayWarning
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 def check_model_dir(path: str | Path, key: str = "model.path") -> Path:
@@ -57,12 +61,12 @@ def warn_two_chat_templates(path: str | Path, tokenizer) -> None:
     )
 
 
-def is_vision_language(config) -> bool:
+def is_vision_language(config: PretrainedConfig) -> bool:
     """A config with a vision tower (Idefics3, Qwen2-VL, LLaVA ...): loaded as an image-text-to-text model."""
     return getattr(config, "vision_config", None) is not None
 
 
-def model_class(config):
+def model_class(config: PretrainedConfig) -> type:
     """The transformers auto class that builds this config's generating model, with its LM head."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import ModelError
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 SHAPE_FLAGS = {"params", "layers", "hidden", "kv_heads", "head_dim", "vocab"}  # enough for a plan without config.json
@@ -81,7 +84,7 @@ def count_params(cfg) -> int:
     return v * h + cfg.num_hidden_layers * (attention + mlp + norms) + h + head  # + h: the final norm
 
 
-def shape_from_config(cfg) -> ModelShape:
+def shape_from_config(cfg: PretrainedConfig) -> ModelShape:
     """A text-only model's shape by the Llama-family arithmetic; a vision-language model's by its meta build."""
     if is_vision_language(cfg):
         return vision_language_shape(cfg)
@@ -121,7 +124,7 @@ def load_shape(model_path: str, **flags: float | None) -> ModelShape:
     return replace(shape_from_config(AutoConfig.from_pretrained(model_path)), **given)
 
 
-def is_vision_language(cfg) -> bool:
+def is_vision_language(cfg: PretrainedConfig) -> bool:
     return getattr(cfg, "vision_config", None) is not None and getattr(cfg, "text_config", None) is not None
 
 
@@ -139,7 +142,7 @@ class VisionLanguageParams:
         return self.tower + self.connector + self.text
 
 
-def vision_language_shape(cfg) -> ModelShape:
+def vision_language_shape(cfg: PretrainedConfig) -> ModelShape:
     parts = count_vision_language_params(cfg)
     tokens, patches, merge = image_geometry(cfg)
     return replace(
@@ -153,7 +156,7 @@ def vision_language_shape(cfg) -> ModelShape:
     )
 
 
-def count_vision_language_params(cfg) -> VisionLanguageParams:
+def count_vision_language_params(cfg: PretrainedConfig) -> VisionLanguageParams:
     """Count the model built on the meta device by part: the tower, the language model with its LM head, and
     the rest (the connector)."""
     from relayrl.models.vision import vision_tower
@@ -233,14 +236,3 @@ def _kv_heads(cfg) -> int:
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
-def micro_batch_rows(config) -> int:
-    """Rows of one micro-batch as the planner sizes activations: `train.micro_batch`, or with
-    `train.micro_batch_tokens` the longest sequences the limits allow that fit in the budget (at least one:
-    a sequence over the budget gets a micro-batch of its own)."""
-    budget = config.train.micro_batch_tokens
-    if budget is None:
-        return min(config.train.micro_batch, config.mini_batch)
-    longest = config.data.max_prompt_tokens + config.rollout.max_tokens
-    return max(1, min(config.mini_batch, budget // longest))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from relayrl.config import Config
 from relayrl.errors import ConfigError
-from relayrl.models.shape import ModelShape, micro_batch_rows
+from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak
 from relayrl.planner.vision import frozen_bytes, frozen_tower
@@ -359,3 +359,14 @@ def smallest_ranks(memory: Memory, work: Workload, hardware: Hardware, most: int
         if memory.states / ranks + memory.activations + memory.logits <= per_device:
             return ranks
     return None
+
+
+def micro_batch_rows(config: Config) -> int:
+    """Rows of one micro-batch as the planner sizes activations: `train.micro_batch`, or with
+    `train.micro_batch_tokens` the longest sequences the limits allow that fit in the budget (at least one:
+    a sequence over the budget gets a micro-batch of its own)."""
+    budget = config.train.micro_batch_tokens
+    if budget is None:
+        return min(config.train.micro_batch, config.mini_batch)
+    longest = config.data.max_prompt_tokens + config.rollout.max_tokens
+    return max(1, min(config.mini_batch, budget // longest))

@@ -54,24 +54,6 @@ if TYPE_CHECKING:
 MAIN = "main"  # the lane of `generate` and `evaluate`: the calling (training) thread
 
 
-def response_budget(config) -> int:
-    """Tokens after the first prompt that the engines' context must hold."""
-    env = config.env
-    return max(config.rollout.max_tokens, env.max_total_tokens) if env.multi_turn else config.rollout.max_tokens
-
-
-def agent_context(config, max_len: int) -> int:
-    """The engines' context: `max_len` (the longest data prompt plus the trajectory budget), or under env.agent (or
-    env.tools) the
-    model's whole context when it states one: an agent renders its own prompts (a tools block, a system turn), so
-    a call's prompt may be longer than the data's. The driver keeps every call within it."""
-    if agent_of(config.env) is None and not config.env.tools:  # env.tools: the tools block is in every prompt
-        return max_len
-    from relayrl.models.loading import context_length
-
-    return max(max_len, context_length(config.model.path) or max_len)
-
-
 def is_trl_spec(fn: str) -> bool:
     return fn.startswith("trl:")
 
@@ -90,9 +72,9 @@ def agent_of(env: EnvConfig) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def check_env(config, longest_prompt: int | None = None) -> None:
-    """A run's env.* settings that cannot work, found before anything is built or written; with the longest
-    prompt's tokens, also whether a whole trajectory fits the model's context."""
+def check_env(config: Config) -> None:
+    """A run's env.* settings that cannot work, found before anything is built or written (whether a whole
+    trajectory fits the model's context: relayrl/sources/context.py)."""
     if not config.env.multi_turn:
         return
     spec = f"env.agent={config.env.agent!r}" if config.env.agent else f"env.fn={config.env.env_class!r}"
@@ -129,40 +111,24 @@ def check_env(config, longest_prompt: int | None = None) -> None:
 
         env_class = load_env_class(config.env.env_class)
         if config.env.tools:
-            env_tools(config, env_class)
-    if longest_prompt is not None:
-        check_env_context(config, longest_prompt)
+            env_tools(config.env, env_class, config.data.chat_template, model_path=config.model.path)
 
 
-def env_tools(config, env_class, tokenizer=None) -> EnvTools:
+def env_tools(
+    env: EnvConfig, env_class: Any, chat_template: bool, tokenizer: Any = None, model_path: str = ""
+) -> EnvTools:
     """env.tools' schemas and the parser that reads the turns (relayrl/envs/tools.py), checked: every tool, the
-    chat template's `tools=`, the parser's name."""
+    chat template's `tools=` (data.chat_template), the parser's name; the tokenizer loaded from `model_path` when
+    none is given, once the tools are known good."""
     from relayrl.envs.tools import parser_for, tool_schemas
     from relayrl.models.loading import load_tokenizer
     from relayrl.rollout.tool_calls import TurnParser, check_parsers
 
-    env = config.env
     schemas = tool_schemas(env.tools, env_class)
-    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model.path)
-    name = parser_for(env.tool_parser, tokenizer, config.data.chat_template, schemas)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_path)
+    name = parser_for(env.tool_parser, tokenizer, chat_template, schemas)
     check_parsers(name, env.reasoning_parser)
     return EnvTools(schemas, TurnParser(tokenizer, name, env.reasoning_parser))
-
-
-def check_env_context(config, longest_prompt: int) -> None:
-    """The first prompt plus env.max_total_tokens must fit the model's context (the engines are built with
-    exactly that max_model_len), else a trajectory fails on its last turn instead of at start."""
-    from relayrl.models.loading import context_length
-
-    limit = context_length(config.model.path)
-    total = longest_prompt + config.env.max_total_tokens
-    if limit is not None and total > limit:
-        raise ConfigError(
-            f"the longest prompt ({longest_prompt} tokens; data.max_prompt_tokens={config.data.max_prompt_tokens}) "
-            f"plus env.max_total_tokens={config.env.max_total_tokens} is {total} tokens, over the model's context "
-            f"of {limit} (max_position_embeddings of model.path={config.model.path}): lower env.max_total_tokens "
-            "or data.max_prompt_tokens"
-        )
 
 
 # How two batches' metrics (MultiTurnDriver._metrics) make one batch's: the async producers' chunks, DAPO's rounds.
@@ -344,7 +310,9 @@ class MultiTurnSource:
                 if self.env.tools:
                     from relayrl.envs.base import load_env_class
 
-                    tools = env_tools(self.config, load_env_class(self.env.env_class), codec.tokenizer)
+                    tools = env_tools(
+                        self.env, load_env_class(self.env.env_class), self.config.data.chat_template, codec.tokenizer
+                    )
                 self._lanes[name] = Lane(self._pool(codec.tokenizer), codec, tools=tools)
             return self._lanes[name]
 

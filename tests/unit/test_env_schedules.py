@@ -18,6 +18,7 @@ from relayrl.errors import ConfigError
 from relayrl.metrics.timer import StepTimer
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.schedules.modes import AsyncSchedule, OneStepOff, split_groups
+from relayrl.sources.context import context_budget
 from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.types import Prompt, Rollout
 
@@ -139,9 +140,14 @@ def test_async_producers_run_trajectories_and_the_buffer_bounds_them_by_their_ol
 
 def test_env_settings_checked_at_start(random_model_dir):
     base = {"model": {"path": str(random_model_dir)}, "env": {"fn": "retry", "max_total_tokens": 250}}
-    check_env(Config.model_validate(base), longest_prompt=6)  # 256 positions hold 6 + 250
+
+    def budget(config: Config, longest: int) -> int:
+        check_env(config)
+        return context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
+
+    assert budget(Config.model_validate(base), 6) == 256  # 256 positions hold 6 + 250
     with pytest.raises(ConfigError) as error:
-        check_env(Config.model_validate({**base, "data": {"max_prompt_tokens": 16}}), longest_prompt=7)
+        budget(Config.model_validate({**base, "data": {"max_prompt_tokens": 16}}), 7)
     assert "env.max_total_tokens=250" in str(error.value) and "data.max_prompt_tokens=16" in str(error.value)
     assert "257 tokens, over the model's context of 256" in str(error.value)
     partial = {**base, "placement": {"mode": "ray"}}

@@ -80,10 +80,14 @@ def test_a_trajectory_budget_over_a_vision_language_models_context_is_refused_at
     from relayrl.config import load_config
     from relayrl.errors import ConfigError
     from relayrl.models.tiny_vlm import build_tiny_vlm
-    from relayrl.sources.multi_turn import check_env_context
+    from relayrl.sources.context import context_budget
 
     build_tiny_vlm(["How many?", "0123456789"], tmp_path / "model", seed=0)
     config = load_config(None, [f"model.path={tmp_path / 'model'}", "env.fn=retry", "env.max_total_tokens=500"])
-    check_env_context(config, 12)
+
+    def budget(longest: int) -> int:
+        return context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
+
+    budget(12)
     with pytest.raises(ConfigError, match="is 540 tokens, over the model's context of 512"):
-        check_env_context(config, 40)
+        budget(40)
