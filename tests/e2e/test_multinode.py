@@ -19,6 +19,7 @@ import types
 
 import pytest
 
+from relayrl.build import resolve
 from relayrl.config import load_config
 from relayrl.errors import PlacementError, RoleFailure
 from tests.unit.test_sharded_scenarios import experience
@@ -68,7 +69,7 @@ def config(model_dir, address, *extra):
             *extra,
         ],
     )
-    return cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
+    return resolve(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})}))
 
 
 def node_of(actor) -> str:

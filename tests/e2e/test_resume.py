@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from benchmarks.learning_cases import AGENT_RETRY, run_in_process, write_config
+from benchmarks.learning_cases import AGENT_RETRY, run_cli, run_in_process, write_config
 from tests.e2e.test_reproducible import without_gaps
 
 pytestmark = pytest.mark.slow
@@ -145,11 +145,13 @@ def test_a_killed_agent_run_resumes_to_the_same_metrics_and_samples(tmp_path, wa
     for name in ("straight", "killed"):
         runs[name] = tmp_path / name
         config = write_config(tmp_path / f"{name}.yaml", warm_model_dir, toy_task, runs[name], "hf")
+        # each run a process of its own: in the test's process the resumed run's grad norm differed from the
+        # straight run's by 1.0e-6 relatively (5.1668229 vs 5.1668282), past this test's float-noise bound
         if name == "straight":
-            done = run_in_process("train", str(config), *settings)
+            done = run_cli("train", str(config), *settings)
         else:
             kill_after_checkpoint(config, settings, runs[name], "step_000001")  # somewhere in step 2
-            done = run_in_process("train", str(config), *settings, "--resume", str(runs[name]))
+            done = run_cli("train", str(config), *settings, "--resume", str(runs[name]))
             assert "resuming from" in done.stdout and "step_000001" in done.stdout
         assert done.returncode == 0, done.stderr[-3000:]
     assert_same_metrics(metric_rows(runs["straight"]), metric_rows(runs["killed"]))
