@@ -5,7 +5,8 @@ The key is everything that decides the artefact: every source file under relayrl
 training), the installed lock (requirements/cpu.lock, or the GPU one), torch's version and the recipe's own
 arguments. A cached directory is used only if every file still matches the manifest written when it was built
 (a test that wrote into it would otherwise poison every later run); otherwise it is built again. A build goes
-to a temporary directory renamed into place, so two suites never see half of one.
+to a temporary directory renamed into place, under a file lock, so two suites (or two workers of one) never see
+half of one and never build it twice.
 
 `RELAYRL_TEST_CACHE` moves the cache (default `~/.cache/relayrl-tests`); `RELAYRL_TEST_CACHE=off` builds every
 artefact afresh in the session's temporary directory, as before the cache.
@@ -13,6 +14,7 @@ artefact afresh in the session's temporary directory, as before the cache.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -66,16 +68,19 @@ def cached(name: str, recipe: dict, build: Callable[[Path], None], fallback: Pat
         build(fallback)
         return fallback
     final = root / f"{name}-{content_key(recipe)}"
-    if _intact(final):
-        return final
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".{final.name}.{os.getpid()}"
+    # One builder at a time per artefact: parallel test workers (pytest -n) wait for the first one's build.
+    with open(root / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _intact(final):
+            _build_into(final, build)
+    return final
+
+
+def _build_into(final: Path, build: Callable[[Path], None]) -> None:
+    staging = final.parent / f".{final.name}.{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     build(staging)
     (staging / MANIFEST).write_text(json.dumps(_file_digests(staging), indent=0))
     shutil.rmtree(final, ignore_errors=True)  # a copy that no longer matches its manifest
-    try:
-        staging.rename(final)
-    except OSError:  # another suite renamed its own build into place first: the same content
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+    staging.rename(final)
