@@ -13,6 +13,23 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
+# Session fixtures that cost a run to make: the tests using one share a pytest-xdist group, so one worker makes it.
+COSTLY_SESSION_FIXTURES = ("straight_sync_run",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    """Under `pytest -n N --dist loadgroup` (make test), keep on one worker the tests that share a costly fixture:
+    every test of a module with a module-scoped fixture (a sharded learner's ranks, a trained model), and the users
+    of each costly session fixture. Without xdist the marks do nothing."""
+    for item in items:
+        defs = getattr(item, "_fixtureinfo", None)
+        for name, fixturedefs in defs.name2fixturedefs.items() if defs else ():
+            if name in COSTLY_SESSION_FIXTURES:
+                item.add_marker(pytest.mark.xdist_group(name))
+            elif any(d.scope == "module" for d in fixturedefs):
+                item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
 
 @pytest.fixture(scope="session")
 def toy_task(tmp_path_factory):
