@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import os
 
-# vLLM reads these at import time: a small KV cache, both cores, the engine in this process.
+# vLLM reads these at import time: a small KV cache, both cores (one per worker under xdist), the engine in this
+# process.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # One core per pytest-xdist worker (make test runs two): torch at one thread, an in-process engine on the
+    # worker's own core. Two workers' OpenMP teams of two on two cores spin against each other: the warm start's
+    # SFT took 278 s at two threads beside another job, 106 s at one.
+    worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(worker % (os.cpu_count() or 1))  # over the Makefile's 0-1
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
