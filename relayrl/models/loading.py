@@ -130,7 +130,7 @@ def merged_model_dir(model: str | Path) -> str:
     base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
     if not base or not (Path(base) / "config.json").is_file():
         raise ModelError(
-            f"--model {model}: a LoRA adapter whose base_model_name_or_path ({base!r}) is no model directory"
+            f"model.path={model}: a LoRA adapter whose base_model_name_or_path ({base!r}) is no model directory"
         )
     from peft import PeftModel
 

@@ -43,8 +43,8 @@ def regex(prompts: list[str], completions: list[str], pattern: str | None = None
     """A format reward: 1.0 when the whole completion matches `pattern` (bind it with reward.kwargs)."""
     if pattern is None:
         raise RewardError(
-            "reward 'regex' needs a pattern: set reward.kwargs.pattern (relayrl eval: "
-            """--reward-kwargs '{"pattern": "..."}')"""
+            "reward 'regex' needs a pattern: set reward.kwargs.pattern (on a command line: "
+            """reward.kwargs.pattern='...'; relayrl reward: --reward-kwargs '{"pattern": "..."}')"""
         )
     compiled = re.compile(pattern, re.DOTALL)
     return [float(compiled.fullmatch(c.strip()) is not None) for c in completions]

@@ -6,7 +6,7 @@ one prompt, one response) and the multi-turn one (relayrl/sources/multi_turn.py:
 trajectory). The schedules (relayrl/schedules/modes.py) call `generate` (sync), or `submit` then `finish`
 (one_step_off, async), never the engines themselves, except the async schedule's partial rollouts, which continue
 unfinished samples on one replica (`engines.generate_until`). The trainer calls `evaluate` (its before/after and
-every `eval.every` steps) and `close`.
+every `eval.every` steps) and `close`; `relayrl eval` calls `held_out`, the one measurement `evaluate` is made of.
 
 The shared parts: `PromptDraws` (the run's prompt sampler behind a lock, each draw recorded in the async schedule's
 ledger), `step_sampling` (a step's sampling settings and seed) and `drop_skipped_groups` (what `score` keeps of a
@@ -82,6 +82,11 @@ class RolloutSource(Protocol):
 
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out metrics (eval/*) of the current policy on `prompts`."""
+        ...
+
+    def held_out(self, prompts: list[Prompt], sampling: Sampling) -> tuple[float, dict[str, float]]:
+        """What `evaluate` (and `relayrl eval`) measures once: the mean reward over prompts x sampling.n samples, a
+        skipped or dropped one counted as 0, and the metrics of collecting and scoring them."""
         ...
 
     def close(self) -> None:

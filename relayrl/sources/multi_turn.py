@@ -289,16 +289,21 @@ class MultiTurnSource:
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out trajectories, greedy: mean reward, success, first-turn success, turns."""
         r = self.config.rollout
-        batch = self.run(prompts, Sampling.greedy(r.max_tokens, r.stop, r.min_tokens))
-        with self._lock:
-            self._generated.pop(id(batch.rollouts), None)  # not scored
-        m = batch.metrics
+        mean, m = self.held_out(prompts, Sampling.greedy(r.max_tokens, r.stop, r.min_tokens))
         return {
-            "eval/greedy": sum(batch.rewards) / max(1, len(prompts)),
+            "eval/greedy": mean,
             "eval/success": m["env/success"],
             "eval/first_turn_success": m["env/first_turn_success"],
             "eval/turns_mean": m["env/turns_mean"],
         }
+
+    def held_out(self, prompts: list[Prompt], sampling: Sampling) -> tuple[float, dict[str, float]]:
+        """Mean reward over prompts x sampling.n trajectories, scored by their environment (a dropped one counts
+        as 0), and the metrics of running them (env/success, env/turns_mean, env/errors, ...)."""
+        batch = self.run(prompts, sampling)
+        with self._lock:
+            self._generated.pop(id(batch.rollouts), None)  # not scored by the reward service
+        return sum(batch.rewards) / max(1, len(prompts) * sampling.n), batch.metrics
 
     def _lane_of(self, name: str) -> Lane:
         from relayrl.models.loading import load_tokenizer

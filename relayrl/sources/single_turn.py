@@ -80,12 +80,13 @@ class SingleTurnSource:
             stop=tuple(r.stop),
             seed=self.config.train.seed,
         )
-        return {"eval/greedy": self._mean_reward(prompts, greedy), "eval/sampled": self._mean_reward(prompts, sampled)}
+        return {"eval/greedy": self.held_out(prompts, greedy)[0], "eval/sampled": self.held_out(prompts, sampled)[0]}
 
-    def _mean_reward(self, prompts: list[Prompt], sampling: Sampling) -> float:
-        """Mean reward over prompts x sampling.n responses (a sample the reward skipped counts as 0)."""
-        scores, _ = self.rewards.score(self.engines.generate(prompts, sampling, self.version))
-        return sum(s.reward for s in scores if s is not None) / len(scores)
+    def held_out(self, prompts: list[Prompt], sampling: Sampling) -> tuple[float, dict[str, float]]:
+        """Mean reward over prompts x sampling.n responses (a sample the reward skipped counts as 0), and the
+        reward service's metrics of scoring them (reward/errors, reward/timeouts, reward/skipped)."""
+        scores, metrics = self.rewards.score(self.engines.generate(prompts, sampling, self.version))
+        return sum(s.reward for s in scores if s is not None) / max(1, len(scores)), metrics
 
     def close(self) -> None:
         """Nothing of its own to release (the engines and the reward service are closed by their owners)."""
