@@ -10,13 +10,14 @@ same model, same work (every trajectory runs all its turns); samples/s = traject
   .venv/bin/python benchmarks/multiturn.py [--engine vllm|hf] [--trajectories 32] [--turns 4] [--latency-ms 0 100 300]
 
 `--learn retry|calculator --warm-start DIR` measures instead what an example learns: held-out greedy success
-(and first-turn success) of the warm start and of the trained policy, through `relayrl eval --env`'s code,
+(and first-turn success) of the warm start and of the trained policy, through `relayrl eval`'s code (env.fn=...),
 after `relayrl train` on examples/multiturn_<name>/config.yaml (data written by the example's prepare.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -83,7 +84,7 @@ def learn(example: str, warm_start: str, out: Path, overrides: list[str]) -> Non
     import yaml
 
     from relayrl.api import train
-    from relayrl.evaluation.multi_turn import evaluate_env_model
+    from relayrl.commands.eval import evaluate, load_eval_config
 
     directory = Path(__file__).resolve().parents[1] / "examples" / f"multiturn_{example}"
     data = out / "data"
@@ -91,18 +92,13 @@ def learn(example: str, warm_start: str, out: Path, overrides: list[str]) -> Non
     env = yaml.safe_load((directory / "config.yaml").read_text())["env"]
     max_tokens = yaml.safe_load((directory / "config.yaml").read_text())["rollout"]["max_tokens"]
 
-    def held_out(model: str) -> dict:
-        return evaluate_env_model(
-            model,
-            str(data / "eval.jsonl"),
-            env["fn"],
-            env.get("kwargs", {}),
-            env["max_turns"],
-            env["max_total_tokens"],
-            max_tokens,
-            engine="hf",
-            reward=env.get("reward", "sum"),
-        )
+    def held_out(model: str) -> dict:  # greedy, as `relayrl eval MODEL DATA key=value ...` measures it
+        keys = {"model.path": model, "data.eval": str(data / "eval.jsonl"), "rollout.engine": "hf"}
+        keys |= {"rollout.max_tokens": max_tokens, "data.max_prompt_tokens": 10**6}
+        keys |= {
+            f"env.{key}": env[key] for key in ("fn", "kwargs", "max_turns", "max_total_tokens", "reward") if key in env
+        }
+        return evaluate(load_eval_config([f"{key}={json.dumps(value)}" for key, value in keys.items()]))
 
     before = held_out(warm_start)
     start = time.perf_counter()

@@ -20,7 +20,7 @@ regime's settings (each overridable on peer_trl.py's command line):
                match is always 0 for a random model writing 128 tokens, so the reward is the dense, verifiable
                `digit_fraction` of benchmarks/rewards.py (share of the completion's characters that are digits),
                the same function on both sides; the held-out score is its greedy mean over the first 64
-               held-out prompts, 128 tokens (`relayrl eval --min-tokens 128 --max-prompts 64`), plus the
+               held-out prompts, 128 tokens (`relayrl eval MODEL DATA rollout.min_tokens=128 eval.max_prompts=64`), plus the
                temperature-1 mean of one sample per prompt, which keeps moving where the greedy one saturates.
   c            small batch (issue 18): regime a's warm start and score, 30 steps x 8 prompts x n=8, completions
                of at most 8 tokens; fixed per-step costs dominate. Its runs default to relayrl's own default
@@ -264,7 +264,7 @@ def regime_notes(config, regime: Regime) -> list[str]:
         f"model: randomly initialised ({config.model.path}), no warm start: supervised training of a model "
         "this size would take longer than the benchmark on this machine",
         f"reward: {regime.reward} on both sides (exact match is always 0 for a random model at this length)",
-        f"held-out score: {regime.held_out}, `relayrl eval` (vLLM, --min-tokens) for the initial and both final models",
+        f"held-out score: {regime.held_out}, `relayrl eval` (vLLM, rollout.min_tokens) for the initial and both final models",
     ]
     if config.rollout.min_tokens:
         notes.append(

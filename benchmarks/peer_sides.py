@@ -74,26 +74,14 @@ def run_logged(command: list[str], log_path: Path) -> str:
 def eval_command(model_dir: Path, args: argparse.Namespace, eval_path: Path, temperature: float) -> list[str]:
     """`relayrl eval` of one model at one temperature with the regime's lengths and held-out prompt count."""
     regime = regime_of(args)
-    command = [
-        sys.executable,
-        "-m",
-        "relayrl.cli",
-        "eval",
-        "--model",
-        str(model_dir),
-        "--data",
-        str(eval_path),
-        "--reward",
-        regime.reward,
-        "--max-tokens",
-        str(args.max_tokens),
-        "--temperature",
-        f"{temperature:g}",
-    ]
+    command = [sys.executable, "-m", "relayrl.cli", "eval", str(model_dir), str(eval_path)]
+    command += [f"reward.fn={regime.reward}", "rollout.engine=vllm", f"rollout.max_tokens={args.max_tokens}"]
+    if temperature:  # greedy unless eval.temperature is given
+        command += [f"eval.temperature={temperature:g}"]
     if args.min_tokens:
-        command += ["--min-tokens", str(args.min_tokens)]
+        command += [f"rollout.min_tokens={args.min_tokens}"]
     if regime.eval_prompts:
-        command += ["--max-prompts", str(regime.eval_prompts)]
+        command += [f"eval.max_prompts={regime.eval_prompts}"]
     return command
 
 

@@ -1,84 +1,274 @@
-"""`relayrl eval --model DIR --data FILE (--reward SPEC | --env SPEC)`: a model's held-out score, one JSON line.
+"""`relayrl eval MODEL DATA [key=value ...]`: a model's held-out score as training measures it, one JSON line.
 
-With `--reward`, the mean reward of its responses (relayrl/evaluation/single_turn.py); with `--env`, its multi-turn
-trajectories scored by the environment (relayrl/evaluation/multi_turn.py). The reward flags are the ones
-`relayrl reward` takes (relayrl/commands/reward_flags.py).
+MODEL is `model.path` and DATA `data.eval` of a config loaded as `relayrl train` loads one (the same dotted
+overrides: reward.*, env.*, rollout.*, eval.*, data.*; strict keys, did-you-mean) and resolved. The engine, the
+reward service and the rollout source are built as training builds them (`relayrl.build.build_evaluation`), and the
+source measures the prompts as its own evaluation does (`held_out`): a sample the reward skipped, or a trajectory
+the environment dropped, counts as 0. What differs from training's defaults, and why:
+- greedy, one response per prompt, unless `eval.temperature` (sampled) or `rollout.n` is given;
+- a failing sample is scored 0 and counted rather than stopping the command (`reward.on_error`, and `env.on_error`
+  with an environment, default to `zero` here);
+- `rollout.max_tokens` left out fits the model (`default_max_tokens`), single-turn.
+
+Single-turn it prints reward_mean, n and the samples the reward failed on (errors, timeouts, skipped); with env.fn
+or env.agent (multi-turn), reward_mean, success, first_turn_success, turns_mean, n, errors, timeouts and truncated.
+The flags it took before (`--model`, `--reward`, `--max-tokens`, ...) still work, each as the key it sets
+(`OLD_FLAGS`), with one deprecation line naming the key=value form.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+import sys
+from typing import TYPE_CHECKING
 
-from relayrl.commands.reward_flags import add_reward_flags, parse_kwargs, reward_config
+if TYPE_CHECKING:
+    from relayrl.config import Config
+    from relayrl.types import Prompt, Sampling
+
+# a flag `relayrl eval` took before it spoke config -> the key it sets; `str` values are quoted (a path stays a
+# string), `json` ones parsed as the JSON object they were, the rest read as the key's type reads them
+OLD_FLAGS: dict[str, tuple[str, str]] = {
+    "--model": ("model.path", "str"),
+    "--data": ("data.eval", "str"),
+    "--reward": ("reward.fn", "str"),
+    "--reward-kwargs": ("reward.kwargs", "json"),
+    "--reward-style": ("reward.style", "raw"),
+    "--on-error": ("reward.on_error", "raw"),
+    "--reward-workers": ("reward.workers", "raw"),
+    "--reward-timeout-s": ("reward.timeout_s", "raw"),
+    "--max-error-frac": ("reward.max_error_frac", "raw"),
+    "--env": ("env.fn", "str"),
+    "--env-kwargs": ("env.kwargs", "json"),
+    "--max-turns": ("env.max_turns", "raw"),
+    "--max-total-tokens": ("env.max_total_tokens", "raw"),
+    "--n": ("rollout.n", "raw"),
+    "--temperature": ("eval.temperature", "raw"),  # 0 (greedy) sets nothing: greedy is the default
+    "--max-tokens": ("rollout.max_tokens", "raw"),
+    "--min-tokens": ("rollout.min_tokens", "raw"),
+    "--prompt-key": ("data.prompt_key", "str"),
+    "--max-prompts": ("eval.max_prompts", "raw"),
+    "--engine": ("rollout.engine", "raw"),
+}
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # `section.key=value`, not a path
+DEFAULT_MAX_TOKENS = 64  # rollout.max_tokens when the model's generation config sets no max_new_tokens
 
 
 def register(commands) -> None:
     ev = commands.add_parser(
         "eval",
-        help="mean reward of a model on a prompt file; prints one JSON line: "
-        "reward_mean, n, and the samples the reward failed on (errors, timeouts, skipped)",
+        help="a model's held-out score as training measures it; prints one JSON line: reward_mean, n, and the "
+        "samples the reward failed on (errors, timeouts, skipped)",
     )
-    ev.add_argument("--model", required=True, help="a model directory (or an adapter `relayrl export` wrote)")
-    ev.add_argument("--data", required=True, help="a prompt file: .jsonl, .parquet or a datasets directory")
-    add_reward_flags(ev, required=False)
-    ev.add_argument("--env", help="multi-turn: an environment (retry, calculator, module:Class); no --reward needed")
-    ev.add_argument("--env-kwargs", default="{}", metavar="JSON", help="with --env: keyword arguments of the class")
-    ev.add_argument("--max-turns", type=int, default=4, help="with --env: model turns per trajectory")
-    ev.add_argument("--max-total-tokens", type=int, default=512, help="with --env: tokens after the first prompt")
-    ev.add_argument("--n", type=int, default=1, help="samples per prompt")
-    ev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 = greedy")
+    ev.add_argument("model", nargs="?", help="a model directory (or an adapter `relayrl export` wrote): model.path")
+    ev.add_argument("data", nargs="?", help="held-out prompts, .jsonl, .parquet or a datasets directory: data.eval")
     ev.add_argument(
-        "--max-tokens",
-        type=int,
-        help="response tokens per sample (default: the model's generation "
-        "config max_new_tokens, else 64, capped so the longest prompt plus the response fits its context)",
+        "overrides", nargs="*", help="dotted overrides, e.g. reward.fn=exact_match rollout.max_tokens=32 env.fn=retry"
     )
-    ev.add_argument("--min-tokens", type=int, default=0, help="end-of-sequence ignored before this many tokens")
-    ev.add_argument("--prompt-key", default="prompt", help="the column holding the prompt (data.prompt_key)")
-    ev.add_argument("--max-prompts", type=int, default=0, help="score only the first N prompts (0 = all)")
-    ev.add_argument("--engine", choices=["vllm", "hf"], default="vllm", help="the rollout engine that generates")
+    old = ev.add_argument_group("deprecated flags (each prints the key=value that replaces it)")
+    for flag, (key, _) in OLD_FLAGS.items():
+        old.add_argument(flag, dest=_dest(flag), metavar="VALUE", help=f"deprecated: {key}=VALUE")
     ev.set_defaults(fn=run)
 
 
+def _dest(flag: str) -> str:
+    return "old_" + flag.removeprefix("--").replace("-", "_")
+
+
 def run(args) -> None:
-    if args.env:  # multi-turn: the environment scores the trajectories
-        return _run_env(args)
+    print(json.dumps(evaluate(config_of(args))))
+
+
+def config_of(args) -> Config:
+    """The config the command line gives: the defaults, the old flags as their keys, MODEL and DATA, then the
+    overrides. The old flags' one deprecation line is printed once their values are read."""
     from relayrl.errors import ConfigError
-    from relayrl.evaluation.single_turn import evaluate_model
 
-    if not args.reward:
-        raise ConfigError("relayrl eval: give --reward (a reward function) or --env (an environment)")
-    result = evaluate_model(
-        args.model,
-        args.data,
-        reward_config(args, "relayrl eval"),
-        n=args.n,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        min_tokens=args.min_tokens,
-        engine=args.engine,
-        max_prompts=args.max_prompts,
-        prompt_key=args.prompt_key,
+    old, replaced = old_overrides(args)
+    words = [word for word in (args.model, args.data) if word is not None] + list(args.overrides)
+    paths = [word for word in words if not OVERRIDE.match(word)]
+    if len(paths) > 2:
+        raise ConfigError(f"relayrl eval: {paths[2]!r} is neither MODEL, DATA nor a key=value override")
+    positional = [f"{key}={json.dumps(path)}" for key, path in zip(("model.path", "data.eval"), paths)]
+    if replaced:
+        print(f"relayrl: warning: relayrl eval's flags are deprecated; use {', '.join(replaced)}", file=sys.stderr)
+    return load_eval_config([*old, *positional, *(word for word in words if OVERRIDE.match(word))], stacklevel=3)
+
+
+def load_eval_config(overrides: list[str], stacklevel: int = 2) -> Config:
+    """The config of an evaluation from its key=value overrides (model.path and data.eval among them), with this
+    command's defaults: a failing sample scored 0 and counted (reward.on_error, env.on_error) unless set."""
+    from relayrl.config import load_config
+    from relayrl.errors import ConfigError
+
+    config = load_config(None, overrides, stacklevel=stacklevel)
+    if not config.model.path or not config.data.eval:
+        raise ConfigError("relayrl eval: give MODEL and DATA (model.path and data.eval): relayrl eval MODEL DATA")
+    if "on_error" not in config.reward.model_fields_set:
+        config.reward.on_error = "zero"
+    if config.env.multi_turn and "on_error" not in config.env.model_fields_set:
+        config.env.on_error = "zero"
+    return config
+
+
+def old_overrides(args) -> tuple[list[str], list[str]]:
+    """(the overrides the old flags given stand for, what to write instead of each); a flag whose value cannot be
+    read is a ConfigError naming the flag."""
+    from relayrl.commands.reward_flags import parse_kwargs
+
+    overrides, replaced = [], []
+    for flag, (key, kind) in OLD_FLAGS.items():
+        text = getattr(args, _dest(flag), None)
+        if text is None:
+            continue
+        if flag == "--temperature" and _is_zero(text):
+            replaced.append("no --temperature 0 (greedy is the default; eval.temperature=T samples)")
+            continue
+        if kind == "json":
+            value = json.dumps(parse_kwargs(text, f"relayrl eval: {flag}"))
+        else:
+            value = json.dumps(text) if kind == "str" else text
+        overrides.append(f"{key}={value}")
+        replaced.append(f"{key}={shlex.quote(text)} for {flag}")
+    return overrides, replaced
+
+
+def _is_zero(text: str) -> bool:
+    try:
+        return float(text) == 0
+    except ValueError:
+        return False
+
+
+def evaluate(config: Config) -> dict[str, float]:
+    """`relayrl eval`'s figures for `config` (model.path scored on data.eval), as one JSON-ready dict."""
+    from relayrl.build import build_evaluation
+
+    prompts = held_out_prompts(config)
+    source, close = build_evaluation(config, prompts)
+    sampling = eval_sampling(config)
+    try:
+        mean, m = source.held_out(prompts, sampling)
+    finally:
+        close()
+    n = len(prompts) * sampling.n
+    if not config.env.multi_turn:
+        counts = {key: int(m.get(f"reward/{key}", 0)) for key in ("errors", "timeouts", "skipped")}
+        return {"reward_mean": mean, "n": n, **counts}
+    return {
+        "reward_mean": mean,
+        "success": m["env/success"],
+        "first_turn_success": m["env/first_turn_success"],
+        "turns_mean": m["env/turns_mean"],
+        "n": n,
+        "errors": int(m["env/errors"]),
+        "timeouts": int(m["env/timeouts"]),
+        "truncated": m["env/truncated_frac"],
+    }
+
+
+def eval_sampling(config: Config) -> Sampling:
+    """Greedy with one response per prompt, unless eval.temperature (sampled, as training's eval/sampled) or
+    rollout.n is given; the policy's length rules (rollout.max_tokens, min_tokens, stop) as in training."""
+    from relayrl.types import Sampling
+
+    r, sampled = config.rollout, "temperature" in config.eval.model_fields_set
+    return Sampling(
+        n=r.n if "n" in r.model_fields_set else 1,
+        temperature=config.eval.temperature if sampled else 0.0,
+        max_tokens=r.max_tokens,
+        min_tokens=r.min_tokens,
+        stop=tuple(r.stop),
+        seed=config.train.seed,
     )
-    print(json.dumps(result))
 
 
-def _run_env(args) -> None:
-    from relayrl.evaluation.multi_turn import evaluate_env_model
+def held_out_prompts(config: Config) -> list[Prompt]:
+    """data.eval's prompts (eval.max_prompts of them), read as training reads them; a peft adapter directory
+    (`relayrl export`) becomes its merged model first, and a `rollout.max_tokens` left out fits the model."""
+    from relayrl.data.source import load_prompts
+    from relayrl.models.loading import check_model_dir, load_tokenizer, merged_model_dir
 
-    result = evaluate_env_model(
-        args.model,
-        args.data,
-        args.env,
-        parse_kwargs(args.env_kwargs, "relayrl eval: --env-kwargs"),
-        max_turns=args.max_turns,
-        max_total_tokens=args.max_total_tokens,
-        max_tokens=args.max_tokens or 64,
-        n=args.n,
-        temperature=args.temperature,
-        engine=args.engine,
-        max_prompts=args.max_prompts,
-        seed=0,
-        prompt_key=args.prompt_key,
+    config.model.path = merged_model_dir(config.model.path)
+    check_model_dir(config.model.path)
+    data = config.data
+    assert data.eval is not None  # config_of checked it
+    tokenizer = load_tokenizer(config.model.path)
+    table, _ = load_prompts(
+        data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template, data.prompt_key
     )
-    print(json.dumps(result))
+    prompts = list(table[: config.eval.max_prompts or None])  # a large file's lazy table, read whole
+    fit_lengths(config, prompts)
+    return prompts
+
+
+def fit_lengths(config: Config, prompts: list[Prompt]) -> None:
+    """`rollout.max_tokens` left out: `default_max_tokens`; given (single-turn): checked against the model's
+    context, the longest prompt named by its file and row. Multi-turn, `env.max_total_tokens` left out is capped
+    to what the model's context leaves after the longest prompt (`context_budget` checks one given)."""
+    from relayrl.errors import ConfigError
+    from relayrl.models.loading import context_length
+
+    r, env, model = config.rollout, config.env, config.model.path
+    row = max(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))
+    longest, context = len(prompts[row].token_ids), context_length(model)
+    if "max_tokens" not in r.model_fields_set:
+        r.max_tokens = default_max_tokens(model, longest)
+    if env.multi_turn:
+        if context is not None and "max_total_tokens" not in env.model_fields_set:
+            env.max_total_tokens = max(1, min(env.max_total_tokens, context - longest))
+        return
+    if context is not None and longest + r.max_tokens > context:
+        raise ConfigError(_over_context(config, row, longest, context))
+    if r.min_tokens > r.max_tokens:
+        raise ConfigError(
+            f"relayrl eval: rollout.min_tokens={r.min_tokens} exceeds rollout.max_tokens={r.max_tokens} (for this "
+            "model and data when left out); lower rollout.min_tokens"
+        )
+
+
+def _over_context(config: Config, row: int, longest: int, context: int) -> str:
+    """Why the longest prompt (`row`, `longest` tokens) and rollout.max_tokens cannot fit the model's context."""
+    data = str(config.data.eval)
+    where = f"{data}:{_row_location(data, row, config.data.prompt_key)}"
+    if longest >= context:
+        return (
+            f"relayrl eval: the longest prompt ({where}, {longest} tokens) fills the model's context of {context} "
+            "tokens, leaving no room for a response; shorten it or set eval.max_prompts"
+        )
+    return (
+        f"relayrl eval: rollout.max_tokens={config.rollout.max_tokens} + the longest prompt ({where}, {longest} "
+        f"tokens) exceed the model's context of {context} tokens: set rollout.max_tokens={context - longest} or "
+        "less (or leave it out to fit the model)"
+    )
+
+
+def default_max_tokens(model: str, longest: int) -> int:
+    """The response budget when rollout.max_tokens is left out: the generation config's `max_new_tokens` if set,
+    else 64, capped so that the longest prompt (`longest` tokens) plus the response fits the model's context."""
+    from relayrl.models.loading import context_length
+
+    context = context_length(model)
+    fitted = _generation_max_new_tokens(model) or DEFAULT_MAX_TOKENS
+    return fitted if context is None else max(1, min(fitted, context - longest))
+
+
+def _generation_max_new_tokens(model: str) -> int | None:
+    """`max_new_tokens` from the model directory's generation_config.json, if the file sets it."""
+    from pathlib import Path
+
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("max_new_tokens")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _row_location(data: str, row: int, prompt_key: str) -> str:
+    """The `line` (or `row N`) of the `row`-th prompt of a data file, as relayrl's data messages name it."""
+    from relayrl.data.source import read_rows
+
+    where = read_rows(data, prompt_key)[row][0]
+    return where.rpartition(":")[2]

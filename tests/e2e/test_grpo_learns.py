@@ -57,15 +57,7 @@ def test_short_grpo_run_raises_held_out_accuracy(tmp_path, warm_model_dir, toy_t
 
 def test_eval_command_scores_a_saved_model(warm_model_dir, toy_task):
     result = run_in_process(
-        "eval",
-        "--model",
-        str(warm_model_dir),
-        "--data",
-        str(toy_task["eval"]),
-        "--reward",
-        "exact_match",
-        "--max-tokens",
-        "6",
+        "eval", str(warm_model_dir), str(toy_task["eval"]), "reward.fn=exact_match", "rollout.max_tokens=6"
     )
     assert result.returncode == 0, result.stderr[-3000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])

@@ -265,10 +265,12 @@ def test_partial_rollouts_stop_at_the_target_and_continue_under_new_weights(engi
     engine.load_weights(((n, p.detach()) for n, p in hf_model.named_parameters()), version=0)
 
 
-def test_evaluate_model_takes_min_tokens_and_a_prompt_limit(random_model_dir, toy_task):
-    from relayrl.evaluation.single_turn import evaluate_model
+def test_relayrl_eval_takes_min_tokens_and_a_prompt_limit(random_model_dir, toy_task, capsys):
+    import json
 
-    result = evaluate_model(
-        str(random_model_dir), str(toy_task["eval"]), "exact_match", max_tokens=5, min_tokens=5, max_prompts=7
-    )
+    from relayrl.cli import main
+
+    keys = ["reward.fn=exact_match", "rollout.engine=vllm", "rollout.max_tokens=5", "rollout.min_tokens=5"]
+    assert main(["eval", str(random_model_dir), str(toy_task["eval"]), *keys, "eval.max_prompts=7"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["n"] == 7 and result["reward_mean"] == 0.0  # five forced tokens never equal a short sum

@@ -115,28 +115,21 @@ def test_prompt_plus_response_over_the_context_exits_2(tmp_path, capsys, random_
 
 
 def test_eval_of_a_missing_model_exits_2(tmp_path, capsys, toy_task):
-    code, _, err = _run(
-        capsys, "eval", "--model", str(tmp_path / "none"), "--data", str(toy_task["eval"]), "--reward", "exact_match"
-    )
-    assert code == 2 and "--model=" in err
+    code, _, err = _run(capsys, "eval", str(tmp_path / "none"), str(toy_task["eval"]), "reward.fn=exact_match")
+    assert code == 2 and "model.path=" in err
 
 
 def test_eval_rejects_a_min_tokens_above_max_tokens(tmp_path, capsys, random_model_dir, toy_task):
     code, _, err = _run(
         capsys,
         "eval",
-        "--model",
         str(random_model_dir),
-        "--data",
         str(toy_task["eval"]),
-        "--reward",
-        "exact_match",
-        "--max-tokens",
-        "4",
-        "--min-tokens",
-        "5",
+        "reward.fn=exact_match",
+        "rollout.max_tokens=4",
+        "rollout.min_tokens=5",
     )
-    assert code == 2 and "0 <= --min-tokens <= --max-tokens" in err
+    assert code == 2 and "rollout.min_tokens=5 exceeds rollout.max_tokens=4" in err
 
 
 def _parsers(parser, path=("relayrl",)):

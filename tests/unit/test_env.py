@@ -204,19 +204,55 @@ def test_the_multi_turn_source_scores_with_the_environment_and_a_reward_fn(rando
     assert set(greedy) == {"eval/greedy", "eval/success", "eval/first_turn_success", "eval/turns_mean"}
 
 
-def test_relayrl_eval_with_an_environment(random_model_dir, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "settings",
+    [
+        [
+            "env.fn=retry",
+            "rollout.engine=hf",
+            "env.max_turns=2",
+            "rollout.max_tokens=3",
+            'env.kwargs={"feedback": "1+1="}',
+        ],
+        [
+            "--env",
+            "retry",
+            "--engine",
+            "hf",
+            "--max-turns",
+            "2",
+            "--max-tokens",
+            "3",
+            "--env-kwargs",
+            '{"feedback": "1+1="}',
+        ],
+    ],
+    ids=["keys", "deprecated flags"],
+)
+def test_relayrl_eval_with_an_environment(random_model_dir, tmp_path, capsys, settings):
     import json
 
     from relayrl.cli import main
 
     data = tmp_path / "eval.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
-    main(
-        ["eval", "--model", str(random_model_dir), "--data", str(data), "--env", "retry", "--engine", "hf"]
-        + ["--max-turns", "2", "--max-tokens", "3", "--env-kwargs", '{"feedback": "1+1="}']
-    )
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main(["eval", str(random_model_dir), str(data), *settings]) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
     assert result["n"] == 3 and 1 <= result["turns_mean"] <= 2 and result["reward_mean"] == result["success"]
+    assert set(result) == {
+        "reward_mean",
+        "success",
+        "first_turn_success",
+        "turns_mean",
+        "n",
+        "errors",
+        "timeouts",
+        "truncated",
+    }
+    assert err.count("deprecated") == (settings[0] == "--env")  # one line for every old flag
+    if settings[0] == "--env":
+        assert "env.fn=retry" in err and "env.max_turns=2" in err and "env.kwargs=" in err
 
 
 def test_a_pool_whose_workers_cannot_load_fails_naming_env_fn_and_releasing_after_is_harmless(tmp_path):

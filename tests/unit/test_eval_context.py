@@ -1,5 +1,5 @@
-"""`relayrl eval` on a model whose context is 64 tokens: the default --max-tokens fits the model, and flags that
-cannot fit are refused in the command's own terms (the flag, the longest prompt's file:row, the context)."""
+"""`relayrl eval` on a model whose context is 64 tokens: a rollout.max_tokens left out fits the model, and keys that
+cannot fit are refused in the command's own terms (the key, the longest prompt's file:row, the context)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,7 @@ def write_prompts(path, prompts):
 
 
 def run_eval(capsys, model, data, *extra):
-    code = main(
-        ["eval", "--model", str(model), "--data", str(data), "--reward", "exact_match", "--engine", "hf", *extra]
-    )
+    code = main(["eval", str(model), str(data), "reward.fn=exact_match", "rollout.engine=hf", *extra])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -44,21 +42,21 @@ def test_default_max_tokens_fits_a_64_token_context(tmp_path, capsys, short_cont
 def test_generation_config_max_new_tokens_is_the_default(tmp_path, capsys, short_context_model):
     from transformers import GenerationConfig
 
-    from relayrl.evaluation.single_turn import fit_max_tokens
+    from relayrl.commands.eval import default_max_tokens
 
-    assert fit_max_tokens(str(short_context_model), None, longest=6) == 58  # min(64, 64 - 6)
+    assert default_max_tokens(str(short_context_model), longest=6) == 58  # min(64, 64 - 6)
     GenerationConfig(max_new_tokens=5).save_pretrained(tmp_path / "gen")
     copy = tmp_path / "withgen"
     copy.mkdir()
     for item in short_context_model.iterdir():
         (copy / item.name).symlink_to(item)
     (copy / "generation_config.json").write_text((tmp_path / "gen" / "generation_config.json").read_text())
-    assert fit_max_tokens(str(copy), None, longest=6) == 5
+    assert default_max_tokens(str(copy), longest=6) == 5
 
 
-def test_max_tokens_over_the_context_names_the_flag_the_prompt_and_the_context(tmp_path, capsys, short_context_model):
+def test_max_tokens_over_the_context_names_the_key_the_prompt_and_the_context(tmp_path, capsys, short_context_model):
     data = write_prompts(tmp_path / "d.jsonl", ["1+2=", "33+44="])
-    code, _, err = run_eval(capsys, short_context_model, data, "--max-tokens", "64")
+    code, _, err = run_eval(capsys, short_context_model, data, "rollout.max_tokens=64")
     assert code == 2
-    assert "--max-tokens 64" in err and f"{data}:2" in err and "6 tokens" in err
+    assert "rollout.max_tokens=64" in err and f"{data}:2" in err and "6 tokens" in err
     assert "context of 64" in err and "data.max_prompt_tokens" not in err
