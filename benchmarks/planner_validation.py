@@ -1,4 +1,4 @@
-"""Planner validation: `relayrl plan --measure`'s predicted vs measured median time/generate, time/update and
+"""Planner validation: `relayrl plan plan.measure=true`'s predicted vs measured median time/generate, time/update and
 time/sync.
 
 One run, seven cases (`CASES`, benchmarks/planner_cases.py), on this machine. The suite's, which the planner
@@ -98,7 +98,7 @@ def measured_medians(run_dir: Path) -> dict[str, float]:
 
 
 def predict(config_path: Path, overrides: list[str], model_dir: Path, response: float, mean_response: float):
-    """`relayrl plan --hardware cpu --measure`, given the run's median longest and mean response (prompt
+    """`relayrl plan plan.hardware=cpu plan.measure=true`, given the run's median longest and mean response (prompt
     lengths the planner reads from data.train itself)."""
     from relayrl.build import resolve
     from relayrl.config import load_config

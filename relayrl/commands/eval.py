@@ -19,9 +19,7 @@ The flags it took before (`--model`, `--reward`, `--max-tokens`, ...) still work
 from __future__ import annotations
 
 import json
-import re
 import shlex
-import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -52,11 +50,12 @@ OLD_FLAGS: dict[str, tuple[str, str]] = {
     "--max-prompts": ("eval.max_prompts", "raw"),
     "--engine": ("rollout.engine", "raw"),
 }
-OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # `section.key=value`, not a path
 DEFAULT_MAX_TOKENS = 64  # rollout.max_tokens when the model's generation config sets no max_new_tokens
 
 
 def register(commands) -> None:
+    from relayrl.commands.old_flags import add_old_flags
+
     ev = commands.add_parser(
         "eval",
         help="a model's held-out score as training measures it; prints one JSON line: reward_mean, n, and the "
@@ -67,14 +66,8 @@ def register(commands) -> None:
     ev.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. reward.fn=exact_match rollout.max_tokens=32 env.fn=retry"
     )
-    old = ev.add_argument_group("deprecated flags (each prints the key=value that replaces it)")
-    for flag, (key, _) in OLD_FLAGS.items():
-        old.add_argument(flag, dest=_dest(flag), metavar="VALUE", help=f"deprecated: {key}=VALUE")
+    add_old_flags(ev, {flag: key for flag, (key, _) in OLD_FLAGS.items()}, {})
     ev.set_defaults(fn=run)
-
-
-def _dest(flag: str) -> str:
-    return "old_" + flag.removeprefix("--").replace("-", "_")
 
 
 def run(args) -> None:
@@ -84,17 +77,17 @@ def run(args) -> None:
 def config_of(args) -> Config:
     """The config the command line gives: the defaults, the old flags as their keys, MODEL and DATA, then the
     overrides. The old flags' one deprecation line is printed once their values are read."""
+    from relayrl.commands.old_flags import is_override, warn_deprecated
     from relayrl.errors import ConfigError
 
     old, replaced = old_overrides(args)
     words = [word for word in (args.model, args.data) if word is not None] + list(args.overrides)
-    paths = [word for word in words if not OVERRIDE.match(word)]
+    paths = [word for word in words if not is_override(word)]
     if len(paths) > 2:
         raise ConfigError(f"relayrl eval: {paths[2]!r} is neither MODEL, DATA nor a key=value override")
     positional = [f"{key}={json.dumps(path)}" for key, path in zip(("model.path", "data.eval"), paths)]
-    if replaced:
-        print(f"relayrl: warning: relayrl eval's flags are deprecated; use {', '.join(replaced)}", file=sys.stderr)
-    return load_eval_config([*old, *positional, *(word for word in words if OVERRIDE.match(word))], stacklevel=3)
+    warn_deprecated("relayrl eval", replaced)
+    return load_eval_config([*old, *positional, *filter(is_override, words)], stacklevel=3)
 
 
 def load_eval_config(overrides: list[str], stacklevel: int = 2) -> Config:
@@ -116,11 +109,12 @@ def load_eval_config(overrides: list[str], stacklevel: int = 2) -> Config:
 def old_overrides(args) -> tuple[list[str], list[str]]:
     """(the overrides the old flags given stand for, what to write instead of each); a flag whose value cannot be
     read is a ConfigError naming the flag."""
+    from relayrl.commands.old_flags import dest
     from relayrl.commands.reward_flags import parse_kwargs
 
     overrides, replaced = [], []
     for flag, (key, kind) in OLD_FLAGS.items():
-        text = getattr(args, _dest(flag), None)
+        text = getattr(args, dest(flag), None)
         if text is None:
             continue
         if flag == "--temperature" and _is_zero(text):

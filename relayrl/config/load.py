@@ -79,6 +79,26 @@ def _load(path: str | Path | None, overrides: Sequence[str], base: dict | None) 
     return config
 
 
+def load_command_section(model: type[BaseModel], name: str, overrides: Sequence[str]) -> Any:
+    """A command's own keys (`name.key=value`, e.g. relayrl plan's `plan.*`), outside the run's Config: parsed as
+    the run's overrides are, strict keys with did-you-mean, and a wrong value named by its key."""
+    tree: dict[str, Any] = {}
+    for key, value in map(parse_override, overrides):
+        section, _, rest = key.partition(".")
+        if section != name or not rest:
+            raise ConfigError(
+                f"'{key}' is not a {name} key; give {name}.KEY=value, e.g. {name}.{next(iter(model.model_fields))}=..."
+            )
+        unknown = _unknown_keys(_one_key_tree(rest, value), "the overrides", model, f"{name}.")
+        if unknown:
+            raise ConfigError(_unknown_message(unknown))
+        _set_dotted(tree, rest, value)
+    try:
+        return model.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(_describe(err, "the overrides", f"{name}.")) from None
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
@@ -259,13 +279,13 @@ def _suggest(path: str, key: str, model: type[BaseModel]) -> str:
     return f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(model.model_fields)}"
 
 
-def _describe(err: ValidationError, source: str) -> str:
+def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
     lines = []
     for item in err.errors():
         if not item["loc"]:  # a cross-section check (model validator): its message names the keys
             lines.append(item["msg"].removeprefix("Value error, "))
             continue
-        key = ".".join(str(part) for part in item["loc"])
+        key = prefix + ".".join(str(part) for part in item["loc"])
         got = "" if item["type"] == "missing" or "input" not in item else f" (got {item['input']!r})"
         lines.append(f"{key}: {item['msg']}{got}")
     return f"invalid config ({source}):\n  " + "\n  ".join(lines)

@@ -36,7 +36,7 @@ class ModelShape:
     head_dim: int
     vocab: int
     # Known from config.json, not from the shape flags; without them the time model counts 2*P FLOPs per
-    # token (the LM head counted as tied) and --measure cannot build the model's matmul shapes.
+    # token (the LM head counted as tied) and plan.measure cannot build the model's matmul shapes.
     heads: int | None = None
     intermediate: int | None = None
     tied: bool | None = None
@@ -70,8 +70,8 @@ def count_params(cfg) -> int:
     if cfg.model_type not in LLAMA_FAMILY:
         raise ModelError(
             f"cannot count parameters of model_type={cfg.model_type!r} "
-            f"(known: {', '.join(LLAMA_FAMILY)}); pass --params/--layers/--hidden/--kv-heads/--head-dim/"
-            "--vocab instead"
+            f"(known: {', '.join(LLAMA_FAMILY)}); pass plan.params/layers/hidden/kv_heads/head_dim/"
+            "vocab instead"
         )
     h, v, heads, kv, hd = cfg.hidden_size, cfg.vocab_size, cfg.num_attention_heads, _kv_heads(cfg), _head_dim(cfg)
     q, k = heads * hd, kv * hd  # widths of the query and of each of the key/value projections
@@ -117,7 +117,7 @@ def load_shape(model_path: str, **flags: float | None) -> ModelShape:
     if not model_path or not (Path(model_path) / "config.json").is_file():
         raise ModelError(
             f"model.path={model_path!r} has no config.json; point it at a model directory or pass "
-            "all of --params --layers --hidden --kv-heads --head-dim --vocab"
+            "all of plan.params, layers, hidden, kv_heads, head_dim and vocab"
         )
     from transformers import AutoConfig
 
@@ -203,7 +203,7 @@ def meta_model(cfg):
     except (ValueError, TypeError, AttributeError, ImportError, KeyError, RuntimeError) as err:
         raise ModelError(
             f"cannot build model_type={cfg.model_type!r} from its config to count its parameters ({err}); pass "
-            "--params/--layers/--hidden/--kv-heads/--head-dim/--vocab instead"
+            "plan.params/layers/hidden/kv_heads/head_dim/vocab instead"
         ) from None
 
 

@@ -167,7 +167,7 @@ def leave_ray() -> None:
 
 def reserve(config: Config):
     """The placement group for every role, placed within `placement.placement_timeout_s`, and the slots. Joins
-    (or starts) the cluster first, unless this process is connected to one already (`relayrl plan --place` on a
+    (or starts) the cluster first, unless this process is connected to one already (`relayrl plan plan.place=true` on a
     simulated cluster)."""
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group

@@ -1,4 +1,4 @@
-"""`relayrl plan CONFIG --place`: where every role of a run would go, from the code the run uses, with nothing loaded.
+"""`relayrl plan CONFIG plan.place=true`: where every role of a run would go, from the code the run uses, with nothing loaded.
 
 The roles are placed as a run places them (`cluster.reserve`: the same bundles, strategy, deadlines and checks),
 on the cluster at `placement.address`, on this machine, or on a simulated cluster (`SimulatedCluster`: Ray's own
@@ -28,7 +28,7 @@ class SimulatedCluster:
     def check(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 0 or self.cpus_per_node < 1:
             raise ConfigError(
-                f"relayrl plan --place: need --nodes >= 1, --gpus-per-node >= 0 and --cpus-per-node >= 1 (got "
+                f"relayrl plan: need plan.nodes >= 1, plan.gpus_per_node >= 0 and plan.cpus_per_node >= 1 (got "
                 f"{self.nodes}, {self.gpus_per_node}, {self.cpus_per_node})"
             )
 
@@ -71,7 +71,9 @@ def place(config: Config, simulated: SimulatedCluster | None = None) -> Placemen
     from relayrl.placement.cluster import actor_options, bundle_nodes, reserve
 
     if config.placement.mode != "ray":
-        raise ConfigError("relayrl plan --place places Ray roles: set placement.mode=ray (local runs in one process)")
+        raise ConfigError(
+            "relayrl plan plan.place=true places Ray roles: set placement.mode=ray (local runs in one process)"
+        )
     cluster = _start(simulated) if simulated is not None else None
     try:
         group, slots = reserve(config)  # joins placement.address or starts a head, unless connected already

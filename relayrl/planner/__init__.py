@@ -42,12 +42,12 @@ class Plan:
     rates: Rates
     offload: bool
     advice: Advice  # a placement the code can express, with its overrides (relayrl/planner/advice.py)
-    # Per --hardware profile: the least learner ranks W whose rank fits and that rank's update phase in bytes;
+    # Per plan.hardware profile: the least learner ranks W whose rank fits and that rank's update phase in bytes;
     # None and the activations + logits of one micro-batch when no W fits
     smallest_ranks: tuple[tuple[str, int | None, float], ...] = ()
     prompts: PromptLengths | str = "not asked to"  # prompt lengths sampled from data.train, or why not
     sleep: bool = False  # colocated: the engine sleeps while the learner trains (rollout.sleep, on the target)
-    busy: str = ""  # --measure on a machine whose load average passed its cores: said in the plan, not hidden
+    busy: str = ""  # plan.measure on a machine whose load average passed its cores: said in the plan, not hidden
 
 
 def make_plan(

@@ -79,7 +79,7 @@ class Workload:
     lora_rank: int = 0  # model.lora.rank; 0 = full fine-tuning
     lora_targets: str | tuple[str, ...] = "all-linear"  # model.lora.target_modules
     lora_sync: str | None = None  # "adapter" or "merged" (relayrl/sync/lora.py); None = full fine-tuning
-    learner_ranks: int = 1  # placement.learner_ranks (W) or --learner-ranks
+    learner_ranks: int = 1  # placement.learner_ranks (W) or plan.learner_ranks
     mini_batch: int = 0  # train.mini_batch (W must divide it and the groups of a step); 0 = not checked
     gather_passes: int = 1  # the sync's all-gathers per push: 2 under broadcast with checksums (header first)
     micro_batch_tokens: int | None = None  # train.micro_batch_tokens: micro-batches filled up to this many positions

@@ -30,7 +30,7 @@ PROFILES = {
     "A100-80GB": Hardware("A100-80GB", "gpu", 80, 2039, 312, 300, 0.35, 8),
     "A10G": Hardware("A10G", "gpu", 24, 600, 70, 25, 0.35, 8),  # PCIe 4.0 x16, no NVLink
     "L4": Hardware("L4", "gpu", 24, 300, 121, 25, 0.35, 8),
-    # This machine kind: 2 cores, 24 GB. A rough fp32 peak of small matmuls; --measure replaces it.
+    # This machine kind: 2 cores, 24 GB. A rough fp32 peak of small matmuls; plan.measure replaces it.
     # MFU 0.3 of the matmul rate: tiny models run many small kernels and the Python overhead shows.
     "cpu": Hardware("cpu", "cpu", 24, 10, 0.1, 10, 0.3, 1),
 }
@@ -40,11 +40,11 @@ def get_profile(name: str, measure: bool = False) -> Hardware:
     from relayrl.errors import ConfigError
 
     if name not in PROFILES:
-        raise ConfigError(f"unknown --hardware {name!r}; known: {', '.join(PROFILES)}")
+        raise ConfigError(f"unknown plan.hardware={name!r}; known: {', '.join(PROFILES)}")
     hardware = PROFILES[name]
     if measure:
         if hardware.kind != "cpu":
-            raise ConfigError("--measure probes this machine's CPU; use it with --hardware cpu")
+            raise ConfigError("plan.measure=true probes this machine's CPU; use it with plan.hardware=cpu")
         hardware = measure_cpu(hardware)
     return hardware
 

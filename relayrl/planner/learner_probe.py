@@ -1,4 +1,4 @@
-"""`relayrl plan --measure`: the learner's fixed costs, apart from the model's FLOPs and the optimizer's bytes.
+"""`relayrl plan plan.measure=true`: the learner's fixed costs, apart from the model's FLOPs and the optimizer's bytes.
 
 relayrl's own `PolicyLearner` updates a null model (one layer, hidden 64, so its FLOPs are negligible; the
 layers' own work is timed at the run's width by relayrl/planner/pass_probe.py) on 8 samples of 4 + 4 tokens,

@@ -1,4 +1,4 @@
-"""`relayrl plan --measure`: the learner's passes timed on the model's own layers, not only its matmuls.
+"""`relayrl plan plan.measure=true`: the learner's passes timed on the model's own layers, not only its matmuls.
 
 A tiny model's update spends a third of its time outside the matmuls (measured on the demo's shapes with the
 torch profiler: matmuls 47 ms of 75 ms; elementwise products of RMSNorm, rotary embeddings and SwiGLU 7 ms,

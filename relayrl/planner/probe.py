@@ -1,4 +1,4 @@
-"""`relayrl plan --measure`, at the model's own sizes: matmul rates at the shapes a pass feeds them, and the
+"""`relayrl plan plan.measure=true`, at the model's own sizes: matmul rates at the shapes a pass feeds them, and the
 rollout engine's fixed costs. Measured on this machine, nothing assumed.
 
 - Matmul rates. A big square matmul runs near peak; a 128-wide model's matmuls do not. So the model's own
@@ -67,7 +67,7 @@ def linear_shapes(shape: ModelShape) -> list[tuple[int, int, int]]:
         from relayrl.errors import ConfigError
 
         raise ConfigError(
-            "--measure times the model's own matmuls: it needs model.path's config.json "
+            "plan.measure=true times the model's own matmuls: it needs model.path's config.json "
             "(heads and intermediate size), not only the shape flags"
         )
     h, q, kv, i, layers = shape.hidden, shape.q_width, shape.kv_heads * shape.head_dim, shape.intermediate, shape.layers

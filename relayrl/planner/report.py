@@ -73,7 +73,7 @@ def _sections(plan: Plan) -> list[tuple[str, Rows]]:
     if plan.workload.learner_ranks > 1 or not one_rank_fits(plan):
         sections.append(("learner ranks (FSDP2)", _rank_rows(plan)))
     if not one_rank_fits(plan):
-        sections.append(("smallest W that fits, per --hardware", _smallest_rows(plan)))
+        sections.append(("smallest W that fits, per plan.hardware", _smallest_rows(plan)))
     return sections + [
         ("placement", _placement_rows(plan)),
         ("rates", _rate_rows(plan)),
@@ -91,7 +91,7 @@ def _rank_rows(plan: Plan) -> Rows:
     fits = "fits" if m.rank_trainer <= hw.memory_gb * 1e9 else "does not fit"
     passes = f"{w.gather_passes} passes (broadcast + checksums) x " if w.gather_passes > 1 else ""
     return [
-        ("W", "placement.learner_ranks, or --learner-ranks", f"{w.learner_ranks}"),
+        ("W", "placement.learner_ranks, or plan.learner_ranks", f"{w.learner_ranks}"),
         ("states per rank", f"(actor + critic + reference) / W={w.learner_ranks}", _gb(m.states / m.ranks)),
         (
             "activations per rank",
@@ -146,7 +146,7 @@ def _input_rows(plan: Plan) -> Rows:
         _prompt_row(plan),
         (
             "response tokens",
-            "--response-tokens (e.g. a previous run's response/length_max)"
+            "plan.response_tokens (e.g. a previous run's response/length_max)"
             if w.longest_response_tokens is not None
             else "assumed: rollout.max_tokens (every response as long as allowed)",
             f"{w.response:g}",
@@ -186,7 +186,7 @@ def _prompt_row(plan: Plan) -> tuple[str, str, str]:
             f"longest; expected longest of {p.batch} prompts (the {p.batch}/{p.batch + 1} quantile)",
             f"{p.mean:.1f}, {p.p95:g}, {p.longest}; {p.batch_longest:g}",
         )
-    given = "--prompt-tokens" if w.longest_prompt_tokens is not None else "data.max_prompt_tokens"
+    given = "plan.prompt_tokens" if w.longest_prompt_tokens is not None else "data.max_prompt_tokens"
     return ("prompt tokens", f"{given} (data.train not read: {p})", f"{w.prompt:g}")
 
 
@@ -360,7 +360,7 @@ def _time_rows(plan: Plan) -> Rows:
         f"{w.rollout_batch * w.response_mean / t.replicas:,.0f} "
         f"tokens, {math.ceil(w.rollout_batch / t.replicas)} seqs x their costs"
         if plan.rates.engine
-        else "not measured (--measure)"
+        else "not measured (plan.measure=true)"
     )
     time = [
         (
@@ -420,7 +420,7 @@ def _update_rows(plan: Plan, fwd: str, dev: str) -> Rows:
         f"{w.optimizer_steps} updates x {_s(learner.per_update)} + {w.micro_batches * w.epochs} micro-batches x "
         f"{_s(learner.per_micro_batch)}"
         if learner
-        else "not measured (--measure)"
+        else "not measured (plan.measure=true)"
     )
     return [
         (

@@ -11,7 +11,7 @@ learner ranks the passes are data-parallel over the W ranks, and a sync first al
 its shards: each rank receives the (W - 1)/W it lacks of P x 4 B (fp32 shards, `full_tensor()`) over the link,
 twice under broadcast with checksums (relayrl/sync/gather.py gathers once for the header's checksums).
 Rates (FLOP/s per device) come from a hardware profile (peak x MFU for passes, peak for decode and prefill:
-the seeds' assumptions) or, with --measure, from this machine's matmuls at the model's own shapes
+the seeds' assumptions) or, with plan.measure, from this machine's matmuls at the model's own shapes
 (`probe.py`; the learner's passes through the model's own layers, `pass_probe.py`), which also gives the
 engine's fixed costs per call, step, token and sequence and its reload's fixed cost and cost per byte. Left
 out: with a hardware profile, elementwise ops (norms, activations, the log-softmax over the vocabulary); data

@@ -1,5 +1,5 @@
 """Roles placed on Ray clusters with logical GPUs (Ray's own cluster_utils on this CPU), by the code a run uses
-(`relayrl plan --place`, relayrl/placement/dry_run.py): each role's actor reports the GPU ids Ray assigned it."""
+(`relayrl plan CONFIG plan.place=true`, relayrl/placement/dry_run.py): each role's actor reports the GPU ids Ray assigned it."""
 
 from __future__ import annotations
 
@@ -80,9 +80,14 @@ def test_relayrl_plan_place_prints_the_rows_as_json_and_refuses_stray_flags(tmp_
 
     path = tmp_path / "config.yaml"
     path.write_text("model: {path: /models/absent}\nrollout: {engine: vllm}\nplacement: {mode: ray, engines: 1}\n")
-    assert main(["plan", str(path), "--place", "--nodes", "1", "--gpus-per-node", "2", "--json"]) == 0
+    assert (
+        main(["plan", str(path), "plan.place=true", "plan.nodes=1", "plan.gpus_per_node=2", "plan.as_json=true"]) == 0
+    )
     out = capsys.readouterr().out
     rows = json.loads(out[out.index("[") :])
     assert [(row["role"], len(row["gpus"])) for row in rows] == [("learner", 1), ("engine 0", 1)]
-    assert main(["plan", str(path), "--json"]) == 2
-    assert "--nodes, --gpus-per-node, --cpus-per-node and --json go with --place" in capsys.readouterr().err
+    assert main(["plan", str(path), "plan.as_json=true"]) == 2
+    assert (
+        "plan.nodes, plan.gpus_per_node, plan.cpus_per_node and plan.as_json go with plan.place=true"
+        in capsys.readouterr().err
+    )

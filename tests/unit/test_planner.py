@@ -264,7 +264,7 @@ def test_measure_cpu_reports_positive_rates():
 
 def test_cli_plan_prints_the_memory_lines(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the example's model.path is relative to the repository root
-    assert main(["plan", "examples/grpo_7b/config.yaml", "--hardware", "H100-80GB"]) == 0
+    assert main(["plan", "examples/grpo_7b/config.yaml", "plan.hardware=H100-80GB"]) == 0
     out = capsys.readouterr().out
     for line in (
         "actor",
@@ -281,21 +281,8 @@ def test_cli_plan_prints_the_memory_lines(capsys, monkeypatch):
 def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("rollout: {n: 4, prompts_per_step: 2, max_tokens: 8}\n")
-    flags = [
-        "--params",
-        "7e9",
-        "--layers",
-        "28",
-        "--hidden",
-        "3584",
-        "--kv-heads",
-        "4",
-        "--head-dim",
-        "128",
-        "--vocab",
-        "152064",
-    ]
-    assert main(["plan", str(config), "--hardware", "A100-80GB", *flags]) == 0
+    keys = ["plan.params=7e9", "plan.layers=28", "plan.hidden=3584", "plan.kv_heads=4", "plan.head_dim=128"]
+    assert main(["plan", str(config), "plan.hardware=A100-80GB", *keys, "plan.vocab=152064"]) == 0
     assert "112.00 GB" in capsys.readouterr().out
     assert main(["plan", str(config)]) == 2  # no model.path and no flags: one line naming model.path
     assert "model.path" in capsys.readouterr().err
@@ -304,23 +291,23 @@ def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
 @pytest.mark.parametrize(
     "lengths, message",
     [
-        (["--response-tokens", "-3"], "--response-tokens -3: a number of tokens, more than 0"),
-        (["--mean-response-tokens", "0"], "--mean-response-tokens 0: a number of tokens, more than 0"),
+        (["plan.response_tokens=-3"], "plan.response_tokens=-3: a number of tokens, more than 0"),
+        (["plan.mean_response_tokens=0"], "plan.mean_response_tokens=0: a number of tokens, more than 0"),
         (
-            ["--mean-response-tokens", "9"],
-            "--mean-response-tokens 9 is over the longest response (rollout.max_tokens 8)",
+            ["plan.mean_response_tokens=9"],
+            "plan.mean_response_tokens=9 is over the longest response (rollout.max_tokens=8)",
         ),
         (
-            ["--response-tokens", "4", "--mean-response-tokens", "5"],
-            "--mean-response-tokens 5 is over the longest response (--response-tokens 4)",
+            ["plan.response_tokens=4", "plan.mean_response_tokens=5"],
+            "plan.mean_response_tokens=5 is over the longest response (plan.response_tokens=4)",
         ),
     ],
 )
-def test_cli_plan_refuses_impossible_lengths_naming_the_flag(capsys, tmp_path, lengths, message):
+def test_cli_plan_refuses_impossible_lengths_naming_the_key(capsys, tmp_path, lengths, message):
     config = tmp_path / "c.yaml"
     config.write_text("rollout: {n: 4, prompts_per_step: 2, max_tokens: 8}\n")
-    shape = ["--params", "7e9", "--layers", "28", "--hidden", "3584", "--kv-heads", "4", "--head-dim", "128"]
-    assert main(["plan", str(config), *shape, "--vocab", "152064", *lengths]) == 2
+    shape = ["plan.params=7e9", "plan.layers=28", "plan.hidden=3584", "plan.kv_heads=4", "plan.head_dim=128"]
+    assert main(["plan", str(config), *shape, "plan.vocab=152064", *lengths]) == 2
     assert message in capsys.readouterr().err
 
 
@@ -422,7 +409,7 @@ def test_two_ranks_of_7b_do_not_fit_80gb_and_four_do():
 
 def test_cli_plan_prints_the_smallest_learner_ranks_per_profile(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert main(["plan", "examples/grpo_7b/config.yaml", "--hardware", "H100-80GB", "--learner-ranks", "1"]) == 0
+    assert main(["plan", "examples/grpo_7b/config.yaml", "plan.hardware=H100-80GB", "plan.learner_ranks=1"]) == 0
     out = capsys.readouterr().out
     assert "smallest W that fits" in out
     rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in out.splitlines() if "least W" in line}
@@ -430,7 +417,7 @@ def test_cli_plan_prints_the_smallest_learner_ranks_per_profile(capsys, monkeypa
     assert rows["H200"].startswith("W=2 (")
     assert rows["cpu"].startswith("none")  # fp32 activations of one micro-batch alone exceed 24 GB
     small = ["algorithm.kl.coef=0", "train.micro_batch=1"]  # 122 GB of states + 5 GB: one H200 holds it
-    assert main(["plan", "examples/grpo_7b/config.yaml", *small, "--hardware", "H200", "--learner-ranks", "2"]) == 0
+    assert main(["plan", "examples/grpo_7b/config.yaml", *small, "plan.hardware=H200", "plan.learner_ranks=2"]) == 0
     out = capsys.readouterr().out
     assert "gather per sync" in out and "smallest W" not in out
 
@@ -470,3 +457,34 @@ def test_a_measurement_on_a_busy_machine_is_said_in_the_plan(monkeypatch, capsys
     assert "note: measured at load average 64.0" in " ".join(capsys.readouterr().out.split())
     monkeypatch.setattr(planner.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
     assert make_plan(config, load_shape(config.model.path), cpu, read_prompts=False, measure=True).busy == ""
+
+
+def test_cli_plan_old_flags_still_work_with_one_deprecation_line(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    argv = ["plan", "examples/grpo_7b/config.yaml", "--hardware", "H100-80GB", "--learner-ranks", "1", "--no-master"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "smallest W that fits" in captured.out
+    lines = [line for line in captured.err.splitlines() if "deprecated" in line]
+    assert len(lines) == 1, captured.err
+    for key in ("plan.hardware=H100-80GB", "plan.learner_ranks=1", "plan.fp32_master=false"):
+        assert key in lines[0]
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("plan.hardwre=H200", "'plan.hardwre' (in the overrides); did you mean 'plan.hardware'"),
+        ("rollout.nn=4", "'rollout.nn'"),
+    ],
+)
+def test_cli_plan_an_unknown_key_is_one_error_naming_it(capsys, override, named):
+    assert main(["plan", str(ROOT / "examples/grpo_7b/config.yaml"), override]) == 2
+    err = capsys.readouterr().err
+    assert named in err and err.count("\n") == 1
+
+
+def test_cli_plan_without_a_config_plans_the_defaults_and_the_keys(capsys, random_model_dir):
+    assert main(["plan", f"model.path={random_model_dir}", "plan.hardware=cpu", "rollout.n=4"]) == 0
+    out, err = capsys.readouterr()
+    assert "actor" in out and "deprecated" not in err

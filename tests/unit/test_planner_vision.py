@@ -138,7 +138,7 @@ def test_prompt_lengths_count_the_image_tokens_and_the_images_of_each_row(vlm, i
 def test_relayrl_plan_prints_the_vision_part(vlm, image_rows, capsys):
     config = str(ROOT / "examples/vision_count/config.yaml")
     data = [f"data.train={image_rows}", f"data.eval={image_rows}"]  # the example's own data is made by prepare.py
-    assert main(["plan", config, f"model.path={vlm[1]}", *data, "--hardware", "cpu"]) == 0
+    assert main(["plan", config, f"model.path={vlm[1]}", *data, "plan.hardware=cpu"]) == 0
     out = capsys.readouterr().out
     line = " ".join(out.split("vision:", 1)[1].split())
     assert "vision tower 0.11M params (frozen: no grads, no optimizer state, not synced)" in line
