@@ -228,19 +228,18 @@ def test_config_overrides_carry_seed_engine_and_length_floor():
 def test_eval_command_is_relayrl_eval_with_the_regime_lengths():
     sides = sys.modules["peer_sides"]
     b = sides.eval_command(Path("m"), peer_trl.parse_args(["--regime", "b"]), Path("e.jsonl"), 1.0)
-    assert b[1:4] == ["-m", "relayrl.cli", "eval"]
-    flags = dict(zip(b[4::2], b[5::2]))
-    assert flags == {
-        "--model": "m",
-        "--data": "e.jsonl",
-        "--reward": sys.modules["peer_regimes"].REGIMES["b"].reward,
-        "--max-tokens": "128",
-        "--temperature": "1",
-        "--min-tokens": "128",
-        "--max-prompts": "64",
+    assert b[1:6] == ["-m", "relayrl.cli", "eval", "m", "e.jsonl"]
+    keys = dict(word.split("=", 1) for word in b[6:])
+    assert keys == {
+        "reward.fn": sys.modules["peer_regimes"].REGIMES["b"].reward,
+        "rollout.engine": "vllm",
+        "rollout.max_tokens": "128",
+        "eval.temperature": "1",
+        "rollout.min_tokens": "128",
+        "eval.max_prompts": "64",
     }
     a = sides.eval_command(Path("m"), peer_trl.parse_args([]), Path("e.jsonl"), 0.0)
-    assert "--min-tokens" not in a and "--max-prompts" not in a and a[a.index("--temperature") + 1] == "0"
+    assert not any(word.startswith(("rollout.min_tokens", "eval.max_prompts", "eval.temperature")) for word in a)
 
 
 def _run(times, after, sampled=None, generate=None):

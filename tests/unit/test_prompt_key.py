@@ -114,8 +114,8 @@ def test_a_key_a_reasoning_gym_spec_lacks_is_named_not_ignored():
 def test_relayrl_eval_and_reward_read_the_key(tmp_path, random_model_dir, capsys):
     rows = [{"question": "1+2=", "answer": "3"}, {"question": "4+5=", "answer": "9"}]
     data = write(tmp_path / "q.jsonl", rows)
-    argv = ["eval", "--model", str(random_model_dir), "--data", str(data), "--reward", "exact_match"]
-    assert main([*argv, "--engine", "hf", "--max-tokens", "2", "--prompt-key", "question"]) == 0
+    argv = ["eval", str(random_model_dir), str(data), "reward.fn=exact_match"]
+    assert main([*argv, "rollout.engine=hf", "rollout.max_tokens=2", "data.prompt_key=question"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["n"] == 2
     scored = write(tmp_path / "s.jsonl", [{**row, "completion": row["answer"]} for row in rows])
     assert main(["reward", str(scored), "--reward", "exact_match", "--prompt-key", "question"]) == 0
