@@ -60,6 +60,7 @@ def register(commands) -> None:
         "eval",
         help="a model's held-out score as training measures it; prints one JSON line: reward_mean, n, and the "
         "samples the reward failed on (errors, timeouts, skipped)",
+        usage="%(prog)s [-h] MODEL DATA [key=value ...]",
     )
     ev.add_argument("model", nargs="?", help="a model directory (or an adapter `relayrl export` wrote): model.path")
     ev.add_argument("data", nargs="?", help="held-out prompts, .jsonl, .parquet or a datasets directory: data.eval")

@@ -45,7 +45,11 @@ SWITCHES = {"--measure": "true", "--no-master": "false", "--offload": "true", "-
 def register(commands) -> None:
     from relayrl.commands.old_flags import add_old_flags
 
-    plan = commands.add_parser("plan", help="memory per role, placement and step time of a config on a device")
+    plan = commands.add_parser(
+        "plan",
+        help="memory per role, placement and step time of a config on a device",
+        usage="%(prog)s [-h] [CONFIG] [key=value ...]",
+    )
     plan.add_argument("config", nargs="?", help="the run's YAML config (none: the defaults)")
     plan.add_argument(
         "overrides", nargs="*", help="dotted overrides: the run's (rollout.n=16) and the plan's (plan.hardware=H200)"
