@@ -6,8 +6,8 @@ columns; the rows are scored through the same reward service as training (`rewar
 file:line, `reward`, `components`, and `error` for a row scored 0 because its reward failed; `reward` is null for
 a sample dropped under `--on-error skip`), then a summary line (`reward_mean` over the scored rows, `n`,
 `skipped`, `errors`, `timeouts`). As in training, failures on `--max-error-frac` of the rows or more stop with
-the count and the first failure (default 1: only when every row fails). The reward flags are the ones
-`relayrl eval` takes (relayrl/commands/reward_flags.py).
+the count and the first failure (default 1: only when every row fails). The reward flags are
+relayrl/commands/reward_flags.py's.
 
 No tokenizer is loaded: a `messages` row's prompt text (what relayrl-style functions get) is its contents
 joined, and `completion_ids` (TRL's) come from a `completion_ids` column when the file has one, else are empty.

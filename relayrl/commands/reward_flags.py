@@ -1,4 +1,6 @@
-"""The reward flags `relayrl eval` and `relayrl reward` share: one name each, as the `reward.*` key it sets.
+"""`relayrl reward`'s reward flags: one name each, as the `reward.*` key it sets (`relayrl eval` takes the keys
+themselves; its former flags of these names map to them, relayrl/commands/eval.py, and `parse_kwargs` reads its
+former JSON flags).
 
 `--reward SPEC`, `--reward-kwargs JSON`, `--reward-style`, `--on-error`, `--reward-workers N`, `--reward-timeout-s`
 and `--max-error-frac` become one `RewardConfig`, checked as training checks `reward.*`. The names `relayrl reward`
