@@ -14,18 +14,15 @@ from relayrl.algorithms.dapo import overlong_mask
 from relayrl.types import filled
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
+    from relayrl.config import AlgorithmConfig
     from relayrl.types import Experience, Rollout
 
 
-def advantage_stage(config: Config) -> Callable[[Experience, list[Rollout]], Experience]:
-    """`stage(exp, rollouts) -> exp` with advantages and returns, as `config.algorithm` chose."""
-    estimator = functools.partial(ADVANTAGES[config.algorithm.advantage], **advantage_knobs(config))
+def advantage_stage(algorithm: AlgorithmConfig) -> Callable[[Experience, list[Rollout]], Experience]:
+    """`stage(exp, rollouts) -> exp` with advantages and returns, as the `algorithm` section chose."""
+    estimator = functools.partial(ADVANTAGES[algorithm.advantage], **advantage_knobs(algorithm))
     return functools.partial(
-        estimate_advantages,
-        estimator,
-        config.algorithm.dapo.overlong_filter,
-        per_turn=config.algorithm.advantage in TOKEN_LEVEL,
+        estimate_advantages, estimator, algorithm.dapo.overlong_filter, per_turn=algorithm.advantage in TOKEN_LEVEL
     )
 
 
@@ -51,9 +48,8 @@ def estimate_advantages(
     return exp
 
 
-def advantage_knobs(config: Config) -> dict:
-    """The config values each estimator takes (the others have none)."""
-    algo = config.algorithm
+def advantage_knobs(algo: AlgorithmConfig) -> dict:
+    """The `algorithm` values each estimator takes (the others have none)."""
     return {
         "grpo": {"std_normalize": algo.std_normalize},
         "reinforce_pp": {"gamma": algo.gamma},

@@ -21,7 +21,11 @@ from typing import TYPE_CHECKING, Any
 from relayrl.errors import ModelError
 
 if TYPE_CHECKING:
+    from types import SimpleNamespace
+
     from transformers import PretrainedConfig
+
+    HFConfig = PretrainedConfig | SimpleNamespace  # a config.json: transformers' object, or its raw keys as attributes
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 SHAPE_FLAGS = {"params", "layers", "hidden", "kv_heads", "head_dim", "vocab"}  # enough for a plan without config.json
@@ -65,7 +69,7 @@ class ModelShape:
         return self.heads * self.head_dim if self.heads else self.hidden
 
 
-def count_params(cfg) -> int:
+def count_params(cfg: HFConfig) -> int:
     """Parameters of a Llama-family causal LM from its `PretrainedConfig`, as `sum(p.numel())` counts them."""
     if cfg.model_type not in LLAMA_FAMILY:
         raise ModelError(
@@ -91,7 +95,7 @@ def shape_from_config(cfg: PretrainedConfig) -> ModelShape:
     return text_shape(cfg, count_params(cfg))
 
 
-def text_shape(cfg, params: int) -> ModelShape:
+def text_shape(cfg: PretrainedConfig, params: int) -> ModelShape:
     """The shape of a decoder of `params` parameters from its (text) config."""
     return ModelShape(
         params=params,
@@ -187,7 +191,7 @@ def _language_parts(holder) -> list:
     return [module for module in modules if isinstance(module, torch.nn.Module)]
 
 
-def meta_model(cfg):
+def meta_model(cfg: PretrainedConfig):
     """The model `cfg.architectures` names (else transformers' image-text-to-text class for it), built on the
     meta device: its parameters have shapes and no storage."""
     import torch
@@ -207,7 +211,7 @@ def meta_model(cfg):
         ) from None
 
 
-def image_geometry(cfg) -> tuple[int | None, int | None, int | None]:
+def image_geometry(cfg: PretrainedConfig) -> tuple[int | None, int | None, int | None]:
     """(image tokens per image, tower patches per image, patches per image token) where the config fixes them:
     a fixed `image_size` gives the patches; a dynamic resolution (Qwen2-VL) gives only the merge."""
     vision = cfg.vision_config
@@ -218,7 +222,7 @@ def image_geometry(cfg) -> tuple[int | None, int | None, int | None]:
     return tokens, patches, merge
 
 
-def _patch_merge(cfg, patches: int | None) -> int | None:
+def _patch_merge(cfg: PretrainedConfig, patches: int | None) -> int | None:
     """Patches per image token: Idefics3's pixel shuffle (scale_factor squared), Qwen2-VL's spatial merge (its
     square), Gemma3's pooling (patches / mm_tokens_per_image), LLaVA's none (one token a patch)."""
     if isinstance(scale := getattr(cfg, "scale_factor", None), int) and scale > 0:
@@ -230,9 +234,9 @@ def _patch_merge(cfg, patches: int | None) -> int | None:
     return 1 if cfg.model_type == "llava" else None
 
 
-def _kv_heads(cfg) -> int:
+def _kv_heads(cfg: HFConfig) -> int:
     return getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
 
 
-def _head_dim(cfg) -> int:
+def _head_dim(cfg: HFConfig) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
