@@ -83,7 +83,17 @@ class Trainer:
         self.time_sharing.after_push(timer)  # colocated: the engine's KV cache wakes
         schedule.published(self.sync.version)
         roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
-        metrics = step_metrics(self.config, trained, batch, exp, update, timer, self.sync.last, roles)
+        metrics = step_metrics(
+            self.config.updates_per_step,
+            self.config.train.epochs,
+            trained,
+            batch,
+            exp,
+            update,
+            timer,
+            self.sync.last,
+            roles,
+        )
         self.record(step, batch, exp, update.sample_logprobs)
         return metrics
 
@@ -142,7 +152,7 @@ class Trainer:
     def steps(self, start_step: int, before: dict[str, float]) -> None:
         """Steps `start_step`.. to the end, each logged, checkpointed as configured, stopped early by a signal."""
         cfg = self.config
-        trackers = build_trackers(cfg, self.run_dir)
+        trackers = build_trackers(cfg.log, cfg.train.steps, cfg.model_dump(), self.run_dir)
         self.schedule = self.make_schedule()  # async producers start generating here
         self.time_sharing.start()  # colocated: the engine has the device for the first generate
         try:

@@ -16,7 +16,6 @@ from relayrl.algorithms.advantages import degenerate_group_fraction
 from relayrl.learner.policy import mismatch_metrics
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.learner.result import UpdateResult
     from relayrl.metrics.timer import StepTimer
     from relayrl.sources.base import Batch
@@ -24,7 +23,8 @@ if TYPE_CHECKING:
 
 
 def step_metrics(
-    config: Config,
+    updates_per_step: int,
+    epochs: int,
     trained_version: int,
     batch: Batch,
     exp: Experience,
@@ -33,20 +33,21 @@ def step_metrics(
     sync_metrics: dict[str, float],
     role_metrics: dict[str, float],
 ) -> dict[str, float]:
-    """The row for metrics.jsonl and the trackers. `trained_version`: the policy version the update started
+    """The row for metrics.jsonl and the trackers. `updates_per_step`, `epochs`: the run's optimizer steps per
+    step and passes over each batch (`Config.updates_per_step`, `train.epochs`). `trained_version`: the policy version the update started
     from; `timer` is read now, so call this once the step's phases (the push included) are done."""
     stats = {**update.metrics, **mismatch_metrics(update.mismatch, trained_version)}
     metrics = {**stats, **rollout_metrics(exp, batch.rollouts), **batch.metrics, **sync_metrics, **timer.metrics()}
     lags = staleness_metrics(exp, trained_version)
     if lags and "stale/mean" in metrics:  # the learner counted optimizer steps within this step's update
-        metrics["stale/mean"] += lags["stale/version_mean"] * config.updates_per_step
-        metrics["stale/max"] += lags["stale/version_max"] * config.updates_per_step
+        metrics["stale/mean"] += lags["stale/version_mean"] * updates_per_step
+        metrics["stale/max"] += lags["stale/version_max"] * updates_per_step
     metrics.update(lags)
     metrics.update(role_metrics)  # placement/*: restarts of engines and learner, engine start time
     tokens = float(exp.loss_mask.sum())
     if "time/generate" in metrics:
         metrics["throughput/rollout_tokens_per_s"] = tokens / metrics["time/generate"]
-    metrics["throughput/update_tokens_per_s"] = tokens * config.train.epochs / metrics["time/update"]
+    metrics["throughput/update_tokens_per_s"] = tokens * epochs / metrics["time/update"]
     metrics["throughput/samples_per_s"] = len(batch.rollouts) / metrics["time/step"]
     if "learner/positions" not in metrics:  # a learner that does not count: one padded row per sample
         positions = float(exp.attention_mask.numel())

@@ -11,6 +11,10 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relayrl.config import LogConfig
 
 
 class JsonlTracker:
@@ -78,7 +82,7 @@ class Trackers:
 class TensorBoardTracker:
     """Scalars to `<run>/tensorboard` (read them with TensorBoard or `tensorboard.backend.event_processing`)."""
 
-    def __init__(self, run_dir: Path, config=None):  # config: unused, the backends share one signature
+    def __init__(self, run_dir: Path, params: dict | None = None):  # params: unused, the backends share one signature
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
@@ -101,7 +105,7 @@ class MlflowTracker:
     run keeps logging into the same MLflow run (its id is kept in `<run>/mlflow/run_id`).
     """
 
-    def __init__(self, run_dir: Path, config):
+    def __init__(self, run_dir: Path, params: dict):
         from mlflow.tracking import MlflowClient
 
         root = Path(run_dir).resolve() / "mlflow"
@@ -113,10 +117,10 @@ class MlflowTracker:
             self.run_id = run_id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            self.run_id = self._create_run(root, Path(run_dir).name, config)
+            self.run_id = self._create_run(root, Path(run_dir).name, params)
             run_id_file.write_text(self.run_id)
 
-    def _create_run(self, root: Path, name: str, config) -> str:
+    def _create_run(self, root: Path, name: str, params: dict) -> str:
         from mlflow.entities import Param
 
         experiment = self.client.get_experiment_by_name("relayrl")
@@ -126,8 +130,8 @@ class MlflowTracker:
             else self.client.create_experiment("relayrl", artifact_location=(root / "artifacts").as_uri())
         )
         run_id = self.client.create_run(experiment_id, run_name=name).info.run_id
-        params = [Param(key, str(value)) for key, value in _flatten(config.model_dump()).items()]
-        self.client.log_batch(run_id, params=params)
+        logged = [Param(key, str(value)) for key, value in _flatten(params).items()]
+        self.client.log_batch(run_id, params=logged)
         return run_id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -152,7 +156,7 @@ class WandbTracker:
     fill W&B's output log. A resumed run reuses the W&B run id kept in `<run>/wandb/run_id`.
     """
 
-    def __init__(self, run_dir: Path, config):
+    def __init__(self, run_dir: Path, params: dict):
         import wandb
 
         root = Path(run_dir).resolve() / "wandb"
@@ -166,7 +170,7 @@ class WandbTracker:
             name=Path(run_dir).name,
             id=run_id,
             resume="allow",
-            config=config.model_dump(),
+            config=params,
             settings=wandb.Settings(silent=True, console="off"),
         )
         run_id_file.write_text(self.run.id)
@@ -199,9 +203,9 @@ def _flatten(tree: dict, prefix: str = "") -> dict:
 BACKENDS = {"tensorboard": TensorBoardTracker, "mlflow": MlflowTracker, "wandb": WandbTracker}
 
 
-def build_trackers(config, run_dir: Path) -> Trackers:
-    """jsonl always (the report and resume read it), `log.backends`, and the progress bar if asked (last, so
-    the backends' start-up lines print before it)."""
-    log = config.log
-    backends = [BACKENDS[name](run_dir, config) for name in log.backends]
-    return Trackers([JsonlTracker(run_dir), *backends, ConsoleTracker(config.train.steps, log.progress)])
+def build_trackers(log: LogConfig, steps: int, params: dict, run_dir: Path) -> Trackers:
+    """jsonl always (the report and resume read it), `log.backends`, and the progress bar over `steps` if asked
+    (last, so the backends' start-up lines print before it). `params`: the run's config as dumped, which the
+    backends record beside the metrics."""
+    backends = [BACKENDS[name](run_dir, params) for name in log.backends]
+    return Trackers([JsonlTracker(run_dir), *backends, ConsoleTracker(steps, log.progress)])

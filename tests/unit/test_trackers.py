@@ -17,7 +17,7 @@ STEPS = [{"reward/mean": 0.25, "time/step": 0.5}, {"reward/mean": 0.75, "time/st
 
 def _log_all(tmp_path, backends, steps=STEPS, first_step=0):
     config = load_config(None, [f"log.dir={tmp_path}", "log.progress=false", f"log.backends={backends}", "rollout.n=4"])
-    trackers = build_trackers(config, tmp_path)
+    trackers = build_trackers(config.log, config.train.steps, config.model_dump(), tmp_path)
     for step, metrics in enumerate(steps, start=first_step):
         trackers.log(step, metrics)
     trackers.close()
