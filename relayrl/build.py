@@ -40,7 +40,7 @@ from relayrl.rollout.vllm_tp import check_tensor_parallel
 from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
-from relayrl.schedules.modes import SCHEDULES
+from relayrl.schedules.modes import SCHEDULES, ScheduleSettings
 from relayrl.sources.context import context_budget
 from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.sources.single_turn import SingleTurnSource
@@ -126,7 +126,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         sync=roles.sync,
         source=source,
         sampler=sampler,
-        make_schedule=functools.partial(SCHEDULES[config.train.schedule], source, config),
+        make_schedule=functools.partial(SCHEDULES[config.train.schedule], source, schedule_settings(config)),
         advantages=advantage_stage(config.algorithm),
         eval_prompts=eval_prompts,
         tokenizer=tokenizer,
@@ -138,6 +138,11 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
     )
+
+
+def schedule_settings(config: Config) -> ScheduleSettings:
+    """The sections a schedule reads (relayrl/schedules/modes.py)."""
+    return ScheduleSettings(config.rollout, config.train, config.algorithm.dapo, config.placement.call_timeout_s)
 
 
 def _close(*parts) -> None:

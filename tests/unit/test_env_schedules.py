@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from relayrl.build import schedule_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.errors import ConfigError
@@ -109,7 +110,7 @@ def check_spans_the_push(batch) -> None:
 def test_one_step_off_runs_the_next_trajectories_while_training_and_a_push_lands_between_turns(random_model_dir):
     source, config, engine, sync = build(random_model_dir, schedule="one_step_off")
     engine.hold_seed = source.sampling(1).seed  # step 1's trajectories wait at their second turn for the push
-    schedule = OneStepOff(source, config)
+    schedule = OneStepOff(source, schedule_settings(config))
     try:
         first = schedule.batch(0, StepTimer())
         assert all(set(r.versions) == {0} for r in first.rollouts)
@@ -125,7 +126,7 @@ def test_one_step_off_runs_the_next_trajectories_while_training_and_a_push_lands
 def test_async_producers_run_trajectories_and_the_buffer_bounds_them_by_their_oldest_token(random_model_dir):
     source, config, engine, sync = build(random_model_dir, schedule="async", max_staleness=1, on_stale="wait")
     engine.hold_seed = source.sampling(2).seed  # the second chunk (tickets 2, 3) waits for the push
-    schedule = AsyncSchedule(source, config)
+    schedule = AsyncSchedule(source, schedule_settings(config))
     try:
         first = schedule.batch(0, StepTimer())
         assert all(set(r.versions) == {0} for r in first.rollouts)
@@ -191,7 +192,7 @@ def test_async_env_metrics_are_the_mean_over_the_replicas_chunks_not_the_last_ch
     from relayrl.models.loading import load_tokenizer
 
     source.engines = TwoReplicas(load_tokenizer(str(random_model_dir)))
-    schedule = AsyncSchedule(source, config)
+    schedule = AsyncSchedule(source, schedule_settings(config))
     try:
         metrics = schedule.batch(0, StepTimer()).metrics
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from relayrl.build import schedule_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
@@ -43,7 +44,7 @@ def trained_prompts(batch) -> list[str]:
 
 def test_a_one_step_off_checkpoint_saves_the_sampler_before_the_batch_in_flight(random_model_dir):
     source, config = build(random_model_dir, "one_step_off")
-    schedule = OneStepOff(source, config)
+    schedule = OneStepOff(source, schedule_settings(config))
     first = schedule.batch(0, StepTimer())  # step 1's batch is drawn and in flight now
     saved = schedule.sampler_state()
     assert saved != source.sampler_state()  # the live sampler is past the batch in flight
@@ -52,7 +53,7 @@ def test_a_one_step_off_checkpoint_saves_the_sampler_before_the_batch_in_flight(
 
     resumed_source, _ = build(random_model_dir, "one_step_off")
     resumed_source.draws.sampler.load_state(saved)  # a run resumed from the checkpoint of step 0
-    resumed = OneStepOff(resumed_source, config)
+    resumed = OneStepOff(resumed_source, schedule_settings(config))
     assert trained_prompts(resumed.batch(1, StepTimer())) == in_flight  # nothing skipped
     assert set(trained_prompts(first)).isdisjoint(in_flight)
     resumed.close()
@@ -60,10 +61,10 @@ def test_a_one_step_off_checkpoint_saves_the_sampler_before_the_batch_in_flight(
 
 def test_after_the_last_step_and_under_sync_the_sampler_state_is_the_live_one(random_model_dir):
     source, config = build(random_model_dir, "sync")
-    schedule = SyncSchedule(source, config)
+    schedule = SyncSchedule(source, schedule_settings(config))
     schedule.batch(0, StepTimer())
     assert schedule.sampler_state() == source.sampler_state()
     source, config = build(random_model_dir, "one_step_off")
-    last = OneStepOff(source, config)
+    last = OneStepOff(source, schedule_settings(config))
     last.batch(config.train.steps - 1, StepTimer())  # nothing is submitted after the last step
     assert last.pending is None and last.sampler_state() == source.sampler_state()

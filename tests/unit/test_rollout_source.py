@@ -5,6 +5,7 @@ through the `RolloutSource`, and every schedule's batch carries DAPO's soft over
 import pytest
 import torch
 
+from relayrl.build import schedule_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
@@ -86,7 +87,7 @@ def test_a_local_engine_is_a_one_replica_group():
 
 def test_dynamic_sampling_is_the_collector_chosen_at_construction():
     source, config = source_and_config(dynamic_sampling=True, max_rounds=3)
-    schedule = SyncSchedule(source, config)
+    schedule = SyncSchedule(source, schedule_settings(config))
     batch = schedule.batch(step=5, timer=StepTimer())
     assert batch.metrics["dynamic/rounds"] == 2.0  # the flat first round, then an informative one
     assert batch.metrics["reward/errors"] == 2.0  # counts add up over the rounds
@@ -98,7 +99,7 @@ def test_dynamic_sampling_is_the_collector_chosen_at_construction():
 
 def test_every_schedule_gives_its_batch_the_soft_overlong_penalty():
     source, config = source_and_config()
-    schedule = OneStepOff(source, config)
+    schedule = OneStepOff(source, schedule_settings(config))
     batch = schedule.batch(step=0, timer=StepTimer())
     schedule.close()
     assert [s.components["overlong"] for s in batch.scores] == [-1.0] * 4  # 4 tokens = max_tokens, buffer 2
