@@ -41,6 +41,7 @@ from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
 from relayrl.run.directory import claim
 from relayrl.run.preemption import Interrupted, StopSignals
 from relayrl.schedules.modes import SCHEDULES, ScheduleSettings
+from relayrl.sources.base import SourceSettings
 from relayrl.sources.context import context_budget
 from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.sources.single_turn import SingleTurnSource
@@ -105,7 +106,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
     longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
-    check_env(config)  # env.fn or env.agent: multi-turn rollouts
+    check_env(source_settings(config), config.train.partial_rollouts)  # env.fn or env.agent: multi-turn rollouts
     max_len = context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)
@@ -115,9 +116,9 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     sampler = PromptSampler(prompts, config.train.seed, config.data.shuffle)
     source = (
-        MultiTurnSource(config, roles.engines, rewards, sampler, roles.sync, max_len)
+        MultiTurnSource(source_settings(config), roles.engines, rewards, sampler, roles.sync, max_len)
         if config.env.multi_turn
-        else SingleTurnSource(config, roles.engines, rewards, sampler, roles.sync)
+        else SingleTurnSource(source_settings(config), roles.engines, rewards, sampler, roles.sync)
     )
     return Trainer(
         config=config,
@@ -137,6 +138,20 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         time_sharing=TimeSharing.from_config(config, roles.engines, roles.learner),
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
+    )
+
+
+def source_settings(config: Config) -> SourceSettings:
+    """The sections a rollout source reads (relayrl/sources/)."""
+    return SourceSettings(
+        rollout=config.rollout,
+        eval=config.eval,
+        env=config.env,
+        seed=config.train.seed,
+        advantage=config.algorithm.advantage,
+        model_path=config.model.path,
+        chat_template=config.data.chat_template,
+        with_reward_fn=bool(config.reward.model_fields_set & {"fn", "components"}),
     )
 
 
@@ -230,16 +245,16 @@ def build_evaluation(config: Config, prompts: list[Prompt]) -> tuple[RolloutSour
     from relayrl.rollout.local_group import LocalEngineGroup
 
     resolve(config)
-    check_env(config)
+    check_env(source_settings(config), config.train.partial_rollouts)
     r, data = config.rollout, config.data
     max_len = context_budget(longest_prompt_tokens(prompts), r, config.env, config.model.path, data.max_prompt_tokens)
     rewards = build_reward_service(config.reward)  # before the engine: a spec that cannot load fails first
     try:
         engines, sampler = LocalEngineGroup(engine_from_config(config, max_len)), PromptSampler(prompts, 0, False)
         source: RolloutSource = (
-            MultiTurnSource(config, engines, rewards, sampler, _AsLoaded(), max_len)
+            MultiTurnSource(source_settings(config), engines, rewards, sampler, _AsLoaded(), max_len)
             if config.env.multi_turn
-            else SingleTurnSource(config, engines, rewards, sampler, _AsLoaded())
+            else SingleTurnSource(source_settings(config), engines, rewards, sampler, _AsLoaded())
         )
     except BaseException:
         rewards.close()

@@ -22,11 +22,28 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from relayrl.types import Sampling
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
+    from relayrl.config import EnvConfig, EvalConfig, RolloutConfig
     from relayrl.data.source import PromptSampler
     from relayrl.rollout.protocols import EngineGroup
     from relayrl.sources.ledger import PromptLedger
     from relayrl.types import Prompt, Rollout, Score
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """What a rollout source reads, assembled by the builder (relayrl/build.py, `source_settings`): the step's and
+    the held-out sampling (`rollout`, `eval`, the run's `train.seed`), and for a multi-turn source its environment
+    (`env`), the estimator (a token-level one places each turn's reward), the model's tokenizer and chat template,
+    and whether a `reward.fn` (or `reward.components`) is set beside the environment's reward."""
+
+    rollout: RolloutConfig
+    eval: EvalConfig
+    env: EnvConfig
+    seed: int
+    advantage: str
+    model_path: str
+    chat_template: bool
+    with_reward_fn: bool
 
 
 @dataclass
@@ -118,10 +135,10 @@ class PromptDraws:
             return state
 
 
-def step_sampling(config: Config, step: int, round_index: int = 0) -> Sampling:
-    """The step's sampling settings; the seed differs per step and per DAPO round."""
-    r = config.rollout
-    seed = (config.train.seed * 100_003 + step) * 64 + round_index
+def step_sampling(r: RolloutConfig, seed: int, step: int, round_index: int = 0) -> Sampling:
+    """The step's sampling settings (`rollout`, the run's `train.seed`); the seed differs per step and per DAPO
+    round."""
+    seed = (seed * 100_003 + step) * 64 + round_index
     return Sampling(
         n=r.n,
         temperature=r.temperature,

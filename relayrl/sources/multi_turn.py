@@ -36,14 +36,13 @@ from relayrl.data.verifiers_tasks import is_spec as is_verifiers_spec
 from relayrl.envs.pool import EnvPool
 from relayrl.errors import ConfigError
 from relayrl.rewards.service import add_counts
-from relayrl.sources.base import Batch, PromptDraws, drop_skipped_groups, step_sampling
+from relayrl.sources.base import Batch, PromptDraws, SourceSettings, drop_skipped_groups, step_sampling
 from relayrl.sources.trajectories import EnvTools, MultiTurnDriver
 from relayrl.sources.trajectory import MultiTurnBatch, UnknownCharacters
 from relayrl.sources.turn_requests import turn_requests
 from relayrl.types import Prompt, Rollout, Sampling, Score
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.config.env import EnvConfig
     from relayrl.data.source import PromptSampler
     from relayrl.rewards.service import RewardService
@@ -72,46 +71,46 @@ def agent_of(env: EnvConfig) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def check_env(config: Config) -> None:
+def check_env(settings: SourceSettings, partial_rollouts: float) -> None:
     """A run's env.* settings that cannot work, found before anything is built or written (whether a whole
-    trajectory fits the model's context: relayrl/sources/context.py)."""
-    if not config.env.multi_turn:
+    trajectory fits the model's context: relayrl/sources/context.py). `partial_rollouts`: `train.partial_rollouts`."""
+    if not settings.env.multi_turn:
         return
-    spec = f"env.agent={config.env.agent!r}" if config.env.agent else f"env.fn={config.env.env_class!r}"
-    if config.train.partial_rollouts:
+    spec = f"env.agent={settings.env.agent!r}" if settings.env.agent else f"env.fn={settings.env.env_class!r}"
+    if partial_rollouts:
         raise ConfigError(
             f"{spec} does not combine with train.partial_rollouts: a trajectory's turns are "
             "generated whole, each as the environment answers (set train.partial_rollouts=0)"
         )
-    if config.algorithm.advantage in TOKEN_LEVEL and "reward" in config.env.model_fields_set:
+    if settings.advantage in TOKEN_LEVEL and "reward" in settings.env.model_fields_set:
         from relayrl.config.warn import warn
 
         warn(
-            f"env.reward={config.env.reward} has no effect with algorithm.advantage={config.algorithm.advantage}: "
+            f"env.reward={settings.env.reward} has no effect with algorithm.advantage={settings.advantage}: "
             "each turn's reward sits on its own last token, discounted per token by algorithm.gamma"
         )
-    agent = agent_of(config.env)
-    if agent is not None and not is_verifiers_spec(config.env.fn):
+    agent = agent_of(settings.env)
+    if agent is not None and not is_verifiers_spec(settings.env.fn):
         from relayrl.agents.pool import load_agent
         from relayrl.rollout.tool_calls import check_parsers
 
         function = load_agent(agent[0])
-        check_parsers(config.env.tool_parser, config.env.reasoning_parser)
-        if getattr(function, "scores", True) is False and not config.reward.model_fields_set & {"fn", "components"}:
+        check_parsers(settings.env.tool_parser, settings.env.reasoning_parser)
+        if getattr(function, "scores", True) is False and not settings.with_reward_fn:
             raise ConfigError(
                 f"{spec}: the environment has no get_reward and no reward.fn is set, so every trajectory would "
                 "score 0; define get_reward on the class (TRL's way) or set reward.fn"
             )
-    elif is_verifiers_spec(config.env.fn):
+    elif is_verifiers_spec(settings.env.fn):
         from relayrl.envs.verifiers_env import check
 
-        check(config.env.fn, config.env.kwargs)
+        check(settings.env.fn, settings.env.kwargs)
     else:
         from relayrl.envs.base import load_env_class
 
-        env_class = load_env_class(config.env.env_class)
-        if config.env.tools:
-            env_tools(config.env, env_class, config.data.chat_template, model_path=config.model.path)
+        env_class = load_env_class(settings.env.env_class)
+        if settings.env.tools:
+            env_tools(settings.env, env_class, settings.chat_template, model_path=settings.model_path)
 
 
 def env_tools(
@@ -186,19 +185,19 @@ class Lane:
 class MultiTurnSource:
     def __init__(
         self,
-        config: Config,
+        settings: SourceSettings,
         engines: EngineGroup,
         rewards: RewardService | None,
         sampler: PromptSampler,
         sync: WeightSync,
         max_len: int | None = None,
     ):
-        self.config, self.engines, self.rewards, self.sync = config, engines, rewards, sync
+        self.settings, self.engines, self.rewards, self.sync = settings, engines, rewards, sync
         self.draws = PromptDraws(sampler)
         self.max_len = max_len  # the engines' context: no turn's prompt and budget go past it
-        token_level = config.algorithm.advantage in TOKEN_LEVEL  # the turns' rewards are placed, so summed
-        self.env: EnvConfig = config.env.model_copy(update={"reward": "sum"}) if token_level else config.env
-        self.with_reward_fn = bool(config.reward.model_fields_set & {"fn", "components"})
+        token_level = settings.advantage in TOKEN_LEVEL  # the turns' rewards are placed, so summed
+        self.env: EnvConfig = settings.env.model_copy(update={"reward": "sum"}) if token_level else settings.env
+        self.with_reward_fn = settings.with_reward_fn
         self._lock = threading.Lock()  # guards the dicts here: the schedules' threads share this source
         self._lanes: dict[str, Lane] = {}
         self._generated: dict[int, MultiTurnBatch] = {}  # by id(batch.rollouts), until scored
@@ -219,7 +218,7 @@ class MultiTurnSource:
         return self.draws.state(ledger)
 
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
-        return step_sampling(self.config, step, round_index)
+        return step_sampling(self.settings.rollout, self.settings.seed, step, round_index)
 
     def run(
         self, prompts: list[Prompt], sampling: Sampling, lane: str = MAIN, replicas: list[int] | None = None
@@ -288,7 +287,7 @@ class MultiTurnSource:
 
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out trajectories, greedy: mean reward, success, first-turn success, turns."""
-        r = self.config.rollout
+        r = self.settings.rollout
         mean, m = self.held_out(prompts, Sampling.greedy(r.max_tokens, r.stop, r.min_tokens))
         return {
             "eval/greedy": mean,
@@ -310,13 +309,13 @@ class MultiTurnSource:
 
         with self._lock:
             if name not in self._lanes:
-                codec = ChatCodec(load_tokenizer(self.config.model.path), self.config.data.chat_template)
+                codec = ChatCodec(load_tokenizer(self.settings.model_path), self.settings.chat_template)
                 tools = None
                 if self.env.tools:
                     from relayrl.envs.base import load_env_class
 
                     tools = env_tools(
-                        self.env, load_env_class(self.env.env_class), self.config.data.chat_template, codec.tokenizer
+                        self.env, load_env_class(self.env.env_class), self.settings.chat_template, codec.tokenizer
                     )
                 self._lanes[name] = Lane(self._pool(codec.tokenizer), codec, tools=tools)
             return self._lanes[name]
@@ -331,7 +330,7 @@ class MultiTurnSource:
         from relayrl.agents.server import AgentServer
 
         if self._server is None:
-            r = self.config.rollout
+            r = self.settings.rollout
             values = {"temperature": r.temperature, "top_p": r.top_p, "stop": list(r.stop)}
             values.update(top_k=r.top_k if r.top_k > 0 else -1, max_tokens=env.max_tokens_per_turn or r.max_tokens)
             self._server, self._run_sampling = AgentServer(), RunSampling(values)

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from relayrl.rewards.service import add_counts
-from relayrl.sources.base import Batch, PromptDraws, drop_skipped_groups, step_sampling
+from relayrl.sources.base import Batch, PromptDraws, SourceSettings, drop_skipped_groups, step_sampling
 from relayrl.types import Sampling
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.data.source import PromptSampler
     from relayrl.rewards.service import RewardService
     from relayrl.rollout.protocols import EngineGroup
@@ -25,9 +24,14 @@ if TYPE_CHECKING:
 
 class SingleTurnSource:
     def __init__(
-        self, config: Config, engines: EngineGroup, rewards: RewardService, sampler: PromptSampler, sync: WeightSync
+        self,
+        settings: SourceSettings,
+        engines: EngineGroup,
+        rewards: RewardService,
+        sampler: PromptSampler,
+        sync: WeightSync,
     ):
-        self.config, self.engines, self.rewards, self.sync = config, engines, rewards, sync
+        self.settings, self.engines, self.rewards, self.sync = settings, engines, rewards, sync
         self.draws = PromptDraws(sampler)
 
     @property
@@ -42,7 +46,7 @@ class SingleTurnSource:
         return self.draws.state(ledger)
 
     def sampling(self, step: int, round_index: int = 0) -> Sampling:
-        return step_sampling(self.config, step, round_index)
+        return step_sampling(self.settings.rollout, self.settings.seed, step, round_index)
 
     def generate(self, prompts: list[Prompt], sampling: Sampling) -> list[Rollout]:
         return self.engines.generate(prompts, sampling, self.version)
@@ -70,15 +74,15 @@ class SingleTurnSource:
     def evaluate(self, prompts: list[Prompt]) -> dict[str, float]:
         """Held-out mean reward, greedy and sampled at `eval.temperature`; the policy's length rules (max/min
         tokens, stop strings) hold at evaluation as in training."""
-        r = self.config.rollout
+        r = self.settings.rollout
         greedy = Sampling.greedy(r.max_tokens, r.stop, r.min_tokens)
         sampled = Sampling(
             n=1,
-            temperature=self.config.eval.temperature,
+            temperature=self.settings.eval.temperature,
             max_tokens=r.max_tokens,
             min_tokens=r.min_tokens,
             stop=tuple(r.stop),
-            seed=self.config.train.seed,
+            seed=self.settings.seed,
         )
         return {"eval/greedy": self.held_out(prompts, greedy)[0], "eval/sampled": self.held_out(prompts, sampled)[0]}
 

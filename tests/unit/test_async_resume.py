@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from relayrl.build import schedule_settings
+from relayrl.build import schedule_settings, source_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
@@ -42,7 +42,7 @@ def build(model_dir, sampler_state=None, version=0, **train):
     if sampler_state is not None:
         sampler.load_state(sampler_state)
     sync = SimpleNamespace(version=version)
-    source = SingleTurnSource(config, engine, build_reward_service(config.reward), sampler, sync)
+    source = SingleTurnSource(source_settings(config), engine, build_reward_service(config.reward), sampler, sync)
     return AsyncSchedule(source, schedule_settings(config)), sync
 
 

@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from relayrl.build import source_settings
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
 from relayrl.envs import Step, load_env_class
@@ -189,7 +190,11 @@ def test_the_multi_turn_source_scores_with_the_environment_and_a_reward_fn(rando
     )
     rewards = build_reward_service(config.reward)
     source = MultiTurnSource(
-        config, LocalEngineGroup(HFEngine(str(random_model_dir))), rewards, None, SimpleNamespace(version=0)
+        source_settings(config),
+        LocalEngineGroup(HFEngine(str(random_model_dir))),
+        rewards,
+        None,
+        SimpleNamespace(version=0),
     )
     try:
         rows = [Prompt(id=str(i), text=f"{i}+{i}=", token_ids=[], columns={"answer": str(2 * i)}) for i in range(2)]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from relayrl.build import schedule_settings
+from relayrl.build import schedule_settings, source_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.errors import ConfigError
@@ -69,7 +69,9 @@ def build(model_dir, **train):
     ]
     engine = RetryEngine(tokenizer)
     sync = SimpleNamespace(version=0)
-    source = MultiTurnSource(config, LocalEngineGroup(engine), None, PromptSampler(prompts, 0, False), sync)
+    source = MultiTurnSource(
+        source_settings(config), LocalEngineGroup(engine), None, PromptSampler(prompts, 0, False), sync
+    )
     return source, config, engine, sync
 
 
@@ -143,7 +145,7 @@ def test_env_settings_checked_at_start(random_model_dir):
     base = {"model": {"path": str(random_model_dir)}, "env": {"fn": "retry", "max_total_tokens": 250}}
 
     def budget(config: Config, longest: int) -> int:
-        check_env(config)
+        check_env(source_settings(config), config.train.partial_rollouts)
         return context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
 
     assert budget(Config.model_validate(base), 6) == 256  # 256 positions hold 6 + 250
@@ -154,7 +156,8 @@ def test_env_settings_checked_at_start(random_model_dir):
     partial = {**base, "placement": {"mode": "ray"}}
     partial["train"] = {"schedule": "async", "on_stale": "drop", "partial_rollouts": 1.5}
     with pytest.raises(ConfigError, match="train.partial_rollouts"):
-        check_env(Config.model_validate(partial))
+        invalid = Config.model_validate(partial)
+        check_env(source_settings(invalid), invalid.train.partial_rollouts)
 
 
 def test_groups_of_several_sizes_fill_the_tickets_in_order():

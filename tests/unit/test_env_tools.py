@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from relayrl.build import source_settings
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
 from relayrl.envs.builtins import AnswerEnv, CalculatorEnv
@@ -201,4 +202,4 @@ def test_env_tools_files_are_resolved_against_the_config_and_check_env_refuses_w
     assert config.env.tools == [f"{tmp_path / 'tools.py'}:f", "calculate"]
     assert config.env.multi_turn and config.env.env_class == "answer"
     with pytest.raises(EnvError, match=r"tools.py:f.*docstring"):
-        check_env(config)
+        check_env(source_settings(config), config.train.partial_rollouts)

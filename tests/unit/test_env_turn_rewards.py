@@ -12,6 +12,7 @@ import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES
 from relayrl.algorithms.stage import estimate_advantages
+from relayrl.build import source_settings
 from relayrl.learner.batching import make_experience
 from relayrl.types import Prompt, Rollout, Score
 
@@ -90,4 +91,4 @@ def test_a_token_level_estimator_ignores_env_reward_and_says_so(random_model_dir
         }
     )
     with pytest.warns(ConfigWarning, match="env.reward=final has no effect with algorithm.advantage=reinforce_pp"):
-        check_env(config)
+        check_env(source_settings(config), config.train.partial_rollouts)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from relayrl.build import schedule_settings
+from relayrl.build import schedule_settings, source_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
@@ -34,7 +34,9 @@ def build(model_dir, schedule: str):
     prompts = [Prompt(str(i), t, tokenizer(t)["input_ids"], columns={"answer": "0"}) for i, t in enumerate(texts)]
     engine = LocalEngineGroup(build_engine("hf", str(model_dir), max_model_len=32, seed=0))
     sampler = PromptSampler(prompts, seed=0, shuffle=True)
-    source = SingleTurnSource(config, engine, build_reward_service(config.reward), sampler, SimpleNamespace(version=0))
+    source = SingleTurnSource(
+        source_settings(config), engine, build_reward_service(config.reward), sampler, SimpleNamespace(version=0)
+    )
     return source, config
 
 

@@ -5,7 +5,7 @@ through the `RolloutSource`, and every schedule's batch carries DAPO's soft over
 import pytest
 import torch
 
-from relayrl.build import schedule_settings
+from relayrl.build import schedule_settings, source_settings
 from relayrl.config import Config
 from relayrl.data.source import PromptSampler
 from relayrl.metrics.timer import StepTimer
@@ -60,7 +60,9 @@ def source_and_config(**dapo):
     )
     prompts = [Prompt(f"p{i}", f"{i}+1=", [1, 2, 3]) for i in range(8)]
     engines = LocalEngineGroup(FakeEngine())
-    source = SingleTurnSource(config, engines, Rewards(), PromptSampler(prompts, 0, False), InProcessSync())
+    source = SingleTurnSource(
+        source_settings(config), engines, Rewards(), PromptSampler(prompts, 0, False), InProcessSync()
+    )
     return source, config
 
 

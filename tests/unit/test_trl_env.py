@@ -9,6 +9,7 @@ import pytest
 
 from relayrl.agents.pool import AgentPool, RunSampling, load_agent
 from relayrl.agents.server import AgentServer
+from relayrl.build import source_settings
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
 from relayrl.errors import EnvError
@@ -181,8 +182,9 @@ def test_env_fn_takes_the_trl_spec_too_and_a_class_without_get_reward_needs_a_re
     config = load_config(None, [f"env.fn=trl:{HERE}:Calculator", "env.kwargs.bonus=0.5"])
     spec, kwargs = agent_of(config.env) or ("", {})
     assert spec.startswith("trl:") and spec.endswith("test_trl_env.py:Calculator") and kwargs == {"bonus": 0.5}
-    check_env(config)  # get_reward scores: no reward.fn needed
+    check_env(source_settings(config), config.train.partial_rollouts)  # get_reward scores: no reward.fn needed
     quiet = load_config(None, [f"env.fn=trl:{HERE}:NoReward"])
     with pytest.raises(ConfigError, match=r"has no get_reward and no reward.fn is set, so every trajectory would"):
-        check_env(quiet)
-    check_env(load_config(None, [f"env.fn=trl:{HERE}:NoReward", "reward.fn=exact_match"]))
+        check_env(source_settings(quiet), quiet.train.partial_rollouts)
+    scored = load_config(None, [f"env.fn=trl:{HERE}:NoReward", "reward.fn=exact_match"])
+    check_env(source_settings(scored), scored.train.partial_rollouts)
