@@ -252,7 +252,7 @@ def step_0p5b(work: Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- present-only rows
 def step_vllm(work: Path) -> dict:
-    """Generation through vLLM's CUDA build, when installed: relayrl's vLLM engine (engine_from_config) samples
+    """Generation through vLLM's CUDA build, when installed: relayrl's vLLM engine (engine_from_settings) samples
     from the tiny model; its behaviour log-probs against the learner's (mismatch/*)."""
     import importlib.util
 
@@ -264,12 +264,13 @@ def step_vllm(work: Path) -> dict:
     if platform != "cuda" and "vllm" not in FORCE:
         raise Missing(f"vLLM's CUDA build (installed: platform {platform})")
     from relayrl.learner.policy import PolicyLearner, mismatch_by_version, mismatch_metrics
-    from relayrl.rollout.build import engine_from_config
+    from relayrl.placement.sections import engine_settings
+    from relayrl.rollout.build import engine_from_settings
     from relayrl.types import Sampling
 
     model_dir = tiny_model(work)
     cfg = config(model_dir, "rollout.engine=vllm", "rollout.kv_cache_gib=1", groups=8)
-    engine = engine_from_config(cfg, max_model_len=64)
+    engine = engine_from_settings(engine_settings(cfg), max_model_len=64)
     rollouts, gen_s = timed(engine.generate, prompts(8, 6, 16), Sampling(n=4, max_tokens=24, seed=0), 0)
     exp = rollouts_experience(rollouts, 0)
     logp = PolicyLearner(cfg).logprobs(exp)  # bf16 autocast on CUDA, as vLLM serves bf16 there; fp32 on CPU

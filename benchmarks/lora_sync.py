@@ -110,8 +110,8 @@ class Pusher:
 
 
 def measure(args) -> None:
-    from relayrl.models.adapter_sync import adapter_spec
     from relayrl.models.shape import load_shape
+    from relayrl.placement.sections import engine_settings
     from relayrl.planner.estimate import adapter_params
     from relayrl.rollout.vllm_engine import VLLMEngine
 
@@ -127,7 +127,7 @@ def measure(args) -> None:
         )
         one_update(learner)
         hook.remove()
-    engine = VLLMEngine(model_dir, 64, 0, adapter=adapter_spec(modes["adapter"].config))
+    engine = VLLMEngine(model_dir, 64, 0, adapter=engine_settings(modes["adapter"].config).adapter())
     rows, version = {}, 0
     for name, learner in modes.items():
         pusher, samples = Pusher(learner), []

@@ -241,7 +241,8 @@ def build_evaluation(config: Config, prompts: list[Prompt]) -> tuple[RolloutSour
     """What `relayrl eval` runs on `prompts`: one local engine holding model.path, the reward service, and the rollout
     source training builds on them (single- or multi-turn), with the function that closes them; no learner, no run
     directory, no weights pushed (the engine's policy version stays 0). The config is resolved first."""
-    from relayrl.rollout.build import engine_from_config
+    from relayrl.placement.sections import engine_settings
+    from relayrl.rollout.build import engine_from_settings
     from relayrl.rollout.local_group import LocalEngineGroup
 
     resolve(config)
@@ -250,7 +251,10 @@ def build_evaluation(config: Config, prompts: list[Prompt]) -> tuple[RolloutSour
     max_len = context_budget(longest_prompt_tokens(prompts), r, config.env, config.model.path, data.max_prompt_tokens)
     rewards = build_reward_service(config.reward)  # before the engine: a spec that cannot load fails first
     try:
-        engines, sampler = LocalEngineGroup(engine_from_config(config, max_len)), PromptSampler(prompts, 0, False)
+        engines, sampler = (
+            LocalEngineGroup(engine_from_settings(engine_settings(config), max_len)),
+            PromptSampler(prompts, 0, False),
+        )
         source: RolloutSource = (
             MultiTurnSource(source_settings(config), engines, rewards, sampler, _AsLoaded(), max_len)
             if config.env.multi_turn

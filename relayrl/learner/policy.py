@@ -65,7 +65,9 @@ class PolicyLearner:
         if config.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
             enable_activation_checkpointing(self.network)
         malloc.apply(config, self.device)  # learner.return_freed_memory
-        self.sync_mode = lora_sync_mode(config)  # None (full fine-tuning), "adapter" or "merged"
+        self.sync_mode = lora_sync_mode(
+            config.model.lora, config.sync.lora, config.rollout.engine
+        )  # None (full fine-tuning), "adapter" or "merged"
         self.use_reference = config.algorithm.kl.coef > 0
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference
         if self.use_reference and config.model.lora is None:

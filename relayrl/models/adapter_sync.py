@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from relayrl.errors import ConfigError, SyncError
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
+    from relayrl.config import LoraConfig, ModelConfig, TrainConfig
 
 
 def engine_serves_lora(kind: str) -> bool:
@@ -24,11 +24,11 @@ def engine_serves_lora(kind: str) -> bool:
     return kind == "vllm"
 
 
-def lora_sync_mode(config: Config) -> str | None:
-    """None for full fine-tuning, else "adapter" or "merged"."""
-    if config.model.lora is None:
+def lora_sync_mode(lora: LoraConfig | None, wanted: str, engine: str) -> str | None:
+    """None for full fine-tuning (`model.lora` unset), else "adapter" or "merged": `wanted` (`sync.lora`) as the
+    engine (`rollout.engine`) allows."""
+    if lora is None:
         return None
-    wanted, engine = config.sync.lora, config.rollout.engine
     if wanted == "auto":
         return "adapter" if engine_serves_lora(engine) else "merged"
     if wanted == "adapter" and not engine_serves_lora(engine):
@@ -50,21 +50,21 @@ class AdapterSpec:
     keep: int  # versions kept loaded: max_staleness + 1 that samples may come from, and the one loading
 
 
-def kept_versions(config: Config) -> int:
-    train = config.train
+def kept_versions(train: TrainConfig) -> int:
     staleness = {"sync": 0, "one_step_off": 1}.get(train.schedule, train.max_staleness)
     return staleness + 2  # a rollout started on the oldest usable version finishes on it while the next loads
 
 
-def adapter_spec(config: Config) -> AdapterSpec | None:
-    """The engine's half of `sync.lora=adapter`; None when the run pushes full (or merged) weights."""
-    lora = config.model.lora
-    if lora is None or lora_sync_mode(config) != "adapter":
+def adapter_spec(model: ModelConfig, mode: str | None, keep: int) -> AdapterSpec | None:
+    """The engine's half of `sync.lora=adapter` (`mode`, from `lora_sync_mode`) for `model`, keeping `keep`
+    versions (`kept_versions`); None when the run pushes full (or merged) weights."""
+    lora = model.lora
+    if lora is None or mode != "adapter":
         return None
     from relayrl.models.lora import adapter_layout
 
-    resolved, shapes = adapter_layout(config.model.path, lora)
-    return AdapterSpec(resolved, shapes, lora.rank, kept_versions(config))
+    resolved, shapes = adapter_layout(model.path, lora)
+    return AdapterSpec(resolved, shapes, lora.rank, keep)
 
 
 def adapter_module(key: str) -> str:

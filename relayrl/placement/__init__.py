@@ -1,7 +1,7 @@
 """Placement of the roles: everything in this process (`local`, relayrl/placement/local.py), or Ray actors in
 placement groups (`ray`, relayrl/placement/build.py). Either way the controller gets the same `Roles`.
 
-Placement knows nothing of any engine's internals: an engine is built by `rollout.engine_from_config` in the
+Placement knows nothing of any engine's internals: an engine is built by `rollout.engine_from_settings` in the
 driver or in an engine actor, and sets its own environment (vLLM's) itself.
 """
 

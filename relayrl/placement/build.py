@@ -17,6 +17,7 @@ from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
 from relayrl.placement.learner_restarts import LearnerRestarts
+from relayrl.placement.sections import engine_settings
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     group, slots = reserve(config)
     learner_slots, engine_slots = split_slots(slots)
     timeout = placement.call_timeout_s
+    engine = engine_settings(config)  # what each engine actor builds its engine from
     learner, learner_actors = start_learner(config, group, learner_slots)
 
     def spawn(index: int) -> RemoteRole:
@@ -36,7 +38,7 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
         actor = (
             ray.remote(EngineWorker)
             .options(**actor_options(group, slot))  # with GPUs: its T, which the actor alone then sees
-            .remote(config, max_model_len, slot.threads, slot.cores)
+            .remote(engine, max_model_len, slot.threads, slot.cores)
         )
         return RemoteRole(actor, slot.role, timeout)
 

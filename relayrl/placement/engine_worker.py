@@ -1,4 +1,4 @@
-"""A rollout engine as a Ray actor: the run's engine (built from `config.rollout` by the same function as a
+"""A rollout engine as a Ray actor: the run's engine (built from its `EngineSettings`, the `rollout` section and the model, by the same function as a
 local run's) in the actor's process, plus the receiving half of a transport (`WeightSink`); with `broadcast` into
 a vLLM engine the receiving half is the engine's own workers, and this actor opens and closes each session.
 
@@ -14,7 +14,7 @@ import os
 import time
 from typing import cast
 
-from relayrl.rollout.build import engine_from_config
+from relayrl.rollout.build import EngineSettings, engine_from_settings
 from relayrl.rollout.protocols import WorkersReceive
 from relayrl.sync.endpoints import WeightSink
 from relayrl.sync.transports import WorkerMembership
@@ -23,12 +23,12 @@ from relayrl.sync.transports import WorkerMembership
 class EngineWorker(WeightSink):
     in_workers = False  # set by open_receiver: the engine's workers receive each push (broadcast into vLLM)
 
-    def __init__(self, config, max_model_len: int, threads: int, cores: str):
+    def __init__(self, settings: EngineSettings, max_model_len: int, threads: int, cores: str):
         import torch
 
         torch.set_num_threads(threads)
         start = time.perf_counter()
-        self.engine = engine_from_config(config, max_model_len, cores=cores)
+        self.engine = engine_from_settings(settings, max_model_len, cores=cores)
         self.start_s = time.perf_counter() - start
         torch.set_num_threads(threads)
 

@@ -1,6 +1,6 @@
 """`placement.mode=local`: every role in this process, colocated by construction (generate, then train).
 
-The engine is built by the same function as a Ray engine actor's (`engine_from_config`), so no `rollout.*`
+The engine is built by the same function as a Ray engine actor's (`engine_from_settings`), so no `rollout.*`
 setting reaches one placement and not the other, and is held as a one-replica group.
 """
 
@@ -11,13 +11,14 @@ import time
 from relayrl.config import Config
 from relayrl.learner.role import LearnerRole
 from relayrl.placement import Roles
-from relayrl.rollout.build import engine_from_config
+from relayrl.placement.sections import engine_settings
+from relayrl.rollout.build import engine_from_settings
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.sync.inprocess import InProcessSync
 
 
 def build_local_roles(config: Config, max_len: int, probe_ids: list[int] | None) -> Roles:
     start = time.perf_counter()
-    engine = engine_from_config(config, max_len)
+    engine = engine_from_settings(engine_settings(config), max_len)
     engines = LocalEngineGroup(engine, start_s=time.perf_counter() - start)
     return Roles(engines, LearnerRole(config), InProcessSync(probe_ids=probe_ids), close=lambda: None)

@@ -231,7 +231,7 @@ def lora_workload(config: Config) -> dict:
     return {
         "lora_rank": settings.rank,
         "lora_targets": targets if isinstance(targets, str) else tuple(targets),
-        "lora_sync": lora_sync_mode(config),
+        "lora_sync": lora_sync_mode(config.model.lora, config.sync.lora, config.rollout.engine),
     }
 
 

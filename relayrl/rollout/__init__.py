@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-__all__ = ["Engine", "EngineGroup", "build_engine", "engine_from_config"]
+__all__ = ["Engine", "EngineGroup", "build_engine", "engine_from_settings"]
 
 if TYPE_CHECKING:
-    from relayrl.rollout.build import build_engine, engine_from_config
+    from relayrl.rollout.build import build_engine, engine_from_settings
     from relayrl.rollout.protocols import Engine, EngineGroup
 
 
@@ -20,7 +20,7 @@ def __getattr__(name: str):
         from relayrl.rollout import protocols
 
         return getattr(protocols, name)
-    if name in ("build_engine", "engine_from_config"):
+    if name in ("build_engine", "engine_from_settings"):
         from relayrl.rollout import build
 
         return getattr(build, name)

@@ -1,5 +1,6 @@
-"""Building the run's rollout engine: `engine_from_config`, the one construction path, in the driver and in every
-Ray engine actor alike. Imports an engine's module only for the engine asked for."""
+"""Building the run's rollout engine: `engine_from_settings`, the one construction path, in the driver and in every
+Ray engine actor alike, from the `EngineSettings` its placement slices from the config. Imports an engine's module
+only for the engine asked for."""
 
 from __future__ import annotations
 
@@ -7,7 +8,29 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from relayrl.config import ModelConfig, RolloutConfig
+    from relayrl.models.adapter_sync import AdapterSpec
     from relayrl.rollout.protocols import Engine
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What building the run's engine reads: the `rollout` section, the model (`model.path`, `model.lora`), the
+    run's seed (`train.seed`), and how the LoRA adapter travels (`sync.lora`, and the versions an engine serving
+    adapters keeps loaded: relayrl/models/adapter_sync.py)."""
+
+    rollout: RolloutConfig
+    model: ModelConfig
+    seed: int
+    lora_sync: str
+    kept_versions: int
+
+    def adapter(self) -> AdapterSpec | None:
+        """`sync.lora=adapter`: what the engine serving LoRA adapters needs before the first push; else None."""
+        from relayrl.models.adapter_sync import adapter_spec, lora_sync_mode
+
+        mode = lora_sync_mode(self.model.lora, self.lora_sync, self.rollout.engine)
+        return adapter_spec(self.model, mode, self.kept_versions)
 
 
 @dataclass(frozen=True)
@@ -30,25 +53,21 @@ class EngineDevice:
         return cls(dtype, eager, sleep not in ("off", "auto"))
 
 
-def engine_from_config(config, max_model_len: int, cores: str | None = None) -> Engine:
-    """The run's rollout engine, from `config.rollout` (plus `model.path` and `train.seed`): the one construction
+def engine_from_settings(settings: EngineSettings, max_model_len: int, cores: str | None = None) -> Engine:
+    """The run's rollout engine, from its `rollout` section (plus the model and the seed): the one construction
     path, used in the driver (`placement.mode=local`) and in every Ray engine actor, so no `rollout.*` setting
     can reach one and not the other. `cores`: the CPU cores a Ray actor was given (vLLM pins its threads)."""
-    from relayrl.models.adapter_sync import adapter_spec
-
-    r = config.rollout
+    r = settings.rollout
     return build_engine(
         r.engine,
-        config.model.path,
+        settings.model.path,
         max_model_len,
-        config.train.seed,
+        settings.seed,
         kv_cache_gib=r.kv_cache_gib,
         gpu_memory_utilization=r.gpu_memory_utilization,
         prefix_caching=r.prefix_caching,
         cores=cores,
-        adapter=adapter_spec(
-            config
-        ),  # sync.lora=adapter: the engine serves LoRA adapters (relayrl/models/adapter_sync.py)
+        adapter=settings.adapter(),  # sync.lora=adapter: the engine serves LoRA adapters
         tensor_parallel=r.tensor_parallel,
         device=EngineDevice.resolve(r.dtype, r.enforce_eager, r.sleep),
     )

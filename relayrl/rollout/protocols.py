@@ -1,6 +1,6 @@
 """The rollout-engine seams: an `Engine` generates rollouts and takes new weights; an `EngineGroup` (what the
 rest of the run holds) spreads that over replicas. The requests and partial samples they take are in
-relayrl/types.py; `rollout.build.engine_from_config` is the one way an engine is built."""
+relayrl/types.py; `rollout.build.engine_from_settings` is the one way an engine is built."""
 
 from __future__ import annotations
 

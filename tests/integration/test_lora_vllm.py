@@ -9,8 +9,9 @@ from relayrl.config import load_config
 from relayrl.errors import SyncError
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
-from relayrl.models.adapter_sync import adapter_spec, map_adapter_keys
+from relayrl.models.adapter_sync import map_adapter_keys
 from relayrl.models.loading import load_causal_lm
+from relayrl.placement.sections import engine_settings
 from tests.unit.test_learner import _experience
 
 pytestmark = pytest.mark.vllm
@@ -34,7 +35,7 @@ def engine(config):
     from relayrl.rollout.vllm_engine import VLLMEngine
 
     # the start itself runs the checks: key mapping and "a non-zero adapter changes the log-probs"
-    return VLLMEngine(str(config.model.path), max_model_len=64, seed=0, adapter=adapter_spec(config))
+    return VLLMEngine(str(config.model.path), max_model_len=64, seed=0, adapter=engine_settings(config).adapter())
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def test_adapter_keys_map_onto_the_engines_fused_modules(engine, config):
     model = engine._worker().model_runner.get_model()
     served = {n for n, m in model.named_modules() if isinstance(m, BaseLayerWithLoRA)}
     assert "model.layers.0.self_attn.qkv_proj" in served and "model.layers.0.mlp.gate_up_proj" in served
-    mapped = map_adapter_keys(adapter_spec(config).shapes, served, model.packed_modules_mapping)
+    mapped = map_adapter_keys(engine_settings(config).adapter().shapes, served, model.packed_modules_mapping)
     prefix = "base_model.model.model.layers.1."
     assert mapped[prefix + "self_attn.k_proj.lora_B.weight"] == "model.layers.1.self_attn.qkv_proj"
     assert mapped[prefix + "mlp.up_proj.lora_A.weight"] == "model.layers.1.mlp.gate_up_proj"

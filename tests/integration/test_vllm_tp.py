@@ -27,12 +27,12 @@ def config(random_model_dir):
 
 @pytest.fixture(scope="module")
 def engines(config):
-    from relayrl.models.adapter_sync import adapter_spec
+    from relayrl.placement.sections import engine_settings
     from relayrl.rollout.vllm_engine import VLLMEngine
 
     path = str(config.model.path)
     one = VLLMEngine(path, max_model_len=64, seed=0)
-    two = VLLMEngine(path, max_model_len=64, seed=0, adapter=adapter_spec(config), tensor_parallel=2)
+    two = VLLMEngine(path, max_model_len=64, seed=0, adapter=engine_settings(config).adapter(), tensor_parallel=2)
     yield one, two
     # the rank processes (and their KV caches) end with this module: told now, not waited for (vLLM's own
     # shutdown waits up to 5 s for them; at exit it finds them gone)

@@ -10,6 +10,7 @@ import relayrl.rollout.build as rollout_base
 from relayrl.config import Config
 from relayrl.placement import build_roles
 from relayrl.placement.engine_worker import EngineWorker
+from relayrl.placement.sections import engine_settings
 
 ROLLOUT = {"engine": "vllm", "kv_cache_gib": 3.0, "gpu_memory_utilization": 0.35, "prefix_caching": "off"}
 
@@ -31,7 +32,7 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
     config = Config.model_validate({"model": {"path": "/models/tiny"}, "rollout": ROLLOUT, "train": {"seed": 11}})
     build_roles(config, 77, None)
     threads = torch.get_num_threads()
-    EngineWorker(config, 77, threads, "1")  # what build_ray_roles starts in each engine actor
+    EngineWorker(engine_settings(config), 77, threads, "1")  # what build_ray_roles starts in each engine actor
     local, ray = calls
     assert ray.pop("cores") == "1" and local.pop("cores") is None  # only where the actor may run differs
     assert local == ray
