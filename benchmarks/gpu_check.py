@@ -31,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 
+from relayrl.placement.sections import learner_settings
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_check_* helpers beside this file
 
 from gpu_check_common import (  # noqa: E402
@@ -80,7 +82,7 @@ def step_learner(work: Path) -> dict:
     mask = exp.loss_mask.bool()
 
     def learner(*extra):
-        return PolicyLearner(config(model_dir, "train.micro_batch=8", *extra))
+        return PolicyLearner(learner_settings(config(model_dir, "train.micro_batch=8", *extra)))
 
     # bf16 passes over fp32 masters, one update, its seconds (the second update, warm)
     plain = learner("train.packing=none")
@@ -154,7 +156,7 @@ def step_hf_engine(work: Path) -> dict:
     tokens = int(exp.loss_mask.sum())
     gaps = {}
     for dtype in ("bfloat16", "float32") if cuda else ("float32",):
-        learner = PolicyLearner(config(model_dir, f"model.dtype={dtype}", groups=8, n=4))
+        learner = PolicyLearner(learner_settings(config(model_dir, f"model.dtype={dtype}", groups=8, n=4)))
         logp = learner.logprobs(exp)
         found = mismatch_metrics(mismatch_by_version(logp, exp.behaviour_logprobs, exp.loss_mask, exp.versions), 0)
         gaps[dtype] = (found["mismatch/logprob_abs_max"], found["mismatch/logprob_abs_mean"])
@@ -201,7 +203,7 @@ def step_0p5b(work: Path) -> dict:
     shape, (groups, n, length, prompt) = (SHAPE_0P5B, (16, 4, 64, 32)) if cuda else (SHAPE_REHEARSAL, (8, 4, 16, 16))
     model_dir, build_s = timed(shaped_model, work, "shape_0p5b" if cuda else "shape_rehearsal", **shape)
     extra = [f"rollout.max_tokens={length}", f"train.micro_batch={groups * n if cuda else 16}"]
-    role = LearnerRole(config(model_dir, *extra, groups=groups, n=n))
+    role = LearnerRole(learner_settings(config(model_dir, *extra, groups=groups, n=n)))
     engine = HFEngine(str(model_dir))
     group, sync = LocalEngineGroup(engine), InProcessSync()
     params = sum(p.numel() for p in role.policy.model.parameters())
@@ -273,7 +275,9 @@ def step_vllm(work: Path) -> dict:
     engine = engine_from_settings(engine_settings(cfg), max_model_len=64)
     rollouts, gen_s = timed(engine.generate, prompts(8, 6, 16), Sampling(n=4, max_tokens=24, seed=0), 0)
     exp = rollouts_experience(rollouts, 0)
-    logp = PolicyLearner(cfg).logprobs(exp)  # bf16 autocast on CUDA, as vLLM serves bf16 there; fp32 on CPU
+    logp = PolicyLearner(learner_settings(cfg)).logprobs(
+        exp
+    )  # bf16 autocast on CUDA, as vLLM serves bf16 there; fp32 on CPU
     found = mismatch_metrics(mismatch_by_version(logp, exp.behaviour_logprobs, exp.loss_mask, exp.versions), 0)
     gap = found["mismatch/logprob_abs_max"]
     # bf16 on both sides: only gross errors are caught (relayrl/learner/layout.py's half-precision tolerance)

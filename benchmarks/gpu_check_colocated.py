@@ -30,6 +30,8 @@ import gc
 import typing
 from pathlib import Path
 
+from relayrl.placement.sections import learner_settings
+
 
 def relayrl_helper():
     """relayrl's own moves, `LearnerRole.offload_states()` / `reload_states()` (learner.offload=between_phases,
@@ -157,7 +159,7 @@ def run_colocated(work: Path) -> dict:
     if cuda:
         torch.zeros(1, device="cuda")  # the context, before the first reading
     free = {"start": free_memory()}
-    role = LearnerRole(cfg)
+    role = LearnerRole(learner_settings(cfg))
     role.update(0, role.prepare(experience(groups=groups, n=n, vocab=shape["vocab"])))  # AdamW state exists now
     engine = HFEngine(str(model_dir))
     group = LocalEngineGroup(engine)

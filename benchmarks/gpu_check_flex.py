@@ -21,6 +21,8 @@ from pathlib import Path
 
 from gpu_check_common import config, device, experience, fmt, grads_of_first_step, shaped_model, timed, tiny_model
 
+from relayrl.placement.sections import learner_settings
+
 LONG_SHAPE = {  # a 4-layer model with 512-wide layers: attention is a fair share of the update
     "vocab": 1024,
     "hidden": 512,
@@ -39,7 +41,7 @@ def learner(model_dir: Path, *extra: str, flex: bool, groups: int = 4, n: int = 
     overrides = ["train.micro_batch=8", "train.packing=groups", *extra]
     if flex and device() == "cuda":
         overrides.append("model.attention=flex_attention")
-    built = PolicyLearner(config(model_dir, *overrides, groups=groups, n=n))
+    built = PolicyLearner(learner_settings(config(model_dir, *overrides, groups=groups, n=n)))
     if flex and device() != "cuda":
         built.network.set_attn_implementation("flex_attention")
         built.layout.attention = "flex_attention"
@@ -86,7 +88,9 @@ def run_flex(work: Path) -> dict:
     model_dir = tiny_model(work)
     exp = experience(groups=4, n=4, vocab=16)
     mask = exp.loss_mask.bool()
-    padded = PolicyLearner(config(model_dir, "train.micro_batch=8", "train.packing=none", "model.dtype=float32"))
+    padded = PolicyLearner(
+        learner_settings(config(model_dir, "train.micro_batch=8", "train.packing=none", "model.dtype=float32"))
+    )
     reference = padded.logprobs(exp)[mask]
     flex = learner(model_dir, "model.dtype=float32", flex=True)
     gap = float((flex.logprobs(exp)[mask] - reference).abs().max())

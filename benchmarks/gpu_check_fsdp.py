@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from relayrl.placement.sections import learner_settings
+
 GROUPS, N = 4, 4
 LR = 1e-3
 HINT_NCCL_CPU = (
@@ -75,7 +77,7 @@ def rank_main(rank: int, world: int, port: int, model_dir: str, offload: bool, r
         cfg.learner.offload = "params"  # see the module docstring: refused by the config check at one rank
     phase = "join the group and shard"
     try:
-        learner = sharded_learner(cfg, rank, world, "127.0.0.1", port, timeout_s=120)
+        learner = sharded_learner(learner_settings(cfg), rank, world, "127.0.0.1", port, timeout_s=120)
         model = learner.policy.model
         passes: set[str] = set()
         layer = transformer_blocks(learner.policy.network)[0]
@@ -135,7 +137,7 @@ def run_fsdp(work: Path, world: int, offload: bool | None = None) -> dict:
         raise RuntimeError(str(err).strip().splitlines()[-1]) from None
     found = torch.load(result_path, weights_only=False)
 
-    reference = PolicyLearner(fsdp_config(model_dir))  # the one-process learner, whole batch
+    reference = PolicyLearner(learner_settings(fsdp_config(model_dir)))  # the one-process learner, whole batch
     initial = {name: t.detach().to("cpu", copy=True) for name, t in reference.named_weights()}
     stats = reference.update(experience(groups=GROUPS, n=N)).metrics
     expected = {name: t.detach().to("cpu") for name, t in reference.named_weights()}

@@ -37,6 +37,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from relayrl.placement.sections import learner_settings
+
 GROUPS, N, RESPONSE, PROMPT = 8, 4, 48, 12
 
 
@@ -95,9 +97,9 @@ def rank_main(rank, world, port, model_dir, bucket_mb, sharded, results):
     if world == 1 and not sharded:
         from relayrl.learner.role import LearnerRole
 
-        learner = LearnerRole(config, threads=1)
+        learner = LearnerRole(learner_settings(config), threads=1)
     else:
-        learner = sharded_learner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
+        learner = sharded_learner(learner_settings(config), rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
     part = split_by_groups(rollout_batch(), world)[rank]
     passes = set()  # the dtype of the first layer's weights while it runs (FSDP2 gathers them in param_dtype)
     layer = transformer_blocks(learner.policy.model)[0]
@@ -172,9 +174,9 @@ def startup_main(rank, world, port, model_dir, results):
     config = resolve(load_config(None, overrides + ["algorithm.advantage=gae", "algorithm.kl.coef=0.1"]))
     base = rss_mb()
     if world == 1:
-        learner = LearnerRole(config, threads=1)
+        learner = LearnerRole(learner_settings(config), threads=1)
     else:
-        learner = sharded_learner(config, rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
+        learner = sharded_learner(learner_settings(config), rank, world, "127.0.0.1", port, timeout_s=300, threads=1)
     touch((learner.policy.model, learner.policy.reference, learner.critic.model))
     results.put({"world": world, "rank": rank, "base": base, "rss": rss_mb(), "peak": peak_rss_mb()})
     learner.close()

@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from relayrl.placement.sections import learner_settings
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -39,15 +41,19 @@ def build_model(out: str, hidden: int, layers: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def learner_for(model_dir: str, rank: int | None, mode: str | None, kl: bool = True):
-    from relayrl.config import load_config
-    from relayrl.learner.policy import PolicyLearner
-
+def overrides_for(model_dir: str, rank: int | None, mode: str | None, kl: bool = True) -> list[str]:
     overrides = [f"model.path={model_dir}", "rollout.engine=vllm", "train.lr=1e-4", "rollout.n=2"]
     overrides += ["rollout.prompts_per_step=2", f"algorithm.kl.coef={0.1 if kl else 0}"]
     if rank:
         overrides += [f"model.lora.rank={rank}", f"model.lora.alpha={2 * rank}", f"sync.lora={mode}"]
-    return PolicyLearner(load_config(None, overrides))
+    return overrides
+
+
+def learner_for(model_dir: str, rank: int | None, mode: str | None, kl: bool = True):
+    from relayrl.config import load_config
+    from relayrl.learner.policy import PolicyLearner
+
+    return PolicyLearner(learner_settings(load_config(None, overrides_for(model_dir, rank, mode, kl))))
 
 
 def one_update(learner) -> None:
@@ -110,6 +116,7 @@ class Pusher:
 
 
 def measure(args) -> None:
+    from relayrl.config import load_config
     from relayrl.models.shape import load_shape
     from relayrl.placement.sections import engine_settings
     from relayrl.planner.estimate import adapter_params
@@ -127,7 +134,12 @@ def measure(args) -> None:
         )
         one_update(learner)
         hook.remove()
-    engine = VLLMEngine(model_dir, 64, 0, adapter=engine_settings(modes["adapter"].config).adapter())
+    engine = VLLMEngine(
+        model_dir,
+        64,
+        0,
+        adapter=engine_settings(load_config(None, overrides_for(model_dir, args.rank, "adapter"))).adapter(),
+    )
     rows, version = {}, 0
     for name, learner in modes.items():
         pusher, samples = Pusher(learner), []

@@ -44,6 +44,8 @@ import sys
 import time
 from pathlib import Path
 
+from relayrl.placement.sections import learner_settings
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import contextlib
 
@@ -296,7 +298,7 @@ def interleaved_update(name: str, root: Path, rounds: int = 3) -> dict:
     exp.advantages, _ = grpo(make_inputs(exp.rewards, exp.loss_mask, exp.group_ids))
     shape, hardware = load_shape(str(model_dir)), get_profile("cpu", measure=True)
     plan = make_plan(config, shape, hardware, longest_response_tokens=length)
-    learner = PolicyLearner(config)
+    learner = PolicyLearner(learner_settings(config))
     learner.update(exp)  # warm-up
     measured = predicted = float("inf")
     with tempfile.TemporaryDirectory() as null_dir:

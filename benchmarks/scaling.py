@@ -47,6 +47,8 @@ import sys
 import time
 from pathlib import Path
 
+from relayrl.placement.sections import learner_settings
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -145,7 +147,9 @@ def update_child(model_dir: str, samples: int, response_tokens: int, memory: tup
     from relayrl.types import Prompt, Rollout, Score
 
     torch.set_num_threads(2)
-    learner = PolicyLearner(resolve(load_config(None, update_overrides(model_dir, samples, response_tokens, memory))))
+    learner = PolicyLearner(
+        learner_settings(resolve(load_config(None, update_overrides(model_dir, samples, response_tokens, memory))))
+    )
     gen = torch.Generator().manual_seed(0)
     rollouts = []
     for i in range(samples):

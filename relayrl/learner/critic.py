@@ -28,7 +28,7 @@ from relayrl.models.vision import freeze_vision
 from relayrl.types import filled
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.types import Experience
 
 
@@ -87,22 +87,22 @@ def token_count(mask: torch.Tensor) -> float:
 
 
 class Critic:
-    def __init__(self, config: Config, device: str, meta: bool = False):
-        critic = config.critic
-        path = critic.path or config.model.path
+    def __init__(self, settings: LearnerSettings, device: str, meta: bool = False):
+        critic = settings.critic
+        path = critic.path or settings.model.path
         check_model_dir(path, "critic.path" if critic.path else "model.path")
-        self.config, self.device = config, device
-        self.lora = config.model.lora
-        model = ValueModel(path, self.lora, meta, freeze_tower=config.model.freeze_vision)
+        self.settings, self.device = settings, device
+        self.lora = settings.model.lora
+        model = ValueModel(path, self.lora, meta, freeze_tower=settings.model.freeze_vision)
         self.model = (model if meta else model.to(device)).eval()  # eval: no dropout, as for the policy
         self.normaliser = token_count
-        if config.learner.activation_checkpointing:
+        if settings.learner.activation_checkpointing:
             body = self.model.body
             enable_activation_checkpointing(body.get_base_model() if self.lora is not None else body)
-        malloc.apply(config, device)  # learner.return_freed_memory
-        self.optimizer = build_optimizer(self.model, critic.lr, config.train.weight_decay, config.train.betas)
-        self.generator = torch.Generator().manual_seed(config.train.seed + 1)
-        self.micro = MicroBatcher(config.train.micro_batch, config.train.micro_batch_tokens)  # padded rows
+        malloc.apply(settings.learner, device)  # learner.return_freed_memory
+        self.optimizer = build_optimizer(self.model, critic.lr, settings.train.weight_decay, settings.train.betas)
+        self.generator = torch.Generator().manual_seed(settings.train.seed + 1)
+        self.micro = MicroBatcher(settings.train.micro_batch, settings.train.micro_batch_tokens)  # padded rows
 
     def _values(self, part: Experience) -> torch.Tensor:
         images = {key: tensor.to(self.device) for key, tensor in image_inputs(part).items()}
@@ -119,11 +119,11 @@ class Critic:
 
     def update(self, exp: Experience) -> dict[str, float]:
         """Epochs of shuffled mini-batches regressing values on the GAE returns, as the actor's update."""
-        train, clip = self.config.train, self.config.critic.value_clip
+        train, clip = self.settings.train, self.settings.critic.value_clip
         losses, clipped, tokens, grad_norms = [], 0.0, 0.0, []
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
-            for mini in order.split(self.config.mini_batch):
+            for mini in order.split(self.settings.mini_batch):
                 normaliser = self.normaliser(exp.loss_mask[mini])
                 step_loss = 0.0
                 for micro in self.micro.split(mini, exp, count=False):

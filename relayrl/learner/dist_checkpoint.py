@@ -46,7 +46,7 @@ def _trained(learner) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer]
 
 def _options(learner, **full) -> StateDictOptions:
     """With LoRA the frozen base is neither saved nor expected on load."""
-    lora = learner.config.model.lora is not None
+    lora = learner.settings.model.lora is not None
     return StateDictOptions(ignore_frozen_params=lora, strict=not lora, **full)
 
 
@@ -125,7 +125,7 @@ def load_any(learner, checkpoint: str | Path, state: dict) -> None:
 def _load_full(learner, checkpoint: str | Path, state: dict) -> None:
     """A single-process checkpoint (save_pretrained model, optimizer by parameter index) into sharded ranks."""
     full = _options(learner, full_state_dict=True)
-    if learner.config.model.lora is not None:  # model/ holds the adapter alone, under peft's saved names
+    if learner.settings.model.lora is not None:  # model/ holds the adapter alone, under peft's saved names
         policy_state = _adapter_state(Path(checkpoint) / "model")
     else:
         policy_state = load_causal_lm(Path(checkpoint) / "model", "cpu").state_dict()
@@ -163,11 +163,11 @@ def save_pretrained_from_shards(learner, target: Path, tokenizer=None) -> None:
     """The final policy as a save_pretrained directory: gathered to full tensors, written by rank 0."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    if learner.config.model.lora is not None:
+    if learner.settings.model.lora is not None:
         return _save_lora_from_shards(learner, target, tokenizer)
     full = get_model_state_dict(learner.policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() == 0:
-        plain = load_causal_lm(learner.config.model.path, "cpu")
+        plain = load_causal_lm(learner.settings.model.path, "cpu")
         plain.load_state_dict(full)
         plain.save_pretrained(target)
         if tokenizer is not None:
@@ -185,7 +185,7 @@ def _save_lora_from_shards(learner, target: Path, tokenizer=None) -> None:
     policy.network.reshard()
     merged, adapter = _on_rank0(merged_entries(policy.model)), _on_rank0(adapter_entries(policy.model))
     if dist.get_rank() == 0:
-        load_causal_lm(learner.config.model.path, "cpu").save_pretrained(target, state_dict=merged)
+        load_causal_lm(learner.settings.model.path, "cpu").save_pretrained(target, state_dict=merged)
         lora.write_adapter_dir(Path(target) / lora.ADAPTER_DIR, lora.resolved_config(policy.model), adapter)
         if tokenizer is not None:
             tokenizer.save_pretrained(target)

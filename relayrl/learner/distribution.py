@@ -24,17 +24,17 @@ from relayrl.sync.buckets import BucketLayout, layout_of
 from relayrl.sync.transports import Manifest, make_sender
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.learner.result import UpdateResult
     from relayrl.learner.role import LearnerRole
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.types import Experience
 
 
 class Distribution(Protocol):
     empty_models: bool  # build the models on the meta device: their weights arrive from rank 0 in `attach`
 
-    def share(self, config: Config) -> Config:
-        """The config this process trains with (a rank's share of each step's prompts and mini-batches)."""
+    def share(self, settings: LearnerSettings) -> LearnerSettings:
+        """The settings this process trains with (a rank's share of each step's prompts and mini-batches)."""
         ...
 
     def attach(self, learner: LearnerRole) -> None:
@@ -78,8 +78,8 @@ class OneProcess:
 
     empty_models = False
 
-    def share(self, config: Config) -> Config:
-        return config
+    def share(self, settings: LearnerSettings) -> LearnerSettings:
+        return settings
 
     def attach(self, learner: LearnerRole) -> None:
         pass

@@ -24,14 +24,18 @@ the learner starts.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relayrl.config import LearnerConfig
 
 M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 THRESHOLD = 64 * 1024
 
 
-def apply(config, device) -> None:
+def apply(learner: LearnerConfig, device) -> None:
     """What `learner.return_freed_memory` asks of a learner on `device`: the threshold on CPU, a warning elsewhere."""
-    if not config.learner.return_freed_memory:
+    if not learner.return_freed_memory:
         return
     if str(device) == "cpu":
         return return_freed_memory()

@@ -36,49 +36,48 @@ from relayrl.models.vision import freeze_vision
 from relayrl.types import filled
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.learner.result import MismatchByVersion
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.types import Experience
 
 
 class PolicyLearner:
-    def __init__(self, config: Config, load=load_causal_lm):
+    def __init__(self, settings: LearnerSettings, load=load_causal_lm):
         """`load(path, device)` builds the policy and the reference: `load_causal_lm`, or on sharded learner ranks
         other than 0 `sharded_init.empty_causal_lm` (meta device, filled from rank 0 once sharded)."""
-        self.config = config
+        self.settings = settings
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        use_bf16 = self.device == "cuda" and config.model.dtype in ("auto", "bfloat16")
+        use_bf16 = self.device == "cuda" and settings.model.dtype in ("auto", "bfloat16")
         # fp32 master weights always; on GPU the forward runs under bf16 autocast
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if use_bf16 else nullcontext()
-        torch.manual_seed(config.train.seed)
+        torch.manual_seed(settings.train.seed)
         # eval mode throughout: dropout would make the on-policy ratio differ from 1 and the log-probs
         # of the old/reference passes differ from the update's; gradients flow the same
-        self.model = load(config.model.path, self.device).eval()
-        set_attention(self.model, config.model.attention, self.device)
+        self.model = load(settings.model.path, self.device).eval()
+        set_attention(self.model, settings.model.attention, self.device)
         # a vision-language model's frozen tower: no gradients, no optimizer state, left out of pushes
-        self.frozen = freeze_vision(self.model) if config.model.freeze_vision else set()
-        if config.model.lora is not None:
-            self.model = lora.add_adapter(self.model, config.model.lora).eval()
+        self.frozen = freeze_vision(self.model) if settings.model.freeze_vision else set()
+        if settings.model.lora is not None:
+            self.model = lora.add_adapter(self.model, settings.model.lora).eval()
         self.model.config.use_cache = False
         # the HF model the forward passes run (with LoRA: peft's layers inside it, switched by disable_adapter)
-        self.network = self.model.get_base_model() if config.model.lora is not None else self.model
-        if config.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
+        self.network = self.model.get_base_model() if settings.model.lora is not None else self.model
+        if settings.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
             enable_activation_checkpointing(self.network)
-        malloc.apply(config, self.device)  # learner.return_freed_memory
-        self.sync_mode = lora_sync_mode(
-            config.model.lora, config.sync.lora, config.rollout.engine
-        )  # None (full fine-tuning), "adapter" or "merged"
-        self.use_reference = config.algorithm.kl.coef > 0
+        malloc.apply(settings.learner, self.device)  # learner.return_freed_memory
+        # None (full fine-tuning), "adapter" or "merged"
+        self.sync_mode = lora_sync_mode(settings.model.lora, settings.lora_sync, settings.rollout.engine)
+        self.use_reference = settings.algorithm.kl.coef > 0
         self.reference = None  # a frozen copy for full fine-tuning; with LoRA the base is the reference
-        if self.use_reference and config.model.lora is None:
-            self.reference = load(config.model.path, self.device).eval().requires_grad_(False)
-            set_attention(self.reference, config.model.attention, self.device)
+        if self.use_reference and settings.model.lora is None:
+            self.reference = load(settings.model.path, self.device).eval().requires_grad_(False)
+            set_attention(self.reference, settings.model.attention, self.device)
             if use_bf16 and not torch.distributed.is_initialized():  # frozen, and its passes run in bf16 anyway:
                 self.reference.to(torch.bfloat16)  # half the memory (sharded ranks cast in FSDP2's policy instead)
-        rollout = config.rollout
-        self.objective = Objective(config.algorithm, rollout.max_tokens, use_reference=self.use_reference)
-        train = config.train
-        self.updates_per_step = config.updates_per_step
+        rollout = settings.rollout
+        self.objective = Objective(settings.algorithm, rollout.max_tokens, use_reference=self.use_reference)
+        train = settings.train
+        self.updates_per_step = settings.updates_per_step
         self.optimizer = build_optimizer(self.model, train.lr, train.weight_decay, train.betas)
         self.scheduler = build_scheduler(
             self.optimizer,
@@ -89,7 +88,7 @@ class PolicyLearner:
         )
         # the learner's pre-update log-probs are needed as such when the policy moves before the last
         # mini-batch, when the KL enters the rewards, or when they are compared with the behaviour's
-        algo = config.algorithm
+        algo = settings.algorithm
         # TIS weights of a single on-policy mini-batch come from the update's own forward (Objective.correct_in_pass)
         self.correct_in_pass = self.updates_per_step == 1 and algo.correction.mode.startswith("tis")
         self.needs_old_logprobs = (
@@ -101,7 +100,7 @@ class PolicyLearner:
         self.layout = ForwardLayout(
             train.packing,
             train.logits_chunk,
-            Sampled(rollout.temperature, rollout.top_k, rollout.top_p, vision_token_ids(config.model.path)),
+            Sampled(rollout.temperature, rollout.top_k, rollout.top_p, vision_token_ids(settings.model.path)),
             self.model.config,
             self.device,
         )
@@ -143,7 +142,7 @@ class PolicyLearner:
     def update(self, exp: Experience, sample_rows: int = 0) -> UpdateResult:
         """One step's optimizer updates; `sample_rows`: the pre-update log-probs of that many first rows come back
         in the result (`sample_logprobs`), for the samples the step logs."""
-        train = self.config.train
+        train = self.settings.train
         totals = _Totals()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
         self.layout.take_counts()  # count the update's passes only
@@ -151,7 +150,7 @@ class PolicyLearner:
         correction = {} if self.correct_in_pass else self.objective.correct(exp)
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
-            for mini in self._chunks(order, self.config.mini_batch):
+            for mini in self._chunks(order, self.settings.mini_batch):
                 totals.n_stale.append(len(totals.grad_norm))  # optimizer steps since the samples' policy
                 normaliser = self.objective.normaliser(exp.loss_mask[mini])
                 for micro in self.micro.split(mini, exp):
@@ -220,7 +219,7 @@ class PolicyLearner:
     def save(self, out_dir: str | Path, tokenizer=None) -> None:
         """save_pretrained into `out_dir`; with LoRA the merged model there (what `relayrl eval --model` and
         vLLM load as they are) and the adapter beside it in `out_dir/adapter`."""
-        if self.config.model.lora is None:
+        if self.settings.model.lora is None:
             self.model.save_pretrained(str(out_dir))
         else:
             lora.save_merged(self.model, out_dir)
@@ -230,7 +229,7 @@ class PolicyLearner:
 
     def load_model(self, model_dir: str | Path) -> None:
         """Load a checkpoint's `model/`: full weights, or with LoRA the adapter alone."""
-        if self.config.model.lora is not None:
+        if self.settings.model.lora is not None:
             lora.load_adapter(self.model, model_dir)
             return
         self.model.load_state_dict(load_causal_lm(model_dir, "cpu").state_dict())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,8 +26,8 @@ from relayrl.errors import ConfigError, PlacementError
 from relayrl.learner.result import UpdateResult
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.learner.result import MismatchByVersion
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.types import Experience
 
 
@@ -101,22 +102,22 @@ def all_reduce_sum(value: float) -> float:
     return float(all_reduce(torch.tensor([float(value)], dtype=torch.float64, device=group_device()))[0])
 
 
-def rank_config(config: Config, world: int) -> Config:
-    """The config one rank trains with: its share of each step's prompts and of each mini-batch, so that the
+def rank_settings(settings: LearnerSettings, world: int) -> LearnerSettings:
+    """The settings one rank trains with: its share of each step's prompts and of each mini-batch, so that the
     optimizer steps per training step (and the schedule's length) are the same at every W."""
     ranks = "placement.learner_ranks"
-    if config.rollout.prompts_per_step % world:
+    if settings.rollout.prompts_per_step % world:
         raise ConfigError(
-            f"rollout.prompts_per_step={config.rollout.prompts_per_step} must divide by {ranks}={world} "
+            f"rollout.prompts_per_step={settings.rollout.prompts_per_step} must divide by {ranks}={world} "
             "(each rank trains on whole groups)"
         )
-    if config.mini_batch % world:
-        raise ConfigError(f"train.mini_batch={config.mini_batch} must divide by {ranks}={world}")
+    if settings.mini_batch % world:
+        raise ConfigError(f"train.mini_batch={settings.mini_batch} must divide by {ranks}={world}")
     if world == 1:
-        return config
-    rollout = config.rollout.model_copy(update={"prompts_per_step": config.rollout.prompts_per_step // world})
-    train = config.train.model_copy(update={"mini_batch": config.mini_batch // world})
-    return config.model_copy(update={"rollout": rollout, "train": train})
+        return settings
+    rollout = settings.rollout.model_copy(update={"prompts_per_step": settings.rollout.prompts_per_step // world})
+    train = settings.train.model_copy(update={"mini_batch": settings.mini_batch // world})
+    return replace(settings, rollout=rollout, train=train, mini_batch=settings.mini_batch // world)
 
 
 def share_bounds(exp: Experience, world: int) -> list[tuple[int, int]]:

@@ -26,7 +26,7 @@ from relayrl.sync.base import LearnerWeights
 from relayrl.sync.endpoints import WeightSource
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.sync.buckets import BucketLayout
     from relayrl.sync.transports import Manifest
     from relayrl.types import Experience
@@ -51,22 +51,22 @@ class Learner(LearnerWeights, Protocol):
 
 
 class LearnerRole(WeightSource):
-    def __init__(self, config: Config, threads: int = 0, distribution: Distribution | None = None):
+    def __init__(self, settings: LearnerSettings, threads: int = 0, distribution: Distribution | None = None):
         """`distribution`: how the models are spread (default: whole, in this process). Sharded ranks other than
         0 build their models on the meta device, without reading weights; `attach` fills their shards."""
         if threads:
             torch.set_num_threads(threads)
         self.distribution = distribution or OneProcess()
-        self.config = config = self.distribution.share(config)
+        self.settings = settings = self.distribution.share(settings)
         if self.distribution.empty_models:
             from relayrl.learner.sharded_init import empty_causal_lm
 
-            self.policy = PolicyLearner(config, empty_causal_lm)
+            self.policy = PolicyLearner(settings, empty_causal_lm)
         else:
-            self.policy = PolicyLearner(config)
+            self.policy = PolicyLearner(settings)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        gae = config.algorithm.advantage == "gae"
-        self.critic = Critic(config, device, self.distribution.empty_models) if gae else None
+        gae = settings.algorithm.advantage == "gae"
+        self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
         self.distribution.attach(self)
 
     def ping(self) -> int:
@@ -90,7 +90,7 @@ class LearnerRole(WeightSource):
         """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps. The critic's
         metrics come first in the result's."""
         critic = {} if self.critic is None else self.critic.update(exp)
-        if self.critic is not None and step < self.config.critic.warmup_steps:
+        if self.critic is not None and step < self.settings.critic.warmup_steps:
             return UpdateResult(critic)
         actor = self.policy.update(exp, sample_rows)
         return dataclasses.replace(actor, metrics={**critic, **actor.metrics})

@@ -14,7 +14,7 @@ many rows on each rank). Two things make the step independent of W and of the mi
 - FSDP's reduce-scatter *sums* the ranks' gradients (divide factor 1) instead of averaging them: averaging
   would divide that global sum by W once more.
 The adaptive KL controller sees the token-weighted KL of the whole batch, so its coefficient agrees on every
-rank. Each rank trains with its share of `rollout.prompts_per_step` and `train.mini_batch` (process_group.rank_config),
+rank. Each rank trains with its share of `rollout.prompts_per_step` and `train.mini_batch` (process_group.rank_settings),
 so the optimizer steps per training step and the schedule are those of W=1; with several mini-batches a rank
 shuffles its own rows.
 
@@ -47,15 +47,15 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from relayrl.learner.process_group import all_reduce_sum, join_learner_group, rank_config
+from relayrl.learner.process_group import all_reduce_sum, join_learner_group, rank_settings
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.learner.sharded_lora import push_view
 from relayrl.sync.buckets import make_layout
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.learner.result import UpdateResult
     from relayrl.learner.role import LearnerRole
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.sync.buckets import BucketLayout
     from relayrl.sync.gather import SyncPlan
     from relayrl.types import Experience
@@ -157,8 +157,8 @@ class ShardedRanks:
         self.layout: BucketLayout | None = None
         self.sync_plan: SyncPlan | None = None
 
-    def share(self, config: Config) -> Config:
-        return rank_config(config, self.world)
+    def share(self, settings: LearnerSettings) -> LearnerSettings:
+        return rank_settings(settings, self.world)
 
     def attach(self, learner: LearnerRole) -> None:
         policy, critic = learner.policy, learner.critic
@@ -169,7 +169,7 @@ class ShardedRanks:
             self._shard(learner, critic.model, critic.optimizer)
             critic.normaliser = _GlobalNormaliser(critic.normaliser)
         policy.objective.normaliser = _GlobalNormaliser(policy.objective.normaliser)
-        if learner.config.model.lora is not None:
+        if learner.settings.model.lora is not None:
             _first_pass_with_adapter(policy.network, policy.device)
         policy.objective.kl_controller = _GlobalKL(policy.objective.kl_controller, self)  # pyright: ignore[reportAttributeAccessIssue] - the same two members
 
@@ -177,8 +177,8 @@ class ShardedRanks:
         """Shard one model (built on rank 0, empty elsewhere), fill every rank's shards from rank 0, and point
         its optimizer at them. offload=params on CPU is refused by relayrl/config/learner.py."""
         full = full_state_on_rank0(model, self.rank)
-        device, offload = learner.policy.device, learner.config.learner.offload == "params"
-        shard_model(model, offload=offload, precision=mixed_precision(learner.config, device))
+        device, offload = learner.policy.device, learner.settings.learner.offload == "params"
+        shard_model(model, offload=offload, precision=mixed_precision(learner.settings.model, device))
         fill_from_rank0(model, full, device, offload)
         if optimizer is not None:
             _rebind_optimizer(optimizer, learner.policy.model if optimizer is learner.policy.optimizer else model)
@@ -277,10 +277,10 @@ class _GlobalKL:
 
 
 def sharded_learner(
-    config: Config, rank: int, world: int, address: str, port: int, timeout_s: float, threads: int = 0
+    settings: LearnerSettings, rank: int, world: int, address: str, port: int, timeout_s: float, threads: int = 0
 ) -> LearnerRole:
     """One rank's learner: joins the group at `address:port`, then builds and shards its models."""
     from relayrl.learner.role import LearnerRole
 
-    offload = config.learner.offload == "params"
-    return LearnerRole(config, threads, ShardedRanks(RankGroup(rank, world, address, port, timeout_s, offload)))
+    offload = settings.learner.offload == "params"
+    return LearnerRole(settings, threads, ShardedRanks(RankGroup(rank, world, address, port, timeout_s, offload)))

@@ -18,6 +18,7 @@ Leaves out: the sharding itself and the group (sharded.py, process_group.py).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from relayrl.models.loading import check_model_dir
+
+if TYPE_CHECKING:
+    from relayrl.config import ModelConfig
 
 
 def empty_causal_lm(path: str | Path, device: str = "meta", key: str = "model.path") -> nn.Module:
@@ -70,9 +74,9 @@ def fill_from_rank0(model: nn.Module, full_state: dict[str, torch.Tensor], devic
         dist.broadcast(buffer, src=0)
 
 
-def mixed_precision(config, device: str) -> MixedPrecisionPolicy | None:
+def mixed_precision(model: ModelConfig, device: str) -> MixedPrecisionPolicy | None:
     """FSDP2's policy for the learner ranks: bf16 parameters in the passes, fp32 gradient reduction and fp32
     master shards, on GPU unless model.dtype=float32; None (fp32 throughout) on CPU."""
-    if device != "cuda" or config.model.dtype == "float32":
+    if device != "cuda" or model.dtype == "float32":
         return None
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -17,7 +17,7 @@ from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
 from relayrl.placement.learner_restarts import LearnerRestarts
-from relayrl.placement.sections import engine_settings
+from relayrl.placement.sections import engine_settings, learner_settings
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole 
         ranks = start_learner_ranks(config, group, slots)
         return ranks, list(ranks.actors)
     (slot,) = slots
-    actor = ray.remote(LearnerRole).options(**actor_options(group, slot)).remote(config, slot.threads)
+    actor = ray.remote(LearnerRole).options(**actor_options(group, slot)).remote(learner_settings(config), slot.threads)
     return RemoteRole(actor, "learner", config.placement.call_timeout_s), [actor]
 
 

@@ -33,10 +33,12 @@ from relayrl.errors import PlacementError, RoleFailure
 from relayrl.learner.process_group import merge_experience, merge_results, sample_rows_of, split_by_groups
 from relayrl.learner.sharded import sharded_learner
 from relayrl.placement.handles import get
+from relayrl.placement.sections import learner_settings
 
 if TYPE_CHECKING:
     from relayrl.config import Config
     from relayrl.learner.result import UpdateResult
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.types import Experience
 
 # calls made on rank 0 alone: they read nothing sharded (the layout comes from shapes) or only rank 0 acts; Ray's
@@ -51,8 +53,8 @@ class LearnerRank:
     """The actor that hosts one rank's learner: built light, `start`ed once rank 0's rendezvous address is known
     (the learner joins the group and shards its models then), and every learner method reached through `call`."""
 
-    def __init__(self, config: Config, rank: int, world: int, threads: int):
-        self._pending = (config, rank, world, threads)
+    def __init__(self, settings: LearnerSettings, rank: int, world: int, threads: int):
+        self._pending = (settings, rank, world, threads)
         self._caller = threading.get_ident()  # the thread every call but `where` runs in (one, Ray's default group)
         self.learner = None
 
@@ -62,9 +64,9 @@ class LearnerRank:
         return node_address()
 
     def start(self, address: str, port: int, timeout_s: float) -> int:
-        config, rank, world, threads = self._pending
+        settings, rank, world, threads = self._pending
         self._caller = threading.get_ident()
-        self.learner = sharded_learner(config, rank, world, address, port, timeout_s, threads)
+        self.learner = sharded_learner(settings, rank, world, address, port, timeout_s, threads)
         return torch.get_num_threads()
 
     def call(self, method: str, *args):
@@ -204,12 +206,13 @@ def start_learner_ranks(config: Config, group, slots: list) -> LearnerRanks:
     from relayrl.placement.cluster import actor_options
 
     world, timeout = config.placement.learner_ranks, config.placement.call_timeout_s
+    settings = learner_settings(config)  # what each rank builds its learner from
     if len(slots) == 1:
         share = dataclasses.replace(slots[0], cpus=slots[0].cpus / world, threads=max(1, slots[0].threads // world))
         slots = [share] * world
     remote = ray.remote(concurrency_groups={"probe": 1})(LearnerRank)  # pyright: ignore[reportCallIssue] - `where` answers while a call runs
     actors = [
-        remote.options(**actor_options(group, slot)).remote(config, rank, world, slot.threads)
+        remote.options(**actor_options(group, slot)).remote(settings, rank, world, slot.threads)
         for rank, slot in enumerate(slots)
     ]
     ranks = LearnerRanks(actors, timeout)

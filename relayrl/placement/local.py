@@ -11,7 +11,7 @@ import time
 from relayrl.config import Config
 from relayrl.learner.role import LearnerRole
 from relayrl.placement import Roles
-from relayrl.placement.sections import engine_settings
+from relayrl.placement.sections import engine_settings, learner_settings
 from relayrl.rollout.build import engine_from_settings
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.sync.inprocess import InProcessSync
@@ -21,4 +21,4 @@ def build_local_roles(config: Config, max_len: int, probe_ids: list[int] | None)
     start = time.perf_counter()
     engine = engine_from_settings(engine_settings(config), max_len)
     engines = LocalEngineGroup(engine, start_s=time.perf_counter() - start)
-    return Roles(engines, LearnerRole(config), InProcessSync(probe_ids=probe_ids), close=lambda: None)
+    return Roles(engines, LearnerRole(learner_settings(config)), InProcessSync(probe_ids=probe_ids), close=lambda: None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from relayrl.learner.settings import LearnerSettings
 from relayrl.models.adapter_sync import kept_versions
 from relayrl.rollout.build import EngineSettings
 
@@ -17,4 +18,19 @@ def engine_settings(config: Config) -> EngineSettings:
     """What the run's engine is built from (relayrl/rollout/build.py)."""
     return EngineSettings(
         config.rollout, config.model, config.train.seed, config.sync.lora, kept_versions(config.train)
+    )
+
+
+def learner_settings(config: Config) -> LearnerSettings:
+    """What the learner is built from (relayrl/learner/), on one process or on each sharded rank."""
+    return LearnerSettings(
+        model=config.model,
+        algorithm=config.algorithm,
+        critic=config.critic,
+        train=config.train,
+        learner=config.learner,
+        rollout=config.rollout,
+        lora_sync=config.sync.lora,
+        mini_batch=config.mini_batch,
+        updates_per_step=config.updates_per_step,
     )

@@ -37,10 +37,11 @@ def _best_update(model_dir: str, micro_batch: int, repeats: int) -> float:
     from relayrl.config import load_config
     from relayrl.learner.batching import make_experience
     from relayrl.learner.policy import PolicyLearner
+    from relayrl.placement.sections import learner_settings
     from relayrl.types import Prompt, Rollout, Score
 
     overrides = [f"model.path={model_dir}", f"rollout.n={SAMPLES}", "rollout.prompts_per_step=1"]
-    learner = PolicyLearner(load_config(None, overrides + [f"train.micro_batch={micro_batch}"]))
+    learner = PolicyLearner(learner_settings(load_config(None, overrides + [f"train.micro_batch={micro_batch}"])))
     prompt = Prompt(id="0", text="", token_ids=[5] * PROMPT)
     rollouts = [
         Rollout(prompt, i, [6 + i] * RESPONSE, "", [-1.0] * RESPONSE, "stop", [0] * RESPONSE) for i in range(SAMPLES)

@@ -12,6 +12,7 @@ import pytest
 
 from relayrl.config import load_config
 from relayrl.errors import RoleFailure
+from relayrl.placement.sections import learner_settings
 from relayrl.sync.endpoints import WeightSink
 from relayrl.sync.remote import free_port
 from relayrl.sync.transports import Manifest
@@ -81,7 +82,7 @@ def test_two_rank_actors_train_sync_and_fail_by_name(random_model_dir, ray_group
     ranks = start_learner_ranks(config(random_model_dir, 2), ray_group, [Slot("learner", 0, 2.0, 2, "0,1")])
     exp = experience()
     result = ranks.update(0, ranks.prepare(exp), 10)  # a step logging its first 10 rows: 8 of rank 0's, 2 of rank 1's
-    single = LearnerRole(config(random_model_dir, 1))
+    single = LearnerRole(learner_settings(config(random_model_dir, 1)))
     before = {n: p.detach().clone() for n, p in single.policy.model.named_parameters()}
     expected = single.update(0, single.prepare(experience()), 10)
     after = {n: p.detach() for n, p in single.policy.model.named_parameters()}

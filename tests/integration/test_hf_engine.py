@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import torch
 
+from relayrl.placement.sections import learner_settings
 from relayrl.rollout.hf_engine import HFEngine
 from relayrl.types import Prompt, Sampling
 
@@ -63,7 +64,7 @@ def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
     config = Config.model_validate(
         {"model": {"path": str(random_model_dir)}, "rollout": {"engine": "hf"}, "sync": {"parity_probe": True}}
     )
-    engine, learner = HFEngine(str(random_model_dir)), LearnerRole(config)
+    engine, learner = HFEngine(str(random_model_dir)), LearnerRole(learner_settings(config))
     probe = engine.tokenizer("12+7=19 3+45=48", add_special_tokens=False)["input_ids"]
     theirs = engine.prompt_logprobs(probe)
     assert len(theirs) == len(probe) - 1

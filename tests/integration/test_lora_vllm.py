@@ -11,7 +11,7 @@ from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
 from relayrl.models.adapter_sync import map_adapter_keys
 from relayrl.models.loading import load_causal_lm
-from relayrl.placement.sections import engine_settings
+from relayrl.placement.sections import engine_settings, learner_settings
 from tests.unit.test_learner import _experience
 
 pytestmark = pytest.mark.vllm
@@ -40,7 +40,7 @@ def engine(config):
 
 @pytest.fixture(scope="module")
 def learner(config):
-    learner = PolicyLearner(config)
+    learner = PolicyLearner(learner_settings(config))
     learner.update(_experience(vocab=12))  # a trained, non-zero adapter
     return learner
 
@@ -85,7 +85,7 @@ def test_trained_adapter_matches_the_learner_and_a_merged_push(engine, learner):
     try:
         engine.load_base_weights(lora.merged_tensors(learner.model))
         merged = torch.tensor(engine.prompt_logprobs(PROBE))
-        base_model = load_causal_lm(learner.config.model.path)  # put the base back for the other tests
+        base_model = load_causal_lm(learner.settings.model.path)  # put the base back for the other tests
         engine.load_base_weights((n, p.detach()) for n, p in base_model.named_parameters())
     finally:
         engine.adapters.current = current

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Sampling, Score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,7 +53,9 @@ def learner_for(model_dir, freeze_vision=True):
     from relayrl.learner.role import LearnerRole
 
     overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "train.lr=1e-2"]
-    return LearnerRole(load_config(None, [*overrides, f"model.freeze_vision={str(freeze_vision).lower()}"]))
+    return LearnerRole(
+        learner_settings(load_config(None, [*overrides, f"model.freeze_vision={str(freeze_vision).lower()}"]))
+    )
 
 
 def experience(rollouts):

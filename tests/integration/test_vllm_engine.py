@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Sampling
 
 pytestmark = pytest.mark.vllm
@@ -204,15 +205,17 @@ def test_learner_keeps_the_sampling_mask_so_the_on_policy_ratio_is_one(engine, r
 
     def learner(top_p):
         return PolicyLearner(
-            load_config(
-                None,
-                [
-                    f"model.path={random_model_dir}",
-                    "rollout.temperature=0.7",
-                    f"rollout.top_p={top_p}",
-                    "rollout.n=4",
-                    "rollout.prompts_per_step=3",
-                ],
+            learner_settings(
+                load_config(
+                    None,
+                    [
+                        f"model.path={random_model_dir}",
+                        "rollout.temperature=0.7",
+                        f"rollout.top_p={top_p}",
+                        "rollout.n=4",
+                        "rollout.prompts_per_step=3",
+                    ],
+                )
             )
         )
 

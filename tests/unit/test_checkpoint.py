@@ -13,6 +13,7 @@ import yaml
 
 from relayrl.cli import main
 from relayrl.errors import RelayError
+from relayrl.placement.sections import learner_settings
 from relayrl.run.checkpoint import latest_checkpoint, save_checkpoint, verify
 
 
@@ -103,7 +104,7 @@ def test_a_full_disk_at_the_final_save_names_the_path_and_the_checkpoint_kept(tm
     from relayrl.config import load_config
     from relayrl.learner.role import LearnerRole
 
-    role = LearnerRole(load_config(None, [f"model.path={random_model_dir}"]))
+    role = LearnerRole(learner_settings(load_config(None, [f"model.path={random_model_dir}"])))
     kept = save_checkpoint(tmp_path, 4, role.policy.model, {"step": 4}, keep=2)
     monkeypatch.setattr(role.policy.model, "save_pretrained", _disk_full)
     with pytest.raises(RelayError) as err:

@@ -5,6 +5,7 @@ import torch
 
 from relayrl.config import load_config
 from relayrl.learner.critic import Critic, clipped_value_loss
+from relayrl.placement.sections import learner_settings
 from tests.unit.test_learner import _experience
 
 
@@ -29,7 +30,7 @@ def test_critic_starts_at_zero_and_regresses_on_the_returns(random_model_dir):
             "critic.value_clip=10",
         ],
     )
-    critic = Critic(config, "cpu")
+    critic = Critic(learner_settings(config), "cpu")
     exp = _experience()
     exp.values = critic.values(exp)
     assert torch.equal(exp.values, torch.zeros_like(exp.loss_mask))

@@ -7,6 +7,7 @@ from relayrl.algorithms.advantages import grpo, make_inputs
 from relayrl.config import load_config
 from relayrl.learner.batching import make_experience
 from relayrl.learner.policy import PolicyLearner
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Rollout, Score
 
 
@@ -73,8 +74,8 @@ OBJECTIVES = [
 @pytest.mark.parametrize("micro", [3, 5])
 def test_micro_batches_change_neither_loss_nor_gradients(random_model_dir, micro, objective):
     exp = _experience()
-    whole = PolicyLearner(_config(random_model_dir, micro_batch=16, extra=objective))
-    split = PolicyLearner(_config(random_model_dir, micro_batch=micro, extra=objective))
+    whole = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=16, extra=objective)))
+    split = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=micro, extra=objective)))
     grads_whole, stats_whole = _grads_of_first_step(whole, exp)
     grads_split, stats_split = _grads_of_first_step(split, exp)
     assert any(g.abs().sum() > 0 for g in grads_whole)
@@ -85,7 +86,7 @@ def test_micro_batches_change_neither_loss_nor_gradients(random_model_dir, micro
 
 
 def test_padding_does_not_change_logprobs(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir)))
     exp = _experience()
     short = learner.logprobs(exp.select(torch.tensor([0])))  # trimmed to its own length
     padded = learner.logprobs(exp)[0, : short.shape[1]]
@@ -94,7 +95,7 @@ def test_padding_does_not_change_logprobs(random_model_dir):
 
 
 def test_single_on_policy_step_skips_the_old_logprob_pass(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir)))
     assert not learner.needs_old_logprobs and learner.reference is None
     exp = _experience()
     learner.fill_logprobs(exp)
@@ -108,7 +109,7 @@ def test_single_on_policy_step_skips_the_old_logprob_pass(random_model_dir):
 
 @pytest.mark.parametrize("train", [{"epochs": 2}, {"mini_batch": 8}])
 def test_several_updates_per_step_compute_old_logprobs(random_model_dir, train):
-    learner = PolicyLearner(_config(random_model_dir, **train))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, **train)))
     assert learner.needs_old_logprobs
     exp = _experience()
     learner.fill_logprobs(exp)
@@ -121,7 +122,7 @@ def test_reference_is_loaded_only_with_a_kl_coefficient(random_model_dir):
     config = load_config(
         None, [f"model.path={random_model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "algorithm.kl.coef=0.1"]
     )
-    learner = PolicyLearner(config)
+    learner = PolicyLearner(learner_settings(config))
     assert learner.reference is not None
     assert not any(p.requires_grad for p in learner.reference.parameters())
     exp = _experience()
@@ -136,7 +137,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     from relayrl.errors import ModelError
 
     with pytest.raises(ModelError, match="no config.json"):
-        PolicyLearner(_config(tmp_path / "nowhere"))
+        PolicyLearner(learner_settings(_config(tmp_path / "nowhere")))
 
 
 def test_groups_follow_generation_order_not_prompt_ids():
@@ -148,10 +149,10 @@ def test_groups_follow_generation_order_not_prompt_ids():
 
 
 def test_staleness_counts_optimizer_steps_per_mini_batch(random_model_dir):
-    stats = PolicyLearner(_config(random_model_dir, mini_batch=4)).update(_experience()).metrics
+    stats = PolicyLearner(learner_settings(_config(random_model_dir, mini_batch=4))).update(_experience()).metrics
     # 16 responses in mini-batches of 4: the mini-batches are 0, 1, 2, 3 optimizer steps stale
     assert stats["stale/mean"] == 1.5 and stats["stale/max"] == 3.0
-    on_policy = PolicyLearner(_config(random_model_dir)).update(_experience()).metrics
+    on_policy = PolicyLearner(learner_settings(_config(random_model_dir))).update(_experience()).metrics
     assert on_policy["stale/mean"] == 0.0 and on_policy["loss/total"] == on_policy["loss/policy"]
 
 
@@ -166,7 +167,7 @@ def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
             "train.epochs=2",
         ],
     )
-    learner = PolicyLearner(config)
+    learner = PolicyLearner(learner_settings(config))
     exp = _experience()
     learner.fill_logprobs(exp)
     stats = learner.update(exp).metrics
@@ -175,7 +176,7 @@ def test_kl_enters_the_total_loss_not_the_policy_loss(random_model_dir):
 
 @pytest.mark.parametrize("mode", ["tis_token", "tis_seq", "mask_token", "mask_seq"])
 def test_rollout_correction_uses_the_behaviour_logprobs(random_model_dir, mode):
-    learner = PolicyLearner(_config(random_model_dir, extra=[f"algorithm.correction.mode={mode}"]))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, extra=[f"algorithm.correction.mode={mode}"])))
     # the correction compares the learner's pre-update log-probs: a separate pass, except for TIS on a single
     # on-policy mini-batch, whose weights come from the update's own forward
     assert learner.needs_old_logprobs == mode.startswith("mask")
@@ -194,7 +195,7 @@ def test_kl_in_the_reward_forces_the_old_pass_and_reports_the_coefficient(random
         "algorithm.kl.controller=adaptive",
         "algorithm.kl.target=0.01",
     ]
-    learner = PolicyLearner(_config(random_model_dir, extra=extra))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, extra=extra)))
     assert learner.needs_old_logprobs and not learner.objective.kl_in_loss
     exp = _experience()
     learner.fill_logprobs(exp)
@@ -213,10 +214,12 @@ def test_tis_in_the_update_pass_equals_tis_from_a_separate_old_pass(random_model
     results = []
     for in_pass in (True, False):
         learner = PolicyLearner(
-            _config(
-                random_model_dir,
-                micro_batch=8,
-                extra=[f"algorithm.correction.mode={mode}", "algorithm.correction.threshold=1.5"],
+            learner_settings(
+                _config(
+                    random_model_dir,
+                    micro_batch=8,
+                    extra=[f"algorithm.correction.mode={mode}", "algorithm.correction.threshold=1.5"],
+                )
             )
         )
         assert learner.correct_in_pass

@@ -11,11 +11,12 @@ import json
 
 import pytest
 
-from relayrl.build import build_trainer
+from relayrl.build import build_trainer, schedule_settings
 from relayrl.config import load_config
 from relayrl.errors import RoleFailure
 from relayrl.learner.role import LearnerRole
 from relayrl.placement.learner_restarts import LearnerRestarts
+from relayrl.placement.sections import learner_settings
 from relayrl.schedules.modes import AsyncSchedule
 
 STEPS = 5
@@ -72,7 +73,7 @@ def trainer_for(tmp_path, model_dir, toy_task, name, *settings, at=None, failure
         trainer.learner = handle  # pyright: ignore[reportAttributeAccessIssue]
 
         def respawn():  # what relayrl/placement/build.py does with actors: a new learner from model.path
-            handle.inner = LearnerRole(config)
+            handle.inner = LearnerRole(learner_settings(config))
             respawns.append(1)
 
         placement = config.placement.model_copy(update={"on_learner_failure": "restart", "max_learner_restarts": 1})
@@ -130,7 +131,7 @@ def test_an_async_run_trains_nothing_generated_before_the_restart(tmp_path, rand
     # here they may: the schedule is the real one, on the in-process HF engine (as in tests/unit/test_async_resume.py)
     train = trainer.config.train.model_copy(update={"schedule": "async", "max_staleness": 1, "on_stale": "wait"})
     trainer.config = trainer.config.model_copy(update={"train": train})
-    trainer.make_schedule = functools.partial(AsyncSchedule, trainer.source, trainer.config)
+    trainer.make_schedule = functools.partial(AsyncSchedule, trainer.source, schedule_settings(trainer.config))
     rows = run(trainer)
     assert respawns == [1] and [row["step"] for row in rows] == list(range(STEPS))
     handle = trainer.learner

@@ -12,6 +12,7 @@ from relayrl.errors import ConfigError, ConfigWarning
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
+from relayrl.placement.sections import learner_settings
 from tests.reference import trainable_count
 from tests.unit.test_learner import _experience
 
@@ -37,9 +38,11 @@ def _tensor_count(learner) -> int:
 
 def test_reference_for_free_loads_no_second_copy(random_model_dir):
     kl = ["algorithm.kl.coef=0.1"]
-    full = PolicyLearner(load_config(None, [f"model.path={random_model_dir}"] + kl))
-    adapted = PolicyLearner(_config(random_model_dir, kl))
-    base = _tensor_count(PolicyLearner(load_config(None, [f"model.path={random_model_dir}"])))  # with buffers
+    full = PolicyLearner(learner_settings(load_config(None, [f"model.path={random_model_dir}"] + kl)))
+    adapted = PolicyLearner(learner_settings(_config(random_model_dir, kl)))
+    base = _tensor_count(
+        PolicyLearner(learner_settings(load_config(None, [f"model.path={random_model_dir}"])))
+    )  # with buffers
     assert full.reference is not None and _tensor_count(full) == 2 * base  # full fine-tuning: a frozen copy
     assert adapted.reference is None and adapted.use_reference
     assert _tensor_count(adapted) == base + trainable_count(adapted.model)  # base + adapter, nothing else
@@ -48,8 +51,8 @@ def test_reference_for_free_loads_no_second_copy(random_model_dir):
 
 
 def test_reference_is_the_base_with_the_adapter_disabled(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, ["algorithm.kl.coef=0.1"]))
-    plain = PolicyLearner(load_config(None, [f"model.path={random_model_dir}"]))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, ["algorithm.kl.coef=0.1"])))
+    plain = PolicyLearner(learner_settings(load_config(None, [f"model.path={random_model_dir}"])))
     exp = _experience(vocab=12)
     before = plain.logprobs(exp)
     learner.fill_logprobs(exp)
@@ -62,7 +65,7 @@ def test_reference_is_the_base_with_the_adapter_disabled(random_model_dir):
 
 
 def test_merged_weights_match_peft_merge(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, ["sync.lora=merged"]))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, ["sync.lora=merged"])))
     learner.update(_experience(vocab=12))
     merged = dict(learner.named_weights())
     expected = dict(copy.deepcopy(learner.model).merge_and_unload().named_parameters())
@@ -72,7 +75,7 @@ def test_merged_weights_match_peft_merge(random_model_dir):
 
 
 def test_adapter_mode_sends_only_adapter_tensors(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, ["rollout.engine=vllm", "sync.lora=adapter"]))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, ["rollout.engine=vllm", "sync.lora=adapter"])))
     assert learner.sync_mode == "adapter"
     sent = dict(learner.named_weights())
     assert sent and all(".lora_A." in n or ".lora_B." in n for n in sent)
@@ -81,24 +84,24 @@ def test_adapter_mode_sends_only_adapter_tensors(random_model_dir):
 
 def test_adapter_sync_needs_an_engine_that_serves_adapters(random_model_dir):
     with pytest.raises(ConfigError, match="sync.lora=adapter"):
-        PolicyLearner(_config(random_model_dir, ["sync.lora=adapter"]))
+        PolicyLearner(learner_settings(_config(random_model_dir, ["sync.lora=adapter"])))
 
 
 def test_unknown_target_module_names_the_key(random_model_dir):
     with pytest.raises(ConfigError, match="model.lora.target_modules"):
-        PolicyLearner(_config(random_model_dir, ["model.lora.target_modules=[qkv_nowhere]"]))
+        PolicyLearner(learner_settings(_config(random_model_dir, ["model.lora.target_modules=[qkv_nowhere]"])))
 
 
 def test_checkpoint_holds_the_adapter_and_resumes_exactly(random_model_dir, tmp_path):
     config = _config(random_model_dir, ["train.packing=none"])  # one forward layout on both sides
-    first = PolicyLearner(config)
+    first = PolicyLearner(learner_settings(config))
     first.update(_experience(seed=1, vocab=12))
     first.model.save_pretrained(tmp_path / "model")  # what save_checkpoint writes
     # a copy, as torch.save makes one: load_state_dict would otherwise share first's moment tensors
     state = copy.deepcopy({"optimizer": first.optimizer.state_dict(), "scheduler": first.scheduler.state_dict()})
     saved = {p.name for p in (tmp_path / "model").iterdir()}
     assert saved == {"adapter_config.json", "adapter_model.safetensors", "README.md"}
-    resumed = PolicyLearner(config)
+    resumed = PolicyLearner(learner_settings(config))
     resumed.load_model(tmp_path / "model")
     resumed.optimizer.load_state_dict(state["optimizer"])
     resumed.scheduler.load_state_dict(state["scheduler"])
@@ -113,7 +116,7 @@ def test_checkpoint_holds_the_adapter_and_resumes_exactly(random_model_dir, tmp_
 def test_final_save_is_a_merged_model_with_the_adapter_beside_it(random_model_dir, tmp_path):
     from relayrl.models.loading import load_causal_lm
 
-    learner = PolicyLearner(_config(random_model_dir))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir)))
     learner.update(_experience(vocab=12))
     learner.save(tmp_path / "model")
     loaded = dict(load_causal_lm(tmp_path / "model").named_parameters())
@@ -124,7 +127,7 @@ def test_final_save_is_a_merged_model_with_the_adapter_beside_it(random_model_di
 
 def test_critic_trains_its_own_adapter(random_model_dir):
     config = _config(random_model_dir, ["algorithm.advantage=gae", "critic.lr=1e-2"])
-    critic = Critic(config, "cpu")
+    critic = Critic(learner_settings(config), "cpu")
     exp = _experience(vocab=12)
     exp.values = critic.values(exp)
     exp.returns = exp.rewards[:, None].expand_as(exp.loss_mask) * exp.loss_mask
@@ -159,7 +162,7 @@ def test_planner_counts_the_adapter_and_no_reference(random_model_dir):
 
     config = _config(random_model_dir, ["algorithm.kl.coef=0.1", "rollout.engine=vllm", "sync.lora=adapter"])
     shape, hardware = load_shape(str(random_model_dir)), Hardware("cpu", "cpu", 24, 10.0, 1.0, 10.0, 0.3, 1, "test")
-    learner = PolicyLearner(config)
+    learner = PolicyLearner(learner_settings(config))
     assert adapter_params(shape, 4) == trainable_count(learner.model)  # counted as peft builds it
     shape_only = replace(shape, intermediate=None)  # the MLP width inferred from the parameter count
     assert adapter_params(shape_only, 4) == adapter_params(shape, 4)
@@ -175,7 +178,7 @@ def test_merged_push_reaches_the_hf_engine(random_model_dir):
     from relayrl.rollout.local_group import LocalEngineGroup
     from relayrl.sync.inprocess import InProcessSync
 
-    learner = PolicyLearner(_config(random_model_dir))  # rollout.engine=hf: sync.lora=auto is merged
+    learner = PolicyLearner(learner_settings(_config(random_model_dir)))  # rollout.engine=hf: sync.lora=auto is merged
     assert learner.sync_mode == "merged"
     learner.update(_experience(vocab=12))
     engine, ids = HFEngine(str(random_model_dir)), [3, 4, 5, 6, 7, 8, 9]

@@ -10,6 +10,7 @@ from relayrl.errors import RelayError
 from relayrl.learner.policy import PolicyLearner
 from relayrl.models import lora
 from relayrl.models.loading import load_causal_lm
+from relayrl.placement.sections import learner_settings
 from relayrl.run.checkpoint import save_checkpoint
 from tests.unit.test_learner import _experience
 from tests.unit.test_lora import _config
@@ -21,7 +22,7 @@ def lora_run(random_model_dir, tmp_path_factory):
     run = tmp_path_factory.mktemp("lora_run")
     config = _config(random_model_dir)
     (run / "config.yaml").write_text(dump_config(config))
-    learner = PolicyLearner(config)
+    learner = PolicyLearner(learner_settings(config))
     learner.update(_experience(vocab=12))
     state = {"optimizer": learner.optimizer.state_dict()}
     checkpoint = save_checkpoint(run, 0, learner.model, state, keep=1)

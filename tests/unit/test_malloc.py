@@ -27,8 +27,8 @@ def freed_kb(model_dir=None) -> int:
     """KB of RSS a 2 MiB free gave back, after a learner with learner.return_freed_memory=true was built in the
     process (`model_dir`), or in a bare interpreter (glibc's default)."""
     learner = (
-        "from relayrl.config import load_config; from relayrl.learner.policy import PolicyLearner; "
-        f"PolicyLearner(load_config(None, ['model.path={model_dir}', 'learner.return_freed_memory=true']))\n"
+        "from relayrl.config import load_config; from relayrl.learner.policy import PolicyLearner; from relayrl.placement.sections import learner_settings; "
+        f"PolicyLearner(learner_settings(load_config(None, ['model.path={model_dir}', 'learner.return_freed_memory=true'])))\n"
     )
     code = (learner if model_dir else "") + PROBE
     env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
@@ -49,7 +49,7 @@ def test_on_a_gpu_learner_the_key_is_named_as_having_no_effect():
 
     config = load_config(None, ["learner.return_freed_memory=true"])
     with pytest.warns(ConfigWarning, match="learner.return_freed_memory has no effect on a cuda learner"):
-        malloc.apply(config, "cuda")
+        malloc.apply(config.learner, "cuda")
 
 
 def test_without_glibc_the_key_is_refused_by_name(monkeypatch):

@@ -11,6 +11,7 @@ from relayrl.config import load_config
 from relayrl.errors import ConfigError
 from relayrl.learner.critic import Critic
 from relayrl.learner.policy import PolicyLearner
+from relayrl.placement.sections import learner_settings
 from tests.unit.test_learner import _config, _experience
 
 AC = "learner.activation_checkpointing=true"
@@ -36,8 +37,8 @@ def _mlp_calls(network) -> list[int]:
 
 @pytest.mark.parametrize("extra", [[], LORA], ids=["full", "lora"])
 def test_activation_checkpointing_recomputes_and_gives_the_same_loss_and_gradients(random_model_dir, extra):
-    plain = PolicyLearner(_config(random_model_dir, extra=extra, micro_batch=8))
-    checked = PolicyLearner(_config(random_model_dir, extra=extra + [AC], micro_batch=8))
+    plain = PolicyLearner(learner_settings(_config(random_model_dir, extra=extra, micro_batch=8)))
+    checked = PolicyLearner(learner_settings(_config(random_model_dir, extra=extra + [AC], micro_batch=8)))
     calls_plain, calls_checked = _mlp_calls(plain.network), _mlp_calls(checked.network)
     grads_plain, stats_plain = _grads_of_first_step(plain, _experience())
     grads_checked, stats_checked = _grads_of_first_step(checked, _experience())
@@ -54,7 +55,10 @@ def test_activation_checkpointing_recomputes_and_gives_the_same_loss_and_gradien
 def test_activation_checkpointing_in_the_critic_keeps_its_update(random_model_dir):
     values = []
     for extra in ([], [AC]):
-        critic = Critic(_config(random_model_dir, extra=["algorithm.advantage=gae", "critic.lr=1e-2"] + extra), "cpu")
+        critic = Critic(
+            learner_settings(_config(random_model_dir, extra=["algorithm.advantage=gae", "critic.lr=1e-2"] + extra)),
+            "cpu",
+        )
         torch.manual_seed(0)  # the value head is zero-initialised; the body is loaded
         exp = _experience(vocab=12)
         exp.values = critic.values(exp)

@@ -14,6 +14,7 @@ from relayrl.config import dump_config, load_config
 from relayrl.errors import ConfigError
 from relayrl.learner.batching import MicroBatcher, even_out, make_experience
 from relayrl.learner.policy import PolicyLearner
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Rollout, Score
 from tests.unit.test_learner import _config, _grads_of_first_step
 
@@ -58,8 +59,10 @@ def test_a_token_budget_fills_micro_batches_by_positions_and_isolates_an_over_bu
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
 def test_token_budget_and_count_micro_batches_give_identical_gradients(random_model_dir, loss_agg, packing):
     extra = [f"algorithm.loss_agg={loss_agg}", "rollout.max_tokens=16", "algorithm.entropy_coef=0.01"]
-    count = PolicyLearner(_config(random_model_dir, micro_batch=5, packing=packing, extra=extra))
-    budget = PolicyLearner(_config(random_model_dir, micro_batch_tokens=18, packing=packing, extra=extra))
+    count = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=5, packing=packing, extra=extra)))
+    budget = PolicyLearner(
+        learner_settings(_config(random_model_dir, micro_batch_tokens=18, packing=packing, extra=extra))
+    )
     with pytest.warns(RuntimeWarning, match="micro-batch of its own"):  # 18 positions: under the longest samples
         grads_budget, budget_result = _grads_of_first_step(budget, _ragged())
     grads_count, count_result = _grads_of_first_step(count, _ragged())

@@ -9,6 +9,7 @@ from relayrl.learner.batching import make_experience
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
 from relayrl.learner.policy import PolicyLearner, mismatch_metrics
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Experience, Prompt, Rollout, Score
 from tests.unit.test_learner import _config, _experience, _grads_of_first_step
 
@@ -63,7 +64,7 @@ def test_packed_and_padded_updates_have_the_same_loss_and_gradients(random_model
     exp = _experience(groups=4, n=4)
     grads, stats, mismatch = {}, {}, {}
     for packing in ("none", "groups"):
-        learner = PolicyLearner(_config(random_model_dir, micro_batch=8, packing=packing))
+        learner = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing=packing)))
         learner.model.config._attn_implementation = attention
         learner.layout.attention = attention
         grads[packing], result = _grads_of_first_step(learner, _experience(groups=4, n=4))
@@ -80,7 +81,7 @@ def test_packed_and_padded_updates_have_the_same_loss_and_gradients(random_model
 
 
 def test_a_model_that_ignores_the_packed_layout_is_stopped_with_one_message(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, packing="groups"))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, packing="groups")))
     backbone = learner.model.base_model
     forward = backbone.forward
 
@@ -138,8 +139,8 @@ def test_packed_rows_through_flex_attention_give_the_padded_log_probs(random_mod
     """The forward only: torch has no FlexAttention backward on CPU (benchmarks/gpu_check.sh's learner step checks
     the gradients on a GPU). Compiles flex_attention once (~10 s on 2 cores)."""
     exp = _experience(groups=4, n=4)
-    padded = PolicyLearner(_config(random_model_dir, micro_batch=8, packing="none")).logprobs(exp)
-    learner = PolicyLearner(_config(random_model_dir, micro_batch=8, packing="groups"))
+    padded = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing="none"))).logprobs(exp)
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing="groups")))
     learner.network.set_attn_implementation("flex_attention")  # what model.attention does on a GPU
     learner.layout.attention = "flex_attention"
     packed = learner.logprobs(exp)
@@ -151,10 +152,12 @@ def test_flex_attention_is_refused_on_cpu_by_its_key(random_model_dir):
     with pytest.raises(
         ConfigError, match="model.attention=flex_attention: torch .* has no FlexAttention backward on cpu"
     ):
-        PolicyLearner(_config(random_model_dir, extra=["model.attention=flex_attention"]))
+        PolicyLearner(learner_settings(_config(random_model_dir, extra=["model.attention=flex_attention"])))
 
 
 def test_model_attention_switches_the_learners_kernel(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, extra=["model.attention=eager", "algorithm.kl.coef=0.1"]))
+    learner = PolicyLearner(
+        learner_settings(_config(random_model_dir, extra=["model.attention=eager", "algorithm.kl.coef=0.1"]))
+    )
     assert learner.layout.attention == "eager"
     assert learner.reference is not None and learner.reference.config._attn_implementation == "eager"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relayrl.placement.sections import learner_settings
 from relayrl.sync.remote import free_port
 from tests.unit.test_sharded_learner import run_ranks
 from tests.unit.test_sharded_scenarios import WORLD, config, experience
@@ -60,7 +61,9 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
 
         PreTrainedModel.from_pretrained = classmethod(refuse)
     part = split_by_groups(gae_experience(), WORLD)[rank]
-    learner = sharded.sharded_learner(config(model_dir, GAE), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+    learner = sharded.sharded_learner(
+        learner_settings(config(model_dir, GAE)), rank, WORLD, "127.0.0.1", port, timeout_s=60
+    )
     found = {"loaded": full_weights(learner), "tokens": all_reduce_sum(rank * float(part.loss_mask.sum()))}
     stats = step(learner, part)
     found["loss"] = all_reduce_sum(stats["loss/policy"])  # each rank's loss is its part of the global sum
@@ -83,7 +86,9 @@ def mixed_precision_step(sharded, rank, port, model_dir, part, extra) -> dict:
         sharded.mixed_precision,
         lambda *_: MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
     )
-    learner = sharded.sharded_learner(config(model_dir, extra), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+    learner = sharded.sharded_learner(
+        learner_settings(config(model_dir, extra)), rank, WORLD, "127.0.0.1", port, timeout_s=60
+    )
     sharded.mixed_precision = gpu_policy
     seen = []
     layer = sharded.transformer_blocks(learner.policy.model)[0]
@@ -101,7 +106,9 @@ def lora_scenarios(sharded, rank, port, model_dir, checkpoint, out_dir) -> dict:
     from relayrl.learner.process_group import split_by_groups
 
     def learner():
-        return sharded.sharded_learner(config(model_dir, LORA), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+        return sharded.sharded_learner(
+            learner_settings(config(model_dir, LORA)), rank, WORLD, "127.0.0.1", port, timeout_s=60
+        )
 
     def resumed(path):
         loaded = learner()
@@ -142,7 +149,7 @@ def single_lora(random_model_dir, tmp_path_factory):
     """W=1 LoRA: a step, a checkpoint, and the uninterrupted second step (loss, merged and adapter pushes)."""
     from relayrl.learner.role import LearnerRole
 
-    learner = LearnerRole(config(random_model_dir, LORA))
+    learner = LearnerRole(learner_settings(config(random_model_dir, LORA)))
     step(learner, experience(seed=0))
     path = learner.checkpoint(tmp_path_factory.mktemp("lora_single"), 0, {"version": 1}, keep=1)
     loss = learner.update(1, learner.prepare(experience(seed=1))).metrics["loss/total"]
@@ -162,7 +169,7 @@ def single(random_model_dir):
     """The W=1 learner: its loaded weights, then one step on the whole batch."""
     from relayrl.learner.role import LearnerRole
 
-    learner = LearnerRole(config(random_model_dir, GAE))
+    learner = LearnerRole(learner_settings(config(random_model_dir, GAE)))
     loaded = full_weights(learner)
     return loaded, step(learner, gae_experience()), full_weights(learner)["critic"]
 
@@ -202,11 +209,11 @@ def test_mixed_precision_policy_is_gpu_only():
     from relayrl.config import load_config
     from relayrl.learner.sharded_init import mixed_precision
 
-    gpu = mixed_precision(load_config(None, []), "cuda")
+    gpu = mixed_precision(load_config(None, []).model, "cuda")
     assert (gpu.param_dtype, gpu.reduce_dtype) == (torch.bfloat16, torch.float32)
-    assert mixed_precision(load_config(None, ["model.dtype=bfloat16"]), "cuda").param_dtype == torch.bfloat16
-    assert mixed_precision(load_config(None, ["model.dtype=float32"]), "cuda") is None
-    assert mixed_precision(load_config(None, []), "cpu") is None
+    assert mixed_precision(load_config(None, ["model.dtype=bfloat16"]).model, "cuda").param_dtype == torch.bfloat16
+    assert mixed_precision(load_config(None, ["model.dtype=float32"]).model, "cuda") is None
+    assert mixed_precision(load_config(None, []).model, "cpu") is None
 
 
 def assert_close(got: dict, want: dict, label: str) -> None:
@@ -240,13 +247,13 @@ def test_lora_sharded_checkpoint_resumes_in_one_process_and_exports(random_model
 
     _, loss, merged, _ = single_lora
     path = found["lora"]["path"]
-    learner = LearnerRole(config(random_model_dir, LORA))
+    learner = LearnerRole(learner_settings(config(random_model_dir, LORA)))
     learner.load_state(path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
     assert learner.update(1, learner.prepare(experience(seed=1))).metrics["loss/total"] == pytest.approx(loss, rel=1e-5)
     assert_close(pushed(learner)[0], merged, "2->1 merged")
     run_dir = Path(path).parents[1]
     (run_dir / "config.yaml").write_text(dump_config(config(random_model_dir, LORA)))
     exported = load_causal_lm(export_sharded(path, tmp_path / "export", random_model_dir))
-    first = LearnerRole(config(random_model_dir, LORA))  # W=1 after the first step, merged
+    first = LearnerRole(learner_settings(config(random_model_dir, LORA)))  # W=1 after the first step, merged
     step(first, experience(seed=0))
     assert_close({n: p.detach() for n, p in exported.named_parameters()}, pushed(first)[0], "export")

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from relayrl.placement.sections import learner_settings
 from relayrl.sync.remote import free_port
 from tests.unit.test_sharded_scenarios import OBJECTIVES, WORLD, assert_same_first_step, config, experience, rank_main
 
@@ -56,7 +57,7 @@ def single_checkpoint(random_model_dir, tmp_path_factory):
     """One learner step at W=1, checkpointed today's way, then the uninterrupted second step."""
     from relayrl.learner.role import LearnerRole
 
-    learner = LearnerRole(config(random_model_dir, OBJECTIVES["kl_entropy"]))
+    learner = LearnerRole(learner_settings(config(random_model_dir, OBJECTIVES["kl_entropy"])))
     single_step(learner, experience(seed=0))
     run_dir = tmp_path_factory.mktemp("single_run")
     path = learner.checkpoint(run_dir, 0, {"version": 1}, keep=1)
@@ -77,7 +78,7 @@ def ranks(random_model_dir, single_checkpoint, tmp_path_factory):
 def test_one_step_matches_single_learner(random_model_dir, ranks, objective):
     from relayrl.learner.role import LearnerRole
 
-    single = LearnerRole(config(random_model_dir, OBJECTIVES[objective]))
+    single = LearnerRole(learner_settings(config(random_model_dir, OBJECTIVES[objective])))
     before = params(single)
     stats = single_step(single, experience())
     sharded, loss, grad_norm = ranks(objective)
@@ -115,7 +116,7 @@ def test_resume_at_another_world_size(random_model_dir, ranks, single_checkpoint
         assert all(torch.allclose(got_weights[n], w, atol=1e-5, rtol=0) for n, w in weights.items()), label
     final = load_causal_lm(Path(found["sharded_checkpoint"]).parents[2] / "final_run" / "model")
     assert all(torch.allclose(p.detach(), weights[n], atol=1e-5, rtol=0) for n, p in final.named_parameters())
-    learner = LearnerRole(config(random_model_dir, OBJECTIVES["kl_entropy"]))
+    learner = LearnerRole(learner_settings(config(random_model_dir, OBJECTIVES["kl_entropy"])))
     path = found["sharded_checkpoint"]
     load_any(learner, path, torch.load(f"{path}/trainer_state.pt", weights_only=False))
     stats = single_step(learner, experience(seed=1))

@@ -10,6 +10,7 @@ import torch
 from relayrl.algorithms.advantages import grpo, make_inputs
 from relayrl.config import load_config
 from relayrl.learner.batching import make_experience
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Rollout, Score
 
 WORLD = 2
@@ -75,7 +76,9 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
     torch.set_num_threads(1)
 
     def learner(objective):
-        return sharded_learner(config(model_dir, OBJECTIVES[objective]), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+        return sharded_learner(
+            learner_settings(config(model_dir, OBJECTIVES[objective])), rank, WORLD, "127.0.0.1", port, timeout_s=60
+        )
 
     def publish(name, value):
         if rank == 0:

@@ -8,11 +8,12 @@ from relayrl.learner.process_group import (
     merge_experience,
     merge_results,
     merge_stats,
-    rank_config,
+    rank_settings,
     sample_rows_of,
     split_by_groups,
 )
 from relayrl.learner.result import UpdateResult
+from relayrl.placement.sections import learner_settings
 from tests.unit.test_sharded_scenarios import config, experience
 
 
@@ -70,6 +71,8 @@ def test_learner_ranks_config_errors_name_the_keys(tmp_path):
         config(tmp_path, ["placement.learner_ranks=2"])
     odd = config(tmp_path, ["rollout.prompts_per_step=3"])
     with pytest.raises(ConfigError, match=r"rollout.prompts_per_step=3 must divide by placement.learner_ranks=2"):
-        rank_config(odd, 2)
-    share = rank_config(config(tmp_path, ["train.mini_batch=8"]), 2)  # 16 rows a step, 2 optimizer steps
+        rank_settings(learner_settings(odd), 2)
+    share = rank_settings(
+        learner_settings(config(tmp_path, ["train.mini_batch=8"])), 2
+    )  # 16 rows a step, 2 optimizer steps
     assert (share.rollout.prompts_per_step, share.mini_batch, share.updates_per_step) == (2, 4, 2)

@@ -7,6 +7,7 @@ import torch
 from relayrl.errors import ConfigError
 from relayrl.learner.policy import PolicyLearner
 from relayrl.learner.token_stats import head_stats, logits_stats
+from relayrl.placement.sections import learner_settings
 from tests.unit.test_learner import _config, _experience, _grads_of_first_step
 
 
@@ -37,11 +38,13 @@ def test_the_head_over_hidden_states_trains_as_the_models_logits(random_model_di
     runs = {}
     for chunk in (logits_chunk, 1024):
         learner = PolicyLearner(
-            _config(
-                random_model_dir,
-                micro_batch=8,
-                logits_chunk=chunk,
-                extra=["algorithm.entropy_coef=0.01", "rollout.temperature=0.7"],
+            learner_settings(
+                _config(
+                    random_model_dir,
+                    micro_batch=8,
+                    logits_chunk=chunk,
+                    extra=["algorithm.entropy_coef=0.01", "rollout.temperature=0.7"],
+                )
             )
         )
         runs[chunk] = _grads_of_first_step(learner, _experience())
@@ -53,7 +56,7 @@ def test_the_head_over_hidden_states_trains_as_the_models_logits(random_model_di
 
 
 def test_a_model_whose_logits_are_not_its_head_is_stopped_with_one_message(random_model_dir):
-    learner = PolicyLearner(_config(random_model_dir, packing="none"))
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, packing="none")))
     forward = learner.model.forward
 
     def soft_capped(*args, **kwargs):  # as Gemma-2's final logit soft-capping would

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from relayrl.placement.sections import learner_settings
 from relayrl.types import ImageBatch
 from tests.unit.test_sharded_scenarios import config
 from tests.unit.test_vision_sharded import image_experience, write_task
@@ -30,7 +31,9 @@ def task(tmp_path_factory) -> Path:
 def critic_of(task: Path):
     from relayrl.learner.critic import Critic
 
-    critic = Critic(config(task / "model", ["algorithm.advantage=gae", "model.freeze_vision=true"]), "cpu")
+    critic = Critic(
+        learner_settings(config(task / "model", ["algorithm.advantage=gae", "model.freeze_vision=true"])), "cpu"
+    )
     torch.nn.init.normal_(critic.model.head.weight, generator=torch.Generator().manual_seed(0))
     return critic
 

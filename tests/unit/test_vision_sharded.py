@@ -21,6 +21,7 @@ from PIL import Image
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from relayrl.placement.sections import learner_settings
 from relayrl.sync.remote import free_port
 from tests.unit.test_sharded_learner import run_ranks
 from tests.unit.test_sharded_scenarios import WORLD, assert_same_first_step, config
@@ -88,7 +89,9 @@ def rank_main(rank, port, root, out_dir, results):
     part = split_by_groups(image_experience(root), WORLD)[rank]
     assert part.images is not None and len(part.images) == len(part), "the share keeps its rows' images"
     for case, freeze in CASES.items():
-        learner = sharded_learner(case_config(root, freeze), rank, WORLD, "127.0.0.1", port, timeout_s=60)
+        learner = sharded_learner(
+            learner_settings(case_config(root, freeze)), rank, WORLD, "127.0.0.1", port, timeout_s=60
+        )
         found = rank_step(learner, part)
         if rank == 0:
             torch.save(found, f"{out_dir}/{case}.pt")  # (a queue would share memory with an exited process)
@@ -140,7 +143,7 @@ def test_two_ranks_match_one_learner_on_image_rows(task, ranks, case):
 
     sharded, loss, grad_norm, pushed, units = ranks[case]
 
-    single = LearnerRole(case_config(task, CASES[case]))
+    single = LearnerRole(learner_settings(case_config(task, CASES[case])))
     before = params(single)
     exp = image_experience(task)
     assert exp.images is not None

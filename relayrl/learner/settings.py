@@ -1,0 +1,29 @@
+"""`LearnerSettings`: what the learner reads, sliced from the config by whoever places it
+(relayrl/placement/sections.py, `learner_settings`), never the whole tree."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relayrl.config import AlgorithmConfig, CriticConfig, LearnerConfig, ModelConfig, RolloutConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """The learner's sections: the model it trains, the objective (`algorithm`) and the critic's, the optimizer and
+    batches (`train`), its memory options (`learner`); of `rollout`, the sampling the engines drew from (the
+    log-probs are taken under it), the response length, the step's prompts and the engine (with `lora_sync`,
+    `sync.lora`: what the learner's weights are pushed as); and the batch sizes derived across sections
+    (`Config.mini_batch`, `Config.updates_per_step`)."""
+
+    model: ModelConfig
+    algorithm: AlgorithmConfig
+    critic: CriticConfig
+    train: TrainConfig
+    learner: LearnerConfig
+    rollout: RolloutConfig
+    lora_sync: str
+    mini_batch: int  # rows per optimizer step
+    updates_per_step: int  # optimizer steps per training step
