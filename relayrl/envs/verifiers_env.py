@@ -98,11 +98,12 @@ def load(spec: str, config_json: str = "{}"):
     return config
 
 
-def build(spec: str, config):
+def build(spec: str, env_config: Any):
+    """The verifiers environment that `env_config` (verifiers' own config, as `load` resolves it) describes."""
     import verifiers.v1 as vf
 
     try:
-        return vf.load_environment(config)
+        return vf.load_environment(env_config)
     except Exception as err:  # noqa: BLE001 - whatever the taskset's or env's constructor raises
         raise EnvError(f"env.fn={spec!r}: verifiers cannot build the environment: {one_line(err)}") from None
 
