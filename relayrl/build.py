@@ -31,10 +31,11 @@ from relayrl.errors import ConfigError, RoleFailure
 from relayrl.metrics.timeline import Timeline
 from relayrl.models.loading import check_model_dir, load_tokenizer, pad_token_id
 from relayrl.placement import build_roles
+from relayrl.placement.sections import colocation
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import build_reward_service
-from relayrl.rollout.choice import resolve_auto
+from relayrl.rollout.choice import choose_engine
 from relayrl.rollout.sleep import resolve_sleep
 from relayrl.rollout.vllm_tp import check_tensor_parallel
 from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
@@ -86,14 +87,25 @@ def resolve(config: Config, stacklevel: int = 1) -> Config:
 
 def _choose(config: Config) -> None:
     if config.rollout.engine == "auto":
-        resolve_auto(config)
+        config._engine_choice = choice = choose_engine(config.model.path, config.placement.mode)  # for the dump
+        config.rollout.engine = choice.engine
+        config.rollout.model_fields_set.discard("engine")  # chosen, not set by the user: the no-effect warnings agree
     if config.rollout.tensor_parallel > 1:
-        check_tensor_parallel(config)
+        chosen = check_tensor_parallel(config.rollout, config.model.path, config.placement)
+        if chosen is not None:
+            config._engine_choice = chosen
     if config.model.lora is not None and config.sync.lora == "auto":
-        resolve_lora_auto(config)
-    resolve_sleep(config)  # after sync.lora: an adapter push keeps level 1
+        config.sync.lora = resolve_lora_auto(config.rollout.engine)
+    choose_time_sharing(config)  # after sync.lora: an adapter push keeps level 1
     if config.sync.wire_dtype == "auto":
-        resolve_wire_dtype(config)
+        config.choose("sync.wire_dtype", *resolve_wire_dtype(config.rollout.dtype))
+
+
+def choose_time_sharing(config: Config, cuda: Callable[[], bool] | None = None) -> None:
+    """`rollout.sleep: auto` and `learner.offload: auto` chosen (relayrl/rollout/sleep.py), an offload as set
+    checked; `cuda`: whether a GPU is usable (default torch's answer)."""
+    for key, (value, why) in resolve_sleep(colocation(config), cuda).items():
+        config.choose(key, value, why)
 
 
 def build_trainer(config: Config, resume_step: int | None = None, overwrite: bool = False) -> Trainer:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from relayrl.learner.settings import LearnerSettings
 from relayrl.models.adapter_sync import kept_versions
 from relayrl.rollout.build import EngineSettings
+from relayrl.rollout.sleep import Colocation
 
 if TYPE_CHECKING:
     from relayrl.config import Config
@@ -33,4 +34,18 @@ def learner_settings(config: Config) -> LearnerSettings:
         lora_sync=config.sync.lora,
         mini_batch=config.mini_batch,
         updates_per_step=config.updates_per_step,
+    )
+
+
+def colocation(config: Config, as_asked: bool = False) -> Colocation:
+    """What deciding colocated time-sharing reads (relayrl/rollout/sleep.py); `as_asked`: `auto` where auto chose
+    (the planner's question of a resolved config: what `auto` would choose on its target hardware)."""
+    placement, chosen = config.placement, config._auto if as_asked else {}
+    return Colocation(
+        sleep="auto" if "rollout.sleep" in chosen else config.rollout.sleep,
+        offload="auto" if "learner.offload" in chosen else config.learner.offload,
+        colocated=placement.mode == "local" or placement.layout == "colocated",
+        learner_ranks=placement.learner_ranks,
+        schedule=config.train.schedule,
+        adapter_push=config.model.lora is not None and config.sync.lora == "adapter",
     )

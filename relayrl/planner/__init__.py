@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from relayrl.config import Config
 from relayrl.models.shape import ModelShape, count_params, load_shape
+from relayrl.placement.sections import colocation
 from relayrl.planner.advice import Advice, advise
 from relayrl.planner.estimate import (
     Memory,
@@ -28,6 +29,7 @@ from relayrl.planner.placement import Placement, place
 from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 from relayrl.planner.vision import vision_workload
+from relayrl.rollout.sleep import time_sharing_on
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,7 @@ def make_plan(
     work = replace(work, **vision_workload(shape, prompts))  # images per prompt and their tokens (a VLM)
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
-    from relayrl.rollout.sleep import time_sharing_on
-
-    sleep, offloads = time_sharing_on(config, hardware.kind != "cpu")
+    sleep, offloads = time_sharing_on(colocation(config, as_asked=True), hardware.kind != "cpu")
     offload = offload or offloads
     placement = place(memory, hardware, work.gpu_memory_utilization, offload, sleep)
     rates, busy = profile_rates(hardware), ""

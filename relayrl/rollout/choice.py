@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Literal
 
 # The CPU crossover. Below it vLLM's per-step Python work (scheduling, per-request output processing, ~15 ms a
 # step) outweighs the model's compute. Measured by the benchmark suite (`make bench`, benchmarks/README.md,
@@ -27,7 +28,7 @@ HF_BELOW_PARAMS = 5_000_000
 
 @dataclass(frozen=True)
 class EngineChoice:
-    engine: str  # "vllm" or "hf", what `rollout.engine` becomes
+    engine: Literal["vllm", "hf"]  # what `rollout.engine` becomes
     reason: str  # one line: the model's size (or what decided) against the rule
 
     def as_asked(self, engine: str | None) -> str | None:
@@ -38,14 +39,6 @@ class EngineChoice:
         """`dump_config`'s text with the choice and its reason beside `engine: auto` (the section's first key)."""
         line = "\nrollout:\n  engine: auto\n"
         return dumped_yaml.replace(line, f"{line[:-1]}  # auto chose {self.engine}: {self.reason}\n", 1)
-
-
-def resolve_auto(config) -> None:
-    """Replace `rollout.engine: auto` in a validated `Config` by the engine chosen, keeping the choice on it."""
-    choice = choose_engine(config.model.path, config.placement.mode)
-    config._engine_choice = choice
-    config.rollout.engine = choice.engine
-    config.rollout.model_fields_set.discard("engine")  # chosen, not set by the user: the "no effect" warnings agree
 
 
 def choose_engine(model_path: str, placement: str, cuda: Callable[[], bool] | None = None) -> EngineChoice:

@@ -15,37 +15,51 @@ policy), a machine without CUDA, `params` on one learner rank, `between_phases` 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from relayrl.errors import ConfigError
 
 
-def resolve_sleep(config, cuda: Callable[[], bool] | None = None) -> None:
-    """Replace `rollout.sleep: auto` (and `learner.offload: auto`) by what the run uses; refuse a level or an
-    offload that cannot take effect, naming the key."""
+@dataclass(frozen=True)
+class Colocation:
+    """What deciding colocated time-sharing reads, across sections (assembled by relayrl/placement/sections.py)."""
+
+    sleep: int | str  # rollout.sleep
+    offload: str  # learner.offload
+    colocated: bool  # placement.mode=local, or placement.layout=colocated
+    learner_ranks: int  # placement.learner_ranks
+    schedule: str  # train.schedule
+    adapter_push: bool  # model.lora with sync.lora=adapter: the base stays on the engine
+
+
+def resolve_sleep(c: Colocation, cuda: Callable[[], bool] | None = None) -> dict[str, tuple[int | str, str]]:
+    """The choices for `rollout.sleep: auto` (and `learner.offload: auto`), {key: (what the run uses, why)}, for the
+    builder to record; refuse a level or an offload that cannot take effect, naming the key."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available
-    colocated = config.placement.mode == "local" or config.placement.layout == "colocated"
-    sleep = config.rollout.sleep
+    chosen: dict[str, tuple[int | str, str]] = {}
+    sleep = c.sleep
     if sleep == "auto":
-        level, reason = auto_level(config, colocated, cuda())
-        config.choose("rollout.sleep", level, reason)
+        chosen["rollout.sleep"] = auto_level(c, cuda())
+        sleep = chosen["rollout.sleep"][0]
     elif sleep != "off":
-        _check_level(config, sleep, colocated, cuda())
-    if config.learner.offload == "auto":
-        on = config.rollout.sleep != "off" and config.placement.learner_ranks == 1
+        _check_level(c, sleep, cuda())
+    if c.offload == "auto":
+        on = sleep != "off" and c.learner_ranks == 1
         why = "the engine sleeps between phases (rollout.sleep)" if on else "rollout.sleep is off"
-        if config.rollout.sleep != "off" and not on:
+        if sleep != "off" and not on:
             why = "sharded ranks move their shards with learner.offload=params instead"
-        config.choose("learner.offload", "between_phases" if on else "none", why)
+        chosen["learner.offload"] = ("between_phases" if on else "none", why)
     else:
-        check_offload(config, cuda)
+        check_offload(c.offload, c.learner_ranks, cuda)
+    return chosen
 
 
-def check_offload(config, cuda: Callable[[], bool]) -> None:
-    """Refuse a `learner.offload` that cannot take effect: `optimizer`, a run without CUDA, or one learner rank."""
-    offload = config.learner.offload
+def check_offload(offload: str, ranks: int, cuda: Callable[[], bool]) -> None:
+    """Refuse a `learner.offload` that cannot take effect: `optimizer`, a run without CUDA, or one learner rank
+    (`ranks`: placement.learner_ranks)."""
     if offload in ("none", "auto"):  # auto: resolved to none or between_phases with rollout.sleep
         return
     if offload == "optimizer":
@@ -59,7 +73,6 @@ def check_offload(config, cuda: Callable[[], bool]) -> None:
             f"learner.offload={offload} needs a CUDA device (it moves {moves} off the GPU); this machine has "
             "none, and on CPU the states already live in CPU memory: use learner.offload=none"
         )
-    ranks = config.placement.learner_ranks
     if offload == "params" and ranks < 2:
         raise ConfigError(
             f"learner.offload={offload} needs FSDP2 learner ranks (placement.mode=ray, placement.learner_ranks >= 2); "
@@ -72,42 +85,39 @@ def check_offload(config, cuda: Callable[[], bool]) -> None:
         )
 
 
-def time_sharing_on(config, gpu: bool) -> tuple[bool, bool]:
-    """(the engine sleeps between phases, the learner's states leave the device while it generates) for `config` on
-    a machine with or without a GPU: the settings as set, or `auto` as it would resolve there (the planner asks
-    this for its target hardware, whatever this machine has)."""
-    colocated = config.placement.mode == "local" or config.placement.layout == "colocated"
-    asked = "auto" if "rollout.sleep" in config._auto else config.rollout.sleep
-    sleeps = auto_level(config, colocated, gpu)[0] != "off" if asked == "auto" else asked != "off"
-    offload = config.learner.offload
-    if "learner.offload" in config._auto or offload == "auto":
-        return sleeps, sleeps and config.placement.learner_ranks == 1
-    return sleeps, offload == "between_phases"
+def time_sharing_on(c: Colocation, gpu: bool) -> tuple[bool, bool]:
+    """(the engine sleeps between phases, the learner's states leave the device while it generates) for the settings
+    as asked (`auto` where auto chose) on a machine with or without a GPU: the settings as set, or `auto` as it would
+    resolve there (the planner asks this for its target hardware, whatever this machine has)."""
+    sleeps = auto_level(c, gpu)[0] != "off" if c.sleep == "auto" else c.sleep != "off"
+    if c.offload == "auto":
+        return sleeps, sleeps and c.learner_ranks == 1
+    return sleeps, c.offload == "between_phases"
 
 
-def auto_level(config, colocated: bool, gpu: bool) -> tuple[int | str, str]:
+def auto_level(c: Colocation, gpu: bool) -> tuple[int | str, str]:
     if not gpu:
         return "off", "no GPU here (vLLM's CPU platform has no sleep mode)"
-    if not colocated:
+    if not c.colocated:
         return "off", "placement.layout=disaggregated: the engines have devices of their own"
-    if config.train.schedule != "sync":
-        return "off", f"train.schedule={config.train.schedule} generates while it trains"
-    if config.model.lora is not None and config.sync.lora == "adapter":
+    if c.schedule != "sync":
+        return "off", f"train.schedule={c.schedule} generates while it trains"
+    if c.adapter_push:
         return 1, "colocated on a GPU; level 1 keeps the base weights (sync.lora=adapter pushes adapters only)"
     return 2, "colocated on a GPU: the engine's weights are dropped while the learner trains, the push reloads them"
 
 
-def _check_level(config, level: int, colocated: bool, gpu: bool) -> None:
+def _check_level(c: Colocation, level: int | str, gpu: bool) -> None:
     if not gpu:
         raise ConfigError(
             f"rollout.sleep={level} needs a GPU: vLLM's CPU platform has no sleep mode (use rollout.sleep=auto or off)"
         )
-    if config.train.schedule != "sync":
+    if c.schedule != "sync":
         raise ConfigError(
-            f"rollout.sleep={level} frees the engine between phases, but train.schedule={config.train.schedule} "
+            f"rollout.sleep={level} frees the engine between phases, but train.schedule={c.schedule} "
             "generates while it trains: use train.schedule=sync or rollout.sleep=off"
         )
-    if not colocated:
+    if not c.colocated:
         raise ConfigError(
             f"rollout.sleep={level} time-shares a device, but placement.layout=disaggregated gives the engines "
             "devices of their own: use placement.layout=colocated or rollout.sleep=off"

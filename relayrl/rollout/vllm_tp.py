@@ -11,7 +11,7 @@ memory queue out of band, inside vLLM's weight-update session (relayrl/rollout/v
 holds a second copy of the model. With `sync.transport=broadcast` the ranks take a push from the learner's broadcast
 themselves instead (vllm_transfer.py), a bucket at a time.
 
-`check_tensor_parallel` is the config rule (relayrl/config/ calls it): T > 1 needs vLLM (`auto` then
+`check_tensor_parallel` is the config rule (`relayrl.build.resolve` calls it): T > 1 needs vLLM (`auto` then
 chooses vLLM; an explicit `hf` is an error), T must split the attention heads as vLLM does, and each
 replica needs T cores (CPU) or T GPUs. Every call into vLLM internals for TP lives in this module.
 """
@@ -25,11 +25,15 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from relayrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relayrl.config import PlacementConfig, RolloutConfig
+    from relayrl.rollout.choice import EngineChoice
 
 # One RPC's worth of tensors: under vLLM's 16 MiB shared-memory chunk (VLLM_MQ_MAX_CHUNK_BYTES_MB), so a
 # bucket crosses the ring buffer instead of the overflow socket; a larger tensor travels alone.
@@ -168,14 +172,16 @@ def load_weights_tp(
     stream_weights(llm, named_tensors, bucket_bytes)
 
 
-def check_tensor_parallel(config) -> None:
+def check_tensor_parallel(rollout: RolloutConfig, model_path: str, placement: PlacementConfig) -> EngineChoice | None:
     """The config rule for `rollout.tensor_parallel` (see the module docstring); run after `rollout.engine: auto`
-    has chosen (and before `sync.lora: auto`, which then sees the engine T ranks need)."""
-    tp = config.rollout.tensor_parallel
+    has chosen (and before `sync.lora: auto`, which then sees the engine T ranks need). Returns the engine chosen
+    anew when `auto` had chosen HF (T ranks are vLLM's), for the builder to record; else None."""
+    tp = rollout.tensor_parallel
     if tp == 1:
-        return
-    if config.rollout.engine == "hf":
-        if "engine" in config.rollout.model_fields_set:
+        return None
+    choice = None
+    if rollout.engine == "hf":
+        if "engine" in rollout.model_fields_set:
             raise ConfigError(
                 f"rollout.tensor_parallel={tp} splits a vLLM engine into ranks; rollout.engine=hf has none: "
                 "set rollout.engine=vllm (or auto), or rollout.tensor_parallel=1"
@@ -183,18 +189,19 @@ def check_tensor_parallel(config) -> None:
         from relayrl.rollout.choice import EngineChoice
 
         # auto chose HF for a small model on CPU; asking for ranks is asking for vLLM
-        config._engine_choice = EngineChoice("vllm", f"rollout.tensor_parallel={tp} runs vLLM ranks")
-        config.rollout.engine = "vllm"
-    check_heads(config.model.path, tp)
-    check_devices(config, tp)
+        choice = EngineChoice("vllm", f"rollout.tensor_parallel={tp} runs vLLM ranks")
+        rollout.engine = "vllm"
+    check_heads(model_path, tp)
+    check_devices(placement, tp)
+    return choice
 
 
-def check_devices(config, tp: int) -> None:
+def check_devices(placement: PlacementConfig, tp: int) -> None:
     """T cores (CPU) or T GPUs per engine. Under Ray the engine bundles reserve them (relayrl/placement/cluster.py
     gives each engine's bundle T GPUs, and the cluster's GPUs are counted when it is placed: the driver's node may
     have none); a GPU count the user set below T in placement.engine_resources is an error naming it. In one
     process, this machine must have T GPUs. On CPU: an engine size the user left unset is raised to T cores."""
-    placement, ray = config.placement, config.placement.mode == "ray"
+    ray = placement.mode == "ray"
     if ray and placement.engine_resources.get("GPU", tp) < tp:
         raise ConfigError(
             f"rollout.tensor_parallel={tp} needs {tp} GPUs per engine bundle, "

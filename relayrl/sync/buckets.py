@@ -22,18 +22,18 @@ from relayrl.errors import SyncError
 WIRE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def resolve_wire_dtype(config, engine_dtype: str | None = None) -> None:
+def resolve_wire_dtype(rollout_dtype: str, engine_dtype: str | None = None) -> tuple[str, str]:
     """`sync.wire_dtype: auto` -> bf16 where the engine serves bf16 (the learner's fp32 masters, cast once on the
     learner's side instead of the engine's: the same bits, half the bytes), fp32 otherwise (an fp16 or fp32 engine
-    keeps bits bf16 would drop). The engine's dtype is `rollout.dtype` as this process resolves it."""
+    keeps bits bf16 would drop). The engine's dtype is `rollout.dtype` as this process resolves it. Returns (the
+    choice, why), for the builder to record."""
     if engine_dtype is None:
         from relayrl.rollout.build import EngineDevice
 
-        engine_dtype = EngineDevice.resolve(config.rollout.dtype).dtype
+        engine_dtype = EngineDevice.resolve(rollout_dtype).dtype
     if engine_dtype == "bfloat16":
-        config.choose("sync.wire_dtype", "bf16", "the engine serves bf16: fp32 would carry bytes it drops")
-    else:
-        config.choose("sync.wire_dtype", "fp32", f"the engine serves {engine_dtype}")
+        return "bf16", "the engine serves bf16: fp32 would carry bytes it drops"
+    return "fp32", f"the engine serves {engine_dtype}"
 
 
 @dataclass(frozen=True)

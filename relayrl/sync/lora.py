@@ -16,14 +16,16 @@ where `adapter` wins (25M-param model: 4.75 MiB in 0.020 s vs 96 MiB in 1.13 s, 
 
 from __future__ import annotations
 
+from typing import Literal
 
-def resolve_lora_auto(config, cuda=None) -> None:
-    """Replace `sync.lora: auto` in a validated config by `adapter` (vLLM on a GPU) or `merged` (see above)."""
-    if config.rollout.engine == "vllm":
+
+def resolve_lora_auto(engine: str, cuda=None) -> Literal["adapter", "merged"]:
+    """What `sync.lora: auto` becomes for `engine` (`rollout.engine`, chosen): `adapter` (vLLM on a GPU) or `merged`
+    (see above). The builder sets it as set: the dump (and a resume) say which mode the run used."""
+    if engine == "vllm":
         if cuda is None:
             import torch
 
             cuda = torch.cuda.is_available
-        config.sync.lora = "adapter" if cuda() else "merged"
-    else:
-        config.sync.lora = "merged"  # kept as set: the dump (and a resume) say which mode the run used
+        return "adapter" if cuda() else "merged"
+    return "merged"

@@ -223,5 +223,5 @@ def test_sync_lora_auto_is_decided_once_adapter_on_a_gpu_merged_on_cpu():
 
     for engine, cuda, expected in (("vllm", True, "adapter"), ("vllm", False, "merged"), ("hf", True, "merged")):
         c = config(engine)
-        resolve_lora_auto(c, cuda=lambda cuda=cuda: cuda)
+        c.sync.lora = resolve_lora_auto(c.rollout.engine, cuda=lambda cuda=cuda: cuda)
         assert c.sync.lora == expected, (engine, cuda)

@@ -301,7 +301,7 @@ def test_the_wire_dtype_follows_the_engines_dtype(random_model_dir):
     assert "auto chose fp32: the engine serves float32" in dump_config(config)
     for engine, wire in [("bfloat16", "bf16"), ("float16", "fp32")]:
         config.sync.wire_dtype = "auto"
-        resolve_wire_dtype(config, engine)
+        config.choose("sync.wire_dtype", *resolve_wire_dtype(config.rollout.dtype, engine))
         assert config.sync.wire_dtype == wire
     assert (
         resolve(load_config(None, [f"model.path={random_model_dir}", "sync.wire_dtype=bf16"])).sync.wire_dtype == "bf16"

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 import relayrl.controller as controller
+from relayrl.build import choose_time_sharing
 from relayrl.config import load_config
 from relayrl.config.root import Config
 from relayrl.errors import ConfigError
 from relayrl.learner.result import UpdateResult
 from relayrl.metrics.timer import StepTimer
 from relayrl.placement.time_sharing import TimeSharing
-from relayrl.rollout.sleep import resolve_sleep
 from relayrl.sources.base import Batch
 
 
@@ -125,7 +125,7 @@ def _resolved(*overrides, gpu=True) -> Config:
         key, value = override.split("=")
         section, name = key.split(".")
         setattr(getattr(config, section), name, int(value) if value.isdigit() else value)
-    resolve_sleep(config, cuda=lambda: gpu)
+    choose_time_sharing(config, cuda=lambda: gpu)
     return config
 
 
