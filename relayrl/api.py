@@ -23,9 +23,12 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import ConfigError, DataError, RelayWarning
+
+if TYPE_CHECKING:
+    from relayrl.config import Config
 
 _IN_PROCESS: dict[str, Callable] = {}  # spec attribute name -> reward function used in this process only
 
@@ -157,7 +160,7 @@ def tool_spec(tool: Any) -> str | dict:
 AGENTS: dict[str, Any] = {}  # agent functions given to `train` that no module holds by name (lambdas, notebooks)
 
 
-def _tree(config) -> dict:
+def _tree(config: Config) -> dict:
     """A Config as the dict `load_config(base=...)` takes: what differs from a default (so that only those keys
     are warned about), with a set `reward.components` in place of fn/kwargs/style."""
     from relayrl.config.load import _without_defaults

@@ -147,7 +147,9 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         data_metrics=data_metrics,
         pad_id=pad_token_id(tokenizer),
         close=functools.partial(_close, rewards, roles, source),
-        time_sharing=TimeSharing.from_config(config, roles.engines, roles.learner),
+        time_sharing=TimeSharing.from_settings(
+            config.rollout.sleep, config.learner.offload, roles.engines, roles.learner
+        ),
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
     )

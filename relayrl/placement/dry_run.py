@@ -89,7 +89,7 @@ def place(config: Config, simulated: SimulatedCluster | None = None) -> Placemen
             PlacedRole(slot.role, nodes[slot.bundle], slot.bundle, gpus, slot.cpus, slot.threads)
             for slot, (_, gpus) in zip(slots, answers)
         ]
-        where = _describe(simulated, config)
+        where = _describe(simulated, config.placement.address)
         return Placement(roles, effective_transport(config), where)
     finally:
         ray.shutdown()
@@ -114,13 +114,13 @@ def _start(simulated: SimulatedCluster):
     return cluster
 
 
-def _describe(simulated: SimulatedCluster | None, config: Config) -> str:
+def _describe(simulated: SimulatedCluster | None, address: str | None) -> str:
     if simulated is not None:
         return (
             f"simulated: {simulated.nodes} node(s) x {simulated.gpus_per_node} GPU(s), "
             f"{simulated.cpus_per_node} CPUs each"
         )
-    return config.placement.address or "this machine"
+    return address or "this machine"
 
 
 def print_placement(placement: Placement) -> None:

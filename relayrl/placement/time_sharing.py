@@ -25,9 +25,10 @@ class TimeSharing:
     asleep: list[str] = field(default_factory=list)  # what of the engine sleeps now (weights, kv_cache)
 
     @classmethod
-    def from_config(cls, config, engines, learner) -> TimeSharing:
-        level = config.rollout.sleep if config.rollout.sleep != "off" else None
-        return cls(engines, learner, level, config.learner.offload == "between_phases")
+    def from_settings(cls, sleep: int | str, offload: str, engines, learner) -> TimeSharing:
+        """From `rollout.sleep` and `learner.offload`, both resolved (relayrl/rollout/sleep.py)."""
+        level = sleep if isinstance(sleep, int) else None  # resolved: off, 1 or 2
+        return cls(engines, learner, level, offload == "between_phases")
 
     @classmethod
     def off(cls) -> TimeSharing:

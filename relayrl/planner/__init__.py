@@ -72,7 +72,8 @@ def make_plan(
     for its prompt lengths (the expected longest of a batch sizes the learner's width unless
     `longest_prompt_tokens` is given; the mean sizes prefill). `mean_response_tokens`: a response's expected
     length (default the longest), which compute-bound decode and the engine's per-token costs scale with."""
-    prompts = sample_prompt_lengths(config) if read_prompts else "not asked to"
+    batch = config.rollout.prompts_per_step
+    prompts = sample_prompt_lengths(config.data, config.model.path, batch) if read_prompts else "not asked to"
     read = isinstance(prompts, PromptLengths)
     if longest_prompt_tokens is None and read:
         longest_prompt_tokens = prompts.batch_longest

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from relayrl.config import DataConfig
 
 SAMPLE_ROWS = 512  # rows read, spread evenly over the file
 
@@ -44,18 +48,20 @@ def quantile(sorted_lengths: list[int], q: float) -> float:
     return sorted_lengths[low] + (sorted_lengths[high] - sorted_lengths[low]) * (position - low)
 
 
-def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | str:
-    """Prompt lengths of `data.train` through the model's tokenizer, or why they could not be read."""
+def sample_prompt_lengths(
+    data: DataConfig, model_path: str, batch: int, sample: int = SAMPLE_ROWS
+) -> PromptLengths | str:
+    """Prompt lengths of `data.train` through the tokenizer of the model at `model_path`, or why they could not be
+    read; `batch`: the prompts of a step (`rollout.prompts_per_step`), whose longest is estimated."""
     from relayrl.data.rows import open_rows
     from relayrl.data.source import LoadStats, PromptMaker, check_row
     from relayrl.errors import DataError, ModelError
     from relayrl.models.loading import load_tokenizer
 
-    data = config.data
     if not data.train:
         return "no data.train"
     try:
-        tokenizer = load_tokenizer(config.model.path)
+        tokenizer = load_tokenizer(model_path)
         rows = open_rows(data.train, check_row, data.prompt_key)
     except (ModelError, DataError, OSError) as err:
         return str(err).splitlines()[0][:120]
@@ -65,7 +71,6 @@ def sample_prompt_lengths(config, sample: int = SAMPLE_ROWS) -> PromptLengths | 
     if not lengths:
         return f"every sampled prompt of {data.train} is over data.max_prompt_tokens"
     lengths.sort()
-    batch = config.rollout.prompts_per_step
     return PromptLengths(
         rows=len(rows),
         sampled=len(lengths),

@@ -82,7 +82,7 @@ def test_prompt_lengths_are_read_through_the_tokenizer_and_shown(random_model_di
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     overrides = [f"model.path={random_model_dir}", f"data.train={data}", "rollout.prompts_per_step=4"]
     config = load_config(None, overrides + ["train.micro_batch_tokens=256"])
-    lengths = sample_prompt_lengths(config)
+    lengths = sample_prompt_lengths(config.data, config.model.path, config.rollout.prompts_per_step)
     bos = len(__import__("transformers").AutoTokenizer.from_pretrained(random_model_dir)("1")["input_ids"]) - 1
     assert (lengths.sampled, lengths.longest) == (40, 16 + bos) and lengths.mean == pytest.approx(10 + bos)
     plan = make_plan(config, load_shape(str(random_model_dir)), PROFILES["cpu"])
@@ -90,7 +90,10 @@ def test_prompt_lengths_are_read_through_the_tokenizer_and_shown(random_model_di
     print_plan(plan)
     out = capsys.readouterr().out
     assert "40 of 40 rows" in out and "train.micro_batch_tokens 256" in out and "x seq" not in out
-    assert isinstance(sample_prompt_lengths(load_config(None, overrides[:1])), str)  # no data.train: says so
+    bare = load_config(None, overrides[:1])
+    assert isinstance(
+        sample_prompt_lengths(bare.data, bare.model.path, bare.rollout.prompts_per_step), str
+    )  # no data.train: says so
 
 
 def test_a_measured_engine_reload_is_part_of_the_sync():

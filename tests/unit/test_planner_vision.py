@@ -126,7 +126,7 @@ def test_the_encoder_flops_join_prefill_log_probs_and_the_update(vlm):
 
 def test_prompt_lengths_count_the_image_tokens_and_the_images_of_each_row(vlm, image_rows):
     config = load_config(None, [f"model.path={vlm[1]}", f"data.train={image_rows}", "data.max_prompt_tokens=64"])
-    lengths = sample_prompt_lengths(config)
+    lengths = sample_prompt_lengths(config.data, config.model.path, config.rollout.prompts_per_step)
     assert not isinstance(lengths, str), lengths
     assert (lengths.sampled, lengths.images, lengths.image_tokens) == (8, 1.5, 1.5 * IMAGE_TOKENS)
     assert lengths.mean > lengths.image_tokens + len(PROMPT)  # the expanded ids, as the learner trains on them
