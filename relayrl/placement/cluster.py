@@ -15,6 +15,7 @@ fit fails naming the roles, what they asked for and what the cluster has.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -135,7 +136,9 @@ def start_ray(placement: PlacementConfig) -> None:
 
     global _head
     if ray.is_initialized():
-        return
+        if not _joined_elsewhere(placement.address):
+            return  # this process's cluster (a previous run's, or the user's own ray.init) serves this run too
+        leave_ray()  # connected to another cluster than the one placement.address names: join that one
     if placement.address:
         ray.init(address=placement.address, include_dashboard=False, log_to_driver=True)
         return
@@ -147,6 +150,26 @@ def start_ray(placement: PlacementConfig) -> None:
 
 
 _head = None  # the head this driver started, if any
+
+
+def _joined_elsewhere(address: str | None) -> bool:
+    """Whether this process is connected to a cluster other than `address` (host:port; none or `auto`: any will do).
+    The same port on this machine by another name (127.0.0.1 vs the node's IP, as Ray reports it) is the same head."""
+    import socket
+
+    import ray
+
+    if not address or address == "auto" or "://" in address:
+        return False
+    (host, _, port), (joined_host, _, joined_port) = (
+        a.rpartition(":") for a in (address, ray.get_runtime_context().gcs_address)
+    )
+    if port != joined_port:
+        return True
+    here = {"localhost", "127.0.0.1", ray.util.get_node_ip_address()}
+    with contextlib.suppress(OSError):
+        host, joined_host = socket.gethostbyname(host), socket.gethostbyname(joined_host)
+    return host != joined_host and not (host in here and joined_host in here)
 
 
 def leave_ray() -> None:
