@@ -154,22 +154,28 @@ _head = None  # the head this driver started, if any
 
 def _joined_elsewhere(address: str | None) -> bool:
     """Whether this process is connected to a cluster other than `address` (host:port; none or `auto`: any will do).
-    The same port on this machine by another name (127.0.0.1 vs the node's IP, as Ray reports it) is the same head."""
+    The same port on this machine by another name (loopback vs the node's IP, as Ray reports it) is the same head."""
+    import ipaddress
     import socket
 
     import ray
 
     if not address or address == "auto" or "://" in address:
         return False
-    (host, _, port), (joined_host, _, joined_port) = (
-        a.rpartition(":") for a in (address, ray.get_runtime_context().gcs_address)
-    )
+    joined = ray.get_runtime_context().gcs_address
+    (host, _, port), (joined_host, _, joined_port) = address.rpartition(":"), joined.rpartition(":")
     if port != joined_port:
         return True
-    here = {"localhost", "127.0.0.1", ray.util.get_node_ip_address()}
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, ValueError):  # a name that does not resolve is compared as written
         host, joined_host = socket.gethostbyname(host), socket.gethostbyname(joined_host)
-    return host != joined_host and not (host in here and joined_host in here)
+    node = ray.util.get_node_ip_address()
+
+    def here(h: str) -> bool:
+        with contextlib.suppress(ValueError):
+            return h == node or ipaddress.ip_address(h).is_loopback
+        return False
+
+    return host != joined_host and not (here(host) and here(joined_host))
 
 
 def leave_ray() -> None:
