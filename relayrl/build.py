@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relayrl.algorithms.stage import advantage_stage
-from relayrl.config import Config, dump_config
+from relayrl.config import Config, DataConfig, dump_config
 from relayrl.config.effects import warn_chosen
 from relayrl.config.warn import gathered
 from relayrl.controller import Trainer
@@ -116,7 +116,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
-    prompts, eval_prompts, data_metrics = load_data(config, tokenizer)
+    prompts, eval_prompts, data_metrics = load_data(config.data, config.eval.max_prompts, tokenizer)
     longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
     check_env(source_settings(config), config.train.partial_rollouts)  # env.fn or env.agent: multi-turn rollouts
     max_len = context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
@@ -180,9 +180,9 @@ def _close(*parts) -> None:
         part.close()
 
 
-def load_data(config: Config, tokenizer) -> tuple[Prompts, list[Prompt], dict[str, float]]:
-    """(training prompts, held-out prompts, data/* metrics), the first prompt shown as the model sees it."""
-    data = config.data
+def load_data(data: DataConfig, max_eval_prompts: int, tokenizer) -> tuple[Prompts, list[Prompt], dict[str, float]]:
+    """(training prompts, held-out prompts (`eval.max_prompts` of them, 0 = all), data/* metrics), the first
+    prompt shown as the model sees it."""
     prompts, long_stats = load_prompts(
         data.train, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template, data.prompt_key
     )
@@ -197,7 +197,7 @@ def load_data(config: Config, tokenizer) -> tuple[Prompts, list[Prompt], dict[st
         held_out, eval_stats = load_prompts(
             data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template, data.prompt_key
         )
-        eval_prompts = held_out[: config.eval.max_prompts or None]  # a list (a large file's table, sliced)
+        eval_prompts = held_out[: max_eval_prompts or None]  # a list (a large file's table, sliced)
         data_metrics.update(
             {
                 "data/eval_prompts_dropped": float(eval_stats.dropped),

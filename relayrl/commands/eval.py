@@ -24,6 +24,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relayrl.config import Config
+    from relayrl.config.data import DataConfig, EvalConfig
+    from relayrl.config.env import EnvConfig
+    from relayrl.config.model import ModelConfig
+    from relayrl.config.rollout import RolloutConfig
     from relayrl.types import Prompt, Sampling
 
 # a flag `relayrl eval` took before it spoke config -> the key it sets; `str` values are quoted (a path stays a
@@ -141,9 +145,10 @@ def evaluate(config: Config) -> dict[str, float]:
     """`relayrl eval`'s figures for `config` (model.path scored on data.eval), as one JSON-ready dict."""
     from relayrl.build import build_evaluation
 
-    prompts = held_out_prompts(config)
+    prompts = held_out_prompts(config.model, config.data, config.eval)
+    fit_lengths(config.rollout, config.env, config.data, config.model.path, prompts)
     source, close = build_evaluation(config, prompts)
-    sampling = eval_sampling(config)
+    sampling = eval_sampling(config.rollout, config.eval, seed=config.train.seed)
     try:
         mean, m = source.held_out(prompts, sampling)
     finally:
@@ -164,49 +169,45 @@ def evaluate(config: Config) -> dict[str, float]:
     }
 
 
-def eval_sampling(config: Config) -> Sampling:
+def eval_sampling(r: RolloutConfig, eval_: EvalConfig, seed: int) -> Sampling:
     """Greedy with one response per prompt, unless eval.temperature (sampled, as training's eval/sampled) or
     rollout.n is given; the policy's length rules (rollout.max_tokens, min_tokens, stop) as in training."""
     from relayrl.types import Sampling
 
-    r, sampled = config.rollout, "temperature" in config.eval.model_fields_set
+    sampled = "temperature" in eval_.model_fields_set
     return Sampling(
         n=r.n if "n" in r.model_fields_set else 1,
-        temperature=config.eval.temperature if sampled else 0.0,
+        temperature=eval_.temperature if sampled else 0.0,
         max_tokens=r.max_tokens,
         min_tokens=r.min_tokens,
         stop=tuple(r.stop),
-        seed=config.train.seed,
+        seed=seed,
     )
 
 
-def held_out_prompts(config: Config) -> list[Prompt]:
+def held_out_prompts(model: ModelConfig, data: DataConfig, eval_: EvalConfig) -> list[Prompt]:
     """data.eval's prompts (eval.max_prompts of them), read as training reads them; a peft adapter directory
-    (`relayrl export`) becomes its merged model first, and a `rollout.max_tokens` left out fits the model."""
+    (`relayrl export`) becomes its merged model first (model.path is set to it)."""
     from relayrl.data.source import load_prompts
     from relayrl.models.loading import check_model_dir, load_tokenizer, merged_model_dir
 
-    config.model.path = merged_model_dir(config.model.path)
-    check_model_dir(config.model.path)
-    data = config.data
+    model.path = merged_model_dir(model.path)
+    check_model_dir(model.path)
     assert data.eval is not None  # config_of checked it
-    tokenizer = load_tokenizer(config.model.path)
+    tokenizer = load_tokenizer(model.path)
     table, _ = load_prompts(
         data.eval, tokenizer, data.max_prompt_tokens, data.on_long_prompt, data.chat_template, data.prompt_key
     )
-    prompts = list(table[: config.eval.max_prompts or None])  # a large file's lazy table, read whole
-    fit_lengths(config, prompts)
-    return prompts
+    return list(table[: eval_.max_prompts or None])  # a large file's lazy table, read whole
 
 
-def fit_lengths(config: Config, prompts: list[Prompt]) -> None:
+def fit_lengths(r: RolloutConfig, env: EnvConfig, data: DataConfig, model: str, prompts: list[Prompt]) -> None:
     """`rollout.max_tokens` left out: `default_max_tokens`; given (single-turn): checked against the model's
     context, the longest prompt named by its file and row. Multi-turn, `env.max_total_tokens` left out is capped
     to what the model's context leaves after the longest prompt (`context_budget` checks one given)."""
     from relayrl.errors import ConfigError
     from relayrl.models.loading import context_length
 
-    r, env, model = config.rollout, config.env, config.model.path
     row = max(range(len(prompts)), key=lambda i: len(prompts[i].token_ids))
     longest, context = len(prompts[row].token_ids), context_length(model)
     if "max_tokens" not in r.model_fields_set:
@@ -216,7 +217,7 @@ def fit_lengths(config: Config, prompts: list[Prompt]) -> None:
             env.max_total_tokens = max(1, min(env.max_total_tokens, context - longest))
         return
     if context is not None and longest + r.max_tokens > context:
-        raise ConfigError(_over_context(config, row, longest, context))
+        raise ConfigError(_over_context(r, data, row, longest, context))
     if r.min_tokens > r.max_tokens:
         raise ConfigError(
             f"relayrl eval: rollout.min_tokens={r.min_tokens} exceeds rollout.max_tokens={r.max_tokens} (for this "
@@ -224,17 +225,17 @@ def fit_lengths(config: Config, prompts: list[Prompt]) -> None:
         )
 
 
-def _over_context(config: Config, row: int, longest: int, context: int) -> str:
+def _over_context(r: RolloutConfig, data: DataConfig, row: int, longest: int, context: int) -> str:
     """Why the longest prompt (`row`, `longest` tokens) and rollout.max_tokens cannot fit the model's context."""
-    data = str(config.data.eval)
-    where = f"{data}:{_row_location(data, row, config.data.prompt_key)}"
+    path = str(data.eval)
+    where = f"{path}:{_row_location(path, row, data.prompt_key)}"
     if longest >= context:
         return (
             f"relayrl eval: the longest prompt ({where}, {longest} tokens) fills the model's context of {context} "
             "tokens, leaving no room for a response; shorten it or set eval.max_prompts"
         )
     return (
-        f"relayrl eval: rollout.max_tokens={config.rollout.max_tokens} + the longest prompt ({where}, {longest} "
+        f"relayrl eval: rollout.max_tokens={r.max_tokens} + the longest prompt ({where}, {longest} "
         f"tokens) exceed the model's context of {context} tokens: set rollout.max_tokens={context - longest} or "
         "less (or leave it out to fit the model)"
     )

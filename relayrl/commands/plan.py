@@ -116,7 +116,7 @@ def run_plan(config: Config, options: PlanOptions) -> None:
     from relayrl.planner import get_profile, load_shape, make_plan
     from relayrl.planner.report import print_plan
 
-    check_lengths(options, config)
+    check_lengths(options, config.rollout.max_tokens)
     o = options
     shape = load_shape(
         config.model.path,
@@ -144,7 +144,7 @@ def run_plan(config: Config, options: PlanOptions) -> None:
     )
 
 
-def check_lengths(options: PlanOptions, config: Config) -> None:
+def check_lengths(options: PlanOptions, max_tokens: int) -> None:
     """The expected lengths are token counts: positive, and the mean response not over the longest."""
     from relayrl.errors import ConfigError
 
@@ -152,7 +152,7 @@ def check_lengths(options: PlanOptions, config: Config) -> None:
         value = getattr(options, key)
         if value is not None and value <= 0:
             raise ConfigError(f"plan.{key}={value:g}: a number of tokens, more than 0")
-    longest = options.response_tokens or config.rollout.max_tokens
+    longest = options.response_tokens or max_tokens
     mean = options.mean_response_tokens
     if mean is not None and mean > longest:
         given = "plan.response_tokens" if options.response_tokens else "rollout.max_tokens"

@@ -21,7 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from relayrl.config import Config, PlacementConfig, effective_transport
+from relayrl.config import Config, PlacementConfig, SyncConfig
 from relayrl.errors import PlacementError
 
 # Every actor: offline, quiet tokenizers, every line of its log, no progress bars (Ray forwards an actor's output
@@ -217,7 +217,7 @@ def reserve(config: Config):
             unplaceable_message(placement, bundles, ray.cluster_resources(), ray.available_resources())
         )
     try:
-        check_transport_nodes(config, slots, bundle_nodes(group))
+        check_transport_nodes(config.sync, slots, bundle_nodes(group))
     except PlacementError:
         remove_placement_group(group)
         raise
@@ -300,17 +300,18 @@ def bundle_nodes(group) -> dict[int, str]:
     return {int(index): f"node {node[:12]} ({ips.get(node, '?')})" for index, node in placed.items()}
 
 
-def check_transport_nodes(config: Config, slots: list[Slot], nodes: dict[int, str]) -> None:
+def check_transport_nodes(sync: SyncConfig, slots: list[Slot], nodes: dict[int, str]) -> None:
     """Refuse a weight transport that cannot reach an engine on another node than the learner's: `shm` (one
     node's memory), or `disk` in a private temporary directory (one node's file system). `nodes`: bundle_nodes.
-    `sync.transport=auto` is resolved here, once the nodes are known: set to broadcast when they differ."""
-    transport = effective_transport(config)
+    `sync.transport=auto` is resolved here, once the nodes are known: set to broadcast when they differ (on one
+    node it is shm under Ray, as `effective_transport` says)."""
+    transport = "shm" if sync.transport == "auto" else sync.transport
     learner_node = nodes[slots[0].bundle]
     away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node]
-    if not away or transport not in ("shm", "disk") or (transport == "disk" and config.sync.directory):
+    if not away or transport not in ("shm", "disk") or (transport == "disk" and sync.directory):
         return
-    if config.sync.transport == "auto":  # auto: shared memory on one node, broadcast across nodes
-        config.sync.transport = "broadcast"
+    if sync.transport == "auto":  # auto: shared memory on one node, broadcast across nodes
+        sync.transport = "broadcast"
         print(f"relayrl: sync.transport=auto is broadcast: engines on other nodes than the learner's ({learner_node})")
         return
     where = "; ".join(f"{slot.role} on {nodes[slot.bundle]}" for slot in away)

@@ -94,7 +94,7 @@ def make_plan(
     rates, busy = profile_rates(hardware), ""
     if measure:
         before = os.getloadavg()[0]
-        rates = _measured_rates(config, shape, work, memory.concurrent)
+        rates = _measured_rates(config.model.path, config.rollout.engine, shape, work, memory.concurrent)
         load, cores = max(before, os.getloadavg()[0]), os.cpu_count() or 1
         if load > cores:
             busy = (
@@ -119,7 +119,7 @@ def make_plan(
     )
 
 
-def _measured_rates(config: Config, shape: ModelShape, work: Workload, concurrent: int) -> Rates:
+def _measured_rates(model: str, engine: str, shape: ModelShape, work: Workload, concurrent: int) -> Rates:
     """This machine's rates at the plan's shapes: the engine's matmuls (prefill, decode), the learner's passes
     through the model's own layers, and the engine's and learner's fixed costs (relayrl/planner/probe.py)."""
     from relayrl.planner.pass_probe import measure_pass_rates
@@ -127,8 +127,8 @@ def _measured_rates(config: Config, shape: ModelShape, work: Workload, concurren
 
     matmul = measure_matmul_rates(shape, prefill_rows=int(work.micro_batch * work.width), decode_rows=concurrent)
     row = work.packed_width if work.packed else work.width  # a packed group or a padded sample
-    passes = measure_pass_rates(config.model.path, shape, work.tokens // work.micro_batches, int(row))
-    return measured_rates(passes, matmul, *measure_engine_overhead(config.rollout.engine, shape.layers))
+    passes = measure_pass_rates(model, shape, work.tokens // work.micro_batches, int(row))
+    return measured_rates(passes, matmul, *measure_engine_overhead(engine, shape.layers))
 
 
 def _smallest_ranks(shape: ModelShape, work: Workload, fp32_master: bool, infer_dtype: str | None):

@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 
 from relayrl.config import Config
+from relayrl.config.model import LoraConfig
+from relayrl.config.train import TrainConfig
 from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
@@ -203,7 +205,9 @@ def workload_from_config(
         rollout_batch=config.rollout_batch,
         prompt_tokens=config.data.max_prompt_tokens,
         response_tokens=config.rollout.max_tokens,
-        micro_batch=micro_batch_rows(config),  # from train.micro_batch_tokens when set
+        micro_batch=micro_batch_rows(
+            config.train, config.mini_batch, config.data.max_prompt_tokens + config.rollout.max_tokens
+        ),  # from train.micro_batch_tokens when set
         micro_batch_tokens=config.train.micro_batch_tokens,
         checkpointing=config.learner.activation_checkpointing,
         logits_chunk=config.train.logits_chunk,
@@ -217,21 +221,21 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
-        **lora_workload(config),
+        **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 
 
-def lora_workload(config: Config) -> dict:
+def lora_workload(settings: LoraConfig | None, sync_lora: str, engine: str) -> dict:
+    """The adapter's rank, targets and how its weights reach the engine (`model.lora`, `sync.lora`)."""
     from relayrl.models.adapter_sync import lora_sync_mode
 
-    settings = config.model.lora
     if settings is None:
         return {}
     targets = settings.target_modules
     return {
         "lora_rank": settings.rank,
         "lora_targets": targets if isinstance(targets, str) else tuple(targets),
-        "lora_sync": lora_sync_mode(config.model.lora, config.sync.lora, config.rollout.engine),
+        "lora_sync": lora_sync_mode(settings, sync_lora, engine),
     }
 
 
@@ -361,12 +365,11 @@ def smallest_ranks(memory: Memory, work: Workload, hardware: Hardware, most: int
     return None
 
 
-def micro_batch_rows(config: Config) -> int:
+def micro_batch_rows(train: TrainConfig, mini_batch: int, longest: int) -> int:
     """Rows of one micro-batch as the planner sizes activations: `train.micro_batch`, or with
-    `train.micro_batch_tokens` the longest sequences the limits allow that fit in the budget (at least one:
-    a sequence over the budget gets a micro-batch of its own)."""
-    budget = config.train.micro_batch_tokens
+    `train.micro_batch_tokens` the `longest` sequences the limits allow (prompt and response) that fit in the
+    budget (at least one: a sequence over the budget gets a micro-batch of its own)."""
+    budget = train.micro_batch_tokens
     if budget is None:
-        return min(config.train.micro_batch, config.mini_batch)
-    longest = config.data.max_prompt_tokens + config.rollout.max_tokens
-    return max(1, min(config.mini_batch, budget // longest))
+        return min(train.micro_batch, mini_batch)
+    return max(1, min(mini_batch, budget // longest))

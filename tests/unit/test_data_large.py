@@ -126,7 +126,7 @@ def test_the_trainer_loads_a_large_file_lazily_with_the_limit_as_its_longest_pro
     config = load_config(
         None, [f"data.train={train}", f"data.eval={held_out}", "data.max_prompt_tokens=12", "data.on_long_prompt=drop"]
     )
-    prompts, eval_prompts, metrics = load_data(config, tokenizer)
+    prompts, eval_prompts, metrics = load_data(config.data, config.eval.max_prompts, tokenizer)
     assert isinstance(prompts, PromptTable) and isinstance(eval_prompts, list)  # evaluated whole: a list
     assert longest_prompt_tokens(prompts, eval_prompts) == 12  # the engine is sized for the limit
     assert "first prompt (data.train, " in capsys.readouterr().out

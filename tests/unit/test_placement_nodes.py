@@ -48,18 +48,18 @@ def test_a_transport_that_cannot_cross_nodes_is_refused_naming_roles_and_nodes(t
     cfg = config(f"sync.transport={transport}")
     _, slots = plan_slots(cfg.placement, 4)
     with pytest.raises(PlacementError) as refused:
-        check_transport_nodes(cfg, slots, {0: HEAD, 1: HEAD, 2: OTHER})
+        check_transport_nodes(cfg.sync, slots, {0: HEAD, 1: HEAD, 2: OTHER})
     message = str(refused.value)
     assert f"learner on {HEAD}; engine 1 on {OTHER}." in message
     assert "engine 0" not in message  # it shares the learner's node
-    check_transport_nodes(cfg, slots, {0: OTHER, 1: OTHER, 2: OTHER})  # one node: anything goes
+    check_transport_nodes(cfg.sync, slots, {0: OTHER, 1: OTHER, 2: OTHER})  # one node: anything goes
 
 
 def test_auto_is_shared_memory_on_one_node_and_broadcast_across_nodes(capsys):
     one, across = config(), config()
     _, slots = plan_slots(one.placement, 4)
-    check_transport_nodes(one, slots, {0: HEAD, 1: HEAD, 2: HEAD})
-    check_transport_nodes(across, slots, {0: HEAD, 1: HEAD, 2: OTHER})
+    check_transport_nodes(one.sync, slots, {0: HEAD, 1: HEAD, 2: HEAD})
+    check_transport_nodes(across.sync, slots, {0: HEAD, 1: HEAD, 2: OTHER})
     assert effective_transport(one) == "shm" and effective_transport(across) == "broadcast"
     assert (
         f"sync.transport=auto is broadcast: engines on other nodes than the learner's ({HEAD})"
@@ -71,7 +71,7 @@ def test_auto_is_shared_memory_on_one_node_and_broadcast_across_nodes(capsys):
 def test_transports_that_cross_nodes_pass(extra, tmp_path):
     cfg = config("sync.transport=disk", extra) if extra.startswith("sync.directory") else config(extra)
     _, slots = plan_slots(cfg.placement, 4)
-    check_transport_nodes(cfg, slots, {0: HEAD, 1: OTHER, 2: OTHER})
+    check_transport_nodes(cfg.sync, slots, {0: HEAD, 1: OTHER, 2: OTHER})
 
 
 COLLECTIVE = "/venv/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:300 in wait_for_unshard: work.wait()"
