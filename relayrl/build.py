@@ -25,7 +25,7 @@ from relayrl.algorithms.stage import advantage_stage
 from relayrl.config import Config, DataConfig, dump_config
 from relayrl.config.effects import warn_chosen
 from relayrl.config.warn import gathered
-from relayrl.controller import Trainer
+from relayrl.controller import LoopSettings, Trainer
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError, RoleFailure
 from relayrl.metrics.timeline import Timeline
@@ -133,7 +133,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         else SingleTurnSource(source_settings(config), roles.engines, rewards, sampler, roles.sync)
     )
     return Trainer(
-        config=config,
+        loop=loop_settings(config),
         engines=roles.engines,
         learner=roles.learner,
         sync=roles.sync,
@@ -152,6 +152,19 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         ),
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
+    )
+
+
+def loop_settings(config: Config) -> LoopSettings:
+    """The sections the training loop reads (relayrl/controller.py)."""
+    return LoopSettings(
+        train=config.train,
+        updates_per_step=config.updates_per_step,
+        log=config.log,
+        eval_every=config.eval.every,
+        checkpoint=config.checkpoint,
+        model_path=config.model.path,
+        dumped=config.model_dump(),
     )
 
 

@@ -31,7 +31,7 @@ from relayrl.run.preemption import Interrupted, StopSignals
 if TYPE_CHECKING:  # annotations only: the step calls these through their protocols
     from transformers import PreTrainedTokenizerBase
 
-    from relayrl.config import Config
+    from relayrl.config import CheckpointConfig, LogConfig, TrainConfig
     from relayrl.data.source import PromptSampler
     from relayrl.learner.role import Learner
     from relayrl.metrics.timeline import Timeline
@@ -43,8 +43,22 @@ if TYPE_CHECKING:  # annotations only: the step calls these through their protoc
 
 
 @dataclass
+class LoopSettings:
+    """The sections the loop itself reads (relayrl/build.py `loop_settings` cuts them from the config): how many
+    steps, when to evaluate and checkpoint, what to log."""
+
+    train: TrainConfig  # steps, epochs
+    updates_per_step: int  # optimizer steps per training step
+    log: LogConfig
+    eval_every: int
+    checkpoint: CheckpointConfig
+    model_path: str  # where a restarted learner begins when no checkpoint is written yet
+    dumped: dict  # the whole config, as the trackers record it
+
+
+@dataclass
 class Trainer:
-    config: Config
+    loop: LoopSettings
     engines: EngineGroup  # one local engine, or Ray actors (relayrl/placement/)
     learner: Learner  # a LearnerRole, or a handle on one in an actor
     sync: WeightSync  # in-process, or a transport between actors
@@ -84,8 +98,8 @@ class Trainer:
         schedule.published(self.sync.version)
         roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
         metrics = step_metrics(
-            self.config.updates_per_step,
-            self.config.train.epochs,
+            self.loop.updates_per_step,
+            self.loop.train.epochs,
             trained,
             batch,
             exp,
@@ -99,8 +113,8 @@ class Trainer:
 
     def sample_rows(self, step: int) -> int:
         """How many first rows of the step's batch samples.jsonl logs (log.samples; 0 on a step it skips)."""
-        samples = self.config.log.samples
-        return logged_rows(samples.every, samples.max_per_step, step, self.config.train.steps - 1)
+        samples = self.loop.log.samples
+        return logged_rows(samples.every, samples.max_per_step, step, self.loop.train.steps - 1)
 
     def record(
         self, step: int, batch: Batch, exp: Experience, learner_logprobs: list[list[float]] | None = None
@@ -111,7 +125,7 @@ class Trainer:
             for replica, start, end in self.engines.take_spans():
                 self.timeline.add(step, f"engine {replica}", "generate", start, end)
             self.timeline.flush()
-        samples, last = self.config.log.samples, self.config.train.steps - 1
+        samples, last = self.loop.log.samples, self.loop.train.steps - 1
         decode = self.tokenizer.decode if self.tokenizer is not None else None
         log_samples(
             self.run_dir,
@@ -130,7 +144,6 @@ class Trainer:
         return self.source.evaluate(self.eval_prompts) if self.eval_prompts else {}
 
     def run(self, start_step: int = 0, before: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
-        cfg = self.config
         before = self.evaluate() if before is None else before
         first = self.sampler.state()  # where a learner restarted before any checkpoint begins again
         with self.signals.during_steps():  # a signal from here on ends the current step first
@@ -143,7 +156,7 @@ class Trainer:
                         raise
                     start_step = self.heal(failure, first)
             after = self.evaluate()
-            if cfg.log.save_model:
+            if self.loop.log.save_model:
                 self.learner.save(str(self.run_dir), self.tokenizer)
         result = {"before": before, "after": after}
         (self.run_dir / "eval.json").write_text(json.dumps(_eval_json(result), indent=2) + "\n")
@@ -151,21 +164,21 @@ class Trainer:
 
     def steps(self, start_step: int, before: dict[str, float]) -> None:
         """Steps `start_step`.. to the end, each logged, checkpointed as configured, stopped early by a signal."""
-        cfg = self.config
-        trackers = build_trackers(cfg.log, cfg.train.steps, cfg.model_dump(), self.run_dir)
+        loop = self.loop
+        trackers = build_trackers(loop.log, loop.train.steps, loop.dumped, self.run_dir)
         self.schedule = self.make_schedule()  # async producers start generating here
         self.time_sharing.start()  # colocated: the engine has the device for the first generate
         try:
-            for step in range(start_step, cfg.train.steps):
+            for step in range(start_step, loop.train.steps):
                 metrics = self.step(step)
                 if step == 0:
                     metrics.update(self.data_metrics)
-                last = step == cfg.train.steps - 1
-                if not last and cfg.eval.every and (step + 1) % cfg.eval.every == 0:
+                last = step == loop.train.steps - 1
+                if not last and loop.eval_every and (step + 1) % loop.eval_every == 0:
                     metrics.update(self.evaluate())
                 trackers.log(step, metrics)
                 saved = None
-                if cfg.checkpoint.every and (step + 1) % cfg.checkpoint.every == 0:
+                if loop.checkpoint.every and (step + 1) % loop.checkpoint.every == 0:
                     saved = self.checkpoint(step, before)
                 if self.signals.requested:  # preempted: this step is done and logged; save it and stop
                     raise Interrupted(
@@ -181,7 +194,7 @@ class Trainer:
         back to it; the step to go on from. Nothing generated before is kept: the schedule that held it is closed,
         and its prompts are the restored sampler's to draw again. Raises when restarts are off or used up."""
         found = latest_checkpoint(self.run_dir)
-        self.learner_restarts.restart(failure, str(found[0]) if found else f"{self.config.model.path} at step 0")
+        self.learner_restarts.restart(failure, str(found[0]) if found else f"{self.loop.model_path} at step 0")
         self.time_sharing.wake()  # colocated: the engine may have been put to sleep for the failed update
         if found is not None:
             start = self.load_state(*found)
@@ -195,7 +208,7 @@ class Trainer:
 
     def checkpoint(self, step: int, before: dict[str, float]) -> str:
         return self.learner.checkpoint(
-            str(self.run_dir), step, self.loop_state(step, before), self.config.checkpoint.keep
+            str(self.run_dir), step, self.loop_state(step, before), self.loop.checkpoint.keep
         )
 
     def loop_state(self, step: int, before: dict[str, float]) -> dict:

@@ -6,12 +6,13 @@ steps after the restored checkpoint are redone, their first rows cut), at the sa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 
 import pytest
 
-from relayrl.build import build_trainer, schedule_settings
+from relayrl.build import build_trainer
 from relayrl.config import load_config
 from relayrl.errors import RoleFailure
 from relayrl.learner.role import LearnerRole
@@ -129,9 +130,9 @@ def test_an_async_run_trains_nothing_generated_before_the_restart(tmp_path, rand
     )
     # async is refused under placement.mode=local (its producers and the learner would share this process's cores);
     # here they may: the schedule is the real one, on the in-process HF engine (as in tests/unit/test_async_resume.py)
-    train = trainer.config.train.model_copy(update={"schedule": "async", "max_staleness": 1, "on_stale": "wait"})
-    trainer.config = trainer.config.model_copy(update={"train": train})
-    trainer.make_schedule = functools.partial(AsyncSchedule, trainer.source, schedule_settings(trainer.config))
+    train = trainer.loop.train.model_copy(update={"schedule": "async", "max_staleness": 1, "on_stale": "wait"})
+    settings = dataclasses.replace(trainer.make_schedule.args[1], train=train)  # the built schedule's, made async
+    trainer.make_schedule = functools.partial(AsyncSchedule, trainer.source, settings)
     rows = run(trainer)
     assert respawns == [1] and [row["step"] for row in rows] == list(range(STEPS))
     handle = trainer.learner

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import relayrl.controller as controller
-from relayrl.build import choose_time_sharing
+from relayrl.build import choose_time_sharing, loop_settings
 from relayrl.config import load_config
 from relayrl.config.root import Config
 from relayrl.errors import ConfigError
@@ -66,7 +66,7 @@ def test_a_colocated_step_sleeps_wakes_and_offloads_in_order(monkeypatch):
     monkeypatch.setattr(controller, "make_experience", lambda rollouts, scores, pad: "exp")
     monkeypatch.setattr(controller, "step_metrics", lambda *args: {})
     trainer = controller.Trainer(
-        config=Config(),
+        loop=loop_settings(Config()),
         engines=engines,  # pyright: ignore[reportArgumentType]
         learner=learner,  # pyright: ignore[reportArgumentType]
         sync=Recorder(log, "sync"),  # pyright: ignore[reportArgumentType]
