@@ -4,7 +4,8 @@
 joined), the tools, and the sampling fields the agent set. The run's `rollout.*` settings decide the sampling
 (the learner's log-probs must be those of the distribution that sampled), so a field that would change it is
 reported back to be warned about once and then overridden; a request that cannot be served as asked (several
-choices, streaming, images) is refused with a 400 naming the field. `answer` builds the `chat.completion`
+choices, images) is refused with a 400 naming the field. `stream=true` is read here and served by
+relayrl/agents/streaming.py from the finished reply. `answer` builds the `chat.completion`
 object from the tokens the engine sampled: the text, the tool calls vLLM's parser found in it (`ToolCalls`),
 the finish reason, usage, the log-probs when asked, and vLLM's `prompt_token_ids` / `token_ids` extensions.
 The reasoning and the tool calls in a turn's text are found by vLLM's parsers (relayrl/rollout/tool_calls.py).
@@ -44,7 +45,11 @@ OVERRIDDEN = (
 
 
 class RequestError(Exception):
-    """A request the endpoint cannot serve as asked: answered 400 with this message."""
+    """A request the endpoint cannot serve as asked: answered 400 with this message (`param`: the field)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
@@ -55,28 +60,36 @@ class ChatRequest:
     logprobs: bool
     overridden: dict[str, Any] = field(default_factory=dict)  # field -> the agent's value (rollout.* wins)
     prompt: str | list[int] | None = None  # a /v1/completions call's prompt (then `messages` is empty)
+    stream: bool = False  # answered as server-sent events (relayrl/agents/streaming.py)
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage
 
 
 def read_request(body: Any) -> ChatRequest:
-    overridden = _one_choice_as_the_run_samples(body)
+    overridden = one_choice_as_the_run_samples(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise RequestError("'messages' must be a non-empty list of {role, content}")
+        raise RequestError("'messages' must be a non-empty list of {role, content}", "messages")
     tools = body.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(_is_tool(t) for t in tools)):
-        raise RequestError("'tools' must be a list of {type: function, function: {name, parameters}}")
+        raise RequestError("'tools' must be a list of {type: function, function: {name, parameters}}", "tools")
     return ChatRequest(
         model=str(body.get("model") or "policy"),
         messages=[_message(m, i) for i, m in enumerate(messages)],
         tools=tools or None,
         logprobs=bool(body.get("logprobs")),
         overridden=overridden,
+        stream=bool(body.get("stream")),
+        include_usage=bool(
+            isinstance(body.get("stream_options"), dict) and body["stream_options"].get("include_usage")
+        ),
     )
 
 
 def read_completion_request(body: Any) -> ChatRequest:
-    """A `/v1/completions` body: one prompt, a string or a list of token ids."""
-    overridden = _one_choice_as_the_run_samples(body)
+    """A `/v1/completions` body: one prompt, a string or a list of token ids (not streamed)."""
+    overridden = one_choice_as_the_run_samples(body)
+    if body.get("stream"):
+        raise RequestError("stream=true is not served on /v1/completions: call without streaming", "stream")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of one
@@ -86,11 +99,13 @@ def read_completion_request(body: Any) -> ChatRequest:
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     )
     if not (isinstance(prompt, str) and prompt) and not ids:
-        raise RequestError("'prompt' must be one non-empty string or one list of token ids (one prompt per call)")
+        raise RequestError(
+            "'prompt' must be one non-empty string or one list of token ids (one prompt per call)", "prompt"
+        )
     unserved = {"echo": bool(body.get("echo")), "suffix": body.get("suffix") is not None}
     unserved["best_of"] = body.get("best_of") not in (None, 1) or isinstance(body.get("best_of"), bool)
     for name in (name for name, sent in unserved.items() if sent):
-        raise RequestError(f"{name}={body[name]!r} is not served: the call samples one completion of the prompt")
+        raise RequestError(f"{name}={body[name]!r} is not served: the call samples one completion of the prompt", name)
     return ChatRequest(
         model=str(body.get("model") or "policy"),
         messages=[],
@@ -101,16 +116,14 @@ def read_completion_request(body: Any) -> ChatRequest:
     )
 
 
-def _one_choice_as_the_run_samples(body: Any) -> dict[str, Any]:
+def one_choice_as_the_run_samples(body: Any) -> dict[str, Any]:
     """Checks either endpoint's body; returns the sampling fields that the run's settings override."""
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     if body.get("n", 1) not in (1, None):
         raise RequestError(
-            f"n={body['n']}: one choice per call (a group's samples are the run's rollout.n trajectories)"
+            f"n={body['n']}: one choice per call (a group's samples are the run's rollout.n trajectories)", "n"
         )
-    if body.get("stream"):
-        raise RequestError("stream=true is not served: call without streaming")
     extra: dict[str, Any] = body["extra_body"] if isinstance(body.get("extra_body"), dict) else {}
     sent = {**extra, **{k: v for k, v in body.items() if k != "extra_body"}}
     overridden = {k: sent[k] for k in OVERRIDDEN if sent.get(k) is not None}
@@ -127,7 +140,7 @@ def _is_tool(tool: Any) -> bool:
 def _message(message: Any, index: int) -> dict[str, Any]:
     """One message as the chat template takes it: text content (parts joined), tool calls with dict arguments."""
     if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-        raise RequestError(f"messages[{index}] must be an object with a 'role'")
+        raise RequestError(f"messages[{index}] must be an object with a 'role'", "messages")
     out: dict[str, Any] = {"role": message["role"], "content": _text(message.get("content"), index)}
     calls = message.get("tool_calls")
     if calls:
@@ -146,16 +159,20 @@ def _text(content: Any, index: int) -> str:
         for part in content:
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"messages[{index}]: content part of type {kind!r}: only text parts are served")
+                raise RequestError(
+                    f"messages[{index}]: content part of type {kind!r}: only text parts are served", "messages"
+                )
             parts.append(part["text"])
         return "".join(parts)
-    raise RequestError(f"messages[{index}]: content must be a string or a list of text parts")
+    raise RequestError(f"messages[{index}]: content must be a string or a list of text parts", "messages")
 
 
 def tool_call(call: Any, index: int) -> dict[str, Any]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise RequestError(f"messages[{index}]: a tool call must be {{type: function, function: {{name, arguments}}}}")
+        raise RequestError(
+            f"messages[{index}]: a tool call must be {{type: function, function: {{name, arguments}}}}", "messages"
+        )
     arguments = function.get("arguments")
     if isinstance(arguments, str):  # the wire carries a JSON string; chat templates take the object
         with contextlib.suppress(json.JSONDecodeError):
@@ -259,5 +276,7 @@ def _reply(kind: str, call_id: str, request: ChatRequest, choice: dict, prompt_i
     }
 
 
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def error_body(
+    message: str, kind: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

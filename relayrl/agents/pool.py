@@ -10,8 +10,10 @@ turn), whose tokens the driver appends after the sampled ones; the agent's retur
 reward. `step` answers the pending call from the tokens the engine sampled (relayrl/agents/chat.py builds the
 reply, tool calls parsed by vLLM's parser).
 
-A `/v1/completions` call (a prompt text or token ids, no chat template) is served the same way: its first prompt
-is taken as it is, and a later one that extends the last prompt and its answer (the reply's text, or its
+A `/v1/responses` call is read into the same messages and tools as a chat call (relayrl/agents/responses.py) and
+answered with a `response` object; `stream=true` answers either as server-sent events made from the finished
+reply (relayrl/agents/streaming.py). A `/v1/completions` call (a prompt text or token ids, no chat template) is
+served the same way: its first prompt is taken as it is, and a later one that extends the last prompt and its answer (the reply's text, or its
 prompt and sampled ids) is a step whose observation is the appended text or ids (`RawText`).
 
 A call that does not extend the earlier ones (the agent edited or dropped earlier messages, or changed its
@@ -49,7 +51,9 @@ from relayrl.agents.chat import (
     same_reply,
     tool_call,
 )
+from relayrl.agents.responses import Previous, ResponsesRequest, answer_response, read_response_request, remembered
 from relayrl.agents.server import AgentServer
+from relayrl.agents.streaming import Stream, chat_stream, response_stream, token_pieces
 from relayrl.envs.base import RawText, Step
 from relayrl.errors import ConfigWarning, EnvError
 from relayrl.rollout.tool_calls import ParsedTurn, TurnParser
@@ -99,6 +103,7 @@ class _Agent:
     tools: list[dict[str, Any]] | None = None
     # after a completions call: its prompt and answer, as ids and (a text prompt) as text: what the next must extend
     so_far: tuple[list[int], str | None] | None = None
+    previous: Previous | None = None  # after a /v1/responses call: what a previous_response_id naming it continues
     calls: int = 0
     tool_calls: int = 0  # in the answers since the last event
     tool_errors: int = 0
@@ -170,10 +175,11 @@ class AgentPool:
             output = turn.output
             parsed = self.parser.parse_sampled(output.token_ids, output.finish_reason, request.tools, request.model)
         text, calls, errors = parsed.content, parsed.tool_calls, parsed.tool_errors
-        number = agent.calls
-        body = answer(
+        responses = isinstance(request, ResponsesRequest)
+        build, prefix = (answer_response, "resp") if responses else (answer, "chatcmpl")
+        body = build(
             request,
-            call_id=f"chatcmpl-{agent.url_key}-{number}",
+            call_id=f"{prefix}-{agent.url_key}-{agent.calls}",
             prompt_ids=turn.prompt_ids,
             token_ids=turn.output.token_ids,
             logprobs=turn.output.logprobs,
@@ -183,12 +189,21 @@ class AgentPool:
             reasoning=parsed.reasoning,
             tokens=[self.tokenizer.decode([t]) for t in turn.output.token_ids] if request.logprobs else [],
         )
+        answered = {"role": "assistant", "content": text or "", "tool_calls": _normal(calls)}
+        previous = remembered(request, body["id"], answered) if isinstance(request, ResponsesRequest) else None
         with self._lock:
             agent.messages, agent.tools, agent.so_far = request.messages, request.tools, None
-            agent.answered = {"role": "assistant", "content": text or "", "tool_calls": _normal(calls)}
+            agent.answered, agent.previous = answered, previous
             agent.tool_calls += len(calls)
             agent.tool_errors += errors
-        self._reply(agent, body)
+        self._reply(agent, self._streamed(request, body, turn) if request.stream else body)
+
+    def _streamed(self, request: ChatRequest, body: dict[str, Any], turn) -> Stream:
+        """A streamed call's reply: the finished one as events, its text in the sampled tokens' pieces."""
+        pieces = token_pieces(self.tokenizer, turn.output.token_ids)
+        if isinstance(request, ResponsesRequest):
+            return response_stream(body, pieces)
+        return chat_stream(body, pieces, request.include_usage)
 
     def _answer_text(self, agent: _Agent, request: ChatRequest, action: str, turn) -> None:
         """A completions call's answer: the sampled text; what the next call's prompt must start with is kept."""
@@ -206,9 +221,10 @@ class AgentPool:
         so_far = turn.prompt_ids + turn.output.token_ids, prompt + action if isinstance(prompt, str) else None
         with self._lock:
             agent.messages, agent.tools, agent.so_far, agent.answered = [], None, so_far, None
+            agent.previous = None
         self._reply(agent, body)
 
-    def _reply(self, agent: _Agent, body: dict[str, Any]) -> None:
+    def _reply(self, agent: _Agent, body: dict[str, Any] | Stream) -> None:
         with self._lock:
             agent.calls += 1
             agent.deadline = time.monotonic() + self.timeout_s
@@ -280,13 +296,16 @@ class AgentPool:
         result = await asyncio.get_running_loop().run_in_executor(self._threads, plain)
         return await result if inspect.isawaitable(result) else result
 
-    async def _handle(self, agent: _Agent, body: Any, kind: str = "chat") -> tuple[int, dict[str, Any]]:
+    async def _handle(self, agent: _Agent, body: Any, kind: str = "chat") -> tuple[int, dict[str, Any] | Stream]:
         if agent.ended:
             return 400, error_body(f"{agent.where}: the trajectory has ended")
         try:
-            request = read_request(body) if kind == "chat" else read_completion_request(body)
+            if kind == "responses":
+                request = read_response_request(body, agent.previous)
+            else:
+                request = read_request(body) if kind == "chat" else read_completion_request(body)
         except RequestError as err:
-            return 400, error_body(f"{agent.where} call {agent.calls + 1}: {err}")
+            return 400, error_body(f"{agent.where} call {agent.calls + 1}: {err}", param=err.param)
         self._warn_overridden(request)
         with self._lock:
             if agent.reply is not None or agent.ended:

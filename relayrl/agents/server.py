@@ -25,14 +25,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from relayrl.agents.chat import error_body
+from relayrl.agents.streaming import Stream
 
-Handler = Callable[[str, Any, str], Awaitable[tuple[int, dict[str, Any]]]]  # (key, body, "chat" | "completions")
+# (key, body, "chat" | "completions" | "responses") -> (status, a JSON reply or a stream of events)
+Handler = Callable[[str, Any, str], Awaitable[tuple[int, dict[str, Any] | Stream]]]
 START_TIMEOUT_S = 30.0
 
 
 class AgentServer:
-    """Serves `/t/{key}/v1/chat/completions`, `/v1/completions` (and `/v1/models`) on loopback; `loop` runs the
-    agents."""
+    """Serves `/t/{key}/v1/chat/completions`, `/v1/responses`, `/v1/completions` (and `/v1/models`) on loopback;
+    `loop` runs the agents."""
 
     def __init__(self):
         import uvicorn
@@ -45,6 +47,7 @@ class AgentServer:
             routes=[
                 Route("/t/{key}/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/t/{key}/v1/completions", self._completions, methods=["POST"]),
+                Route("/t/{key}/v1/responses", self._responses, methods=["POST"]),
                 Route("/t/{key}/v1/models", self._models, methods=["GET"]),
                 Route("/t/{key}/v1/{rest:path}", self._not_served, methods=["GET", "POST"]),
             ]
@@ -90,8 +93,11 @@ class AgentServer:
     async def _completions(self, request):
         return await self._call(request, "completions")
 
+    async def _responses(self, request):
+        return await self._call(request, "responses")
+
     async def _call(self, request, kind: str):
-        from starlette.responses import JSONResponse
+        from starlette.responses import JSONResponse, StreamingResponse
 
         key = request.path_params["key"]
         with self._lock:
@@ -103,6 +109,8 @@ class AgentServer:
         except json.JSONDecodeError as err:
             return JSONResponse(error_body(f"the request body is not JSON: {err}"), 400)
         status, payload = await handler(key, body, kind)
+        if isinstance(payload, Stream):
+            return StreamingResponse(payload.frames(), status, media_type="text/event-stream")
         return JSONResponse(payload, status)
 
     async def _models(self, request):
@@ -117,7 +125,8 @@ class AgentServer:
         path = request.path_params["rest"]
         return JSONResponse(
             error_body(
-                f"/v1/{path} is not served: the agents' endpoint serves /v1/chat/completions and /v1/completions"
+                f"/v1/{path} is not served: the agents' endpoint serves /v1/chat/completions, /v1/responses and "
+                "/v1/completions"
             ),
             404,
         )

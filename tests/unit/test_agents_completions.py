@@ -56,7 +56,8 @@ async def chat_then_text(client, row):
 
 
 async def refused(client, row):
-    for bad in ({"prompt": ["a", "b"]}, {"prompt": row["prompt"], "echo": True}, {"prompt": ""}):
+    bad_calls = ({"prompt": ["a", "b"]}, {"prompt": row["prompt"], "echo": True}, {"prompt": ""})
+    for bad in (*bad_calls, {"prompt": row["prompt"], "stream": True}):
         try:
             await client.completions.create(model="m", **bad)
         except openai.BadRequestError as err:
@@ -127,6 +128,7 @@ def test_a_prompt_that_does_not_extend_the_last_call_starts_a_new_sample(server,
 
 def test_what_cannot_be_served_as_asked_is_refused_naming_the_field(server):
     batch, _, _ = run(server, refused, ["4"], max_turns=1)
-    first, echo, empty = SEEN
+    first, echo, empty, stream = SEEN
     assert "one prompt per call" in first and "echo=True is not served" in echo and "non-empty string" in empty
+    assert "stream=true is not served on /v1/completions" in stream
     assert batch.rewards == [1.0]
