@@ -32,7 +32,7 @@ REFUSED = {  # field -> why: state or work only OpenAI's own servers hold
     "conversation": "conversations live in OpenAI's store; send the items as `input`",
     "prompt": "a stored prompt template lives in OpenAI's store; send `instructions` and `input`",
 }
-ECHOED = ("metadata", "parallel_tool_calls", "previous_response_id", "reasoning", "store", "text", "truncation")
+ECHOED = ("metadata", "parallel_tool_calls", "previous_response_id", "reasoning", "store", "text", "truncation", "user")
 LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the sampled tokens' log-probs
 
 

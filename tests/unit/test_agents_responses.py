@@ -8,6 +8,7 @@ usage); and everything the endpoint cannot serve is refused with a 400 naming th
 from __future__ import annotations
 
 import json
+import warnings
 
 import openai
 import pytest
@@ -16,6 +17,7 @@ from relayrl.agents.pool import AgentPool, RunSampling
 from relayrl.agents.server import AgentServer
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
+from relayrl.errors import ConfigWarning
 from relayrl.sources.trajectories import MultiTurnDriver
 from relayrl.types import Prompt, Sampling
 from tests.unit.test_agents import ADD, tool_tokenizer
@@ -105,8 +107,12 @@ async def asks_what_is_not_served(client, row):
     return 1.0
 
 
+JSON_FORMAT = {"type": "json_schema", "name": "sum", "schema": {"type": "object"}}
+
+
 async def cut_at_the_budget(client, row):
-    SEEN.append(await client.responses.create(model="m", input=row["prompt"], max_output_tokens=4))
+    asked = {"max_output_tokens": 4, "text": {"format": JSON_FORMAT}}
+    SEEN.append(await client.responses.create(model="m", input=row["prompt"], **asked))
     return 1.0
 
 
@@ -179,8 +185,12 @@ def test_what_cannot_be_served_is_refused_naming_the_field(server):
     assert batch.rewards == [1.0]
 
 
-def test_a_turn_cut_at_its_budget_is_an_incomplete_response(server):
-    batch, _, (response,) = run(server, cut_at_the_budget, ["45678"], max_tokens_per_turn=3, max_turns=1)
+def test_a_turn_cut_at_its_budget_is_an_incomplete_response_and_the_runs_sampling_wins(server):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch, _, (response,) = run(server, cut_at_the_budget, ["45678"], max_tokens_per_turn=3, max_turns=1)
+    said = " ".join(str(w.message) for w in caught if issubclass(w.category, ConfigWarning))
+    assert "the agent's max_output_tokens=4 is overridden" in said and "the agent's text.format=" in said
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.output[0].status == "incomplete" and response.output_text == "456"
     assert response.usage.output_tokens == 3 and batch.rollouts[0].finish_reason == "length"
