@@ -124,13 +124,13 @@ def server():
     endpoint.close()
 
 
-def run(server, agent, script, tokenizer=None, parser="", **env):
+def run(server, agent, script, tokenizer=None, parser="", reasoning="", **env):
     SEEN.clear()
     codec = ChatCodec(tokenizer or chat_tokenizer("qwen"))
     turns = ScriptedTurns(codec, script)
     spec = f"{agent.__module__}:{agent.__name__}"
     sampling = RunSampling({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 128, "stop": []})
-    pool = AgentPool(server, spec, {}, 4, 10.0, codec.tokenizer, parser, sampling)
+    pool = AgentPool(server, spec, {}, 4, 10.0, codec.tokenizer, parser, sampling, reasoning)
     rows = [Prompt(id="0", text="2+3=", token_ids=[], columns={"answer": "5"})]
     try:
         driver = MultiTurnDriver(turns, pool, codec, EnvConfig(agent=spec, **env), Sampling(max_tokens=128))
@@ -194,3 +194,17 @@ def test_a_turn_cut_at_its_budget_is_an_incomplete_response_and_the_runs_samplin
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.output[0].status == "incomplete" and response.output_text == "456"
     assert response.usage.output_tokens == 3 and batch.rollouts[0].finish_reason == "length"
+
+
+def test_a_reasoning_item_comes_first_and_sent_back_it_continues_the_trajectory(server):
+    """With env.reasoning_parser the thinking block is a `reasoning` item (vLLM's Responses server's shape); sent
+    back with the rest of the output it is left out of the prompt (as chat leaves `reasoning` out): no fork."""
+    script = ["<think>ok</think>" + CALL, "<think>so</think>3"]
+    tokenizer = tool_tokenizer(thinking=True)
+    batch, turns, (first, second) = run(server, responses_agent, script, tokenizer, "hermes", "qwen3", max_turns=2)
+    thought, call = first.output
+    assert thought.type == "reasoning" and [c.text for c in thought.content or ()] == ["ok"]
+    assert call.type == "function_call" and call.name == "add" and second.output_text == "3"
+    assert batch.metrics["tito/forks"] == 0 and len(turns.prompts) == 2
+    sampled = first.model_extra["prompt_token_ids"] + first.model_extra["token_ids"]
+    assert turns.prompts[1][1][: len(sampled)] == sampled  # the next prompt: the sampled thinking and call, as sampled

@@ -188,3 +188,18 @@ def test_token_pieces_give_each_tokens_text_and_a_text_split_at_them_is_whole():
     assert "".join(split) == "llo w" and len(split) == len(ids) and end == "".join(pieces).find("llo w") + 5
     unfound, _ = text_pieces("rewritten", pieces)  # a parser's rewriting comes whole, on the last token
     assert unfound == [""] * (len(ids) - 1) + ["rewritten"]
+
+
+def test_a_reasoning_parsers_thinking_streams_as_reasoning_deltas(server):
+    script = ["<think>ok</think>" + CALL, "<think>so</think>" + ANSWER]
+    tokenizer = tool_tokenizer(thinking=True)
+    _, _, streamed = run(server, responses_streamed, script, tokenizer, "hermes", "qwen3", max_turns=2)
+    response, events = streamed[1]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == "so"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == ANSWER
+    assert [i.type for i in response.output] == ["reasoning", "message"] and response.output_text == ANSWER
+    _, _, chats = run(server, chat_streamed, script, tool_tokenizer(thinking=True), "hermes", "qwen3", max_turns=2)
+    reply, chunks = chats[1]
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == "so"
+    assert "".join(d.content or "" for d in deltas) == ANSWER == reply.choices[0].message.content
