@@ -5,7 +5,8 @@ port, and the agents' coroutines run on the same loop (a plain function runs on 
 executor). Each trajectory has its own base URL, `http://127.0.0.1:PORT/t/KEY/v1`: the key in the path ties a
 call to its trajectory, so any client library, and any number of agents at once, can call it. A route's
 handler is registered per key by the pool that owns the trajectory (relayrl/agents/pool.py) and unregistered
-when it ends; a call for a key that has ended is answered 400.
+when it ends; a call for a key that has ended is answered 400. A handler answers a JSON object, or a `Stream`
+(relayrl/agents/streaming.py: a `stream=true` call) sent as server-sent events.
 
 Why not vLLM's own server (`vllm serve`, its `OpenAIServingChat`): it needs an `AsyncLLM` engine client,
 which runs its own engine-core process; the run's engines are the offline engines the learner pushes weights
