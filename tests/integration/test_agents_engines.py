@@ -1,6 +1,6 @@
 """An OpenAI-client agent against the real engines: vLLM in process (its request loop: a call joins the running
-batch) and HF generate (one batch per wave of calls), through chat completions and (HF) completions. Every trained token is one the engine sampled for that
-call, and the learner's log-probs of those tokens (the HF model, teacher-forced over the whole trajectory)
+batch) and HF generate (one batch per wave of calls), through chat completions and (HF) completions and streamed
+responses. Every trained token is one the engine sampled for that call, and the learner's log-probs of those tokens (the HF model, teacher-forced over the whole trajectory)
 equal the engine's behaviour log-probs within 1e-3: what the agent saw is what is trained."""
 
 from __future__ import annotations
@@ -9,7 +9,13 @@ import pytest
 
 from relayrl.types import Prompt, Sampling
 
-CASES = [pytest.param("vllm", "chat", marks=pytest.mark.vllm), ("hf", "chat"), ("hf", "completions")]
+CASES = [
+    pytest.param("vllm", "chat", marks=pytest.mark.vllm),
+    ("hf", "chat"),
+    ("hf", "completions"),
+    ("hf", "responses_stream"),
+]
+AGENTS = {"chat": "recording_agent", "completions": "text_agent", "responses_stream": "streaming_responses_agent"}
 RECORDS: dict[str, list] = {}  # each trajectory's replies, by its base URL
 
 
@@ -36,9 +42,23 @@ async def text_agent(client, row):
     return 0.0
 
 
+async def streaming_responses_agent(client, row):
+    """The same through /v1/responses, streamed: each call resends the history, its output items and "="."""
+    items: list = [{"role": "user", "content": row["prompt"]}]
+    for _ in range(3):
+        events = await client.responses.create(model="m", input=items, stream=True)
+        terminal = ("response.completed", "response.incomplete")  # a turn cut at its budget is incomplete
+        (response,) = [event.response async for event in events if event.type in terminal]
+        RECORDS.setdefault(str(client.base_url), []).append(response)
+        items += [item.model_dump(exclude_none=True) for item in response.output] + [{"role": "user", "content": "="}]
+    return 0.0
+
+
 def sent_and_sampled(reply) -> tuple[list[int], list[int]]:
     """A reply's prompt ids and sampled ids (vLLM's extensions: the prompt's at the top for chat, in the choice for
-    completions)."""
+    completions; both at the top of a response)."""
+    if reply.object == "response":
+        return reply.model_extra["prompt_token_ids"], reply.model_extra["token_ids"]
     choice = reply.choices[0].model_extra
     return (reply.model_extra or {}).get("prompt_token_ids") or choice["prompt_token_ids"], choice["token_ids"]
 
@@ -70,7 +90,7 @@ def test_an_agents_calls_are_trained_token_for_token_as_the_engine_sampled_them(
     codec = ChatCodec(tokenizer)
     group = LocalEngineGroup(build_engine(engine_name, str(random_model_dir), 96, 0))
     server = AgentServer()
-    spec = f"tests.integration.test_agents_engines:{'recording_agent' if api == 'chat' else 'text_agent'}"
+    spec = f"tests.integration.test_agents_engines:{AGENTS[api]}"
     pool = AgentPool(server, spec, {}, 8, 30.0, tokenizer)
     prompts = [Prompt(str(i), f"{i}+{i}=", tokenizer(f"{i}+{i}=")["input_ids"]) for i in range(4)]
     RECORDS.clear()
@@ -81,7 +101,7 @@ def test_an_agents_calls_are_trained_token_for_token_as_the_engine_sampled_them(
     finally:
         pool.close()
         server.close()
-    assert len(batch.rollouts) == 8 and batch.metrics["env/turns_mean"] == 3
+    assert len(batch.rollouts) == 8 and batch.metrics["env/turns_mean"] == 3 and batch.metrics["tito/forks"] == 0
     records = [[sent_and_sampled(r) for r in replies] for replies in RECORDS.values()]
     for rollout in batch.rollouts:
         ids = rollout.prompt.token_ids + rollout.response_ids
