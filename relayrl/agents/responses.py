@@ -151,7 +151,9 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
 def _input_message(item: dict[str, Any], index: int) -> dict[str, Any]:
     role = item.get("role")
     if role not in ("user", "system", "developer", "assistant"):
-        raise RequestError(f"input[{index}]: role {role!r} is not one of user, system, developer, assistant")
+        raise RequestError(
+            f"input[{index}]: role {role!r} is not one of user, system, developer, assistant", f"input[{index}].role"
+        )
     return {"role": role, "content": _text(item.get("content"), f"input[{index}].content")}
 
 
@@ -159,7 +161,9 @@ def _join_call(messages: list[dict[str, Any]], item: dict[str, Any], index: int)
     """A `function_call` item is a tool call of the assistant message just before it (or of a new one)."""
     name, arguments = item.get("name"), item.get("arguments")
     if not isinstance(name, str) or not isinstance(arguments, str):
-        raise RequestError(f"input[{index}]: a function_call has a name and arguments (a JSON string)", "input")
+        raise RequestError(
+            f"input[{index}]: a function_call has a name and arguments (a JSON string)", f"input[{index}]"
+        )
     call = tool_call({"id": item.get("call_id", ""), "function": {"name": name, "arguments": arguments}}, index)
     if not messages or messages[-1]["role"] != "assistant":
         messages.append({"role": "assistant", "content": ""})

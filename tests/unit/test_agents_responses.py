@@ -93,6 +93,10 @@ REFUSED = [
         "input[0] of type 'item_reference' is not served",
     ),
     ({"extra_body": {"n": 2}}, "n", "n=2: one choice per call"),
+    ({"input": [{"role": "tool", "content": "3"}]}, "input[0].role", "input[0]: role 'tool' is not one of user"),
+    ({"input": [{"type": "function_call", "name": "add"}]}, "input[0]", "a function_call has a name and arguments"),
+    ({"tools": [{"type": "function"}]}, "tools[0].name", "tools[0] must be {type: function, name, parameters}"),
+    ({"instructions": ["be brief"]}, "instructions", "'instructions' must be a string"),
 ]
 
 
