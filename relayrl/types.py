@@ -44,6 +44,9 @@ class Rollout:
     # multi-turn: (index in response_ids of a turn's last generated token, the turn's reward), per turn; the
     # token-level estimators put each there (relayrl/algorithms/advantages.py `turn_reward_tensor`)
     turn_rewards: list[tuple[int, float]] | None = None
+    # env.tito=fork: a forked sample, the tokens its trajectory sampled before a call that rewrote its history;
+    # the group_index of that trajectory's last sample, whose reward and advantage it takes (not a group member)
+    fork_of: int | None = None
 
     @property
     def sample_id(self) -> str:
@@ -80,6 +83,7 @@ class Experience:
     prompt_lengths: torch.Tensor | None = None  # [B] prompt tokens of each row (group packing needs them)
     reward_penalty: torch.Tensor | None = None  # [B, T-1] per-token reward terms: the KL penalty (kl.placement=reward)
     images: ImageBatch | None = None  # each row's image tensors (rows with images)
+    forks: torch.Tensor | None = None  # [B] bool: forked samples (Rollout.fork_of), not members of their group
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

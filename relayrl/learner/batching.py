@@ -53,6 +53,7 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
         group_ids=group_ids,
         versions=versions,
         prompt_lengths=prompt_lengths,
+        forks=torch.tensor([r.fork_of is not None for r in rollouts], dtype=torch.bool),
         images=ImageBatch([r.prompt.image_inputs for r in rollouts]) if with_images else None,
     )
 
