@@ -5,6 +5,11 @@ returns [B, T] | None)`. Advantages are 0 outside `inputs.mask`; `returns` are a
 targets, so only `gae` has them. Inputs are token-level so that a per-token reward (a KL penalty) and
 per-token estimators (REINFORCE++, GAE) use the same API as the sequence-level ones (GRPO, RLOO).
 
+A group's statistics (mean, std, size) are over its members: every row unless `inputs.members` says otherwise.
+A forked multi-turn sample (env.tito=fork: the tokens a trajectory sampled before a call that rewrote its history)
+is not a member: its trajectory is counted once, by its last sample, and the fork, carrying the same reward, gets
+the same group-relative advantage.
+
 Deliberately left out: loss aggregation (Dr. GRPO's constant normaliser lives in losses.py), the KL
 penalty itself (the caller adds it to `token_rewards`) and the critic.
 """
@@ -37,6 +42,7 @@ class AdvantageInputs:
     mask: torch.Tensor  # [B, T] 1.0 on response tokens
     group_ids: torch.Tensor  # [B] responses to one prompt share an id (any order, any values)
     values: torch.Tensor | None = None  # [B, T] critic values (gae only)
+    members: torch.Tensor | None = None  # [B] bool: rows counted in their group's statistics (None: every row)
 
 
 def make_inputs(
@@ -45,19 +51,22 @@ def make_inputs(
     group_ids: torch.Tensor,
     values: torch.Tensor | None = None,
     turn_rewards: torch.Tensor | None = None,
+    members: torch.Tensor | None = None,
 ) -> AdvantageInputs:
     """rewards [B], mask [B, T], group_ids [B] -> inputs with each reward on its row's last response token.
 
     turn_rewards [B, T] (multi-turn, token-level estimators): parts of each row's reward placed earlier (each
     turn's on the turn's last token); what they leave of the row's reward (a reward.fn's score, a length
-    penalty) stays on the last token, so every row's token rewards still sum to its reward."""
+    penalty) stays on the last token, so every row's token rewards still sum to its reward.
+
+    members [B] bool: the rows a group's statistics are taken over (a forked sample is not one); None: all."""
     last = last_response_token(mask)  # [B]
     rest = rewards if turn_rewards is None else rewards - turn_rewards.sum(dim=1)
     token_rewards = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
     token_rewards[torch.arange(len(rewards), device=rewards.device), last] = rest
     if turn_rewards is not None:
         token_rewards = token_rewards + turn_rewards.to(rewards.dtype)
-    return AdvantageInputs(token_rewards, mask.to(rewards.dtype), group_ids, values)
+    return AdvantageInputs(token_rewards, mask.to(rewards.dtype), group_ids, values, members)
 
 
 def turn_reward_tensor(rollouts: list, prompt_lengths: torch.Tensor, width: int) -> torch.Tensor | None:
@@ -95,9 +104,10 @@ def grpo(inputs: AdvantageInputs, std_normalize: bool = True, eps: float = 1e-6)
     std_g is the unbiased sample std of the group g; std_normalize=False gives R_i - mean_g R. A flat
     group (all rewards equal) gets exactly 0, even with eps=0.
     """
-    centred, inverse, counts = _group_centred(sequence_rewards(inputs), inputs.group_ids)  # [B], [B], [G]
+    centred, inverse, counts = _group_centred(sequence_rewards(inputs), inputs.group_ids, inputs.members)
     if std_normalize:
-        variance = _group_sum(centred**2, inverse, len(counts)) / (counts - 1).clamp(min=1)  # [G]
+        squares = centred**2 * _member_weights(inputs.members, centred)  # [B]
+        variance = _group_sum(squares, inverse, len(counts)) / (counts - 1).clamp(min=1)  # [G]
         std = variance.sqrt()[inverse]  # [B]
         centred = torch.where(std > 0, centred / (std + eps), torch.zeros_like(centred))
     return centred[:, None] * inputs.mask, None
@@ -110,7 +120,7 @@ def dr_grpo(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
     The paper's other change, dividing the loss by a constant instead of each response's length, is a
     loss-aggregation choice made in losses.py, not here.
     """
-    centred, _, _ = _group_centred(sequence_rewards(inputs), inputs.group_ids)  # [B]
+    centred, _, _ = _group_centred(sequence_rewards(inputs), inputs.group_ids, inputs.members)  # [B]
     return centred[:, None] * inputs.mask, None
 
 
@@ -120,7 +130,7 @@ def rloo(inputs: AdvantageInputs) -> tuple[torch.Tensor, None]:
 
     A group of one response has no other responses to compare with and gets 0.
     """
-    centred, inverse, counts = _group_centred(sequence_rewards(inputs), inputs.group_ids)  # [B], [B], [G]
+    centred, inverse, counts = _group_centred(sequence_rewards(inputs), inputs.group_ids, inputs.members)
     scale = counts / (counts - 1).clamp(min=1)  # [G]; n=1 has centred == 0 already
     return (centred * scale[inverse])[:, None] * inputs.mask, None
 
@@ -149,7 +159,7 @@ def reinforce_pp_baseline(inputs: AdvantageInputs, eps: float = 1e-8) -> tuple[t
     here R is `sequence_rewards`, which includes any per-token terms already in `token_rewards`.
     """
     rewards = sequence_rewards(inputs)  # [B]
-    centred, _, _ = _group_centred(rewards, inputs.group_ids)
+    centred, _, _ = _group_centred(rewards, inputs.group_ids, inputs.members)
     baseline = rewards - centred  # [B] group mean (exactly R in a flat group)
     returns_to_go = _discounted_cumsum(inputs.token_rewards, inputs.mask, 1.0)  # [B, T]
     # with gamma = 1 the last-token baseline is in every token's return-to-go exactly once
@@ -186,16 +196,28 @@ def degenerate_group_fraction(rewards: torch.Tensor, group_ids: torch.Tensor) ->
     return float((_group_spread(rewards, inverse, len(counts)) == 0).float().mean())
 
 
-def _group_centred(rewards: torch.Tensor, group_ids: torch.Tensor):
-    """rewards [B], group_ids [B] -> (R - group mean [B], group index of each row [B], group sizes [G]).
+def _group_centred(rewards: torch.Tensor, group_ids: torch.Tensor, members: torch.Tensor | None = None):
+    """rewards [B], group_ids [B] -> (R - group mean [B], group index of each row [B], group sizes [G]), the
+    mean and sizes over the group's `members` (every row when None); every row is centred on its group's mean.
 
     A flat group is set to exactly 0: its float mean can be one rounding step off its rewards.
     """
-    _, inverse, counts = torch.unique(group_ids, return_inverse=True, return_counts=True)
-    means = _group_sum(rewards, inverse, len(counts)) / counts  # [G]
-    flat = _group_spread(rewards, inverse, len(counts)) == 0  # [G]
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    weights = _member_weights(members, rewards)  # [B] 1.0 for a member, else 0.0
+    groups = int(inverse.max()) + 1 if len(inverse) else 0
+    counts = _group_sum(weights, inverse, groups).clamp(min=1)  # [G]
+    means = _group_sum(rewards * weights, inverse, groups) / counts  # [G]
+    member = weights > 0
+    flat = _group_spread(rewards[member], inverse[member], groups) == 0  # [G]
     centred = torch.where(flat[inverse], torch.zeros_like(rewards), rewards - means[inverse])
     return centred, inverse, counts
+
+
+def _member_weights(members: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """[B] 1.0 for a row counted in its group's statistics, 0.0 for one that is not (a forked sample)."""
+    if members is None:
+        return torch.ones_like(like)
+    return members.to(device=like.device, dtype=like.dtype)
 
 
 def _group_sum(x: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch.Tensor:

@@ -34,12 +34,14 @@ def estimate_advantages(
     per_turn: bool = False,
 ) -> Experience:
     """Advantages and returns from the rewards (plus the learner's per-token KL penalty when it is in the
-    reward); with DAPO's overlong filter, truncated responses count in their group but train nothing.
+    reward), a group's statistics over its trajectories (not their forked samples); with DAPO's overlong filter,
+    truncated responses count in their group but train nothing.
     `per_turn` (token-level estimators): a multi-turn trajectory's turns' rewards sit on their turns' ends."""
     placed = None
     if per_turn:
         placed = turn_reward_tensor(rollouts, filled(exp.prompt_lengths, "prompt_lengths"), exp.loss_mask.shape[1])
-    inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values, placed)
+    members = None if exp.forks is None else ~exp.forks  # a forked sample is not a member of its group's baseline
+    inputs = make_inputs(exp.rewards, exp.loss_mask, exp.group_ids, exp.values, placed, members)
     if exp.reward_penalty is not None:
         inputs.token_rewards = inputs.token_rewards + exp.reward_penalty
     exp.advantages, exp.returns = advantage_fn(inputs)

@@ -72,9 +72,10 @@ def staleness_metrics(exp: Experience, trained_version: int) -> dict[str, float]
 
 def rollout_metrics(exp: Experience, rollouts: list[Rollout]) -> dict[str, float]:
     lengths = torch.tensor([len(r.response_ids) for r in rollouts], dtype=torch.float32)
+    rewards = exp.rewards if exp.forks is None else exp.rewards[~exp.forks]  # one per trajectory, not per fork
     return {
-        "reward/mean": float(exp.rewards.mean()),
-        "reward/std": float(exp.rewards.std()) if len(rollouts) > 1 else 0.0,
+        "reward/mean": float(rewards.mean()),
+        "reward/std": float(rewards.std()) if len(rewards) > 1 else 0.0,
         "reward/degenerate_group_frac": degenerate_group_fraction(exp.rewards, exp.group_ids),
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),

@@ -198,3 +198,18 @@ def test_row_order_and_group_labels_do_not_change_advantages(name):
     permuted = make_inputs(REWARDS[order], MASK[order], relabelled, VALUES[order])
     adv_permuted, _ = ADVANTAGES[name](permuted)
     assert torch.allclose(adv_permuted, adv[order], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_a_forked_sample_takes_its_trajectorys_advantage_and_is_not_a_group_member(name):
+    """env.tito=fork: row 5 is the fork of row 0's trajectory (its reward, 3). Group 7's baseline stays that of its
+    three trajectories, and the fork's tokens get row 0's advantage; counted as a member, it would move the mean."""
+    adv, _ = ADVANTAGES[name](make_inputs(REWARDS, MASK, GROUPS))
+    rewards, groups = torch.cat([REWARDS, torch.tensor([3.0])]), torch.cat([GROUPS, torch.tensor([7])])
+    mask = torch.cat([MASK, torch.tensor([[0.0, 1.0, 1.0, 0.0]])])
+    members = torch.tensor([True] * 5 + [False])
+    forked, _ = ADVANTAGES[name](make_inputs(rewards, mask, groups, members=members))
+    assert torch.allclose(forked[:5], adv, atol=1e-6)
+    assert forked[5, 1:3].tolist() == pytest.approx([adv[0, 1].item()] * 2, abs=1e-6) and adv[0, 1] > 0
+    counted, _ = ADVANTAGES[name](make_inputs(rewards, mask, groups))
+    assert not torch.allclose(counted[:5], adv, atol=1e-3)  # the fork as a fourth member shifts the baseline
