@@ -11,6 +11,7 @@ import warnings
 
 import torch
 
+from relayrl.learner.packing import packed_widths, shared_prompts
 from relayrl.types import Experience, ImageBatch, Rollout, Score
 
 
@@ -61,10 +62,10 @@ def make_experience(rollouts: list[Rollout], scores: list[Score], pad_id: int) -
 class MicroBatcher:
     """Splits a mini-batch (sample indices into an Experience) into micro-batches.
 
-    Count (`tokens` None): `rows` samples each, in the given order. Token budget: units are samples, or whole
-    groups when the learner packs groups (the members present in the mini-batch); a unit costs its forward
-    positions (a sample its length, a packed group its prompt once plus every response). Longest first, a
-    micro-batch takes units while (units x its longest unit) stays within `tokens`: the positions its padded
+    Count (`tokens` None): `rows` samples each, in the given order. Token budget: units are samples, or packed
+    rows when the learner packs groups (a group's members present in the mini-batch that share a prompt); a unit
+    costs its forward positions (a sample its length, a packed row its prompt once plus every response). Longest
+    first, a micro-batch takes units while (units x its longest unit) stays within `tokens`: the positions its padded
     rows compute (`train.packing=auto` may then pick the padded layout only where that is 10% cheaper, so
     at most ~1.1x the budget). A unit over the budget alone gets a micro-batch of its own, counted in
     `learner/over_budget_units` and warned about once. With several learner ranks, every rank runs as many
@@ -112,12 +113,8 @@ class MicroBatcher:
         samples = index.tolist()
         if not self.whole_groups or exp.prompt_lengths is None:
             return [(lengths[i], [i]) for i in samples]
-        groups: dict[int, tuple[int, list[int]]] = {}
-        prompt_lengths, group_ids = exp.prompt_lengths.tolist(), exp.group_ids.tolist()
-        for i in samples:
-            width, members = groups.get(group_ids[i], (prompt_lengths[i], []))
-            groups[group_ids[i]] = (width + lengths[i] - prompt_lengths[i], members + [i])
-        return list(groups.values())
+        rows = shared_prompts(exp, samples)  # a unit is one packed row: a group's samples that share a prompt
+        return list(zip(packed_widths(exp, rows), rows))
 
     def _over_budget(self, length: int) -> None:
         self.over_budget += 1

@@ -15,6 +15,10 @@ positions: the shared-prefix idea of e.g. Prefix Grouper (Liu et al. 2025) for G
 same rule as a FlexAttention block mask. A variable-length kernel (flash-attention's cu_seqlens) cannot express it:
 its segments are independent sequences, and here every response shares the prompt's keys.
 
+A row holds the samples of one group that share their prompt token for token. A group's samples usually do; a
+forked multi-turn sample (env.tito=fork: an agent's call that rewrote its history starts a new sample from the
+rebuilt call) or an agent whose first calls differ does not, and gets a row of its own (`shared_prompts`).
+
 `pack_groups` builds the rows and says, for every response token, which packed position predicts it and
 where it goes in the Experience's [B, T-1] layout (relayrl/learner/layout.py reads the model there).
 """
@@ -66,16 +70,26 @@ class PackedGroups:
         return create_block_mask(allowed, rows, None, width, width, device=device)
 
 
+def shared_prompts(exp: Experience, index: list[int] | None = None) -> list[list[int]]:
+    """The samples of `exp` (those in `index`, by default all) that one packed row holds: same group, same prompt
+    tokens; in order of first appearance."""
+    prompt_lengths = filled(exp.prompt_lengths, "prompt_lengths").tolist()
+    group_ids = exp.group_ids.tolist()
+    rows: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    for sample in range(len(exp)) if index is None else index:
+        prompt = tuple(exp.input_ids[sample, : prompt_lengths[sample]].tolist())
+        rows.setdefault((group_ids[sample], prompt), []).append(sample)
+    return list(rows.values())
+
+
 def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
-    """One packed row per group of `exp` (the members present in it; a group may be split across parts)."""
+    """One packed row per group of `exp` and prompt (the members present in it; a group may be split across parts,
+    and a sample whose prompt differs from the others' gets a row of its own)."""
     if exp.prompt_lengths is None:
         raise ValueError("group packing needs the prompt length of every sample (Experience.prompt_lengths)")
     lengths = exp.attention_mask.sum(dim=1).tolist()
     prompt_lengths = exp.prompt_lengths.tolist()
-    members: dict[int, list[int]] = {}
-    for sample, group in enumerate(exp.group_ids.tolist()):
-        members.setdefault(group, []).append(sample)
-    rows = [_pack_group(exp.input_ids, samples, prompt_lengths[samples[0]], lengths) for samples in members.values()]
+    rows = [_pack_group(exp.input_ids, samples, prompt_lengths[samples[0]], lengths) for samples in shared_prompts(exp)]
     width = max(len(tokens) for tokens, *_ in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     position_ids = torch.zeros((len(rows), width), dtype=torch.long)
@@ -102,16 +116,12 @@ def pack_groups(exp: Experience, pad_id: int) -> PackedGroups:
 
 
 def _pack_group(input_ids: torch.Tensor, samples: list[int], prompt_length: int, lengths: list[int]):
-    """(tokens, position ids, segment ids, [(sample, target column, predictor position)]) of one group's row."""
+    """(tokens, position ids, segment ids, [(sample, target column, predictor position)]) of one row: `samples`
+    share their first `prompt_length` tokens (`shared_prompts`)."""
     prompt = input_ids[samples[0], :prompt_length]
     tokens, positions = prompt.tolist(), list(range(prompt_length))
     segment, predicted = [0] * prompt_length, []
     for number, sample in enumerate(samples, start=1):
-        if not torch.equal(input_ids[sample, :prompt_length], prompt):
-            raise ValueError(
-                f"sample {sample} of a group has a different prompt from sample {samples[0]}: a group's "
-                "samples must share their prompt to be packed"
-            )
         response = input_ids[sample, prompt_length : lengths[sample]].tolist()
         start = len(tokens)
         for j in range(len(response)):  # token j is predicted from the prompt's last position, or token j-1
@@ -147,10 +157,13 @@ def padded_positions(exp: Experience) -> int:
 
 
 def packed_positions(exp: Experience) -> int:
-    """Positions the packed forward would compute: groups x the longest packed row (without building it)."""
-    lengths = exp.attention_mask.sum(dim=1)
-    rows: dict[int, int] = {}
+    """Positions the packed forward would compute: rows x the longest packed row (without building it)."""
+    widths = packed_widths(exp, shared_prompts(exp))
+    return len(widths) * max(widths)
+
+
+def packed_widths(exp: Experience, rows: list[list[int]]) -> list[int]:
+    """The positions of each packed row of `rows` (`shared_prompts`): its prompt once, then every response."""
+    lengths = exp.attention_mask.sum(dim=1).tolist()
     prompts = filled(exp.prompt_lengths, "prompt_lengths").tolist()
-    for group, length, prompt in zip(exp.group_ids.tolist(), lengths.tolist(), prompts):
-        rows[group] = rows.get(group, prompt) + length - prompt
-    return len(rows) * max(rows.values())
+    return [prompts[samples[0]] + sum(lengths[i] - prompts[i] for i in samples) for samples in rows]

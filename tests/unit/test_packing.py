@@ -1,16 +1,19 @@
 """Group packing (relayrl/learner/packing.py, layout.py): the row layout, and that packed and padded forwards
-give the learner the same log-probs, losses and gradients over fewer positions."""
+give the learner the same log-probs, losses and gradients over fewer positions, with forked samples (env.tito=fork)
+too: a sample whose prompt differs from its group's gets a row of its own and its trajectory's advantage."""
 
 import pytest
 import torch
 
+from relayrl.algorithms.advantages import grpo, make_inputs
+from relayrl.algorithms.stage import estimate_advantages
 from relayrl.errors import ConfigError
 from relayrl.learner.batching import make_experience
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
 from relayrl.learner.policy import PolicyLearner, mismatch_metrics
 from relayrl.placement.sections import learner_settings
-from relayrl.types import Experience, Prompt, Rollout, Score
+from relayrl.types import Experience, Prompt, Rollout, Score, filled
 from tests.unit.test_learner import _config, _experience, _grads_of_first_step
 
 SAMPLED = Sampled(temperature=1.0, top_k=-1, top_p=1.0)
@@ -42,11 +45,29 @@ def test_a_group_is_one_row_with_the_prompt_once_and_positions_restarting_per_re
     assert pairs == [(0, 2, 0, 2), (0, 3, 0, 3), (1, 2, 0, 2), (2, 1, 1, 1), (2, 2, 1, 2), (2, 3, 1, 3)]
 
 
-def test_packing_refuses_a_group_whose_samples_have_different_prompts():
-    exp = _two_groups()
-    exp.input_ids[1, 0] = 9
-    with pytest.raises(ValueError, match="sample 1 of a group has a different prompt from sample 0"):
-        pack_groups(exp, pad_id=0)
+def _group_with_a_fork():
+    """env.tito=fork on an agent: trajectory 0 rewrote its history, so its last sample starts from the rebuilt
+    call (another prompt, same id) and its fork (the sample before the rewrite, fork_of=0) has the first prompt."""
+    a, rebuilt, b = Prompt("a", "", [5, 6, 7]), Prompt("a", "", [5, 6, 9, 9]), Prompt("b", "", [8, 9])
+    rollouts = [
+        Rollout(rebuilt, 0, [10, 11], "", [-1.0] * 2, "stop", [0] * 2),
+        Rollout(a, 1, [12], "", [-1.0], "stop", [0]),
+        Rollout(a, 2, [13, 14], "", [-1.0] * 2, "stop", [0] * 2, fork_of=0),
+        Rollout(b, 0, [13, 14, 15], "", [-1.0] * 3, "stop", [0] * 3),
+    ]
+    return make_experience(rollouts, [Score(1.0), Score(0.0), Score(1.0), Score(1.0)], pad_id=0)
+
+
+def test_a_sample_whose_prompt_differs_from_its_groups_gets_a_row_of_its_own():
+    exp = _group_with_a_fork()
+    assert exp.group_ids.tolist() == [0, 0, 0, 1] and exp.forks is not None and exp.forks.tolist()[2]
+    packed = pack_groups(exp, pad_id=0)
+    # the rebuilt call's sample alone; the other trajectory and the fork share the first prompt; then group b
+    assert packed.input_ids.tolist() == [[5, 6, 9, 9, 10, 11], [5, 6, 7, 12, 13, 14], [8, 9, 13, 14, 15, 0]]
+    assert packed.position_ids[1].tolist() == [0, 1, 2, 3, 3, 4]
+    assert packed_positions(exp) == packed.positions == 3 * 6  # three rows (not two groups) x the widest
+    pairs = list(zip(packed.sample.tolist(), packed.column.tolist(), packed.row.tolist(), packed.position.tolist()))
+    assert pairs[:3] == [(0, 3, 0, 3), (0, 4, 0, 4), (1, 2, 1, 2)] and pairs[3:5] == [(2, 2, 1, 2), (2, 3, 1, 4)]
 
 
 def test_auto_packs_only_when_it_saves_positions():
@@ -161,3 +182,63 @@ def test_model_attention_switches_the_learners_kernel(random_model_dir):
     )
     assert learner.layout.attention == "eager"
     assert learner.reference is not None and learner.reference.config._attn_implementation == "eager"
+
+
+def _experience_with_forks(groups=4, n=4, vocab=16):
+    """`_experience`'s shape where trajectory 0 of every group forked (env.tito=fork on an agent that rewrote its
+    history): its last sample starts from a longer, rebuilt prompt, and its fork (the sample before, the first
+    prompt, fork_of=0) comes after the group's members with trajectory 0's reward. GRPO advantages as the step's."""
+    gen = torch.Generator().manual_seed(1)
+
+    def ids(count):
+        return torch.randint(4, vocab, (count,), generator=gen).tolist()
+
+    def sample(prompt, index, length, fork_of=None):
+        return Rollout(prompt, index, ids(length), "", [-1.0] * length, "stop", [0] * length, fork_of=fork_of)
+
+    rollouts, scores = [], []
+    for g in range(groups):
+        prompt = Prompt(f"p{g}", "", ids(3 + g))
+        rebuilt = Prompt(f"p{g}", "", prompt.token_ids + ids(2))
+        rollouts += [sample(rebuilt if i == 0 else prompt, i, 1 + (g + i) % 5) for i in range(n)]
+        rollouts.append(sample(prompt, n, 2, fork_of=0))
+        scores += [Score(float((g + i) % 2)) for i in range(n)] + [Score(float(g % 2))]
+    exp = make_experience(rollouts, scores, pad_id=0)
+    return estimate_advantages(grpo, False, exp, rollouts)
+
+
+def test_a_forked_sample_takes_its_trajectorys_advantage_and_the_baseline_counts_trajectories():
+    exp, n = _experience_with_forks(), 4
+    advantages = filled(exp.advantages, "advantages")
+    for g in range(4):
+        first, fork = g * (n + 1), g * (n + 1) + n
+        own = advantages[first][exp.loss_mask[first].bool()]
+        assert torch.all(advantages[fork][exp.loss_mask[fork].bool()] == own[0]) and torch.all(own == own[0])
+    members = torch.arange(len(exp))[~filled(exp.forks, "forks")]
+    kept = exp.select(members)  # the batch without its forks: its trajectories' advantages are the same
+    expected, _ = grpo(make_inputs(kept.rewards, kept.loss_mask, kept.group_ids))
+    torch.testing.assert_close(advantages[members][kept.loss_mask.bool()], expected[kept.loss_mask.bool()])
+
+
+def test_packed_and_padded_log_probs_agree_with_a_forked_sample(random_model_dir):
+    exp = _experience_with_forks()
+    padded = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing="none"))).logprobs(exp)
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing="groups")))
+    packed = learner.logprobs(exp)
+    assert learner.layout.take_counts()["learner/packed_frac"] == 1.0
+    torch.testing.assert_close(packed[exp.loss_mask.bool()], padded[exp.loss_mask.bool()], atol=2e-5, rtol=1e-4)
+
+
+def test_an_update_with_forked_samples_runs_packed_as_padded(random_model_dir):
+    """The crash this guards: `_pack_group` refused a group whose fork had another prompt (train.packing auto/groups)."""
+    grads, stats = {}, {}
+    for packing in ("none", "auto", "groups"):
+        learner = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing=packing)))
+        grads[packing], result = _grads_of_first_step(learner, _experience_with_forks())
+        stats[packing] = result.metrics
+    assert stats["groups"]["learner/packed_frac"] == 1.0 and stats["none"]["learner/packed_frac"] == 0.0
+    assert stats["auto"]["learner/packed_frac"] > 0  # auto packs here: 144 positions packed, 240 padded
+    for packing in ("auto", "groups"):
+        for padded, packed in zip(grads["none"], grads[packing]):
+            torch.testing.assert_close(packed, padded, atol=2e-5, rtol=1e-4)
+        assert stats[packing]["loss/policy"] == pytest.approx(stats["none"]["loss/policy"], abs=1e-6)
