@@ -38,7 +38,7 @@ from relayrl.errors import ConfigError
 from relayrl.rewards.service import add_counts
 from relayrl.sources.base import Batch, PromptDraws, SourceSettings, drop_skipped_groups, step_sampling
 from relayrl.sources.trajectories import EnvTools, MultiTurnDriver
-from relayrl.sources.trajectory import MultiTurnBatch, UnknownCharacters
+from relayrl.sources.trajectory import MultiTurnBatch, UnknownCharacters, trajectory_rows
 from relayrl.sources.turn_requests import turn_requests
 from relayrl.types import Prompt, Rollout, Sampling, Score
 
@@ -267,7 +267,11 @@ class MultiTurnSource:
         metrics = dict(batch.metrics)
         if self.with_reward_fn and rollouts:
             assert self.rewards is not None, "a reward.fn is scored by the run's reward service"
-            extra, reward_metrics = self.rewards.score(rollouts)
+            rows = trajectory_rows(rollouts)  # a forked sample takes its trajectory's score, not one of its own
+            last = [row for row, own in enumerate(rows) if own == row]
+            scored, reward_metrics = self.rewards.score([rollouts[row] for row in last])
+            by_row = dict(zip(last, scored))
+            extra = [by_row[own] for own in rows]
             metrics.update(reward_metrics)
             scores = [
                 None

@@ -11,8 +11,11 @@ Images (a vision-language policy) in reset's messages and in observations: relay
 
 Token in, token out (relayrl/data/chat.py): a trajectory is a list of segments, generated tokens exactly as
 the engine sampled them (loss mask 1, behaviour log-probs, versions) and observation tokens (mask 0); every
-turn's prompt is the concatenation of the segments. The output is one `Rollout` per trajectory (more under
-`env.tito=fork`): its `response_ids` are every token after the first prompt, with `loss_mask`. Its
+turn's prompt is the concatenation of the segments. The output is one `Rollout` per trajectory: its
+`response_ids` are every token after the first prompt, with `loss_mask`. A turn whose prompt cannot continue those
+tokens (the template re-renders earlier turns, an agent's call rewrites its history) forks under `env.tito=fork`,
+the default: the sample so far is kept, placed after its group's members with `fork_of` naming its trajectory's
+last sample, whose reward it takes (and, in the learner, its advantage: it is not a member of the group's baseline). Its
 `finish_reason` is `length` when it was cut at env.max_total_tokens or its last model turn stopped at its token
 budget (rollout.max_tokens or env.max_tokens_per_turn), as a single-turn response cut at max_tokens is. Its reward
 is the turns' rewards combined per `env.reward`; `turn_rewards` keeps each turn's reward with the index of the
@@ -193,8 +196,8 @@ class MultiTurnDriver:
 
     def _restart(self, trajectory: Trajectory, messages: list[dict[str, Any]] | RawText, tools: list | None) -> None:
         """An agent's call that rewrote its earlier messages (or tools): its tokens cannot continue the sample's.
-        env.tito=fork keeps the sample so far and starts a new one from this call; retokenize starts the new one
-        and drops the old (its turns are now prompt); strict stops, naming the call."""
+        env.tito=fork (the default) keeps the sample so far and starts a new one from this call; retokenize starts
+        the new one and drops the old (its turns are now prompt); strict stops, naming the call."""
         if self.env.tito == "strict":
             raise EnvError(
                 f"{trajectory.where()}: the agent's call does not extend its earlier calls (it changed or dropped "
@@ -300,7 +303,6 @@ class MultiTurnDriver:
                 "observation is added (it rewrites or drops earlier content), so the trajectory's tokens cannot "
                 "continue unchanged; set env.tito=fork (a new sample from here) or env.tito=retokenize"
             )
-        trajectory.rerendered = True
         ids = self.codec.encode(full_text)
         assert trajectory.first is not None  # an observation comes after reset's answer
         first = trajectory.first.token_ids
@@ -312,6 +314,7 @@ class MultiTurnDriver:
         if self.env.tito == "fork":  # the sample so far is kept (trained once); a new one continues from here
             self.stats["forks"] += 1
             trajectory.forks.append(self._rollout(trajectory))
+        trajectory.rerendered = True  # as in `_restart`: set after the fork, whose segments are still its turns
         version = trajectory.segments[-1].versions[-1] if trajectory.segments[-1].versions else 0
         rest = ids[len(first) :]
         trajectory.segments = [Segment(rest, False, [0.0] * len(rest), [version] * len(rest))]
@@ -413,12 +416,15 @@ class MultiTurnDriver:
             members[group] = members.get(group, -1) + 1
             rollouts.append(self._rollout(trajectory, members[group]))
             rewards.append(reward)
-            forks += [(trajectory, fork, reward) for fork in trajectory.forks]
-        for _trajectory, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
-            siblings = [i for i, r in enumerate(rollouts) if r.prompt.id == fork.prompt.id]
-            fork.group_index = max(rollouts[i].group_index for i in siblings) + 1
-            rollouts.insert(siblings[-1] + 1, fork)
-            rewards.insert(siblings[-1] + 1, reward)
+            forks += [(rollouts[-1], fork, reward) for fork in trajectory.forks]
+        for last, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
+            end = next(i for i, r in enumerate(rollouts) if r is last) + 1
+            while end < len(rollouts) and rollouts[end].group_index != 0:  # the group's end
+                end += 1
+            fork.group_index = rollouts[end - 1].group_index + 1
+            fork.fork_of = last.group_index  # its trajectory's reward and advantage; not a member of the group
+            rollouts.insert(end, fork)
+            rewards.insert(end, reward)
         return MultiTurnBatch(rollouts, rewards, self._metrics(order, rollouts))
 
     def _metrics(self, order: list[Trajectory], rollouts: list[Rollout]) -> dict[str, float]:

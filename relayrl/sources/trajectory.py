@@ -42,7 +42,7 @@ class Trajectory:
     truncated: bool = False
     failed: str = ""  # "", "error" or "timeout"
     last_turn_cut: bool = False  # its last model turn stopped at its token budget (reported as finish "length")
-    forks: list[Rollout] = field(default_factory=list)
+    forks: list[Rollout] = field(default_factory=list)  # env.tito=fork: its earlier samples, kept (`fork_of` later)
     rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
     tools: list[dict[str, Any]] | None = None  # the tools an agent's calls offer (rendered by the chat template)
     tool_errors: int = 0
@@ -95,6 +95,16 @@ class MultiTurnBatch:
     rollouts: list[Rollout]
     rewards: list[float]  # per rollout, combined per env.reward
     metrics: dict[str, float]
+
+
+def trajectory_rows(rollouts: list[Rollout]) -> list[int]:
+    """Each rollout's trajectory's row in a driver's batch (prompt-major, a group from group_index 0): its own, or
+    for a forked sample (Rollout.fork_of) the row of its trajectory's last sample, whose score it takes."""
+    rows, start = [], 0
+    for row, rollout in enumerate(rollouts):
+        start = row if rollout.group_index == 0 else start
+        rows.append(row if rollout.fork_of is None else start + rollout.fork_of)
+    return rows
 
 
 def turn_ends(segments: list[Segment], rewards: list[float]) -> list[tuple[int, float]]:
