@@ -87,9 +87,12 @@ class EnvConfig(Section):
         "one_step_off and async the background trajectories (one set per async producer) have workers of their own.",
     )
     tito: Literal["strict", "fork", "retokenize"] = Field(
-        default="strict",
-        description="When the chat template would change earlier tokens: stop with an error naming the turn, "
-        "start a new sample from that point, or re-render the history (earlier turns then not trained).",
+        default="fork",
+        description="When a turn's prompt cannot continue the trajectory's tokens (the chat template changes "
+        "earlier turns, or an agent's call rewrites its history): keep the sample so far and start a new one "
+        "there, both trained with the trajectory's reward and advantage (counted in tito/forks); stop with an "
+        "error naming the sample (strict); or re-render the history, its earlier turns then not trained "
+        "(retokenize).",
     )
 
     @model_validator(mode="after")

@@ -7,12 +7,15 @@ way an agent can fail ends its trajectory with a message naming the sample."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import math
 import time
 import warnings
 
 import openai
 import pytest
+import torch
 
 from relayrl.agents.pool import AgentPool, RunSampling, load_agent
 from relayrl.agents.server import AgentServer
@@ -20,6 +23,7 @@ from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec
 from relayrl.errors import ConfigWarning, EnvError
 from relayrl.sources.trajectories import MultiTurnDriver
+from relayrl.sources.trajectory import trajectory_rows
 from relayrl.types import Prompt, Sampling
 from tests.unit.test_multiturn import ScriptedTurns
 from tests.unit.test_tito import chat_tokenizer
@@ -44,6 +48,23 @@ async def edits_history(client, row):
     rewritten = [{"role": "user", "content": "new question"}, {"role": "assistant", "content": "x"}]
     await client.chat.completions.create(model="m", messages=rewritten + [{"role": "user", "content": "go"}])
     return float(bool(first))
+
+
+LUCK = itertools.cycle([1.0, 0.0])  # the trajectories' rewards, in the order they end
+
+
+async def resends_calls_as_text(client, row):
+    """As smolagents' ToolCallingAgent does: the tool call the model made goes back as the assistant's text, its
+    result as a user message, and the final call offers no tools. Every later call rewrites the first."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    first = await client.chat.completions.create(model="m", messages=messages, tools=[ADD])
+    (call,) = first.choices[0].message.tool_calls
+    messages += [
+        {"role": "assistant", "content": f"Calling tools: {call.function.name}({call.function.arguments})"},
+        {"role": "user", "content": "Observation: 3"},
+    ]
+    await client.chat.completions.create(model="m", messages=messages)
+    return next(LUCK)
 
 
 async def raises(client, row):
@@ -201,10 +222,11 @@ def test_each_call_is_served_from_the_trajectorys_own_tokens_and_every_trained_t
 
 def test_an_agent_that_edits_its_history_starts_a_new_sample_per_env_tito(server):
     with pytest.raises(EnvError, match=r"sample 0#0 turn 1: the agent's call does not extend its earlier calls"):
-        run(server, edits_history, ["4", "5"], max_turns=3)
-    batch, turns, codec = run(server, edits_history, ["4", "5"], max_turns=3, tito="fork")
+        run(server, edits_history, ["4", "5"], max_turns=3, tito="strict")
+    batch, turns, codec = run(server, edits_history, ["4", "5"], max_turns=3)  # env.tito=fork, the default
     assert batch.metrics["tito/forks"] == 1 and len(batch.rollouts) == 2
     second, first = batch.rollouts  # the trajectory, then its fork (the sample before the rewrite)
+    assert second.fork_of is None and first.fork_of == 0 and trajectory_rows(batch.rollouts) == [0, 0]
     assert codec.action_text(first.response_ids) == "4" and codec.action_text(second.response_ids) == "5"
     assert second.prompt.token_ids == turns.prompts[1][1]  # the new sample starts from the rewritten call
     assert "new question" in second.prompt.text and batch.rewards == [1.0, 1.0]
@@ -330,3 +352,39 @@ def test_a_parser_name_vllm_lacks_is_refused_before_anything_is_built():
     with pytest.raises(ConfigError, match="env.reasoning_parser='qwen4' is not one of vLLM's reasoning parsers"):
         check_parsers("hermes", "qwen4")
     check_parsers("hermes", "qwen3")
+
+
+def test_an_agent_that_sends_its_tool_calls_back_as_text_trains_under_the_default_settings(server, tmp_path):
+    """smolagents' and DSPy's agents rewrite earlier turns in their later calls. Under the defaults (env.tito=fork,
+    train.packing=auto) each trajectory's first call is kept as a forked sample: counted in tito/forks, trained
+    with its trajectory's advantage, the group's baseline over its two trajectories, and the learner packs the
+    rows (the fork's prompt is not its trajectory's) without a crash. env.tito=strict refuses, naming the sample."""
+    from relayrl.algorithms.stage import advantage_stage
+    from relayrl.learner.batching import make_experience
+    from relayrl.learner.policy import PolicyLearner
+    from relayrl.models.tiny import build_tiny_model
+    from relayrl.placement.sections import learner_settings
+    from relayrl.types import Score
+    from tests.unit.test_learner import _config
+
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    script = [call, "3"]
+    with pytest.raises(EnvError, match=r"sample 0#\d turn 1: the agent's call does not extend its earlier calls"):
+        run(server, resends_calls_as_text, script, tokenizer=tool_tokenizer(), parser="hermes", tito="strict")
+    batch, _, codec = run(server, resends_calls_as_text, script, n=2, tokenizer=tool_tokenizer(), parser="hermes")
+    assert batch.metrics["tito/forks"] == 2 and [r.fork_of for r in batch.rollouts] == [None, None, 0, 1]
+    assert sorted(batch.rewards[:2]) == [0.0, 1.0] and batch.rewards[2:] == batch.rewards[:2]
+    build_tiny_model(len(codec.tokenizer), hidden=64, layers=2, heads=2, intermediate=128).save_pretrained(tmp_path)
+    codec.tokenizer.save_pretrained(tmp_path)
+    config = _config(tmp_path, micro_batch=8)
+    assert config.env.tito == "fork" and config.train.packing == "auto"
+    exp = make_experience(batch.rollouts, [Score(r) for r in batch.rewards], codec.tokenizer.pad_token_id)
+    exp = advantage_stage(config.algorithm)(exp, batch.rollouts)
+    assert exp.advantages is not None
+    for fork in (2, 3):  # each fork's tokens get its trajectory's advantage: +-1/sqrt(2) over two trajectories
+        trajectory = fork - 2
+        trained = exp.advantages[fork][exp.loss_mask[fork].bool()]
+        expected = exp.advantages[trajectory][exp.loss_mask[trajectory].bool()][0]
+        assert torch.all(trained == expected) and abs(float(expected)) == pytest.approx(2**-0.5, abs=1e-4)
+    result = PolicyLearner(learner_settings(config)).update(exp)
+    assert result.metrics["learner/packed_frac"] > 0 and math.isfinite(result.metrics["loss/policy"])

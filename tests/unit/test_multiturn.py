@@ -142,24 +142,27 @@ class Thinking(Again):
         return Step("again", 1.0 if action.endswith("done") else 0.0, action.endswith("done"))
 
 
-@pytest.mark.parametrize("tito", ["strict", "fork", "retokenize"])
+@pytest.mark.parametrize(
+    "tito", ["strict", "fork", "retokenize", None], ids=["strict", "fork", "retokenize", "default"]
+)
 def test_tito_policies_on_a_template_that_drops_earlier_thinking(tito):
     script = ["<think>a</think>1", "<think>b</think>done"]
     if tito == "strict":
         with pytest.raises(EnvError, match="sample 0#0 turn 1: the chat template renders the earlier turns"):
             run(Thinking, script, style="drops", tito=tito, n=1)
         return
-    batch, turns, codec = run(Thinking, script, style="drops", tito=tito, n=1)
+    batch, turns, codec = run(Thinking, script, style="drops", n=1, **({} if tito is None else {"tito": tito}))
     assert batch.metrics["tito/prefix_mismatch"] == 1
     second_prompt = codec.tokenizer.decode(turns.prompts[1][1])
     assert "<think>a</think>" not in second_prompt  # the next turn continues from the re-rendered history
     last = batch.rollouts[0]  # the trajectory's sample; a fork (the part before the re-render) comes after it
     trained = codec.tokenizer.decode([t for t, m in zip(last.response_ids, last.loss_mask) if m])
     assert trained == "<think>b</think>done<|im_end|>"  # re-rendered earlier turns are not trained again
-    if tito == "fork":
+    if tito in ("fork", None):  # the default forks: the sample before the re-render is kept, the same prompt
         assert batch.metrics["tito/forks"] == 1 and len(batch.rollouts) == 2
         first = batch.rollouts[1]
         assert [r.group_index for r in batch.rollouts] == [0, 1] and batch.rewards == [1.0, 1.0]
+        assert first.fork_of == 0 and first.prompt.token_ids == last.prompt.token_ids
         assert codec.tokenizer.decode([t for t, m in zip(first.response_ids, first.loss_mask) if m]).startswith(
             "<think>a</think>1"
         )
@@ -294,3 +297,26 @@ def test_the_metrics_of_two_batches_merge_as_one_weighted_by_trajectories():
     merged = merge_batch_metrics(short.metrics, {**long.metrics, "reward/errors": 1.0})
     assert merged["env/trajectories"] == 4 and merged["env/turns_mean"] == (1 * 1 + 3 * 3) / 4
     assert merged["env/turns_max"] == 3 and merged["env/unknown_chars"] == 6 and merged["reward/errors"] == 1.0
+
+
+def response_length(prompts, completions):
+    """A reward.fn that scores each sample's own text: a fork scored on its own would differ from its trajectory."""
+    return [float(len(c)) for c in completions]
+
+
+def test_a_forked_sample_takes_its_trajectorys_reward_fn_score_not_one_of_its_own():
+    import threading
+
+    from relayrl.config.reward import RewardConfig
+    from relayrl.rewards.service import build_reward_service
+    from relayrl.sources.multi_turn import MultiTurnSource
+
+    batch, _, _ = run(Thinking, ["<think>a</think>1", "<think>b</think>done"], style="drops", n=1)
+    last, fork = batch.rollouts
+    assert fork.fork_of == 0 and last.response_text != fork.response_text
+    source = MultiTurnSource.__new__(MultiTurnSource)  # only its scoring: no engines, no workers
+    source._lock, source._generated, source.with_reward_fn = threading.Lock(), {id(batch.rollouts): batch}, True
+    with build_reward_service(RewardConfig(fn="tests.unit.test_multiturn:response_length")) as source.rewards:
+        scores, _ = source.score_samples(batch.rollouts)
+    assert scores[0] is not None and scores[1] is not None
+    assert scores[1].reward == scores[0].reward == 1.0 + len(last.response_text)  # env's 1.0 + the fn's
