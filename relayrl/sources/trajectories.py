@@ -208,7 +208,7 @@ class MultiTurnDriver:
         if self.env.tito == "fork" and trajectory.segments:
             self.stats["forks"] += 1
             trajectory.forks.append(self._rollout(trajectory))
-        trajectory.rerendered = True  # its rewards no longer line up with its segments' turns
+        trajectory.earlier_turns = trajectory.turns  # the new sample's first turn is the trajectory's next
         spent = trajectory.spent
         self._begin(trajectory, messages, tools)
         trajectory.base = len(trajectory.prompt_ids()) - spent  # the budget goes on from where it was
@@ -314,7 +314,7 @@ class MultiTurnDriver:
         if self.env.tito == "fork":  # the sample so far is kept (trained once); a new one continues from here
             self.stats["forks"] += 1
             trajectory.forks.append(self._rollout(trajectory))
-        trajectory.rerendered = True  # as in `_restart`: set after the fork, whose segments are still its turns
+        trajectory.earlier_turns = trajectory.turns  # as in `_restart`: the re-rendered turns are not trained
         version = trajectory.segments[-1].versions[-1] if trajectory.segments[-1].versions else 0
         rest = ids[len(first) :]
         trajectory.segments = [Segment(rest, False, [0.0] * len(rest), [version] * len(rest))]
@@ -396,8 +396,8 @@ class MultiTurnDriver:
             versions=[v for s in segments for v in s.versions],
             loss_mask=[int(s.trained) for s in segments for _ in s.token_ids],
             turn_rewards=None
-            if trajectory.rerendered or trajectory.failed
-            else turn_ends(segments, trajectory.rewards),
+            if trajectory.failed
+            else turn_ends(segments, trajectory.rewards[trajectory.earlier_turns :]),
         )
 
     def _batch(self, order: list[Trajectory]) -> MultiTurnBatch:

@@ -43,7 +43,7 @@ class Trajectory:
     failed: str = ""  # "", "error" or "timeout"
     last_turn_cut: bool = False  # its last model turn stopped at its token budget (reported as finish "length")
     forks: list[Rollout] = field(default_factory=list)  # env.tito=fork: its earlier samples, kept (`fork_of` later)
-    rerendered: bool = False  # env.tito fork/retokenize re-rendered it: its earlier turns are not its segments
+    earlier_turns: int = 0  # turns before its sample's first (env.tito fork/retokenize): not in its segments
     tools: list[dict[str, Any]] | None = None  # the tools an agent's calls offer (rendered by the chat template)
     tool_errors: int = 0
     base: int = 0  # tokens of its first sample's first prompt: env.max_total_tokens counts from there

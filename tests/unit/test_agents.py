@@ -227,6 +227,9 @@ def test_an_agent_that_edits_its_history_starts_a_new_sample_per_env_tito(server
     assert batch.metrics["tito/forks"] == 1 and len(batch.rollouts) == 2
     second, first = batch.rollouts  # the trajectory, then its fork (the sample before the rewrite)
     assert second.fork_of is None and first.fork_of == 0 and trajectory_rows(batch.rollouts) == [0, 0]
+    # each sample's turns' rewards at their turns' ends: the first call's 0, the agent's return on the second
+    assert first.turn_rewards == [(len(first.response_ids) - 1, 0.0)]
+    assert second.turn_rewards == [(len(second.response_ids) - 1, 1.0)]
     assert codec.action_text(first.response_ids) == "4" and codec.action_text(second.response_ids) == "5"
     assert second.prompt.token_ids == turns.prompts[1][1]  # the new sample starts from the rewritten call
     assert "new question" in second.prompt.text and batch.rewards == [1.0, 1.0]

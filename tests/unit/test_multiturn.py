@@ -158,11 +158,13 @@ def test_tito_policies_on_a_template_that_drops_earlier_thinking(tito):
     last = batch.rollouts[0]  # the trajectory's sample; a fork (the part before the re-render) comes after it
     trained = codec.tokenizer.decode([t for t, m in zip(last.response_ids, last.loss_mask) if m])
     assert trained == "<think>b</think>done<|im_end|>"  # re-rendered earlier turns are not trained again
+    assert last.turn_rewards == [(len(last.response_ids) - 1, 1.0)]  # its one turn's reward (the second's), placed
     if tito in ("fork", None):  # the default forks: the sample before the re-render is kept, the same prompt
         assert batch.metrics["tito/forks"] == 1 and len(batch.rollouts) == 2
         first = batch.rollouts[1]
         assert [r.group_index for r in batch.rollouts] == [0, 1] and batch.rewards == [1.0, 1.0]
         assert first.fork_of == 0 and first.prompt.token_ids == last.prompt.token_ids
+        assert first.turn_rewards == [(len(first.response_ids) - 1, 0.0)]  # the first turn's, at its end
         assert codec.tokenizer.decode([t for t, m in zip(first.response_ids, first.loss_mask) if m]).startswith(
             "<think>a</think>1"
         )
