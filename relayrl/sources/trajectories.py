@@ -45,6 +45,7 @@ from relayrl.sources.trajectory import (
     Trajectory,
     UnknownCharacters,
     combine_rewards,
+    insert_forks,
     turn_ends,
 )
 from relayrl.sources.trajectory_images import expanded, read_images, with_images
@@ -417,14 +418,7 @@ class MultiTurnDriver:
             rollouts.append(self._rollout(trajectory, members[group]))
             rewards.append(reward)
             forks += [(rollouts[-1], fork, reward) for fork in trajectory.forks]
-        for last, fork, reward in forks:  # after their group's members: group_index n, n+1, ...
-            end = next(i for i, r in enumerate(rollouts) if r is last) + 1
-            while end < len(rollouts) and rollouts[end].group_index != 0:  # the group's end
-                end += 1
-            fork.group_index = rollouts[end - 1].group_index + 1
-            fork.fork_of = last.group_index  # its trajectory's reward and advantage; not a member of the group
-            rollouts.insert(end, fork)
-            rewards.insert(end, reward)
+        insert_forks(rollouts, rewards, forks)
         return MultiTurnBatch(rollouts, rewards, self._metrics(order, rollouts))
 
     def _metrics(self, order: list[Trajectory], rollouts: list[Rollout]) -> dict[str, float]:

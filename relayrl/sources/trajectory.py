@@ -97,6 +97,19 @@ class MultiTurnBatch:
     metrics: dict[str, float]
 
 
+def insert_forks(rollouts: list[Rollout], rewards: list[float], forks: list[tuple[Rollout, Rollout, float]]) -> None:
+    """(last sample, fork, reward) each: the fork goes after its group's members (group_index n, n+1, ...) with its
+    trajectory's reward, naming that trajectory's last sample (`fork_of`): not a member of the group's baseline."""
+    for last, fork, reward in forks:
+        end = next(i for i, r in enumerate(rollouts) if r is last) + 1
+        while end < len(rollouts) and rollouts[end].group_index != 0:  # the group's end
+            end += 1
+        fork.group_index = rollouts[end - 1].group_index + 1
+        fork.fork_of = last.group_index
+        rollouts.insert(end, fork)
+        rewards.insert(end, reward)
+
+
 def trajectory_rows(rollouts: list[Rollout]) -> list[int]:
     """Each rollout's trajectory's row in a driver's batch (prompt-major, a group from group_index 0): its own, or
     for a forked sample (Rollout.fork_of) the row of its trajectory's last sample, whose score it takes."""
