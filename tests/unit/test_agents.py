@@ -1,7 +1,8 @@
 """Agents through the OpenAI-compatible endpoint (relayrl/agents/), driven by the multi-turn driver with a scripted
 engine (fast; the real engines are tests/integration/test_agents_engines.py): every call's prompt is the
 trajectory's tokens so far, every trained token is one the engine sampled, an agent that edits its history
-starts a new sample per env.tito, tool calls are parsed by vLLM's parser and malformed ones counted, and each
+starts a new sample per env.tito (smolagents' ToolCallingAgent, as it is, forks and trains under the defaults),
+tool calls are parsed by vLLM's parser and malformed ones counted, and each
 way an agent can fail ends its trajectory with a message naming the sample."""
 
 from __future__ import annotations
@@ -53,18 +54,33 @@ async def edits_history(client, row):
 LUCK = itertools.cycle([1.0, 0.0])  # the trajectories' rewards, in the order they end
 
 
-async def resends_calls_as_text(client, row):
-    """As smolagents' ToolCallingAgent does: the tool call the model made goes back as the assistant's text, its
-    result as a user message, and the final call offers no tools. Every later call rewrites the first."""
-    messages = [{"role": "user", "content": row["prompt"]}]
-    first = await client.chat.completions.create(model="m", messages=messages, tools=[ADD])
-    (call,) = first.choices[0].message.tool_calls
-    messages += [
-        {"role": "assistant", "content": f"Calling tools: {call.function.name}({call.function.arguments})"},
-        {"role": "user", "content": "Observation: 3"},
-    ]
-    await client.chat.completions.create(model="m", messages=messages)
-    return next(LUCK)
+def smolagents_tool_calling(client, row):
+    """smolagents' ToolCallingAgent, unchanged but for a short system prompt: its second call sends the tool call the
+    model made back as the assistant's text ("Calling tools: [...]") and the result as a user "Observation:", so
+    it does not extend the first call. Rewarded 1, 0, 1, ... in the order the trajectories end (when right)."""
+    import importlib.resources
+
+    import yaml
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Adds two numbers.
+
+        Args:
+            a: the first number
+            b: the second number
+        """
+        return a + b
+
+    templates = yaml.safe_load(
+        importlib.resources.files("smolagents.prompts").joinpath("toolcalling_agent.yaml").read_text()
+    )
+    templates["system_prompt"] = "Answer with the tools."
+    model = OpenAIServerModel("m", api_base=str(client.base_url), api_key="-", client_kwargs={"max_retries": 0})
+    agent = ToolCallingAgent(tools=[add], model=model, prompt_templates=templates, max_steps=3, verbosity_level=0)
+    right = str(agent.run(row["prompt"])) == "3"  # an agent whose calls were refused raises here, taking no luck
+    return next(LUCK) * float(right)
 
 
 async def raises(client, row):
@@ -357,8 +373,8 @@ def test_a_parser_name_vllm_lacks_is_refused_before_anything_is_built():
     check_parsers("hermes", "qwen3")
 
 
-def test_an_agent_that_sends_its_tool_calls_back_as_text_trains_under_the_default_settings(server, tmp_path):
-    """smolagents' and DSPy's agents rewrite earlier turns in their later calls. Under the defaults (env.tito=fork,
+def test_a_smolagents_agent_that_sends_its_tool_calls_back_as_text_trains_under_the_default_settings(server, tmp_path):
+    """smolagents' (and DSPy's) agents rewrite earlier turns in their later calls. Under the defaults (env.tito=fork,
     train.packing=auto) each trajectory's first call is kept as a forked sample: counted in tito/forks, trained
     with its trajectory's advantage, the group's baseline over its two trajectories, and the learner packs the
     rows (the fork's prompt is not its trajectory's) without a crash. env.tito=strict refuses, naming the sample."""
@@ -371,10 +387,16 @@ def test_an_agent_that_sends_its_tool_calls_back_as_text_trains_under_the_defaul
     from tests.unit.test_learner import _config
 
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
-    script = [call, "3"]
-    with pytest.raises(EnvError, match=r"sample 0#\d turn 1: the agent's call does not extend its earlier calls"):
-        run(server, resends_calls_as_text, script, tokenizer=tool_tokenizer(), parser="hermes", tito="strict")
-    batch, _, codec = run(server, resends_calls_as_text, script, n=2, tokenizer=tool_tokenizer(), parser="hermes")
+    answer = '<tool_call>{"name": "final_answer", "arguments": {"answer": "3"}}</tool_call>'
+    script, agent = [call, answer], smolagents_tool_calling
+    refused = r"sample 0#\d turn 1: the agent's call does not extend its earlier calls"
+    overridden = "the agent's stop=.* is overridden"  # its stop strings and tool_choice: the run's sampling wins
+    with pytest.warns(ConfigWarning, match=overridden), pytest.raises(EnvError, match=refused):
+        run(server, agent, script, tokenizer=tool_tokenizer(), parser="hermes", tito="strict", timeout_s=30)
+    with warnings.catch_warnings():  # the same overrides; the quotes of its "Calling tools" text: not in the vocab
+        warnings.simplefilter("ignore")
+        batch, turns, codec = run(server, agent, script, n=2, tokenizer=tool_tokenizer(), parser="hermes", timeout_s=30)
+    assert "Calling tools:" in codec.tokenizer.decode(turns.prompts[-1][1])  # the call sent back as text
     assert batch.metrics["tito/forks"] == 2 and [r.fork_of for r in batch.rollouts] == [None, None, 0, 1]
     assert sorted(batch.rewards[:2]) == [0.0, 1.0] and batch.rewards[2:] == batch.rewards[:2]
     build_tiny_model(len(codec.tokenizer), hidden=64, layers=2, heads=2, intermediate=128).save_pretrained(tmp_path)
