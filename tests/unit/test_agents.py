@@ -1,9 +1,9 @@
 """Agents through the OpenAI-compatible endpoint (relayrl/agents/), driven by the multi-turn driver with a scripted
 engine (fast; the real engines are tests/integration/test_agents_engines.py): every call's prompt is the
 trajectory's tokens so far, every trained token is one the engine sampled, an agent that edits its history
-starts a new sample per env.tito (smolagents' ToolCallingAgent, as it is, forks and trains under the defaults),
-tool calls are parsed by vLLM's parser and malformed ones counted, and each
-way an agent can fail ends its trajectory with a message naming the sample."""
+starts a new sample per env.tito (smolagents' ToolCallingAgent and DSPy's ReAct, as they are, fork and train under
+the defaults), tool calls are parsed by vLLM's parser and malformed ones counted, and each way an agent can fail
+ends its trajectory with a message naming the sample."""
 
 from __future__ import annotations
 
@@ -81,6 +81,22 @@ def smolagents_tool_calling(client, row):
     agent = ToolCallingAgent(tools=[add], model=model, prompt_templates=templates, max_steps=3, verbosity_level=0)
     right = str(agent.run(row["prompt"])) == "3"  # an agent whose calls were refused raises here, taking no luck
     return next(LUCK) * float(right)
+
+
+def dspy_react(client, row):
+    """DSPy's ReAct, as it is: every call renders the trajectory so far into a new user message (the earlier
+    replies are not sent back as assistant messages), and the last call extracts the answer with another
+    signature, so its second and third calls each rebuild the prompt."""
+    import dspy
+
+    def add(a: int, b: int) -> int:
+        """Adds two numbers."""
+        return a + b
+
+    lm = dspy.LM("openai/m", api_base=str(client.base_url), api_key="-", cache=False, num_retries=0)
+    with dspy.context(lm=lm, adapter=dspy.ChatAdapter(use_json_adapter_fallback=False)):
+        prediction = dspy.ReAct("question -> answer", tools=[add], max_iters=3)(question=row["prompt"])
+    return next(LUCK) * float(prediction.answer == "3")  # as smolagents_tool_calling
 
 
 async def raises(client, row):
@@ -162,13 +178,13 @@ TOOLS_TEMPLATE = (
 )
 
 
-def tool_tokenizer(thinking: bool = False):
+def tool_tokenizer(thinking: bool = False, extra: str = ""):
     from tokenizers import Regex, pre_tokenizers
 
     from relayrl.models.tiny import train_char_tokenizer
     from tests.unit.test_tito import TEXT
 
-    tokenizer = train_char_tokenizer([TEXT + '{}"[];'])
+    tokenizer = train_char_tokenizer([TEXT + '{}"[];' + extra])
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     specials = ["<|im_start|>", "<|im_end|>"] + (["<think>", "</think>"] if thinking else [])
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
@@ -413,3 +429,32 @@ def test_a_smolagents_agent_that_sends_its_tool_calls_back_as_text_trains_under_
         assert torch.all(trained == expected) and abs(float(expected)) == pytest.approx(2**-0.5, abs=1e-4)
     result = PolicyLearner(learner_settings(config)).update(exp)
     assert result.metrics["learner/packed_frac"] > 0 and math.isfinite(result.metrics["loss/policy"])
+
+
+def test_dspy_react_forks_at_each_rebuilt_call_under_the_default_settings(server):
+    """DSPy's ReAct makes three calls per trajectory and the second and third rebuild the prompt: under the default
+    env.tito=fork each trajectory is three samples, the two forks after its group's members, with its reward and
+    (not a group member) its advantage. The learner side is the smolagents test's."""
+    from relayrl.algorithms.advantages import grpo
+    from relayrl.algorithms.stage import estimate_advantages
+    from relayrl.learner.batching import make_experience
+    from relayrl.types import Score, filled
+
+    fields = "[[ ## next_thought ## ]]\n{}\n\n[[ ## next_tool_name ## ]]\n{}\n\n[[ ## next_tool_args ## ]]\n{}\n\n"
+    script = [
+        fields.format("add them", "add", '{"a": 1, "b": 2}') + "[[ ## completed ## ]]",
+        fields.format("done", "finish", "{}") + "[[ ## completed ## ]]",
+        "[[ ## reasoning ## ]]\nok\n\n[[ ## answer ## ]]\n3\n\n[[ ## completed ## ]]",
+    ]
+    with warnings.catch_warnings():  # DSPy's prompts hold characters the tiny vocabulary lacks: counted, warned
+        warnings.simplefilter("ignore")
+        batch, turns, codec = run(server, dspy_react, script, n=2, tokenizer=tool_tokenizer(extra="#"), max_turns=4)
+    assert len(turns.prompts) == 6 and batch.metrics["tito/prefix_mismatch"] == 4 and batch.metrics["tito/forks"] == 4
+    assert [r.fork_of for r in batch.rollouts] == [None, None, 0, 0, 1, 1] and sorted(batch.rewards[:2]) == [0, 1]
+    assert batch.rewards[2:] == [batch.rewards[0]] * 2 + [batch.rewards[1]] * 2  # each fork: its trajectory's
+    assert codec.action_text(batch.rollouts[0].response_ids).startswith("[[ ## reasoning ## ]]")  # the last call
+    exp = make_experience(batch.rollouts, [Score(r) for r in batch.rewards], codec.tokenizer.pad_token_id)
+    advantages = filled(estimate_advantages(grpo, False, exp, batch.rollouts).advantages, "advantages")
+    first = [float(advantages[row][exp.loss_mask[row].bool()][0]) for row in range(6)]
+    assert first == pytest.approx([first[0], -first[0], first[0], first[0], -first[0], -first[0]])
+    assert abs(first[0]) == pytest.approx(2**-0.5, abs=1e-4)  # two trajectories in the baseline, not six samples
