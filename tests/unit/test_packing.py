@@ -8,7 +8,7 @@ import torch
 from relayrl.algorithms.advantages import grpo, make_inputs
 from relayrl.algorithms.stage import estimate_advantages
 from relayrl.errors import ConfigError
-from relayrl.learner.batching import make_experience
+from relayrl.learner.batching import MicroBatcher, make_experience
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.packing import pack_groups, packed_positions, padded_positions
 from relayrl.learner.policy import PolicyLearner, mismatch_metrics
@@ -68,6 +68,9 @@ def test_a_sample_whose_prompt_differs_from_its_groups_gets_a_row_of_its_own():
     assert packed_positions(exp) == packed.positions == 3 * 6  # three rows (not two groups) x the widest
     pairs = list(zip(packed.sample.tolist(), packed.column.tolist(), packed.row.tolist(), packed.position.tolist()))
     assert pairs[:3] == [(0, 3, 0, 3), (0, 4, 0, 4), (1, 2, 1, 2)] and pairs[3:5] == [(2, 2, 1, 2), (2, 3, 1, 4)]
+    # train.micro_batch_tokens: a unit is a packed row (6, 6 and 5 positions), not the group (counted as 9, over)
+    parts = MicroBatcher(rows=4, tokens=6, whole_groups=True).split(torch.arange(4), exp)
+    assert sorted(part.tolist() for part in parts) == [[0], [1, 2], [3]]
 
 
 def test_auto_packs_only_when_it_saves_positions():
