@@ -139,7 +139,9 @@ def _long_group() -> Experience:
 
 
 @pytest.mark.parametrize(
-    "exp", [_two_groups(), _experience(groups=4, n=4), _long_group()], ids=["ragged", "4x4", "long"]
+    "exp",
+    [_two_groups(), _experience(groups=4, n=4), _long_group(), _group_with_a_fork()],
+    ids=["ragged", "4x4", "long", "fork"],
 )
 def test_the_flex_block_mask_allows_exactly_what_the_dense_mask_allows(exp):
     from torch.nn.attention.flex_attention import create_mask
