@@ -75,9 +75,9 @@ def shared_prompts(exp: Experience, index: list[int] | None = None) -> list[list
     tokens; in order of first appearance."""
     prompt_lengths = filled(exp.prompt_lengths, "prompt_lengths").tolist()
     group_ids = exp.group_ids.tolist()
-    rows: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+    rows: dict[tuple[int, bytes], list[int]] = {}
     for sample in range(len(exp)) if index is None else index:
-        prompt = tuple(exp.input_ids[sample, : prompt_lengths[sample]].tolist())
+        prompt = exp.input_ids[sample, : prompt_lengths[sample]].cpu().numpy().tobytes()  # its tokens, as bytes
         rows.setdefault((group_ids[sample], prompt), []).append(sample)
     return list(rows.values())
 

@@ -235,7 +235,7 @@ def test_packed_and_padded_log_probs_agree_with_a_forked_sample(random_model_dir
 
 
 def test_an_update_with_forked_samples_runs_packed_as_padded(random_model_dir):
-    """The crash this guards: `_pack_group` refused a group whose fork had another prompt (train.packing auto/groups)."""
+    """The crash this guards: `_pack_group` refused a group whose fork had another prompt (packing auto or groups)."""
     grads, stats = {}, {}
     for packing in ("none", "auto", "groups"):
         learner = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, packing=packing)))
