@@ -51,6 +51,7 @@ from relayrl.agents.chat import (
     same_reply,
     tool_call,
 )
+from relayrl.agents.outcomes import FIRST_K, Faults, kind_of, model_behaviour
 from relayrl.agents.responses import Previous, ResponsesRequest, answer_response, read_response_request, remembered
 from relayrl.agents.server import AgentServer
 from relayrl.agents.streaming import Stream, chat_stream, response_stream, token_pieces
@@ -132,12 +133,14 @@ class AgentPool:
         tool_parser: str = "",
         sampling: RunSampling | None = None,
         reasoning_parser: str = "",
+        faults: Faults | None = None,
     ):
         self.server, self.spec, self.kwargs, self.slots, self.timeout_s = server, spec, dict(kwargs), slots, timeout_s
         self.function = load_agent(spec)
         self.tokenizer = tokenizer
         self.parser = TurnParser(tokenizer, tool_parser, reasoning_parser) if tool_parser or reasoning_parser else None
         self.sampling = sampling or RunSampling()
+        self.faults = faults or Faults()
         self._id = next(_pool_ids)
         self._live: dict[Hashable, _Agent] = {}
         self._events: queue.SimpleQueue = queue.SimpleQueue()
@@ -345,19 +348,42 @@ class AgentPool:
     def _on_end(self, agent: _Agent, run: concurrent.futures.Future) -> None:
         if agent.ended or run.cancelled():
             return
-        error = run.exception()
+        error, kind = run.exception(), None
         if error is not None:
-            event = (agent.key, "error", f"the agent raised {_described(error)}")  # the driver names the sample
+            event, kind = self._raised(agent, error)
         elif agent.calls == 0 and agent.request is None:
-            event = (agent.key, "env_error", "the agent returned before its first model call")
+            event = (agent.key, "no_call", self._no_call(agent))
         else:
             event = self._final(agent, run.result())
+        self.faults.model_errors.trajectory_ended(kind)
+        if kind is not None and (cause := self.faults.model_errors.verdict()) is not None:
+            event = (agent.key, "broken", _broken(cause))
         with self._lock:
             if agent.reply is not None:
                 agent.outcome = event  # delivered once the pending call is answered
                 return
             agent.deadline = None
         self._events.put(event)
+
+    def _raised(self, agent: _Agent, error: BaseException) -> tuple[tuple[Hashable, str, Any], str | None]:
+        """An exception over what the model wrote (relayrl/agents/outcomes.py) is the trajectory's outcome
+        (`model_error`: scored 0, its first traceback printed); any other, or any before the model has answered
+        once, is the agent's own (`error`)."""
+        kind = model_behaviour(error) if agent.calls > 0 else None
+        if kind is None:
+            return (agent.key, "error", f"the agent raised {_described(error)}"), None  # the driver names the sample
+        self.faults.model_errors.first_of_its_kind(kind, error, f"env.agent={self.spec!r}", agent.where)
+        return (agent.key, "model_error", (kind_of(error), f"the agent raised {_described(error)}")), kind
+
+    def _no_call(self, agent: _Agent) -> str:
+        """A trajectory without a model call has nothing to train: counted (env/no_call), warned once per step."""
+        message = (
+            "the agent returned before its first model call, so the trajectory has no sample: a client-side cache "
+            "(DSPy's cache=True, litellm's or LangChain's cache) answering a prompt seen before, or an agent that "
+            "returns early"
+        )
+        self.faults.notices.say(f"no_call {self.spec}", f"env.agent={self.spec!r}: {message}", agent.where)
+        return message
 
     def _final(self, agent: _Agent, result: Any) -> tuple[Hashable, str, Any]:
         """The agent's return value as the last step: a number, or {reward, success}."""
@@ -417,6 +443,14 @@ def _described(error: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(error.__traceback__) if "site-packages" not in f.filename]
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{type(error).__name__}: {error}{where}"
+
+
+def _broken(cause: str) -> str:
+    return (
+        f"the run's first {FIRST_K} trajectories all ended in the same error over the model's output ({cause}): the "
+        "agent or its setup is broken (a prompt or format the model is never asked for, a library misconfigured), "
+        "not the model"
+    )
 
 
 def _raw(prompt: str | list[int]) -> RawText:

@@ -136,6 +136,7 @@ SUMMED = frozenset(
         "env/trajectories",
         "env/errors",
         "env/timeouts",
+        "env/no_call",
         "env/unknown_chars",
         "time/env",
         "tito/prefix_mismatch",
@@ -203,6 +204,7 @@ class MultiTurnSource:
         self._generated: dict[int, MultiTurnBatch] = {}  # by id(batch.rollouts), until scored
         self._threads: ThreadPoolExecutor | None = None
         self._server = None  # env.agent: the agents' endpoint (relayrl/agents/server.py), shared by the lanes
+        self._faults = None  # env.agent: what the agents got wrong (relayrl/agents/outcomes.py), shared by the lanes
         self.unknown = UnknownCharacters()  # characters the tokenizer lacks: warned about once per run
         self.codec = self._lane_of(MAIN).codec  # the main lane's workers start now, as the run is built
 
@@ -238,6 +240,8 @@ class MultiTurnSource:
                 tools=own.tools,
             )
             batch = driver.run(prompts, sampling.n)
+        if self._faults is not None:  # env.agent: a warning repeated across the step's trajectories, summed up
+            self._faults.notices.step_ended()
         with self._lock:
             self._generated[id(batch.rollouts)] = batch
         return batch
@@ -330,10 +334,12 @@ class MultiTurnSource:
         agent = agent_of(env)
         if agent is None:
             return EnvPool(env.env_class, env.kwargs, env.max_inflight, env.timeout_s, env.tools)
+        from relayrl.agents.outcomes import Faults
         from relayrl.agents.pool import AgentPool, RunSampling
         from relayrl.agents.server import AgentServer
 
         if self._server is None:
+            self._faults = Faults()
             r = self.settings.rollout
             values = {"temperature": r.temperature, "top_p": r.top_p, "stop": list(r.stop)}
             values.update(top_k=r.top_k if r.top_k > 0 else -1, max_tokens=env.max_tokens_per_turn or r.max_tokens)
@@ -347,6 +353,7 @@ class MultiTurnSource:
             env.tool_parser,
             self._run_sampling,
             env.reasoning_parser,
+            self._faults,
         )
 
     def close(self) -> None:

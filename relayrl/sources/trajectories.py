@@ -97,6 +97,7 @@ class MultiTurnDriver:
         self.held_turns: list[Trajectory] = []  # lockstep only: turns waiting for every step to return
         self.held_actions: list[HeldAction] = []  # lockstep only: steps waiting for the engine
         self.stats = {"mismatch": 0, "forks": 0, "unknown_chars": 0, "env_wait_s": 0.0}
+        self.model_errors: dict[int, tuple[str, str]] = {}  # trajectory key -> the agent's exception (kind, message)
         try:
             while waiting or self.live:
                 while waiting and self.pool.free:
@@ -117,6 +118,7 @@ class MultiTurnDriver:
             self.turns.abort()
             for key in list(self.live):
                 self.pool.release(key)
+        self._judge_step(order)
         return self._batch(order)
 
     def _gather(self) -> None:
@@ -363,17 +365,46 @@ class MultiTurnDriver:
     def _spec(self) -> str:
         return f"env.agent={self.env.agent!r}" if self.env.agent else f"env.fn={self.env.env_class!r}"
 
-    def _fail(self, trajectory: Trajectory, status: str, message: str) -> None:
-        if self.env.on_error == "error" and status == KILLED:  # not the environment's failure: no env.on_error hint
+    def _fail(self, trajectory: Trajectory, status: str, message: Any) -> None:
+        """A trajectory that ended without a reward. Besides env.on_error's statuses, an agent's (relayrl/agents/
+        pool.py): `broken` (a setup that cannot work: the run stops), `model_error` (an error over what the model
+        wrote: scored 0, whatever env.on_error but skip says), `no_call` (no model call: no sample, env/no_call)."""
+        if status == "broken":
+            raise EnvError(f"{trajectory.where()}: {self._spec()}: {message}")
+        if status == "no_call":
+            trajectory.failed = "no_call"
+            return self._finish(trajectory)
+        if status == "model_error":
+            self.model_errors[trajectory.key] = message
+            status, message = "zero", message[1]
+        elif self.env.on_error == "error" and status == KILLED:  # not the environment's failure: no on_error hint
             raise EnvError(
                 f"{trajectory.where()}: {message}: a signal from outside the run ended the worker (the kernel's "
                 "out-of-memory killer sends SIGKILL: check the environment's memory use)"
             )
-        if self.env.on_error == "error":
+        elif self.env.on_error == "error":
             raise EnvError(f"{trajectory.where()}: {message} (set env.on_error=zero or skip to go on without it)")
         trajectory.failed = "timeout" if status == "timeout" else "error"
         trajectory.rewards = [0.0]
         self._finish(trajectory)
+
+    def _judge_step(self, order: list[Trajectory]) -> None:
+        """A step whose every trajectory made no model call, or ended in one error over the model's output (two
+        or more), has an agent or setup that cannot work: the run stops, naming the likely cause."""
+        if order and all(t.failed == "no_call" for t in order):
+            raise EnvError(
+                f"{self._spec()}: none of the step's {len(order)} trajectories made a model call: nothing to train. "
+                "A client-side cache answers the agent's calls (DSPy's cache=True, a litellm or LangChain cache: turn "
+                "it off under relayrl), or the agent returns before calling the model"
+            )
+        ended = [self.model_errors.get(t.key) for t in order]
+        if len(order) > 1 and all(ended) and len({e[0] for e in ended if e}) == 1:
+            kind, message = ended[0] or ("", "")
+            raise EnvError(
+                f"{self._spec()}: every one of the step's {len(order)} trajectories ended in {kind}, an error the "
+                f"agent's library raises over the model's output; when every trajectory hits it, the agent or its "
+                f"setup is broken, not the model. The first: {order[0].where()}: {message}"
+            )
 
     def _finish(self, trajectory: Trajectory) -> None:
         self.pool.release(trajectory.key)
@@ -436,6 +467,7 @@ class MultiTurnDriver:
             "env/tool_errors": sum(t.tool_errors for t in order) / count,
             "env/errors": float(sum(t.failed == "error" for t in order)),
             "env/timeouts": float(sum(t.failed == "timeout" for t in order)),
+            "env/no_call": float(sum(t.failed == "no_call" for t in order)),
             "env/unknown_chars": float(self.stats["unknown_chars"]),
             "env/truncated_frac": sum(t.truncated for t in order) / count,
             "time/env": self.stats["env_wait_s"],

@@ -40,7 +40,7 @@ class Trajectory:
     tool_calls: int = 0
     success: bool = False
     truncated: bool = False
-    failed: str = ""  # "", "error" or "timeout"
+    failed: str = ""  # "", "error", "timeout" or "no_call" (an agent that never called the model)
     last_turn_cut: bool = False  # its last model turn stopped at its token budget (reported as finish "length")
     forks: list[Rollout] = field(default_factory=list)  # env.tito=fork: its earlier samples, kept (`fork_of` later)
     earlier_turns: int = 0  # turns before its sample's first (env.tito fork/retokenize): not in its segments

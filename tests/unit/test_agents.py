@@ -167,6 +167,60 @@ async def uses_a_tool(client, row):
     return 1.0
 
 
+# agents whose library raises over what the model wrote: classes of the names and modules the libraries use
+class ModelBehaviorError(Exception):  # the OpenAI Agents SDK's (agents.exceptions), not installed here
+    pass
+
+
+ModelBehaviorError.__module__ = "agents.exceptions"
+
+
+class UnexpectedModelBehavior(RuntimeError):
+    pass
+
+
+UnexpectedModelBehavior.__module__ = "pydantic_ai.exceptions"
+
+
+class StrictOutput(UnexpectedModelBehavior):  # a user's subclass: known by the class it derives from
+    pass
+
+
+async def sdk_agent(client, row):
+    """Raises as the Agents SDK does when the model's reply is not what it asked for (the sum)."""
+    response = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    if response.choices[0].message.content != str(sum(map(int, row["prompt"].strip("=").split("+")))):
+        raise ModelBehaviorError(f"the model answered {response.choices[0].message.content!r}")
+    return 1.0
+
+
+async def json_agent(client, row):
+    response = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    return float(json.loads(response.choices[0].message.content) == 5)
+
+
+async def subclass_agent(client, row):
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    raise StrictOutput("no final answer")
+
+
+async def bug_before_the_model(client, row):
+    json.loads(row["prompt"])  # the agent's own reading of its row: not the model's doing
+    return 1.0
+
+
+CACHE: dict[str, asyncio.Future] = {}  # a client-side cache (as DSPy's cache=True): one call per prompt
+
+
+async def cached(client, row):
+    if row["prompt"] in CACHE:
+        return await CACHE[row["prompt"]]
+    CACHE[row["prompt"]] = answer = asyncio.get_running_loop().create_future()
+    response = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    answer.set_result(float(response.choices[0].message.content == "5"))
+    return await answer
+
+
 # ---------------------------------------------------------------------------------------------- harness
 TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }};{% endfor %}<|im_end|>\n{% endif %}"
@@ -224,6 +278,7 @@ def run(
     try:
         driver = MultiTurnDriver(turns, pool, codec, settings, Sampling(max_tokens=128), context=context)
         batch = driver.run(rows, n)
+        pool.faults.notices.step_ended()  # as the source does after each step
     finally:
         pool.close()
     return batch, turns, codec
@@ -278,7 +333,6 @@ def test_an_agent_that_edits_its_history_starts_a_new_sample_per_env_tito(server
             r"^sample 0#0 turn 1: the agent raised ValueError: the agent's own bug \(.*test_agents.py:\d+\)",
         ),
         (returns_text, "env_error", r"^sample 0#0 turn 1: the agent returned 'right', not a finite reward"),
-        (never_calls, "env_error", r"^sample 0#0 reset: the agent returned before its first model call"),
     ],
 )
 def test_a_failing_agent_is_named_and_handled_per_on_error(server, agent, status, says):
@@ -458,3 +512,48 @@ def test_dspy_react_forks_at_each_rebuilt_call_under_the_default_settings(server
     first = [float(advantages[row][exp.loss_mask[row].bool()][0]) for row in range(6)]
     assert first == pytest.approx([first[0], -first[0], first[0], first[0], -first[0], -first[0]])
     assert abs(first[0]) == pytest.approx(2**-0.5, abs=1e-4)  # two trajectories in the baseline, not six samples
+
+
+def said(caught, text: str) -> list[str]:
+    return [str(w.message) for w in caught if text in str(w.message)]
+
+
+def test_an_error_over_the_models_output_scores_the_trajectory_0_and_a_broken_agent_stops_the_run(server):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch, _, _ = run(server, sdk_agent, ["4"], prompts=("2+2=", "3+3="), n=1)
+        batch2, _, _ = run(server, sdk_agent, ["7"], prompts=("2+2=",), n=1)
+    # the one whose answer is not its sum scores 0 (counted), the run goes on under env.on_error=error; the
+    # traceback is printed once
+    assert sorted(batch.rewards) == [0.0, 1.0] and batch.metrics["env/errors"] == 1
+    assert batch2.rewards == [0.0] and batch2.metrics["env/errors"] == 1
+    tracebacks = said(caught, "the agent raised agents.exceptions.ModelBehaviorError")
+    assert len(tracebacks) == 2 and "Traceback" in tracebacks[0]  # one per run (each `run` is a pool of its own)
+    batch, _, _ = run(server, json_agent, ["5"])
+    assert batch.rewards == [1.0]
+    batch, _, _ = run(server, json_agent, ["five"])  # json.JSONDecodeError, from the model's reply
+    assert batch.rewards == [0.0] and batch.metrics["env/errors"] == 1
+    # the same error from every trajectory of a step: the agent (or its setup) is broken
+    with pytest.raises(EnvError, match=r"every one of the step's 2 trajectories ended in .*StrictOutput, an error the"):
+        run(server, subclass_agent, ["4"], n=2)
+    # ... or from each of the run's first 8 trajectories, before the step ends
+    with pytest.raises(EnvError, match=r"the run's first 8 trajectories all ended in the same error .*StrictOutput"):
+        run(server, subclass_agent, ["4"], n=9)
+    # an agent's own exception (or one before the model said anything) stops the run at once, as before
+    with pytest.raises(EnvError, match=r"sample 0#0 reset: the agent raised JSONDecodeError"):
+        run(server, bug_before_the_model, ["4"], n=2)
+
+
+def test_a_trajectory_without_a_model_call_is_counted_and_a_step_without_any_stops_the_run(server):
+    CACHE.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch, turns, _ = run(server, cached, ["5"], n=4)
+    assert len(turns.prompts) == 1 and batch.metrics["env/no_call"] == 3 and len(batch.rollouts) == 1
+    assert batch.rewards == [1.0] and batch.metrics["env/errors"] == 0
+    # one line for the first, with its likely cause; one line summing up the rest at the step's end
+    (first,) = said(caught, "later trajectories like it are counted")
+    assert "the agent returned before its first model call" in first and "DSPy's cache=True" in first
+    assert len(said(caught, "(repeated 2 more times this step)")) == 1
+    with pytest.raises(EnvError, match=r"none of the step's 2 trajectories made a model call: .*DSPy's cache=True"):
+        run(server, never_calls, ["4"], n=2, on_error="zero")

@@ -1,0 +1,132 @@
+"""How an agent's trajectory ended, when it did not end with a reward: the model's doing, or the agent's.
+
+An agent library raises when the model writes something it cannot use: the Agents SDK's `ModelBehaviorError`,
+DSPy's `AdapterParseError`, pydantic-ai's `UnexpectedModelBehavior`, LangChain's `OutputParserException`, a
+`json.JSONDecodeError` from a call's arguments, ... That is the trajectory's outcome (reward 0, counted in
+`env/errors`), not the run's end. `model_behaviour` tells such an exception by the names of its classes (the
+class or one it derives from, by its package and name), so none of these libraries is imported. Any other
+exception is the agent's own (env.on_error decides, as for an environment).
+
+A broken setup can make every trajectory fail in a way that reads as the model's: the same exception from every
+trajectory of a step, or from each of the run's first `FIRST_K` trajectories, stops the run naming it
+(`ModelErrors.verdict`, the driver's step check in relayrl/sources/trajectories.py).
+
+`Notices` says a per-trajectory warning once: the first of each kind in full, the later ones counted and summed up
+in one line at the step's end.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+from relayrl.errors import RelayWarning
+
+# (top-level package, class name) of the exceptions agent libraries raise over what the model wrote
+MODEL_BEHAVIOUR = frozenset(
+    (
+        ("agents", "ModelBehaviorError"),  # openai-agents: a call to an unknown tool, unreadable output
+        ("agents", "MaxTurnsExceeded"),  # openai-agents: the model kept calling tools
+        ("dspy", "AdapterParseError"),  # DSPy: the reply does not fit the signature's fields
+        ("pydantic_ai", "UnexpectedModelBehavior"),  # pydantic-ai: retries on the model's output exhausted
+        ("langchain_core", "OutputParserException"),  # LangChain: an output parser could not read the reply
+        ("langgraph", "GraphRecursionError"),  # LangGraph: the model looped past the recursion limit
+        ("openai", "LengthFinishReasonError"),  # openai's .parse(): the reply was cut at its token budget
+        ("openai", "ContentFilterFinishReasonError"),
+        ("json", "JSONDecodeError"),  # a call's arguments (or a reply) that are not JSON
+    )
+)
+FIRST_K = 8  # the run's first trajectories: all ending in one model-behaviour exception stops the run
+
+
+def model_behaviour(error: BaseException) -> str | None:
+    """`package.Class` of the known model-behaviour exception `error` is (or derives from), else None."""
+    for cls in type(error).__mro__:
+        package = cls.__module__.partition(".")[0]
+        if (package, cls.__name__) in MODEL_BEHAVIOUR:
+            return f"{package}.{cls.__name__}"
+    return None
+
+
+def kind_of(error: BaseException) -> str:
+    """The exception's class as `module.Class`: what two trajectories' failures are compared by."""
+    return f"{type(error).__module__}.{type(error).__qualname__}"
+
+
+class ModelErrors:
+    """The run's model-behaviour failures (shared by its lanes): the first traceback of each kind is printed,
+    and the run's first `FIRST_K` trajectories all ending in one kind is a broken setup."""
+
+    def __init__(self):
+        self.ended = 0  # trajectories ended so far (while the run is young)
+        self.first: dict[str, str] = {}  # kind -> its first description
+        self.streak: tuple[str, int] | None = None  # (kind, count) while every trajectory so far ended in it
+        self._lock = threading.Lock()
+
+    def trajectory_ended(self, kind: str | None) -> None:
+        """Any trajectory's end (`kind`: its model-behaviour exception's, or None)."""
+        with self._lock:
+            if self.ended < FIRST_K:
+                count = self.streak[1] if self.streak and self.streak[0] == kind else 0
+                self.streak = (kind, count + 1) if kind is not None and count == self.ended else None
+            self.ended += 1
+
+    def first_of_its_kind(self, kind: str, error: BaseException, spec: str, where: str) -> None:
+        with self._lock:
+            if kind in self.first:
+                return
+            self.first[kind] = f"{where}: {_described(error)}"
+        text = "".join(traceback.format_exception(error))
+        warnings.warn(
+            f"{spec}: {where}: the agent raised {kind_of(error)}, an error over what the model wrote: the trajectory "
+            f"scores 0 (env/errors); later ones are counted, not printed. Its traceback:\n{text}",
+            RelayWarning,
+            stacklevel=2,
+        )
+
+    def verdict(self) -> str | None:
+        """The root cause when the run's first FIRST_K trajectories all ended in one model-behaviour exception."""
+        with self._lock:
+            if self.streak is not None and self.streak[1] >= FIRST_K:
+                return self.first.get(self.streak[0], self.streak[0])
+        return None
+
+
+class Notices:
+    """Per-trajectory warnings of one kind said once; the later ones counted, summed up by `step_ended`."""
+
+    def __init__(self):
+        self.said: dict[str, str] = {}  # kind -> its line
+        self.repeats: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def say(self, kind: str, line: str, where: str) -> None:
+        """`line` with the first trajectory's name (`where`), once per run; later ones are counted."""
+        with self._lock:
+            if kind in self.said:
+                self.repeats[kind] += 1
+                return
+            self.said[kind] = line
+        warnings.warn(f"{line} ({where}; later trajectories like it are counted)", RelayWarning, stacklevel=2)
+
+    def step_ended(self) -> None:
+        """One line per kind said again since the last step's end: its line and how many more times."""
+        with self._lock:
+            repeats, self.repeats = self.repeats, Counter()
+        for kind, count in repeats.items():
+            warnings.warn(f"{self.said[kind]} (repeated {count} more times this step)", RelayWarning, stacklevel=2)
+
+
+@dataclass
+class Faults:
+    """What the run's agents got wrong, shared by its lanes: model-behaviour errors, and the notices said once."""
+
+    model_errors: ModelErrors = field(default_factory=ModelErrors)
+    notices: Notices = field(default_factory=Notices)
+
+
+def _described(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
