@@ -56,6 +56,7 @@ from relayrl.agents.responses import Previous, ResponsesRequest, answer_response
 from relayrl.agents.server import AgentServer
 from relayrl.agents.streaming import Stream, chat_stream, response_stream, token_pieces
 from relayrl.envs.base import RawText, Step
+from relayrl.envs.tools import FAMILIES, template_parser
 from relayrl.errors import ConfigWarning, EnvError
 from relayrl.rollout.tool_calls import ParsedTurn, TurnParser
 
@@ -138,7 +139,10 @@ class AgentPool:
         self.server, self.spec, self.kwargs, self.slots, self.timeout_s = server, spec, dict(kwargs), slots, timeout_s
         self.function = load_agent(spec)
         self.tokenizer = tokenizer
-        self.parser = TurnParser(tokenizer, tool_parser, reasoning_parser) if tool_parser or reasoning_parser else None
+        # env.tool_parser, else the one the chat template's format names; '' (not known): a call with tools= stops
+        self.tool_parser = tool_parser or template_parser(tokenizer.chat_template) or ""
+        parsing = self.tool_parser or reasoning_parser
+        self.parser = TurnParser(tokenizer, self.tool_parser, reasoning_parser) if parsing else None
         self.sampling = sampling or RunSampling()
         self.faults = faults or Faults()
         self._id = next(_pool_ids)
@@ -322,7 +326,9 @@ class AgentPool:
     def _event(self, agent: _Agent, request: ChatRequest) -> tuple[Hashable, str, Any]:
         """The first call: what reset answers. A later one: a step whose observation is what it appends (a chat
         call: its messages after the one it was answered with; a completions call: its prompt's text or ids after
-        the last prompt and the answer)."""
+        the last prompt and the answer). A call with tools= that no parser can read stops the run."""
+        if request.tools and not self.tool_parser:
+            return agent.key, "broken", _no_parser(request.tools)
         if agent.calls == 0:
             first = request.messages if request.prompt is None else _raw(request.prompt)
             return agent.key, "ok", (first, (), request.tools)
@@ -450,6 +456,16 @@ def _broken(cause: str) -> str:
         f"the run's first {FIRST_K} trajectories all ended in the same error over the model's output ({cause}): the "
         "agent or its setup is broken (a prompt or format the model is never asked for, a library misconfigured), "
         "not the model"
+    )
+
+
+def _no_parser(tools: list[dict[str, Any]]) -> str:
+    known = ", ".join(f"{name} ({marker})" for marker, name in FAMILIES)
+    return (
+        f"the agent's call passes tools= ({', '.join(t['function']['name'] for t in tools)}), but env.tool_parser is "
+        f"not set and the chat template writes none of the tool-call formats relayrl can tell ({known}): the "
+        "model's calls would stay in the text, every trajectory scoring what the agent makes of that; set "
+        "env.tool_parser to vLLM's parser for the model's family (hermes, llama3_json, mistral, qwen3_xml, ...)"
     )
 
 

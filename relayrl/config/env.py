@@ -39,8 +39,8 @@ class EnvConfig(Section):
     tool_parser: str = Field(
         default="",
         description="vLLM tool parser reading the model's tool calls (hermes, llama3_json, ...), for env.tools and "
-        "for an agent's `tools=` calls; '' = none for an agent (tool calls stay in the text), and for env.tools the "
-        "one the chat template's format names (hermes for <tool_call>).",
+        "for an agent's `tools=` calls; '' = the one the chat template's format names (hermes for <tool_call>, "
+        "llama3_json for <|python_tag|>); with none, an agent's first call with tools= stops the run.",
     )
     reasoning_parser: str = Field(
         default="",

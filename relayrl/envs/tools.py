@@ -182,6 +182,14 @@ def _error(message: str) -> str:
 FAMILIES = (("<tool_call>", "hermes"), ("<|python_tag|>", "llama3_json"))
 
 
+def template_parser(template: Any) -> str | None:
+    """vLLM's parser for the tool-call format a chat template writes (env.tool_parser left empty, for env.tools and
+    for an agent's calls alike), or None when it writes none known."""
+    if not isinstance(template, str):
+        return None
+    return next((name for marker, name in FAMILIES if marker in template), None)
+
+
 def parser_for(tool_parser: str, tokenizer, templated: bool, schemas: list[dict[str, Any]]) -> str:
     """env.tool_parser, or the one the chat template's format names; refused, saying why, when the template
     cannot offer tools (no template, or one that renders `tools=` as nothing) or its format is not one known."""
@@ -197,11 +205,9 @@ def parser_for(tool_parser: str, tokenizer, templated: bool, schemas: list[dict[
         raise EnvError(
             "env.tools: model.path's chat template renders tools= as nothing: the model would never see them"
         )
-    if tool_parser:
-        return tool_parser
-    for marker, name in FAMILIES:
-        if marker in template:
-            return name
+    name = tool_parser or template_parser(template)
+    if name:
+        return name
     known = ", ".join(f"{name} ({marker})" for marker, name in FAMILIES)
     raise EnvError(
         f"env.tools: cannot tell the tool-call format from model.path's chat template (it writes none of {known}): "

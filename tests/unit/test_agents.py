@@ -518,6 +518,19 @@ def said(caught, text: str) -> list[str]:
     return [str(w.message) for w in caught if text in str(w.message)]
 
 
+def test_the_tool_parser_is_read_off_the_chat_template_or_the_first_call_with_tools_stops_the_run(server):
+    """env.tool_parser left '': the template writes <tool_call>, so hermes reads the calls; a template that writes
+    no known format stops the run at the first call with tools=, naming the key, whatever env.on_error says."""
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    batch, _, _ = run(server, uses_a_tool, [call, "3"], tokenizer=tool_tokenizer())
+    assert batch.metrics["env/tool_calls"] == 1 and SEEN["2+3="][0].choices[0].message.tool_calls
+    for on_error in ("error", "zero"):
+        with pytest.raises(EnvError, match=r"sample 0#0 reset: .*tools= \(add\), but env.tool_parser is not set"):
+            run(server, uses_a_tool, [call, "3"], on_error=on_error)  # chat_tokenizer("qwen"): no tool-call format
+    batch, _, _ = run(server, three_calls, ["4"])  # without tools= the same template is served
+    assert batch.rewards == [1.0]
+
+
 def test_an_error_over_the_models_output_scores_the_trajectory_0_and_a_broken_agent_stops_the_run(server):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
