@@ -6,9 +6,10 @@ Here, in rollout/, because every call into vLLM's API lives beside the engines t
 The reasoning (`env.reasoning_parser`: deepseek_r1, qwen3, ...: its tags) is split off first and the tool parser
 (`env.tool_parser`: hermes, llama3_json, pythonic, ...) reads only what follows it, so a call the model wrote
 while thinking is never executed. What
-relayrl counts: a call the parser could not read (its start tag present, no call found: a truncated call, bad
-JSON), or one naming a tool the request did not offer, is a tool error; the text then goes back to the agent as
-plain content, as vLLM's server answers it.
+relayrl counts as a tool error: a call the parser could not read (its start tag present, no call found: a
+truncated call, bad JSON), whose text then goes back as plain content, as vLLM's server answers it; and a call
+naming a tool the request did not offer, which stays in the turn's tool calls, as vLLM's server returns it (an
+agent's library meets it as it would in deployment; env.tools answers it with an error).
 """
 
 from __future__ import annotations
