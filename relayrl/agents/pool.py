@@ -103,6 +103,7 @@ class _Agent:
     messages: list[dict[str, Any]] | None = None  # the last answered call's messages
     answered: dict[str, Any] | None = None  # and the assistant message it was answered with
     tools: list[dict[str, Any]] | None = None
+    last: tuple[ChatRequest, dict[str, Any]] | None = None  # the last answered call and its reply (a retry's answer)
     # after a completions call: its prompt and answer, as ids and (a text prompt) as text: what the next must extend
     so_far: tuple[list[int], str | None] | None = None
     previous: Previous | None = None  # after a /v1/responses call: what a previous_response_id naming it continues
@@ -235,6 +236,8 @@ class AgentPool:
         with self._lock:
             agent.calls += 1
             agent.deadline = time.monotonic() + self.timeout_s
+            assert agent.request is not None  # a turn answers a pending call
+            agent.last = agent.request, body
             reply, agent.reply, agent.request = agent.reply, None, None
             outcome, agent.outcome = agent.outcome, None
         assert reply is not None  # a turn answers a pending call
@@ -314,6 +317,8 @@ class AgentPool:
         except RequestError as err:
             return 400, error_body(f"{agent.where} call {agent.calls + 1}: {err}", param=err.param)
         self._warn_overridden(request)
+        if (repeated := self._repeated(agent, request)) is not None:  # a client's retry: that call's reply
+            return await repeated
         with self._lock:
             if agent.reply is not None or agent.ended:
                 return 400, error_body(f"{agent.where}: one call at a time per trajectory (a call is being answered)")
@@ -426,6 +431,19 @@ class AgentPool:
                 ConfigWarning,
                 stacklevel=2,
             )
+
+    def _repeated(self, agent: _Agent, request: ChatRequest) -> asyncio.Future | None:
+        """A client's automatic retry (LangChain's, litellm's and the Agents SDK's own clients retry by default)
+        repeats a call exactly, while it is being answered or after: it gets that call's reply, never a second
+        sample. None for any other call."""
+        with self._lock:
+            if agent.reply is not None and agent.request == request:
+                return agent.reply
+            if agent.reply is not None or agent.last is None or agent.last[0] != request:
+                return None
+            answered = asyncio.get_running_loop().create_future()
+            answered.set_result((200, agent.last[1]))
+            return answered
 
 
 def _resolve(reply: asyncio.Future, value) -> None:

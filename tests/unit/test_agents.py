@@ -221,6 +221,21 @@ async def cached(client, row):
     return await answer
 
 
+async def retried(client, row):
+    """Sends each call twice, as a client's automatic retry does: at once (the first still being answered), and
+    again after the answer (its response lost); then a call that goes on."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    replies = await asyncio.gather(*(client.chat.completions.create(model="m", messages=messages) for _ in "ab"))
+    replies.append(await client.chat.completions.create(model="m", messages=messages))
+    SEEN.setdefault(row["prompt"], []).extend(replies)
+    messages += [
+        {"role": "assistant", "content": replies[0].choices[0].message.content},
+        {"role": "user", "content": "again"},
+    ]
+    SEEN[row["prompt"]].append(await client.chat.completions.create(model="m", messages=messages))
+    return 1.0
+
+
 # ---------------------------------------------------------------------------------------------- harness
 TOOLS_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }};{% endfor %}<|im_end|>\n{% endif %}"
@@ -576,3 +591,14 @@ def test_a_trajectory_without_a_model_call_is_counted_and_a_step_without_any_sto
     assert len(said(caught, "(repeated 2 more times this step)")) == 1
     with pytest.raises(EnvError, match=r"none of the step's 2 trajectories made a model call: .*DSPy's cache=True"):
         run(server, never_calls, ["4"], n=2, on_error="zero")
+
+
+def test_a_clients_retry_of_a_call_gets_the_same_reply_not_a_second_sample(server):
+    batch, turns, _ = run(server, retried, ["4", "5"], max_turns=3)
+    first, at_once, after, second = SEEN["2+3="]
+    assert len(turns.prompts) == 2  # two samples: the call (sent three times) and the next call
+    assert first.id == at_once.id == after.id and first.choices[0].message.content == "4"
+    assert second.choices[0].message.content == "5" and batch.metrics["tito/forks"] == 0
+    (rollout,) = batch.rollouts
+    trained = [t for t, m in zip(rollout.response_ids, rollout.loss_mask) if m]
+    assert trained == first.choices[0].model_extra["token_ids"] + second.choices[0].model_extra["token_ids"]
