@@ -31,7 +31,9 @@ import concurrent.futures
 import inspect
 import itertools
 import math
+import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -139,6 +141,7 @@ class AgentPool:
     ):
         self.server, self.spec, self.kwargs, self.slots, self.timeout_s = server, spec, dict(kwargs), slots, timeout_s
         self.function = load_agent(spec)
+        _agents_sdk_tracing_off()
         self.tokenizer = tokenizer
         # env.tool_parser, else the one the chat template's format names; '' (not known): a call with tools= stops
         self.tool_parser = tool_parser or template_parser(tokenizer.chat_template) or ""
@@ -500,3 +503,15 @@ def _text_delta(so_far: tuple[list[int], str | None] | None, prompt: str | list[
     if isinstance(prompt, str):
         return RawText(text=prompt[len(text) :]) if text is not None and prompt.startswith(text) else None
     return RawText(ids=list(prompt[len(ids) :])) if prompt[: len(ids)] == ids else None
+
+
+def _agents_sdk_tracing_off() -> None:
+    """The OpenAI Agents SDK exports a trace of every run to OpenAI (without a key it prints "OPENAI_API_KEY is not
+    set, skipping trace export" per trajectory): off in the run's agents, unless OPENAI_AGENTS_DISABLE_TRACING is
+    set (the SDK reads it at its first trace; `set_tracing_disabled` if it is loaded already)."""
+    if "OPENAI_AGENTS_DISABLE_TRACING" in os.environ:
+        return
+    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+    disable = getattr(sys.modules.get("agents"), "set_tracing_disabled", None)
+    if callable(disable):
+        disable(True)

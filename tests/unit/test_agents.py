@@ -11,6 +11,7 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import time
 import warnings
 
@@ -602,3 +603,19 @@ def test_a_clients_retry_of_a_call_gets_the_same_reply_not_a_second_sample(serve
     (rollout,) = batch.rollouts
     trained = [t for t, m in zip(rollout.response_ids, rollout.loss_mask) if m]
     assert trained == first.choices[0].model_extra["token_ids"] + second.choices[0].model_extra["token_ids"]
+
+
+def test_the_agents_sdk_trace_export_is_off_unless_the_user_set_it(server, monkeypatch):
+    import sys
+    import types
+
+    calls = []
+    sdk = types.ModuleType("agents")
+    sdk.set_tracing_disabled = calls.append  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "agents", sdk)
+    monkeypatch.delenv("OPENAI_AGENTS_DISABLE_TRACING", raising=False)
+    AgentPool(server, f"{HERE}:three_calls", {}, 1, 1.0, chat_tokenizer("qwen")).close()
+    assert calls == [True] and os.environ["OPENAI_AGENTS_DISABLE_TRACING"] == "1"
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "0")  # the user's choice: tracing on
+    AgentPool(server, f"{HERE}:three_calls", {}, 1, 1.0, chat_tokenizer("qwen")).close()
+    assert calls == [True] and os.environ["OPENAI_AGENTS_DISABLE_TRACING"] == "0"
