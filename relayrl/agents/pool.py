@@ -18,10 +18,16 @@ prompt and sampled ids) is a step whose observation is the appended text or ids 
 
 A call that does not extend the earlier ones (the agent edited or dropped earlier messages, or changed its
 tools) is a step flagged `rebuilt`, carrying all its messages: the driver ends the sample there and starts a
-new one from this call per `env.tito`. One call at a time per trajectory; between two calls (and before the
-first) the agent has `env.timeout_s`, then it is cancelled (a coroutine stops at its next await; a plain
+new one from this call per `env.tito`. One call at a time per trajectory, but a client's retry (the same request
+again, while it is answered or after) gets that call's reply, never a second sample; between two calls (and before
+the first) the agent has `env.timeout_s`, then it is cancelled (a coroutine stops at its next await; a plain
 function's thread cannot be stopped, and its next call is refused). A call after the trajectory has ended
 (env.max_turns, env.max_total_tokens) is answered 400 and the agent cancelled.
+
+`env.tool_parser` left '' is the one the chat template's format names; with none, a call with `tools=` is the
+status `broken` (the run stops). How a trajectory ends besides its reward (relayrl/agents/outcomes.py): an
+exception over what the model wrote is `model_error` (scored 0), any other exception `error` (env.on_error),
+no call at all `no_call`, and the run's first trajectories all ending in one model error `broken`.
 """
 
 from __future__ import annotations
