@@ -7,9 +7,10 @@ DSPy's `AdapterParseError`, pydantic-ai's `UnexpectedModelBehavior`, LangChain's
 class or one it derives from, by its package and name), so none of these libraries is imported. Any other
 exception is the agent's own (env.on_error decides, as for an environment).
 
-A broken setup can make every trajectory fail in a way that reads as the model's: the same exception from every
-trajectory of a step, or from each of the run's first `FIRST_K` trajectories, stops the run naming it
-(`ModelErrors.verdict`, the driver's step check in relayrl/sources/trajectories.py).
+A broken agent or setup can make every trajectory fail, even in a way that reads as the model's: the same
+model-behaviour exception from every trajectory of a step (the driver's step check in
+relayrl/sources/trajectories.py), or the same exception of any class from each of the run's first `FIRST_K`
+trajectories (`AgentErrors`, whatever env.on_error says), stops the run naming it.
 
 `Notices` says a per-trajectory warning once: the first of each kind in full, the later ones counted and summed up
 in one line at the step's end.
@@ -39,7 +40,7 @@ MODEL_BEHAVIOUR = frozenset(
         ("json", "JSONDecodeError"),  # a call's arguments (or a reply) that are not JSON
     )
 )
-FIRST_K = 8  # the run's first trajectories: all ending in one model-behaviour exception stops the run
+FIRST_K = 8  # the run's first trajectories: all ending in one exception class stops the run
 
 
 def model_behaviour(error: BaseException) -> str | None:
@@ -56,29 +57,37 @@ def kind_of(error: BaseException) -> str:
     return f"{type(error).__module__}.{type(error).__qualname__}"
 
 
-class ModelErrors:
-    """The run's model-behaviour failures (shared by its lanes): the first traceback of each kind is printed,
-    and the run's first `FIRST_K` trajectories all ending in one kind is a broken setup."""
+class AgentErrors:
+    """The run's agent exceptions (shared by its lanes): the first traceback of each model-behaviour kind is
+    printed, and the run's first `FIRST_K` trajectories all ending in one exception class is a broken setup,
+    whatever env.on_error says."""
 
     def __init__(self):
         self.ended = 0  # trajectories ended so far (while the run is young)
-        self.first: dict[str, str] = {}  # kind -> its first description
-        self.streak: tuple[str, int] | None = None  # (kind, count) while every trajectory so far ended in it
+        self.first: dict[str, str] = {}  # exception class -> its first trajectory's description
+        self.streak: tuple[str, int] | None = None  # (class, count) while every trajectory so far ended in it
+        self.printed: set[str] = set()
         self._lock = threading.Lock()
 
-    def trajectory_ended(self, kind: str | None) -> None:
-        """Any trajectory's end (`kind`: its model-behaviour exception's, or None)."""
+    def trajectory_ended(self, error: BaseException | None, where: str) -> str | None:
+        """Any trajectory's end (`error`: the exception it ended in, or None). The first trajectory's description of
+        that exception when the run's first FIRST_K trajectories all ended in it: the run stops."""
+        kind = kind_of(error) if error is not None else None
         with self._lock:
+            if error is not None and kind is not None:
+                self.first.setdefault(kind, f"{where}: {_described(error)}")
             if self.ended < FIRST_K:
                 count = self.streak[1] if self.streak and self.streak[0] == kind else 0
                 self.streak = (kind, count + 1) if kind is not None and count == self.ended else None
             self.ended += 1
+            return self.first[self.streak[0]] if self.streak and self.streak[1] >= FIRST_K else None
 
     def first_of_its_kind(self, kind: str, error: BaseException, spec: str, where: str) -> None:
+        """A model-behaviour exception's traceback, printed for the first of its kind in the run."""
         with self._lock:
-            if kind in self.first:
+            if kind in self.printed:
                 return
-            self.first[kind] = f"{where}: {_described(error)}"
+            self.printed.add(kind)
         text = "".join(traceback.format_exception(error))
         warnings.warn(
             f"{spec}: {where}: the agent raised {kind_of(error)}, an error over what the model wrote: the trajectory "
@@ -86,13 +95,6 @@ class ModelErrors:
             RelayWarning,
             stacklevel=2,
         )
-
-    def verdict(self) -> str | None:
-        """The root cause when the run's first FIRST_K trajectories all ended in one model-behaviour exception."""
-        with self._lock:
-            if self.streak is not None and self.streak[1] >= FIRST_K:
-                return self.first.get(self.streak[0], self.streak[0])
-        return None
 
 
 class Notices:
@@ -124,7 +126,7 @@ class Notices:
 class Faults:
     """What the run's agents got wrong, shared by its lanes: model-behaviour errors, and the notices said once."""
 
-    model_errors: ModelErrors = field(default_factory=ModelErrors)
+    errors: AgentErrors = field(default_factory=AgentErrors)
     notices: Notices = field(default_factory=Notices)
 
 

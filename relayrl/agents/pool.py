@@ -27,7 +27,7 @@ function's thread cannot be stopped, and its next call is refused). A call after
 `env.tool_parser` left '' is the one the chat template's format names; with none, a call with `tools=` is the
 status `broken` (the run stops). How a trajectory ends besides its reward (relayrl/agents/outcomes.py): an
 exception over what the model wrote is `model_error` (scored 0), any other exception `error` (env.on_error),
-no call at all `no_call`, and the run's first trajectories all ending in one model error `broken`.
+no call at all `no_call`, and the run's first trajectories all ending in one exception class `broken`.
 """
 
 from __future__ import annotations
@@ -368,15 +368,14 @@ class AgentPool:
     def _on_end(self, agent: _Agent, run: concurrent.futures.Future) -> None:
         if agent.ended or run.cancelled():
             return
-        error, kind = run.exception(), None
+        error = run.exception()
         if error is not None:
-            event, kind = self._raised(agent, error)
+            event = self._raised(agent, error)
         elif agent.calls == 0 and agent.request is None:
             event = (agent.key, "no_call", self._no_call(agent))
         else:
             event = self._final(agent, run.result())
-        self.faults.model_errors.trajectory_ended(kind)
-        if kind is not None and (cause := self.faults.model_errors.verdict()) is not None:
+        if (cause := self.faults.errors.trajectory_ended(error, agent.where)) is not None:
             event = (agent.key, "broken", _broken(cause))
         with self._lock:
             if agent.reply is not None:
@@ -385,15 +384,15 @@ class AgentPool:
             agent.deadline = None
         self._events.put(event)
 
-    def _raised(self, agent: _Agent, error: BaseException) -> tuple[tuple[Hashable, str, Any], str | None]:
+    def _raised(self, agent: _Agent, error: BaseException) -> tuple[Hashable, str, Any]:
         """An exception over what the model wrote (relayrl/agents/outcomes.py) is the trajectory's outcome
         (`model_error`: scored 0, its first traceback printed); any other, or any before the model has answered
         once, is the agent's own (`error`)."""
         kind = model_behaviour(error) if agent.calls > 0 else None
         if kind is None:
-            return (agent.key, "error", f"the agent raised {_described(error)}"), None  # the driver names the sample
-        self.faults.model_errors.first_of_its_kind(kind, error, f"env.agent={self.spec!r}", agent.where)
-        return (agent.key, "model_error", (kind_of(error), f"the agent raised {_described(error)}")), kind
+            return agent.key, "error", f"the agent raised {_described(error)}"  # the driver names the sample
+        self.faults.errors.first_of_its_kind(kind, error, f"env.agent={self.spec!r}", agent.where)
+        return agent.key, "model_error", (kind_of(error), f"the agent raised {_described(error)}")
 
     def _no_call(self, agent: _Agent) -> str:
         """A trajectory without a model call has nothing to train: counted (env/no_call), warned once per step."""
@@ -480,9 +479,8 @@ def _described(error: BaseException) -> str:
 
 def _broken(cause: str) -> str:
     return (
-        f"the run's first {FIRST_K} trajectories all ended in the same error over the model's output ({cause}): the "
-        "agent or its setup is broken (a prompt or format the model is never asked for, a library misconfigured), "
-        "not the model"
+        f"the run's first {FIRST_K} trajectories all ended in the same exception ({cause}): the agent or its setup is "
+        "broken (its own bug, a prompt or format the model is never asked for, a library misconfigured), not the model"
     )
 
 

@@ -572,8 +572,10 @@ def test_an_error_over_the_models_output_scores_the_trajectory_0_and_a_broken_ag
     with pytest.raises(EnvError, match=r"every one of the step's 2 trajectories ended in .*StrictOutput, an error the"):
         run(server, subclass_agent, ["4"], n=2)
     # ... or from each of the run's first 8 trajectories, before the step ends
-    with pytest.raises(EnvError, match=r"the run's first 8 trajectories all ended in the same error .*StrictOutput"):
+    with pytest.raises(EnvError, match=r"first 8 trajectories all ended in the same exception .*StrictOutput"):
         run(server, subclass_agent, ["4"], n=9)
+    with pytest.raises(EnvError, match=r"first 8 trajectories all ended in the same exception .*ValueError: the agent"):
+        run(server, raises, ["4"], n=9, on_error="zero")  # the agent's own bug, whatever env.on_error says
     # an agent's own exception (or one before the model said anything) stops the run at once, as before
     with pytest.raises(EnvError, match=r"sample 0#0 reset: the agent raised JSONDecodeError"):
         run(server, bug_before_the_model, ["4"], n=2)
