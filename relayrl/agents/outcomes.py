@@ -13,11 +13,12 @@ relayrl/sources/trajectories.py), or the same exception of any class from each o
 trajectories (`AgentErrors`, whatever env.on_error says), stops the run naming it.
 
 `Notices` says a per-trajectory warning once: the first of each kind in full, the later ones counted and summed up
-in one line at the step's end.
+in one line at the step's end; `RepeatedLogs` does the same to the lines the agents' libraries log.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import traceback
 import warnings
@@ -40,6 +41,7 @@ MODEL_BEHAVIOUR = frozenset(
         ("json", "JSONDecodeError"),  # a call's arguments (or a reply) that are not JSON
     )
 )
+AGENT_THREADS = "relayrl-agent"  # the names the endpoint's loop and the plain agents' threads start with
 FIRST_K = 8  # the run's first trajectories: all ending in one exception class stops the run
 
 
@@ -105,14 +107,19 @@ class Notices:
         self.repeats: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def say(self, kind: str, line: str, where: str) -> None:
-        """`line` with the first trajectory's name (`where`), once per run; later ones are counted."""
+    def first(self, kind: str, line: str) -> bool:
+        """Whether `kind` is new this run (its `line` kept for the summary); a repeat is counted."""
         with self._lock:
             if kind in self.said:
                 self.repeats[kind] += 1
-                return
+                return False
             self.said[kind] = line
-        warnings.warn(f"{line} ({where}; later trajectories like it are counted)", RelayWarning, stacklevel=2)
+            return True
+
+    def say(self, kind: str, line: str, where: str) -> None:
+        """`line` with the first trajectory's name (`where`), once per run; later ones are counted."""
+        if self.first(kind, line):
+            warnings.warn(f"{line} ({where}; later trajectories like it are counted)", RelayWarning, stacklevel=2)
 
     def step_ended(self) -> None:
         """One line per kind said again since the last step's end: its line and how many more times."""
@@ -122,12 +129,50 @@ class Notices:
             warnings.warn(f"{self.said[kind]} (repeated {count} more times this step)", RelayWarning, stacklevel=2)
 
 
+class RepeatedLogs(logging.Filter):
+    """A line the agents' libraries log from every trajectory (one logger, level and message template) passes once;
+    the later ones are counted in `notices`, summed up at the step's end. Records from other threads all pass."""
+
+    def __init__(self, notices: Notices):
+        super().__init__()
+        self.notices = notices
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (record.threadName or "").startswith(AGENT_THREADS):
+            return True
+        decided = record.__dict__  # once per record, whichever handlers it reaches
+        if "relayrl_first" not in decided:
+            kind = f"log {record.name}:{record.levelno}:{record.msg}"
+            decided["relayrl_first"] = self.notices.first(kind, f"{record.name} logged {record.getMessage()!r}")
+        return decided["relayrl_first"]
+
+
 @dataclass
 class Faults:
-    """What the run's agents got wrong, shared by its lanes: model-behaviour errors, and the notices said once."""
+    """What the run's agents got wrong, shared by its lanes: their exceptions, the notices said once, and the
+    filter on their libraries' repeated log lines (while `logs` is set)."""
 
     errors: AgentErrors = field(default_factory=AgentErrors)
     notices: Notices = field(default_factory=Notices)
+    logs: RepeatedLogs | None = None
+
+    def quiet_logs(self) -> None:
+        """Filter the agents' repeated log lines at the handlers a record reaches now: the root logger's, or
+        Python's last resort (no logging configured: a library's warning goes to stderr)."""
+        if self.logs is None:
+            self.logs = RepeatedLogs(self.notices)
+            for handler in _handlers():
+                handler.addFilter(self.logs)
+
+    def loud_logs(self) -> None:
+        if self.logs is not None:
+            for handler in _handlers():
+                handler.removeFilter(self.logs)
+            self.logs = None
+
+
+def _handlers() -> list[logging.Handler]:
+    return [*logging.getLogger().handlers, *([logging.lastResort] if logging.lastResort else [])]
 
 
 def _described(error: BaseException) -> str:

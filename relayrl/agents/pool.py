@@ -59,7 +59,7 @@ from relayrl.agents.chat import (
     same_reply,
     tool_call,
 )
-from relayrl.agents.outcomes import FIRST_K, Faults, kind_of, model_behaviour
+from relayrl.agents.outcomes import AGENT_THREADS, FIRST_K, Faults, kind_of, model_behaviour
 from relayrl.agents.responses import Previous, ResponsesRequest, answer_response, read_response_request, remembered
 from relayrl.agents.server import AgentServer
 from relayrl.agents.streaming import Stream, chat_stream, response_stream, token_pieces
@@ -155,11 +155,12 @@ class AgentPool:
         self.parser = TurnParser(tokenizer, self.tool_parser, reasoning_parser) if parsing else None
         self.sampling = sampling or RunSampling()
         self.faults = faults or Faults()
+        self.faults.quiet_logs()
         self._id = next(_pool_ids)
         self._live: dict[Hashable, _Agent] = {}
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._threads = concurrent.futures.ThreadPoolExecutor(slots, thread_name_prefix="relayrl-agent")
+        self._threads = concurrent.futures.ThreadPoolExecutor(slots, thread_name_prefix=AGENT_THREADS)
 
     # ---- the environment pool's interface (driver thread) ------------------------------------------------
     @property
@@ -297,6 +298,7 @@ class AgentPool:
         for key in list(self._live):
             self.release(key)
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self.faults.loud_logs()
 
     # ---- the endpoint's loop ---------------------------------------------------------------------------
     async def _run(self, agent: _Agent, row: dict[str, Any]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import math
 import os
 import time
@@ -220,6 +221,19 @@ async def cached(client, row):
     response = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
     answer.set_result(float(response.choices[0].message.content == "5"))
     return await answer
+
+
+async def chatty(client, row):
+    """Logs a line from every trajectory, as the Agents SDK did without an OpenAI key."""
+    logging.getLogger("chatty_library").warning("no key set, skipping export of %s", row["prompt"])
+    await client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    return 1.0
+
+
+def plain_chatty(client, row):  # the same from a plain function, on a thread of the pool's
+    logging.getLogger("chatty_library").warning("no key set, skipping export of %s", row["prompt"])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": row["prompt"]}])
+    return 1.0
 
 
 async def retried(client, row):
@@ -594,6 +608,20 @@ def test_a_trajectory_without_a_model_call_is_counted_and_a_step_without_any_sto
     assert len(said(caught, "(repeated 2 more times this step)")) == 1
     with pytest.raises(EnvError, match=r"none of the step's 2 trajectories made a model call: .*DSPy's cache=True"):
         run(server, never_calls, ["4"], n=2, on_error="zero")
+
+
+@pytest.mark.parametrize("agent", [chatty, plain_chatty])
+def test_a_line_the_agents_library_logs_from_every_trajectory_is_logged_once_and_counted(server, agent, caplog):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch, _, _ = run(server, agent, ["5"], n=4)
+    assert batch.rewards == [1.0] * 4
+    logged = [r for r in caplog.records if r.name == "chatty_library"]
+    assert len(logged) == 1 and logged[0].getMessage() == "no key set, skipping export of 2+3="
+    (summary,) = said(caught, "chatty_library logged")
+    assert summary.endswith("'no key set, skipping export of 2+3=' (repeated 3 more times this step)")
+    logging.getLogger("chatty_library").warning("outside the agents")  # the pool closed: the filter is gone
+    assert len([r for r in caplog.records if r.name == "chatty_library"]) == 2
 
 
 def test_a_clients_retry_of_a_call_gets_the_same_reply_not_a_second_sample(server):
