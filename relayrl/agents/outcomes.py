@@ -13,18 +13,23 @@ relayrl/sources/trajectories.py), or the same exception of any class from each o
 trajectories (`AgentErrors`, whatever env.on_error says), stops the run naming it.
 
 `Notices` says a per-trajectory warning once: the first of each kind in full, the later ones counted and summed up
-in one line at the step's end; `RepeatedLogs` does the same to the lines the agents' libraries log.
+in one line at the step's end; `RepeatedLogs` does the same to the lines the agents' libraries log, and
+`agents_sdk_tracing_off` stops the OpenAI Agents SDK's trace export. The messages that stop a run are here too.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
+from relayrl.envs.tools import FAMILIES
 from relayrl.errors import RelayWarning
 
 # (top-level package, class name) of the exceptions agent libraries raise over what the model wrote
@@ -173,6 +178,37 @@ class Faults:
 
 def _handlers() -> list[logging.Handler]:
     return [*logging.getLogger().handlers, *([logging.lastResort] if logging.lastResort else [])]
+
+
+def broken_setup(cause: str) -> str:
+    """Why the run stops when its first FIRST_K trajectories all ended in one exception (`cause`)."""
+    return (
+        f"the run's first {FIRST_K} trajectories all ended in the same exception ({cause}): the agent or its setup is "
+        "broken (its own bug, a prompt or format the model is never asked for, a library misconfigured), not the model"
+    )
+
+
+def no_tool_parser(tools: list[dict[str, Any]]) -> str:
+    """Why the run stops at a call with tools= that no tool parser reads (env.tool_parser unset, unknown format)."""
+    known = ", ".join(f"{name} ({marker})" for marker, name in FAMILIES)
+    return (
+        f"the agent's call passes tools= ({', '.join(t['function']['name'] for t in tools)}), but env.tool_parser is "
+        f"not set and the chat template writes none of the tool-call formats relayrl can tell ({known}): the "
+        "model's calls would stay in the text, every trajectory scoring what the agent makes of that; set "
+        "env.tool_parser to vLLM's parser for the model's family (hermes, llama3_json, mistral, qwen3_xml, ...)"
+    )
+
+
+def agents_sdk_tracing_off() -> None:
+    """The OpenAI Agents SDK exports a trace of every run to OpenAI (without a key it prints "OPENAI_API_KEY is not
+    set, skipping trace export" per trajectory): off in the run's agents, unless OPENAI_AGENTS_DISABLE_TRACING is
+    set (the SDK reads it at its first trace; `set_tracing_disabled` if it is loaded already)."""
+    if "OPENAI_AGENTS_DISABLE_TRACING" in os.environ:
+        return
+    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
+    disable = getattr(sys.modules.get("agents"), "set_tracing_disabled", None)
+    if callable(disable):
+        disable(True)
 
 
 def _described(error: BaseException) -> str:

@@ -37,9 +37,7 @@ import concurrent.futures
 import inspect
 import itertools
 import math
-import os
 import queue
-import sys
 import threading
 import time
 import traceback
@@ -59,12 +57,20 @@ from relayrl.agents.chat import (
     same_reply,
     tool_call,
 )
-from relayrl.agents.outcomes import AGENT_THREADS, FIRST_K, Faults, kind_of, model_behaviour
+from relayrl.agents.outcomes import (
+    AGENT_THREADS,
+    Faults,
+    agents_sdk_tracing_off,
+    broken_setup,
+    kind_of,
+    model_behaviour,
+    no_tool_parser,
+)
 from relayrl.agents.responses import Previous, ResponsesRequest, answer_response, read_response_request, remembered
 from relayrl.agents.server import AgentServer
 from relayrl.agents.streaming import Stream, chat_stream, response_stream, token_pieces
 from relayrl.envs.base import RawText, Step
-from relayrl.envs.tools import FAMILIES, template_parser
+from relayrl.envs.tools import template_parser
 from relayrl.errors import ConfigWarning, EnvError
 from relayrl.rollout.tool_calls import ParsedTurn, TurnParser
 
@@ -147,7 +153,7 @@ class AgentPool:
     ):
         self.server, self.spec, self.kwargs, self.slots, self.timeout_s = server, spec, dict(kwargs), slots, timeout_s
         self.function = load_agent(spec)
-        _agents_sdk_tracing_off()
+        agents_sdk_tracing_off()
         self.tokenizer = tokenizer
         # env.tool_parser, else the one the chat template's format names; '' (not known): a call with tools= stops
         self.tool_parser = tool_parser or template_parser(tokenizer.chat_template) or ""
@@ -344,7 +350,7 @@ class AgentPool:
         call: its messages after the one it was answered with; a completions call: its prompt's text or ids after
         the last prompt and the answer). A call with tools= that no parser can read stops the run."""
         if request.tools and not self.tool_parser:
-            return agent.key, "broken", _no_parser(request.tools)
+            return agent.key, "broken", no_tool_parser(request.tools)
         if agent.calls == 0:
             first = request.messages if request.prompt is None else _raw(request.prompt)
             return agent.key, "ok", (first, (), request.tools)
@@ -378,7 +384,7 @@ class AgentPool:
         else:
             event = self._final(agent, run.result())
         if (cause := self.faults.errors.trajectory_ended(error, agent.where)) is not None:
-            event = (agent.key, "broken", _broken(cause))
+            event = (agent.key, "broken", broken_setup(cause))
         with self._lock:
             if agent.reply is not None:
                 agent.outcome = event  # delivered once the pending call is answered
@@ -479,23 +485,6 @@ def _described(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}{where}"
 
 
-def _broken(cause: str) -> str:
-    return (
-        f"the run's first {FIRST_K} trajectories all ended in the same exception ({cause}): the agent or its setup is "
-        "broken (its own bug, a prompt or format the model is never asked for, a library misconfigured), not the model"
-    )
-
-
-def _no_parser(tools: list[dict[str, Any]]) -> str:
-    known = ", ".join(f"{name} ({marker})" for marker, name in FAMILIES)
-    return (
-        f"the agent's call passes tools= ({', '.join(t['function']['name'] for t in tools)}), but env.tool_parser is "
-        f"not set and the chat template writes none of the tool-call formats relayrl can tell ({known}): the "
-        "model's calls would stay in the text, every trajectory scoring what the agent makes of that; set "
-        "env.tool_parser to vLLM's parser for the model's family (hermes, llama3_json, mistral, qwen3_xml, ...)"
-    )
-
-
 def _raw(prompt: str | list[int]) -> RawText:
     return RawText(text=prompt) if isinstance(prompt, str) else RawText(ids=list(prompt))
 
@@ -509,15 +498,3 @@ def _text_delta(so_far: tuple[list[int], str | None] | None, prompt: str | list[
     if isinstance(prompt, str):
         return RawText(text=prompt[len(text) :]) if text is not None and prompt.startswith(text) else None
     return RawText(ids=list(prompt[len(ids) :])) if prompt[: len(ids)] == ids else None
-
-
-def _agents_sdk_tracing_off() -> None:
-    """The OpenAI Agents SDK exports a trace of every run to OpenAI (without a key it prints "OPENAI_API_KEY is not
-    set, skipping trace export" per trajectory): off in the run's agents, unless OPENAI_AGENTS_DISABLE_TRACING is
-    set (the SDK reads it at its first trace; `set_tracing_disabled` if it is loaded already)."""
-    if "OPENAI_AGENTS_DISABLE_TRACING" in os.environ:
-        return
-    os.environ["OPENAI_AGENTS_DISABLE_TRACING"] = "1"
-    disable = getattr(sys.modules.get("agents"), "set_tracing_disabled", None)
-    if callable(disable):
-        disable(True)
