@@ -41,9 +41,8 @@ import queue
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from relayrl.agents.chat import (
@@ -57,6 +56,7 @@ from relayrl.agents.chat import (
     same_reply,
     tool_call,
 )
+from relayrl.agents.loading import load_agent
 from relayrl.agents.outcomes import (
     AGENT_THREADS,
     Faults,
@@ -67,40 +67,15 @@ from relayrl.agents.outcomes import (
     no_tool_parser,
 )
 from relayrl.agents.responses import Previous, ResponsesRequest, answer_response, read_response_request, remembered
+from relayrl.agents.sampling import RunSampling, warn_overridden
 from relayrl.agents.server import AgentServer
 from relayrl.agents.streaming import Stream, chat_stream, response_stream, token_pieces
 from relayrl.envs.base import RawText, Step
 from relayrl.envs.tools import template_parser
-from relayrl.errors import ConfigWarning, EnvError
 from relayrl.rollout.tool_calls import ParsedTurn, TurnParser
 
 _pool_ids = itertools.count()
 GRACE_S = 1.0  # an agent still running when its trajectory ends is cancelled this long after
-
-
-def load_agent(spec: str):
-    """`module:function` or `path/file.py:function` (imported as env.fn's classes are); `trl:module:Factory`, a
-    TRL environment_factory run by relayrl's tool loop (relayrl/agents/trl_env.py)."""
-    from relayrl.agents.trl_env import PREFIX, is_trl_spec, trl_agent
-    from relayrl.envs.base import _import
-
-    if is_trl_spec(spec):
-        target, _, name = spec.removeprefix(PREFIX).rpartition(":")
-        if not target:
-            raise EnvError(f"env.agent={spec!r} is not of the form trl:module:Class or trl:path/file.py:Class")
-        factory = getattr(_import(target, spec, "env.agent"), name, None)
-        if factory is None:
-            raise EnvError(f"env.agent={spec!r}: '{target}' has no '{name}'")
-        return trl_agent(spec, factory)
-    if ":" not in spec:
-        raise EnvError(f"env.agent={spec!r} is not of the form module:function or path/file.py:function")
-    target, _, name = spec.rpartition(":")
-    function = _import(target, spec, "env.agent")
-    for part in name.split("."):  # `module:AGENTS.name`: an agent registered in a dict (relayrl.api.train's)
-        function = function.get(part) if isinstance(function, dict) else getattr(function, part, None)
-    if not callable(function):
-        raise EnvError(f"env.agent={spec!r}: '{target}' has no function '{name}'")
-    return function
 
 
 @dataclass
@@ -117,7 +92,9 @@ class _Agent:
     messages: list[dict[str, Any]] | None = None  # the last answered call's messages
     answered: dict[str, Any] | None = None  # and the assistant message it was answered with
     tools: list[dict[str, Any]] | None = None
-    last: tuple[ChatRequest, dict[str, Any]] | None = None  # the last answered call and its reply (a retry's answer)
+    last: tuple[ChatRequest, dict[str, Any] | Stream] | None = (
+        None  # the last answered call and its reply (a retry's answer)
+    )
     # after a completions call: its prompt and answer, as ids and (a text prompt) as text: what the next must extend
     so_far: tuple[list[int], str | None] | None = None
     previous: Previous | None = None  # after a /v1/responses call: what a previous_response_id naming it continues
@@ -126,15 +103,6 @@ class _Agent:
     tool_errors: int = 0
     outcome: tuple | None = None  # its end, held while a reply is still pending
     ended: bool = False
-
-
-@dataclass
-class RunSampling:
-    """What the run samples with, to tell an agent's differing sampling fields apart (warned once each)."""
-
-    values: dict[str, Any] = field(default_factory=dict)  # field -> the run's value
-    warned: set[str] = field(default_factory=set)
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class AgentPool:
@@ -333,7 +301,7 @@ class AgentPool:
                 request = read_request(body) if kind == "chat" else read_completion_request(body)
         except RequestError as err:
             return 400, error_body(f"{agent.where} call {agent.calls + 1}: {err}", param=err.param)
-        self._warn_overridden(request)
+        warn_overridden(self.spec, self.sampling, request.overridden)
         if (repeated := self._repeated(agent, request)) is not None:  # a client's retry: that call's reply
             return await repeated
         with self._lock:
@@ -430,24 +398,6 @@ class AgentPool:
         info["success"] = bool(result > 0) if success is None else bool(success)
         return agent.key, "ok", Step(None, float(result), True, info)
 
-    def _warn_overridden(self, request: ChatRequest) -> None:
-        run = self.sampling
-        for name, value in request.overridden.items():
-            if name in run.values and _same(run.values[name], value):
-                continue
-            with run.lock:
-                if name in run.warned:
-                    continue
-                run.warned.add(name)
-            ours = f"the run's {run.values[name]!r}" if name in run.values else "the run's rollout.* settings"
-            warnings.warn(
-                f"env.agent={self.spec!r}: the agent's {name}={value!r} is overridden by {ours}: the tokens are "
-                "sampled as rollout.* says, so that the learner's log-probs are those of the distribution that "
-                "sampled (warned once per run)",
-                ConfigWarning,
-                stacklevel=2,
-            )
-
     def _repeated(self, agent: _Agent, request: ChatRequest) -> asyncio.Future | None:
         """A client's automatic retry (LangChain's, litellm's and the Agents SDK's own clients retry by default)
         repeats a call exactly, while it is being answered or after: it gets that call's reply, never a second
@@ -470,12 +420,6 @@ def _resolve(reply: asyncio.Future, value) -> None:
 def _normal(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Tool calls as an agent's message carries them back, read as `read_request` reads them (dict arguments)."""
     return [tool_call(c, -1) for c in calls]
-
-
-def _same(ours: Any, theirs: Any) -> bool:
-    if isinstance(ours, tuple | list) or isinstance(theirs, tuple | list):
-        return list(ours or ()) == list(theirs if isinstance(theirs, list | tuple) else [theirs])
-    return ours == theirs
 
 
 def _described(error: BaseException) -> str:

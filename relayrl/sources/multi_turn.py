@@ -91,7 +91,7 @@ def check_env(settings: SourceSettings, partial_rollouts: float) -> None:
         )
     agent = agent_of(settings.env)
     if agent is not None and not is_verifiers_spec(settings.env.fn):
-        from relayrl.agents.pool import load_agent
+        from relayrl.agents.loading import load_agent
         from relayrl.rollout.tool_calls import check_parsers
 
         function = load_agent(agent[0])
@@ -335,7 +335,8 @@ class MultiTurnSource:
         if agent is None:
             return EnvPool(env.env_class, env.kwargs, env.max_inflight, env.timeout_s, env.tools)
         from relayrl.agents.outcomes import Faults
-        from relayrl.agents.pool import AgentPool, RunSampling
+        from relayrl.agents.pool import AgentPool
+        from relayrl.agents.sampling import RunSampling
         from relayrl.agents.server import AgentServer
 
         if self._server is None:

@@ -45,7 +45,9 @@ from relayrl.sources.trajectory import (
     Trajectory,
     UnknownCharacters,
     combine_rewards,
+    driver_metrics,
     insert_forks,
+    judge_step,
     turn_ends,
 )
 from relayrl.sources.trajectory_images import expanded, read_images, with_images
@@ -118,7 +120,7 @@ class MultiTurnDriver:
             self.turns.abort()
             for key in list(self.live):
                 self.pool.release(key)
-        self._judge_step(order)
+        judge_step(order, self.model_errors, self._spec())
         return self._batch(order)
 
     def _gather(self) -> None:
@@ -388,24 +390,6 @@ class MultiTurnDriver:
         trajectory.rewards = [0.0]
         self._finish(trajectory)
 
-    def _judge_step(self, order: list[Trajectory]) -> None:
-        """A step whose every trajectory made no model call, or ended in one error over the model's output (two
-        or more), has an agent or setup that cannot work: the run stops, naming the likely cause."""
-        if order and all(t.failed == "no_call" for t in order):
-            raise EnvError(
-                f"{self._spec()}: none of the step's {len(order)} trajectories made a model call: nothing to train. "
-                "A client-side cache answers the agent's calls (DSPy's cache=True, a litellm or LangChain cache: turn "
-                "it off under relayrl), or the agent returns before calling the model"
-            )
-        ended = [self.model_errors.get(t.key) for t in order]
-        if len(order) > 1 and all(ended) and len({e[0] for e in ended if e}) == 1:
-            kind, message = ended[0] or ("", "")
-            raise EnvError(
-                f"{self._spec()}: every one of the step's {len(order)} trajectories ended in {kind}, an error the "
-                f"agent's library raises over the model's output; when every trajectory hits it, the agent or its "
-                f"setup is broken, not the model. The first: {order[0].where()}: {message}"
-            )
-
     def _finish(self, trajectory: Trajectory) -> None:
         self.pool.release(trajectory.key)
         del self.live[trajectory.key]
@@ -450,28 +434,4 @@ class MultiTurnDriver:
             rewards.append(reward)
             forks += [(rollouts[-1], fork, reward) for fork in trajectory.forks]
         insert_forks(rollouts, rewards, forks)
-        return MultiTurnBatch(rollouts, rewards, self._metrics(order, rollouts))
-
-    def _metrics(self, order: list[Trajectory], rollouts: list[Rollout]) -> dict[str, float]:
-        count = max(1, len(order))
-        tokens = sum(len(r.response_ids) for r in rollouts)
-        # every rollout here has a loss mask (`_rollout` sets one)
-        observed = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
-        return {
-            "env/trajectories": float(len(order)),
-            "env/turns_mean": sum(t.turns for t in order) / count,
-            "env/turns_max": float(max((t.turns for t in order), default=0)),
-            "env/success": sum(t.success for t in order) / count,
-            "env/first_turn_success": sum(t.success and t.turns == 1 for t in order) / count,
-            "env/tool_calls": sum(t.tool_calls for t in order) / count,
-            "env/tool_errors": sum(t.tool_errors for t in order) / count,
-            "env/errors": float(sum(t.failed == "error" for t in order)),
-            "env/timeouts": float(sum(t.failed == "timeout" for t in order)),
-            "env/no_call": float(sum(t.failed == "no_call" for t in order)),
-            "env/unknown_chars": float(self.stats["unknown_chars"]),
-            "env/truncated_frac": sum(t.truncated for t in order) / count,
-            "time/env": self.stats["env_wait_s"],
-            "tito/prefix_mismatch": float(self.stats["mismatch"]),
-            "tito/forks": float(self.stats["forks"]),
-            "response/obs_token_frac": observed / max(1, tokens),
-        }
+        return MultiTurnBatch(rollouts, rewards, driver_metrics(order, rollouts, self.stats))

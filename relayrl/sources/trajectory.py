@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from relayrl.data.source import shown_characters, unknown_characters
-from relayrl.errors import DataWarning
+from relayrl.errors import DataWarning, EnvError
 
 if TYPE_CHECKING:
     from relayrl.sources.turn_requests import TurnOutput
@@ -164,3 +164,49 @@ class UnknownCharacters:
             DataWarning,
             stacklevel=2,
         )
+
+
+def judge_step(order: list[Trajectory], model_errors: dict[int, tuple[str, str]], spec: str) -> None:
+    """A step whose every trajectory made no model call, or ended in one error over the model's output (two
+    or more), has an agent or setup that cannot work: the run stops, naming the likely cause (`model_errors`: trajectory key ->
+    the model-output exception it ended in, as (kind, message))."""
+    if order and all(t.failed == "no_call" for t in order):
+        raise EnvError(
+            f"{spec}: none of the step's {len(order)} trajectories made a model call: nothing to train. "
+            "A client-side cache answers the agent's calls (DSPy's cache=True, a litellm or LangChain cache: turn "
+            "it off under relayrl), or the agent returns before calling the model"
+        )
+    ended = [model_errors.get(t.key) for t in order]
+    if len(order) > 1 and all(ended) and len({e[0] for e in ended if e}) == 1:
+        kind, message = ended[0] or ("", "")
+        raise EnvError(
+            f"{spec}: every one of the step's {len(order)} trajectories ended in {kind}, an error the "
+            f"agent's library raises over the model's output; when every trajectory hits it, the agent or its "
+            f"setup is broken, not the model. The first: {order[0].where()}: {message}"
+        )
+
+
+def driver_metrics(order: list[Trajectory], rollouts: list[Rollout], stats: dict[str, Any]) -> dict[str, float]:
+    """The env/* and tito/* metrics of a batch of trajectories (`stats`: the driver's running counts)."""
+    count = max(1, len(order))
+    tokens = sum(len(r.response_ids) for r in rollouts)
+    # every rollout here has a loss mask (`_rollout` sets one)
+    observed = sum(len(r.loss_mask) - sum(r.loss_mask) for r in rollouts if r.loss_mask is not None)
+    return {
+        "env/trajectories": float(len(order)),
+        "env/turns_mean": sum(t.turns for t in order) / count,
+        "env/turns_max": float(max((t.turns for t in order), default=0)),
+        "env/success": sum(t.success for t in order) / count,
+        "env/first_turn_success": sum(t.success and t.turns == 1 for t in order) / count,
+        "env/tool_calls": sum(t.tool_calls for t in order) / count,
+        "env/tool_errors": sum(t.tool_errors for t in order) / count,
+        "env/errors": float(sum(t.failed == "error" for t in order)),
+        "env/timeouts": float(sum(t.failed == "timeout" for t in order)),
+        "env/no_call": float(sum(t.failed == "no_call" for t in order)),
+        "env/unknown_chars": float(stats["unknown_chars"]),
+        "env/truncated_frac": sum(t.truncated for t in order) / count,
+        "time/env": stats["env_wait_s"],
+        "tito/prefix_mismatch": float(stats["mismatch"]),
+        "tito/forks": float(stats["forks"]),
+        "response/obs_token_frac": observed / max(1, tokens),
+    }

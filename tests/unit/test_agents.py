@@ -20,7 +20,9 @@ import openai
 import pytest
 import torch
 
-from relayrl.agents.pool import AgentPool, RunSampling, load_agent
+from relayrl.agents.loading import load_agent
+from relayrl.agents.pool import AgentPool
+from relayrl.agents.sampling import RunSampling
 from relayrl.agents.server import AgentServer
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec

@@ -13,7 +13,8 @@ import warnings
 import openai
 import pytest
 
-from relayrl.agents.pool import AgentPool, RunSampling
+from relayrl.agents.pool import AgentPool
+from relayrl.agents.sampling import RunSampling
 from relayrl.agents.server import AgentServer
 from relayrl.config.env import EnvConfig
 from relayrl.data.chat import ChatCodec

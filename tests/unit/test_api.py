@@ -168,7 +168,7 @@ async def module_agent(client, row):
 
 
 def test_an_agent_function_goes_in_by_name_or_registered_and_loads(tmp_path, random_model_dir, fake_loop):
-    from relayrl.agents.pool import load_agent
+    from relayrl.agents.loading import load_agent
 
     relayrl.train(base(tmp_path, random_model_dir), agent=module_agent, show_config=False)
     assert fake_loop[-1].env.agent.endswith(":module_agent") and load_agent(fake_loop[-1].env.agent) is module_agent

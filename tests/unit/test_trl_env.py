@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.agents.pool import AgentPool, RunSampling, load_agent
+from relayrl.agents.loading import load_agent
+from relayrl.agents.pool import AgentPool
+from relayrl.agents.sampling import RunSampling
 from relayrl.agents.server import AgentServer
 from relayrl.build import source_settings
 from relayrl.config.env import EnvConfig
