@@ -211,17 +211,24 @@ def added_latency(latencies: list[tuple[int, float]], direct: list[float]) -> tu
     return first, statistics.mean(later) if later else float("nan")
 
 
-def client_construction(agents: int) -> float:
-    """Seconds to build the agents' clients as the pool does, one `openai.AsyncOpenAI` per trajectory."""
+def client_construction(agents: int) -> tuple[float, float]:
+    """Seconds to build the agents' clients: one `openai.AsyncOpenAI` with its own connections per trajectory (as
+    the pool did before relayrl/agents/clients.py), and as the pool does now, over one shared connection pool."""
     import openai
+
+    from relayrl.agents.clients import AgentClients
 
     start = time.perf_counter()
     for i in range(agents):
         openai.AsyncOpenAI(base_url=f"http://127.0.0.1:1/t/{i}/v1", api_key="relayrl", max_retries=0)
-    return time.perf_counter() - start
+    own = time.perf_counter() - start
+    start, shared = time.perf_counter(), AgentClients()
+    for i in range(agents):
+        shared.async_client(f"http://127.0.0.1:1/t/{i}/v1")
+    return own, time.perf_counter() - start
 
 
-def report(args, walls, added, base, clients: float) -> dict:
+def report(args, walls, added, base, clients: tuple[float, float]) -> dict:
     baseline = statistics.median(base)
     calls = args.agents * args.calls
     print(
@@ -231,7 +238,7 @@ def report(args, walls, added, base, clients: float) -> dict:
     print("| way | calls/s | wall (median) | wall / direct generate | added a call: first | later calls |")
     print("|---|---|---|---|---|---|")
     print(f"| engine generate, directly (baseline) | {calls / baseline:.0f} | {baseline * 1e3:.0f} ms | 1.00 | - | - |")
-    figures: dict = {"baseline_s": baseline, "client_construction_s": clients}
+    figures: dict = {"baseline_s": baseline, "client_construction_s": {"own": clients[0], "shared": clients[1]}}
     for way in WAYS:
         wall = statistics.median(walls[way])
         first, later = (statistics.median(values) for values in zip(*added[way]))
@@ -241,7 +248,8 @@ def report(args, walls, added, base, clients: float) -> dict:
         )
         figures[way] = {"wall_s": wall, "ratio": wall / baseline, "added_first_s": first, "added_later_s": later}
     print(
-        f"building the {args.agents} agents' openai clients (one per trajectory, as the pool does): {clients * 1e3:.0f} ms"
+        f"building the {args.agents} agents' openai clients: {clients[1] * 1e3:.0f} ms over one connection pool (the "
+        f"pool's way), {clients[0] * 1e3:.0f} ms with a connection pool each"
     )
     return figures
 

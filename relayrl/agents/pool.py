@@ -56,6 +56,7 @@ from relayrl.agents.chat import (
     same_reply,
     tool_call,
 )
+from relayrl.agents.clients import AgentClients
 from relayrl.agents.loading import load_agent
 from relayrl.agents.outcomes import (
     AGENT_THREADS,
@@ -135,6 +136,7 @@ class AgentPool:
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(slots, thread_name_prefix=AGENT_THREADS)
+        self.clients = AgentClients()  # each trajectory's openai client, over one connection pool
 
     # ---- the environment pool's interface (driver thread) ------------------------------------------------
     @property
@@ -272,20 +274,18 @@ class AgentPool:
         for key in list(self._live):
             self.release(key)
         self._threads.shutdown(wait=False, cancel_futures=True)
+        self.clients.close(self.server.loop, after_s=2 * GRACE_S)
         self.faults.loud_logs()
 
     # ---- the endpoint's loop ---------------------------------------------------------------------------
     async def _run(self, agent: _Agent, row: dict[str, Any]):
-        import openai
-
         url = self.server.base_url(agent.url_key)
-        settings = {"base_url": url, "api_key": "relayrl", "max_retries": 0, "timeout": None}
         if inspect.iscoroutinefunction(self.function):
-            async with openai.AsyncOpenAI(**settings) as client:
+            async with self.clients.async_client(url) as client:
                 return await self.function(client, row, **self.kwargs)
 
         def plain():
-            with openai.OpenAI(**settings) as client:
+            with self.clients.sync_client(url) as client:
                 return self.function(client, row, **self.kwargs)
 
         result = await asyncio.get_running_loop().run_in_executor(self._threads, plain)
