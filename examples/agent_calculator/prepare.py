@@ -35,6 +35,9 @@ TEMPLATE = (
     "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 TOOL_SHARE = 0.5
+# Positions, not parameters (rotary embeddings): room for the agent libraries' own prompts (examples/agents/: smolagents'
+# default system prompt alone is thousands of tokens), at no cost to the model's size.
+MAX_POSITIONS = 4096
 
 
 def call(a: int, b: int) -> str:
@@ -75,7 +78,7 @@ def build_model(out: Path, rows: list[dict]) -> None:
     tokenizer.chat_template = TEMPLATE
     model = build_tiny_model(
         vocab_size=len(tokenizer),
-        max_positions=512,
+        max_positions=MAX_POSITIONS,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
