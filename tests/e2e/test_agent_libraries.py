@@ -4,8 +4,11 @@ two steps through `env.agent`, with the example's config and nothing set for the
 A library that sends the conversation back as it was answered (the Agents SDK on chat completions, LangChain,
 pydantic-ai, litellm) makes the same calls as the example's own agent written against the openai client
 (examples/agent_calculator/agent.py): on the same seed every trajectory must come out with the same tokens and the
-same reward. The runs share one prepared model (prepare.py's, a short SFT pass on its conversations, cached like the
-demo's warm start) and this process; each run starts its own in-process vLLM engine (a few seconds).
+same reward, and every later call must extend the earlier ones (`tito/prefix_mismatch` 0), but for a call with bad
+arguments, which each library answers with its own error message (`comparable`). The runs share one prepared model
+(prepare.py's, a short SFT pass on its conversations, cached like the demo's warm start) and this process; each run
+starts its own in-process vLLM engine. Measured on the shared 2-core machine: 83 s for the file with the model cached
+(the hand-written run 23 s, each library 6-10 s, each xfail 3-5 s), 210 s when the SFT pass runs (~2 min of it).
 
 Marked xfail (strict) until the endpoint serves them: `/v1/responses` and `stream: true` (helper/wire), calls that
 rewrite the history (smolagents, DSPy: helper/forks).
