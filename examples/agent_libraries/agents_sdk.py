@@ -8,7 +8,7 @@ write an agent: a `function_tool`, an `Agent`, `Runner.run`. relayrl's client go
 
 Tracing is off: the SDK would otherwise export every run's trace to OpenAI.
 
-    relayrl train examples/agent_libraries/config.yaml env.agent=agents_sdk.py:agent
+    relayrl train examples/agent_libraries/config.yaml env.agent=examples/agent_libraries/agents_sdk.py:agent
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ answers a repeated prompt from its disk cache and the trajectory has no tokens.
 DSPy renders each step's whole trajectory into a new prompt (~2,500 tokens with its instructions): its calls do not
 extend the previous ones and each starts a new sample (`env.tito=fork`). The model needs 4,096 positions.
 
-    relayrl train examples/agent_libraries/config.yaml env.agent=dspy_agent.py:agent
+    relayrl train examples/agent_libraries/config.yaml env.agent=examples/agent_libraries/dspy_agent.py:agent
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 - `agent`: `ainvoke`, the final state's last message is the answer.
 - `streamed_agent`: `astream(stream_mode="messages")`, the model's tokens as they are sampled (`stream: true`).
 
-    relayrl train examples/agent_libraries/config.yaml env.agent=langchain_agent.py:agent
+    relayrl train examples/agent_libraries/config.yaml env.agent=examples/agent_libraries/langchain_agent.py:agent
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ message. relayrl's endpoint goes in as `api_base` (an `openai/` model name: an O
 
 litellm fetches its model price list from the internet when imported unless LITELLM_LOCAL_MODEL_COST_MAP is set.
 
-    relayrl train examples/agent_libraries/config.yaml env.agent=litellm_agent.py:agent
+    relayrl train examples/agent_libraries/config.yaml env.agent=examples/agent_libraries/litellm_agent.py:agent
 """
 
 from __future__ import annotations

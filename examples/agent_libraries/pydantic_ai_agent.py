@@ -5,7 +5,7 @@ pydantic-ai keeps the message history and sends it back each call.
 - `agent`: `Agent.run`.
 - `streamed_agent`: `Agent.run_stream` (`stream: true`).
 
-    relayrl train examples/agent_libraries/config.yaml env.agent=pydantic_ai_agent.py:agent
+    relayrl train examples/agent_libraries/config.yaml env.agent=examples/agent_libraries/pydantic_ai_agent.py:agent
 """
 
 from __future__ import annotations

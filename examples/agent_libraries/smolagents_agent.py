@@ -6,7 +6,7 @@ smolagents writes its own conversation each step (its ~3,450-token system prompt
 text, a last call without tools when `max_steps` runs out): its calls do not extend the previous ones, and each
 starts a new sample (`env.tito=fork`). The model needs 4,096 positions for the prompt.
 
-    relayrl train examples/agent_libraries/config.yaml env.agent=smolagents_agent.py:agent
+    relayrl train examples/agent_libraries/config.yaml env.agent=examples/agent_libraries/smolagents_agent.py:agent
 """
 
 from __future__ import annotations
