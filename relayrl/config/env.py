@@ -66,7 +66,11 @@ class EnvConfig(Section):
         "(env/truncated_frac), or drop it from the batch.",
     )
     timeout_s: float = Field(
-        default=30.0, gt=0, description="Seconds one environment step (or reset) may take; its worker is then killed."
+        default=30.0,
+        gt=0,
+        description="Seconds one environment step (or reset) may take; its worker is then killed. An agent "
+        "(env.agent): its own time before each model call and before it returns (not the time a call waits for the "
+        "engine); then it is cancelled.",
     )
     on_error: Literal["error", "zero", "skip"] = Field(
         default="error",
