@@ -3,10 +3,12 @@
 - `join_learner_group`: torch.distributed's default group for the learner ranks (gloo on CPU, nccl on GPU),
   formed by a TCP rendezvous with a deadline; the same timeout bounds every collective in it afterwards
   (FSDP's all-gathers and reduce-scatters included), so a dead or hung peer ends a call instead of hanging it.
-- `split_by_groups`: rank r takes the r-th contiguous slice of whole groups (a group never straddles two ranks,
-  so group packing and group-relative statistics still hold); every rank gets as many rows, because each
-  micro-batch is a collective that every rank must join.
-- `merge_experience` / `merge_results`: the per-rank results put back as one batch / one `UpdateResult`.
+- `split_by_groups`: rank r takes the r-th contiguous run of whole groups (a group never straddles two ranks,
+  so group packing and group-relative statistics still hold), the runs as even in rows as whole groups allow
+  (a group's forks make it larger). Every rank must run as many micro-batches, each a collective they all join,
+  so the smaller shares are padded up to the largest with rows that train nothing (`padded`).
+- `merge_experience` / `merge_results`: the per-rank results put back as one batch / one `UpdateResult`, the
+  padding rows left out.
 
 Leaves out: the sharding itself (sharded.py) and how ranks are started (tests spawn them; placement/learner_ranks.py
 starts Ray actors).
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
     from relayrl.learner.result import MismatchByVersion
     from relayrl.learner.settings import LearnerSettings
     from relayrl.types import Experience
+
+
+PADDING_GROUP = -1  # the group id of a rank's padding rows (a real batch numbers its groups from 0)
 
 
 def join_learner_group(
@@ -109,7 +114,7 @@ def rank_settings(settings: LearnerSettings, world: int) -> LearnerSettings:
     if settings.rollout.prompts_per_step % world:
         raise ConfigError(
             f"rollout.prompts_per_step={settings.rollout.prompts_per_step} must divide by {ranks}={world} "
-            "(each rank trains on whole groups)"
+            "(each rank trains as many whole groups; only a step's forks make the ranks' rows differ)"
         )
     if settings.mini_batch % world:
         raise ConfigError(f"train.mini_batch={settings.mini_batch} must divide by {ranks}={world}")
@@ -121,46 +126,94 @@ def rank_settings(settings: LearnerSettings, world: int) -> LearnerSettings:
 
 
 def share_bounds(exp: Experience, world: int) -> list[tuple[int, int]]:
-    """[start, end) rows of each rank: contiguous whole groups, the same number of rows on every rank."""
+    """[start, end) rows of each rank: a contiguous run of whole groups, at least one, in batch order; the largest
+    share as small as whole groups allow (groups differ in size when trajectories fork)."""
     rows = len(exp)
     starts = torch.ones(rows, dtype=torch.bool)
     starts[1:] = exp.group_ids[1:] != exp.group_ids[:-1]
     group_starts = torch.nonzero(starts).flatten().tolist()
-    groups = len(group_starts)
-    if groups % world or rows % world:
+    if len(group_starts) < world:
         raise PlacementError(
-            f"placement.learner_ranks={world} must divide the step's groups ({groups}) and rows ({rows}): "
-            "each rank takes whole groups, the same number of rows"
+            f"placement.learner_ranks={world} needs at least {world} groups in a step, this one has "
+            f"{len(group_starts)}: each rank trains whole groups"
         )
-    per_rank = groups // world
-    bounds = [(group_starts[r * per_rank], (group_starts + [rows])[(r + 1) * per_rank]) for r in range(world)]
-    sizes = {end - start for start, end in bounds}
-    if len(sizes) != 1:
-        raise PlacementError(
-            f"placement.learner_ranks={world}: whole groups give the ranks {[e - s for s, e in bounds]} rows; "
-            "every rank needs as many (use groups of one size)"
-        )
-    return bounds
+    sizes = [end - start for start, end in zip(group_starts, group_starts[1:] + [rows])]
+    cuts = [group_starts[g] for g in balanced_cuts(sizes, world)] + [rows]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def balanced_cuts(sizes: list[int], world: int) -> list[int]:
+    """The first group of each rank (indices into `sizes`, the groups' rows in batch order): the smallest cap on a
+    rank's rows that `_fill` meets with `world` ranks, found by bisection."""
+    low, high = max(sizes), sum(sizes)
+    while low < high:
+        cap = (low + high) // 2
+        if len(_fill(sizes, world, cap)) <= world:
+            high = cap
+        else:
+            low = cap + 1
+    return _fill(sizes, world, low)
+
+
+def _fill(sizes: list[int], world: int, cap: int) -> list[int]:
+    """Left to right, a rank takes groups while its rows stay within `cap`, and ends early where every rank left
+    must take one of the groups left; more than `world` starts: `cap` is too small."""
+    starts, load = [0], 0
+    for group, size in enumerate(sizes):
+        if load and (load + size > cap or len(sizes) - group == world - len(starts)):
+            starts.append(group)
+            load = 0
+        load += size
+    return starts
 
 
 def split_by_groups(exp: Experience, world: int) -> list[Experience]:
-    return [exp.select(torch.arange(start, end)) for start, end in share_bounds(exp, world)]
+    """Each rank's share (`share_bounds`), padded to the largest one's rows (`padded`): every micro-batch is a
+    collective that every rank joins, so every rank runs as many."""
+    bounds = share_bounds(exp, world)
+    most = max(end - start for start, end in bounds)
+    return [padded(exp.select(torch.arange(start, end)), most) for start, end in bounds]
+
+
+def padded(part: Experience, rows: int) -> Experience:
+    """`part` followed by padding rows up to `rows`: copies of its shortest row that train nothing (no loss tokens,
+    advantage 0), in a group of their own (PADDING_GROUP), so they add nothing to the loss, its normaliser, the
+    gradients or the token-weighted metrics; only to `learner/positions` (they are computed)."""
+    missing = rows - len(part)
+    if missing == 0:
+        return part
+    shortest = int(part.attention_mask.sum(dim=1).argmin())
+    out = part.select(torch.cat([torch.arange(len(part)), torch.full((missing,), shortest)]))
+    out.loss_mask[len(part) :] = 0.0
+    out.group_ids[len(part) :] = PADDING_GROUP
+    if out.advantages is not None:
+        out.advantages[len(part) :] = 0.0
+    if out.forks is not None:
+        out.forks[len(part) :] = False
+    return out
+
+
+def real_rows(part: Experience) -> int:
+    """The rows of a rank's share that are the batch's (its padding rows come after them)."""
+    return int((part.group_ids != PADDING_GROUP).sum())
 
 
 PREPARED = ("old_logprobs", "ref_logprobs", "values", "reward_penalty")  # what `prepare` fills in on each rank
 
 
 def merge_experience(whole: Experience, parts: list[Experience]) -> Experience:
-    """`whole` with the per-token fields the ranks filled in, padded back to its width, rows in rank order."""
+    """`whole` with the per-token fields the ranks filled in, padded back to its width, rows in rank order (each
+    rank's padding rows left out)."""
     for name in PREPARED:
         pieces = [getattr(part, name) for part in parts]
         if any(piece is None for piece in pieces):
             continue
         full = torch.zeros_like(whole.loss_mask)
         row = 0
-        for piece in pieces:
-            full[row : row + len(piece), : piece.shape[1]] = piece
-            row += len(piece)
+        for piece, part in zip(pieces, parts):
+            rows = real_rows(part)
+            full[row : row + rows, : piece.shape[1]] = piece[:rows]
+            row += rows
         setattr(whole, name, full)
     return whole
 
@@ -170,8 +223,9 @@ def sample_rows_of(parts: list[Experience], sample_rows: int) -> list[int]:
     the log-probs each rank sends back, so that joined in rank order they are exactly those rows'."""
     counts, start = [], 0
     for part in parts:
-        counts.append(max(0, min(len(part), sample_rows - start)))
-        start += len(part)
+        rows = real_rows(part)
+        counts.append(max(0, min(rows, sample_rows - start)))
+        start += rows
     return counts
 
 

@@ -4,9 +4,9 @@ The ranks share the learner's bundle (each reserves 1/W of its CPUs and threads)
 rank 0 names a rendezvous address on its own node, and every rank then builds its sharded learner there at
 once (the rendezvous has the call deadline). The controller and the weight sync hold a `LearnerRanks`: the
 same methods as a `LearnerRole` handle, each call sent to every rank that takes part in it, with the step's
-batch split by whole groups (`prepare`, `update`) and the results joined (rank 0's where they agree). The
-ranks are awaited together with one deadline (`placement.call_timeout_s`), and a failure names the rank that
-caused it, not the peers it held up:
+batch split by whole groups, padded to as many rows on every rank (`prepare`, `update`), and the results joined
+without the padding (rank 0's where they agree). The ranks are awaited together with one deadline
+(`placement.call_timeout_s`), and a failure names the rank that caused it, not the peers it held up:
 - a rank that dies ends the call as `learner rank r` with the actor and Ray's root cause;
 - a rank whose call fails inside a collective (gloo/nccl: a peer left, or the group's timeout, which equals the
   call's, ran out) was waiting for a peer: its error is held while the others are awaited;

@@ -23,6 +23,18 @@ OBJECTIVES = {
     # the other forward layouts: each group packed into one row, the model's own logits
     "packed_logits": ["train.packing=groups", "train.logits_chunk=0"],
 }
+# a step whose trajectories forked (groups of 5, 4, 6 and 4 rows): the KL in the reward (old and reference
+# log-probs and the penalty filled by prepare, joined before the advantages), its adaptive coefficient fast enough
+# to show the rows it counts; rollout.n=5 so that the 19 rows are one mini-batch at W=1 (and 10 on each rank)
+FORKS = [
+    "rollout.n=5",
+    "algorithm.kl.coef=0.1",
+    "algorithm.kl.placement=reward",
+    "algorithm.kl.controller=adaptive",
+    "algorithm.kl.horizon=100",
+]
+FORKS_PER_GROUP = (1, 0, 2, 0)
+LOGGED_ROWS = 12  # the step's logged rows: rank 0's 9 (not its padding row) and rank 1's first 3
 BUCKET_MB = 0.02  # ~20 KiB buckets: the tiny model (~190 KiB) spans many
 
 
@@ -63,6 +75,33 @@ def experience(seed=0, groups=4, n=4, vocab=16):
     return exp
 
 
+def forked_experience(seed=0, n=4, vocab=16):
+    """Groups of `n` trajectories, trajectory 0 of group g forked FORKS_PER_GROUP[g] times: its forks (fork_of=0,
+    the tokens sampled before each rebuilt call) after the group's members, with its reward. No advantages yet
+    (`with_advantages`). Returns (experience, rollouts)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def sample(prompt, index, length, fork_of=None):
+        response = torch.randint(4, vocab, (length,), generator=gen).tolist()
+        return Rollout(prompt, index, response, "", [-1.5] * length, "stop", [0] * length, fork_of=fork_of)
+
+    rollouts, scores = [], []
+    for g, forks in enumerate(FORKS_PER_GROUP):
+        prompt = Prompt(id=f"p{g}", text="", token_ids=torch.randint(4, vocab, (3 + g,), generator=gen).tolist())
+        rollouts += [sample(prompt, i, 1 + (3 * g + 2 * i + seed) % 7) for i in range(n)]
+        rollouts += [sample(prompt, n + k, 2 + k, fork_of=0) for k in range(forks)]
+        rewards = [float((g + i + seed) % 2) + 0.1 * i for i in range(n)]
+        scores += [Score(r) for r in rewards] + [Score(rewards[0])] * forks
+    return make_experience(rollouts, scores, pad_id=0), rollouts
+
+
+def with_advantages(exp, rollouts):
+    """GRPO advantages over each group's trajectories, with the KL penalty that `prepare` put in the rewards."""
+    from relayrl.algorithms.stage import estimate_advantages
+
+    return estimate_advantages(grpo, False, exp, rollouts)
+
+
 def share(seed: int, rank: int):
     from relayrl.learner.process_group import split_by_groups
 
@@ -76,8 +115,9 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
     torch.set_num_threads(1)
 
     def learner(objective):
+        overrides = FORKS if objective == "forks" else OBJECTIVES[objective]
         return sharded_learner(
-            learner_settings(config(model_dir, OBJECTIVES[objective])), rank, WORLD, "127.0.0.1", port, timeout_s=60
+            learner_settings(config(model_dir, overrides)), rank, WORLD, "127.0.0.1", port, timeout_s=60
         )
 
     def publish(name, value):
@@ -88,6 +128,7 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
     for objective in OBJECTIVES:
         trained = learner(objective)
         publish(objective, step(trained, share(0, rank), "loss/policy"))
+    publish("forks", forked_step(learner("forks"), rank))
     publish("sync", sync(trained, rank, model_dir, Path(out_dir)))
     publish("resume", resume(learner, rank, single_checkpoint, Path(out_dir)))
     leave_learner_group()
@@ -101,6 +142,28 @@ def step(learner, part, loss_name):
     stats = learner.update(0, learner.prepare(part)).metrics
     loss = all_reduce_sum(stats[loss_name])  # each rank's loss is its part of the global sum
     return {n: t.clone() for n, t in learner.named_weights()}, loss, stats["actor/grad_norm"]
+
+
+def forked_step(learner, rank):
+    """A step with forks as placement/learner_ranks.py runs it (the batch split by whole groups and padded, each
+    rank's results joined), the ranks' parts exchanged with all_gather_object: the prepared batch, the joined
+    result, the full weights and the KL coefficient after the step."""
+    import torch.distributed as dist
+
+    from relayrl.learner.process_group import merge_experience, merge_results, sample_rows_of, split_by_groups
+
+    def everyone(mine):
+        found = [None] * WORLD
+        dist.all_gather_object(found, mine)
+        return found
+
+    exp, rollouts = forked_experience()
+    exp = merge_experience(exp, everyone(learner.prepare(split_by_groups(exp, WORLD)[rank])))
+    parts = split_by_groups(with_advantages(exp, rollouts), WORLD)
+    result = learner.update(0, parts[rank], sample_rows_of(parts, LOGGED_ROWS)[rank])
+    merged = merge_results(everyone(result), [float(p.loss_mask.sum()) for p in parts])
+    weights = {n: t.clone() for n, t in learner.named_weights()}
+    return exp, merged, weights, learner.policy.objective.kl_controller.coef
 
 
 def sync(learner, rank, model_dir, out_dir):

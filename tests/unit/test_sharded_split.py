@@ -1,20 +1,26 @@
 """How a step's batch is divided among learner ranks and joined again, and the config checks (no processes)."""
 
+import itertools
+import random
+
 import pytest
 import torch
 
 from relayrl.errors import ConfigError, PlacementError
 from relayrl.learner.process_group import (
+    PADDING_GROUP,
+    balanced_cuts,
     merge_experience,
     merge_results,
     merge_stats,
     rank_settings,
     sample_rows_of,
+    share_bounds,
     split_by_groups,
 )
 from relayrl.learner.result import UpdateResult
 from relayrl.placement.sections import learner_settings
-from tests.unit.test_sharded_scenarios import config, experience
+from tests.unit.test_sharded_scenarios import config, experience, forked_experience
 
 
 def test_each_rank_takes_whole_groups_in_order_and_the_parts_join_back():
@@ -27,9 +33,56 @@ def test_each_rank_takes_whole_groups_in_order_and_the_parts_join_back():
     assert torch.equal(joined.old_logprobs, exp.loss_mask * 2.0)
 
 
-def test_ranks_need_the_same_number_of_rows():
-    exp = experience(groups=3)
-    with pytest.raises(PlacementError, match="placement.learner_ranks=2 must divide the step's groups"):
+def test_groups_of_different_sizes_are_split_whole_and_the_smaller_share_is_padded():
+    """Groups of 5, 4, 6 and 4 rows (forks): 9 and 10 rows; rank 0's padding row trains nothing and is left out when
+    the parts join."""
+    exp, _ = forked_experience()
+    exp.advantages = torch.ones_like(exp.loss_mask)
+    assert share_bounds(exp, 2) == [(0, 9), (9, 19)]
+    first, second = split_by_groups(exp, 2)
+    assert len(first) == len(second) == 10
+    assert first.group_ids.tolist() == [0] * 5 + [1] * 4 + [PADDING_GROUP]
+    assert second.group_ids.tolist() == [2] * 6 + [3] * 4
+    pad = first.select(torch.tensor([9]))
+    shortest = int(exp.attention_mask[:9].sum(dim=1).argmin())
+    assert torch.equal(pad.input_ids[0], exp.input_ids[shortest, : pad.input_ids.shape[1]])
+    assert pad.loss_mask.sum() == 0 and pad.advantages.sum() == 0 and not pad.forks.any()
+    assert exp.loss_mask[shortest].sum() > 0 and exp.group_ids.min() == 0  # the batch itself is untouched
+    for part in (first, second):
+        part.old_logprobs = part.loss_mask * 2.0
+        part.old_logprobs[part.group_ids == PADDING_GROUP] = 7.0  # what a rank computes for its padding
+    assert torch.equal(merge_experience(exp, [first, second]).old_logprobs, exp.loss_mask * 2.0)
+    assert sample_rows_of([first, second], 12) == [9, 3]  # the batch's first 12 rows: not rank 0's padding
+
+
+def test_shares_are_as_even_as_contiguous_whole_groups_allow():
+    """Against every way to cut the groups into W non-empty contiguous runs: the largest share is the least."""
+    rng = random.Random(0)
+    for _ in range(300):
+        sizes = [rng.randint(1, 8) for _ in range(rng.randint(1, 9))]
+        world = rng.randint(1, len(sizes))
+        starts = balanced_cuts(sizes, world)
+        assert len(starts) == world and starts[0] == 0 and starts == sorted(set(starts))
+        best = min(_largest(sizes, [0, *cuts]) for cuts in itertools.combinations(range(1, len(sizes)), world - 1))
+        assert _largest(sizes, starts) == best, (sizes, world)
+
+
+def _largest(sizes: list[int], starts: list[int]) -> int:
+    ends = [*starts[1:], len(sizes)]
+    return max(sum(sizes[s:e]) for s, e in zip(starts, ends))
+
+
+def test_groups_of_one_size_are_split_as_before():
+    exp = experience(groups=6)  # 6 groups of 4
+    assert share_bounds(exp, 3) == [(0, 8), (8, 16), (16, 24)]
+    assert [len(p) for p in split_by_groups(exp, 3)] == [8, 8, 8]
+
+
+def test_fewer_groups_than_ranks_is_refused():
+    exp = experience(groups=1)
+    with pytest.raises(
+        PlacementError, match="placement.learner_ranks=2 needs at least 2 groups in a step, this one has 1"
+    ):
         split_by_groups(exp, 2)
 
 
