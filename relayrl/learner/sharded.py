@@ -6,8 +6,9 @@ state. Only rank 0 reads the weights; the other ranks build the models on the me
 shards from rank 0 (sharded_init.py), so their peak at start is their share, not the model. On GPU, FSDP2's
 mixed-precision policy runs the passes in bf16 over fp32 master shards (sharded_init.mixed_precision).
 
-The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch (whole groups, as
-many rows on each rank). Two things make the step independent of W and of the micro-batch split:
+The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch (whole groups, the
+smaller shares padded with rows that train nothing, so that every rank has as many rows: split_by_groups in
+process_group.py). Two things make the step independent of W and of the micro-batch split:
 - the loss normaliser (tokens or sequences of the mini-batch) is all-reduced over the ranks before any
   micro-batch's loss is divided by it, so each rank's loss is its part of one global sum; the critic's value
   loss divides by the global token count likewise, and each rank reports the global value loss;
@@ -47,7 +48,7 @@ from torch.distributed.fsdp import (
 )
 from torch.distributed.tensor import DTensor
 
-from relayrl.learner.process_group import all_reduce_sum, join_learner_group, rank_settings
+from relayrl.learner.process_group import all_reduce_sum, join_learner_group, rank_settings, real_rows
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 from relayrl.learner.sharded_lora import push_view
 from relayrl.sync.buckets import make_layout
@@ -154,6 +155,7 @@ class ShardedRanks:
         self.rank, self.world = group.rank, group.world
         self.empty_models = group.rank > 0  # only rank 0 reads the weights
         self.tokens = 0.0  # the rank's trained tokens this update: the KL controller's weight
+        self.padding = 0  # the rank's padding rows this update
         self.layout: BucketLayout | None = None
         self.sync_plan: SyncPlan | None = None
 
@@ -191,6 +193,7 @@ class ShardedRanks:
 
     def update(self, learner: LearnerRole, step: int, exp: Experience, sample_rows: int) -> UpdateResult:
         self.tokens = float(exp.loss_mask.sum())
+        self.padding = len(exp) - real_rows(exp)  # split_by_groups' rows, which the KL controller does not count
         result = learner.train_step(step, exp, sample_rows)
         if learner.critic is None:
             return result
@@ -273,7 +276,7 @@ class _GlobalKL:
     def update(self, kl: float, n_steps: int):
         tokens = self.ranks.tokens
         mean = all_reduce_sum(kl * tokens) / max(all_reduce_sum(tokens), 1.0)
-        return self.local.update(mean, int(all_reduce_sum(n_steps)))
+        return self.local.update(mean, int(all_reduce_sum(n_steps - self.ranks.padding)))
 
 
 def sharded_learner(
