@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from relayrl.placement.sections import learner_settings
 from relayrl.sync.remote import free_port
 from tests.unit.test_sharded_scenarios import (
-    FORKS,
+    FORKED,
     LOGGED_ROWS,
     OBJECTIVES,
     WORLD,
@@ -101,26 +101,31 @@ def test_one_step_matches_single_learner(random_model_dir, ranks, objective):
     assert moved > 5e-4  # the step did move the weights (lr 1e-3)
 
 
-def test_a_step_with_forks_matches_single_learner(random_model_dir, ranks):
+@pytest.mark.parametrize("scenario", list(FORKED))
+def test_a_step_with_forks_matches_single_learner(random_model_dir, ranks, scenario):
     """Groups of 5, 4, 6 and 4 rows: rank 0 takes 9 rows and a padding row, rank 1 10. The joined batch, losses,
     metrics, logged rows, adaptive KL coefficient and weights are one learner's on the 19 rows."""
     from relayrl.learner.role import LearnerRole
 
-    single = LearnerRole(learner_settings(config(random_model_dir, FORKS)))
+    single = LearnerRole(learner_settings(config(random_model_dir, FORKED[scenario])))
     before = params(single)
     exp, rollouts = forked_experience()
     exp = with_advantages(single.prepare(exp), rollouts)
     want = single.update(0, exp, LOGGED_ROWS)
-    joined, got, weights, coef = ranks("forks")
+    joined, got, weights, coef = ranks(scenario)
     trained = exp.loss_mask.bool()
-    for name in ("old_logprobs", "ref_logprobs", "reward_penalty"):
-        torch.testing.assert_close(getattr(joined, name)[trained], getattr(exp, name)[trained], atol=1e-5, rtol=0)
-    for name in ("loss/policy", "loss/total", "actor/grad_norm", "actor/kl", "actor/entropy", "actor/ratio_mean"):
+    for name in ("loss/policy", "loss/total", "actor/grad_norm", "actor/entropy", "actor/ratio_mean"):
         assert got.metrics[name] == pytest.approx(want.metrics[name], rel=1e-5, abs=1e-7), name
-    assert got.metrics["actor/kl_coef"] == want.metrics["actor/kl_coef"]
-    # the controller counts the batch's 19 rows, not the padding row: 0.1 * (1 - 0.2 * 19 / 100)
-    assert coef == pytest.approx(single.policy.objective.kl_controller.coef, rel=1e-9)
-    assert coef == pytest.approx(0.1 * (1 - 0.2 * 19 / 100), rel=1e-6)
+    if scenario == "forks_packed":
+        assert got.metrics["learner/packed_frac"] == want.metrics["learner/packed_frac"] == 1.0
+    else:
+        for name in ("old_logprobs", "ref_logprobs", "reward_penalty"):
+            torch.testing.assert_close(getattr(joined, name)[trained], getattr(exp, name)[trained], atol=1e-5, rtol=0)
+        assert got.metrics["actor/kl"] == pytest.approx(want.metrics["actor/kl"], abs=1e-7)
+        assert got.metrics["actor/kl_coef"] == want.metrics["actor/kl_coef"]
+        # the controller counts the batch's 19 rows, not the padding row: 0.1 * (1 - 0.2 * 19 / 100)
+        assert coef == pytest.approx(single.policy.objective.kl_controller.coef, rel=1e-9)
+        assert coef == pytest.approx(0.1 * (1 - 0.2 * 19 / 100), rel=1e-6)
     assert got.mismatch.keys() == want.mismatch.keys()
     for version, (gap_sum, gap_max, tokens) in want.mismatch.items():
         assert got.mismatch[version][2] == tokens

@@ -23,16 +23,20 @@ OBJECTIVES = {
     # the other forward layouts: each group packed into one row, the model's own logits
     "packed_logits": ["train.packing=groups", "train.logits_chunk=0"],
 }
-# a step whose trajectories forked (groups of 5, 4, 6 and 4 rows): the KL in the reward (old and reference
-# log-probs and the penalty filled by prepare, joined before the advantages), its adaptive coefficient fast enough
-# to show the rows it counts; rollout.n=5 so that the 19 rows are one mini-batch at W=1 (and 10 on each rank)
-FORKS = [
-    "rollout.n=5",
-    "algorithm.kl.coef=0.1",
-    "algorithm.kl.placement=reward",
-    "algorithm.kl.controller=adaptive",
-    "algorithm.kl.horizon=100",
-]
+# a step whose trajectories forked (groups of 5, 4, 6 and 4 rows), rollout.n=5 so that its 19 rows are one
+# mini-batch at W=1 (and 10 on each rank): the KL in the reward (old and reference log-probs and the penalty filled
+# by prepare, joined before the advantages), its adaptive coefficient fast enough to show the rows it counts; and
+# groups packed into rows within a token budget (the ranks' micro-batches evened out, a padding row packed too)
+FORKED = {
+    "forks_kl": [
+        "rollout.n=5",
+        "algorithm.kl.coef=0.1",
+        "algorithm.kl.placement=reward",
+        "algorithm.kl.controller=adaptive",
+        "algorithm.kl.horizon=100",
+    ],
+    "forks_packed": ["rollout.n=5", "train.packing=groups", "train.micro_batch_tokens=40"],
+}
 FORKS_PER_GROUP = (1, 0, 2, 0)
 LOGGED_ROWS = 12  # the step's logged rows: rank 0's 9 (not its padding row) and rank 1's first 3
 BUCKET_MB = 0.02  # ~20 KiB buckets: the tiny model (~190 KiB) spans many
@@ -40,7 +44,8 @@ BUCKET_MB = 0.02  # ~20 KiB buckets: the tiny model (~190 KiB) spans many
 
 def config(model_dir, extra=()):
     overrides = [f"model.path={model_dir}", "rollout.n=4", "rollout.prompts_per_step=4", "train.lr=1e-3"]
-    return load_config(None, overrides + ["train.micro_batch=4", *extra])
+    budget = any(o.startswith("train.micro_batch_tokens=") for o in extra)
+    return load_config(None, overrides + ([] if budget else ["train.micro_batch=4"]) + list(extra))
 
 
 def assert_same_first_step(got: dict, want: dict, before: dict, lr: float = 1e-3) -> None:
@@ -76,9 +81,10 @@ def experience(seed=0, groups=4, n=4, vocab=16):
 
 
 def forked_experience(seed=0, n=4, vocab=16):
-    """Groups of `n` trajectories, trajectory 0 of group g forked FORKS_PER_GROUP[g] times: its forks (fork_of=0,
-    the tokens sampled before each rebuilt call) after the group's members, with its reward. No advantages yet
-    (`with_advantages`). Returns (experience, rollouts)."""
+    """Groups of `n` trajectories, trajectory 0 of group g forked FORKS_PER_GROUP[g] times: its last sample starts
+    from a rebuilt (longer) prompt, its forks (fork_of=0, the tokens sampled before each rebuilt call, from the
+    group's prompt) come after the group's members, with its reward. No advantages yet (`with_advantages`).
+    Returns (experience, rollouts)."""
     gen = torch.Generator().manual_seed(seed)
 
     def sample(prompt, index, length, fork_of=None):
@@ -88,7 +94,8 @@ def forked_experience(seed=0, n=4, vocab=16):
     rollouts, scores = [], []
     for g, forks in enumerate(FORKS_PER_GROUP):
         prompt = Prompt(id=f"p{g}", text="", token_ids=torch.randint(4, vocab, (3 + g,), generator=gen).tolist())
-        rollouts += [sample(prompt, i, 1 + (3 * g + 2 * i + seed) % 7) for i in range(n)]
+        rebuilt = Prompt(id=prompt.id, text="", token_ids=prompt.token_ids + [5, 6]) if forks else prompt
+        rollouts += [sample(rebuilt if i == 0 else prompt, i, 1 + (3 * g + 2 * i + seed) % 7) for i in range(n)]
         rollouts += [sample(prompt, n + k, 2 + k, fork_of=0) for k in range(forks)]
         rewards = [float((g + i + seed) % 2) + 0.1 * i for i in range(n)]
         scores += [Score(r) for r in rewards] + [Score(rewards[0])] * forks
@@ -115,7 +122,7 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
     torch.set_num_threads(1)
 
     def learner(objective):
-        overrides = FORKS if objective == "forks" else OBJECTIVES[objective]
+        overrides = FORKED[objective] if objective in FORKED else OBJECTIVES[objective]
         return sharded_learner(
             learner_settings(config(model_dir, overrides)), rank, WORLD, "127.0.0.1", port, timeout_s=60
         )
@@ -128,7 +135,8 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
     for objective in OBJECTIVES:
         trained = learner(objective)
         publish(objective, step(trained, share(0, rank), "loss/policy"))
-    publish("forks", forked_step(learner("forks"), rank))
+    for forked in FORKED:
+        publish(forked, forked_step(learner(forked), rank))
     publish("sync", sync(trained, rank, model_dir, Path(out_dir)))
     publish("resume", resume(learner, rank, single_checkpoint, Path(out_dir)))
     leave_learner_group()
