@@ -150,7 +150,7 @@ class PolicyLearner:
         correction = {} if self.correct_in_pass else self.objective.correct(exp)
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
-            for mini in self._chunks(order, self.settings.mini_batch):
+            for mini in self._mini_batches(order):
                 totals.n_stale.append(len(totals.grad_norm))  # optimizer steps since the samples' policy
                 normaliser = self.objective.normaliser(exp.loss_mask[mini])
                 for micro in self.micro.split(mini, exp):
@@ -202,9 +202,16 @@ class PolicyLearner:
             totals.ratio_max = max(totals.ratio_max, float(ratio_max))
         return logp.detach().cpu()
 
-    @staticmethod
-    def _chunks(index: torch.Tensor, size: int) -> Iterator[torch.Tensor]:
-        return iter(index.split(size))
+    def _mini_batches(self, order: torch.Tensor) -> list[torch.Tensor]:
+        """The rows of each optimizer step: `mini_batch` rows each, as many steps as the schedule counts per epoch
+        (`updates_per_step / epochs`). A step whose forks (relayrl/sources/trajectory.py) or ranks' padding rows
+        (relayrl/learner/process_group.py) add rows keeps that count, its rows spread over the same steps: more
+        steps would run the learning-rate schedule out early and train later mini-batches off-policy. The rule
+        reads only the row count, which every rank shares, so ranks take the same number of steps."""
+        steps = max(1, self.updates_per_step // self.settings.train.epochs)
+        if len(order) > steps * self.settings.mini_batch:
+            return list(order.tensor_split(steps))
+        return list(order.split(self.settings.mini_batch))
 
     # ------------------------------------------------------------------ weights
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

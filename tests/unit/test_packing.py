@@ -2,6 +2,8 @@
 give the learner the same log-probs, losses and gradients over fewer positions, with forked samples (env.tito=fork)
 too: a sample whose prompt differs from its group's gets a row of its own and its trajectory's advantage."""
 
+import math
+
 import pytest
 import torch
 
@@ -247,3 +249,16 @@ def test_an_update_with_forked_samples_runs_packed_as_padded(random_model_dir):
         for padded, packed in zip(grads["none"], grads[packing]):
             torch.testing.assert_close(packed, padded, atol=2e-5, rtol=1e-4)
         assert stats[packing]["loss/policy"] == pytest.approx(stats["none"]["loss/policy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("mini_batch", [16, 8])
+def test_a_step_with_forks_takes_the_optimizer_steps_the_schedule_counts(random_model_dir, mini_batch):
+    """Forks add rows (20 rows here for a rollout batch of 16): the step still takes updates_per_step optimizer steps (1 at
+    mini_batch=16, 2 at 8), the added rows spread over them, so the learning-rate schedule lasts train.steps and the
+    single-update case stays on-policy (no old log-prob pass, `logp.detach()` as old)."""
+    learner = PolicyLearner(learner_settings(_config(random_model_dir, micro_batch=8, mini_batch=mini_batch)))
+    exp = _experience_with_forks()
+    assert len(exp) == 20 and learner.updates_per_step == 16 // mini_batch
+    result = learner.update(exp)
+    assert learner.scheduler.last_epoch == learner.updates_per_step
+    assert math.isfinite(result.metrics["loss/policy"])
