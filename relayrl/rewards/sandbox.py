@@ -64,11 +64,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from relayrl.errors import RelayWarning, RewardError
+from relayrl.rewards.sandbox_teardown import kill_group, wait_group_gone, wait_uid_gone
 
 LAUNCHER = Path(__file__).with_name("_sandbox_launch.py")
 EXIT_SETUP_FAILED = 125  # the launcher's own code for "the sandbox could not be set up"
 MARKER_PREFIX = "relayrl-sandbox-"  # in every sandbox process's command line, so tests can look for leftovers
-TEARDOWN_S = 10.0  # the longest a killed sandbox may take to leave no process (far more than it ever needs)
+RUN_UID_BASE = 2_000_000  # as root, a run's program has uid RUN_UID_BASE + the launcher's pid (_sandbox_launch.py)
 Isolation = Literal["auto", "namespaces", "rlimits"]  # `isolation=`, checked at run time (resolve_isolation)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/tmp/work"}
 
@@ -212,7 +213,8 @@ def run_program(
                 cwd="/",
                 start_new_session=True,
             )
-            exit_code, timed_out = _wait_or_kill(process, limits.timeout_s)
+            own_uid = RUN_UID_BASE + process.pid if mode == "namespaces" and os.geteuid() == 0 else None
+            exit_code, timed_out = _wait_or_kill(process, limits.timeout_s, own_uid)
             wall_s = time.monotonic() - start
             stdout, stderr = (_read_capped(file, limits.output_bytes) for file in (fout, ferr))
     finally:
@@ -306,60 +308,20 @@ def _link_chain(path: str) -> list[str]:
     return chain + [os.path.realpath(path)]
 
 
-def _wait_or_kill(process: subprocess.Popen, timeout_s: float) -> tuple[int, bool]:
+def _wait_or_kill(process: subprocess.Popen, timeout_s: float, own_uid: int | None) -> tuple[int, bool]:
+    """(exit code, timed out) of the launcher, once nothing it started is left (`own_uid`: the program's uid of its
+    own, as root)."""
     try:
         process.wait(timeout=timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
         timed_out = True
-    _kill_group(process.pid)  # the launcher's group: with namespaces this ends them, too
+    kill_group(process.pid)  # the launcher's group: with namespaces this ends them, too
     code = process.wait()
-    _wait_group_gone(process.pid)
+    wait_group_gone(process.pid)
+    if own_uid is not None:
+        wait_uid_gone(own_uid)
     return (128 + signal.SIGKILL if timed_out else (code if code >= 0 else 128 - code)), timed_out
-
-
-def _kill_group(group: int) -> bool:
-    """SIGKILL process group `group`; False when no process is left in it."""
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _wait_group_gone(group: int) -> None:
-    """Return once no live process is left in the launcher's group, killing again as it waits.
-
-    The launcher's death does not end the run: its init (pid 1 of the sandbox's pid namespace, in this group,
-    reparented on the launcher's death) still has to kill and reap every process of the namespace, which the
-    kernel does before init itself exits. So the run is over once init is gone or a zombie. Race-free: a pid is
-    not reused while a process group of that number exists. Bounded by TEARDOWN_S (then a RewardError)."""
-    deadline = time.monotonic() + TEARDOWN_S
-    pause = 0.0005
-    while _kill_group(group) and not all(state == "Z" for state in _group_states(group)):
-        if time.monotonic() > deadline:
-            raise RewardError(
-                f"code sandbox: its processes were still running {TEARDOWN_S:g} s after the kill (process group "
-                f"{group}: states {sorted(_group_states(group))}); the kernel did not tear the sandbox down"
-            )
-        time.sleep(pause)
-        pause = min(2 * pause, 0.01)
-
-
-def _group_states(group: int) -> list[str]:
-    """The state letters (R, S, Z, ...) of the processes in process group `group`, read from /proc."""
-    states = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state ppid pgrp ...
-        except (OSError, IndexError):
-            continue  # exited while we looked
-        if int(fields[2]) == group:
-            states.append(fields[0].decode())
-    return states
 
 
 def _verdict(case: dict, run: ProgramRun) -> TestResult:
