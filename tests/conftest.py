@@ -48,8 +48,10 @@ def _work_order(items: list, groups: dict[str, str]) -> list:
     """The order the workers take the work in (make test passes `--no-loadscope-reorder`, so xdist keeps it): first
     the tests of the costly session fixtures, whose making also builds the warm start (one worker spends its first
     minutes there while the other takes the groups), then the groups, largest first, then the rest as collected
-    (end-to-end runs first, unit tests last, so the two workers end close together). Without it both workers reach
-    the warm start's users at once, and one waits on the other's build (~100 s of a core on a cold cache)."""
+    (end-to-end runs first, unit tests last, so the two workers end close together), and last the tests that bound
+    wall-clock time under a load they make themselves (`load_sensitive`: the code sandbox's 50 runs beside a busy
+    core failed once beside the warm start's training). Without this order both workers reach the warm start's users
+    at once, and one waits on the other's build (~100 s of a core on a cold cache)."""
     size: dict[str, int] = {}
     for group in groups.values():
         size[group] = size.get(group, 0) + 1
@@ -59,6 +61,8 @@ def _work_order(items: list, groups: dict[str, str]) -> list:
         group = groups.get(item.nodeid)
         if group in COSTLY_SESSION_FIXTURES:
             return 0, 0, index
+        if item.get_closest_marker("load_sensitive"):  # last, beside the unit tests' light load
+            return 3, 0, index
         return (1, -size[group], index) if group else (2, 0, index)
 
     return [item for _, item in sorted(enumerate(items), key=rank)]

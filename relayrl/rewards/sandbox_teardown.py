@@ -63,17 +63,18 @@ def wait_uid_gone(uid: int) -> None:
 
 
 def _uid_processes(uid: int) -> list[tuple[int, str]]:
-    """(pid, state letter) of the processes owned by `uid`, read from /proc."""
+    """(pid, state letter) of the processes whose real uid is `uid`, read from /proc/PID/status (not the directory's
+    owner: a process that changed its uid is not dumpable, and its /proc entries then belong to root)."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            if entry.stat().st_uid != uid:
-                continue
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                found.append((int(entry.name), f.read().rsplit(b")", 1)[1].split()[0].decode()))
-        except (OSError, IndexError):
+            with open(f"/proc/{entry.name}/status", "rb") as f:
+                fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+            if int(fields[b"Uid"].split()[0]) == uid:
+                found.append((int(entry.name), fields[b"State"].split()[0].decode()))
+        except (OSError, KeyError, ValueError, IndexError):
             continue  # exited while we looked
     return found
 
