@@ -34,10 +34,9 @@ demo: setup
 
 # Two pytest workers (pytest-xdist): most of a test's wall time is a process starting, a Ray head, an engine
 # loading, a timeout running out, so two workers on two cores take ~1.5x less time than one. Tests that must not
-# run beside each other share an `xdist_group`; tests/conftest.py orders the work (xdist keeps its order with
-# --no-loadscope-reorder). `make test WORKERS=0` runs them one by one.
+# run beside each other share an `xdist_group` (tests/conftest.py). `make test WORKERS=0` runs them one by one.
 WORKERS ?= 2
-XDIST := $(if $(filter 0,$(WORKERS)),-n 0,-n $(WORKERS) --dist loadgroup --no-loadscope-reorder)
+XDIST := $(if $(filter 0,$(WORKERS)),-n 0,-n $(WORKERS) --dist loadgroup)
 
 test: setup lint browser
 	$(BIN)/python -m pytest -q -rs --durations=25 $(XDIST) tests

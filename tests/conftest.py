@@ -29,43 +29,14 @@ COSTLY_SESSION_FIXTURES = ("straight_sync_run",)
 def pytest_collection_modifyitems(items):
     """Under `pytest -n N --dist loadgroup` (make test), keep on one worker the tests that share a costly fixture:
     every test of a module with a module-scoped fixture (a sharded learner's ranks, a trained model), and the users
-    of each costly session fixture; then order the work (`_work_order`). Without xdist the marks do nothing."""
-    groups: dict[str, str] = {}
+    of each costly session fixture. Without xdist the marks do nothing."""
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         for name, fixturedefs in defs.name2fixturedefs.items() if defs else ():
             if name in COSTLY_SESSION_FIXTURES:
-                groups[item.nodeid] = name
+                item.add_marker(pytest.mark.xdist_group(name))
             elif any(d.scope == "module" for d in fixturedefs):
-                groups.setdefault(item.nodeid, item.module.__name__)
-    for item in items:
-        if item.nodeid in groups:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
-    items[:] = _work_order(items, groups)
-
-
-def _work_order(items: list, groups: dict[str, str]) -> list:
-    """The order the workers take the work in (make test passes `--no-loadscope-reorder`, so xdist keeps it): first
-    the tests of the costly session fixtures, whose making also builds the warm start (one worker spends its first
-    minutes there while the other takes the groups), then the groups, largest first, then the rest as collected
-    (end-to-end runs first, unit tests last, so the two workers end close together), and last the tests that bound
-    wall-clock time under a load they make themselves (`load_sensitive`: the code sandbox's 50 runs beside a busy
-    core failed once beside the warm start's training). Without this order both workers reach the warm start's users
-    at once, and one waits on the other's build (~100 s of a core on a cold cache)."""
-    size: dict[str, int] = {}
-    for group in groups.values():
-        size[group] = size.get(group, 0) + 1
-
-    def rank(indexed: tuple[int, pytest.Item]) -> tuple[int, int, int]:
-        index, item = indexed
-        group = groups.get(item.nodeid)
-        if group in COSTLY_SESSION_FIXTURES:
-            return 0, 0, index
-        if item.get_closest_marker("load_sensitive"):  # last, beside the unit tests' light load
-            return 3, 0, index
-        return (1, -size[group], index) if group else (2, 0, index)
-
-    return [item for _, item in sorted(enumerate(items), key=rank)]
+                item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(scope="session")

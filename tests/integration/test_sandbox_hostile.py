@@ -26,9 +26,6 @@ from relayrl.errors import RewardError
 from relayrl.rewards import sandbox
 from relayrl.rewards.sandbox import MARKER_PREFIX, SandboxLimits, resolve_isolation, run_program, run_tests
 
-# each run's deadline is checked beside a core the test keeps busy itself: not beside the warm start's training too
-pytestmark = pytest.mark.load_sensitive
-
 LIMITS = SandboxLimits(timeout_s=1.5, cpu_s=1, memory_mb=256, file_mb=4, disk_mb=16, processes=16, output_bytes=4096)
 SECRET = "relayrl-fake-secret-7f3a9c"
 SCRATCH = [Path(tempfile.gettempdir()), Path("/var/tmp"), Path("/dev/shm"), Path.home()]
