@@ -26,10 +26,15 @@ COSTLY_SESSION_FIXTURES = ("straight_sync_run",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Under `pytest -n N --dist loadgroup` (make test), keep on one worker the tests that share a costly fixture:
     every test of a module with a module-scoped fixture (a sharded learner's ranks, a trained model), and the users
-    of each costly session fixture. Without xdist the marks do nothing."""
+    of each costly session fixture. Without xdist the marks do nothing. A collected GPU-lock check starts its
+    network-bound dry run now, in the background (tests/integration/test_gpu_lock_resolves.py)."""
+    if any(item.name == "test_pip_resolves_the_gpu_lock_as_a_whole" for item in items):
+        from tests.integration.test_gpu_lock_resolves import run_id_of, start_in_background
+
+        start_in_background(run_id_of(config))
     for item in items:
         defs = getattr(item, "_fixtureinfo", None)
         for name, fixturedefs in defs.name2fixturedefs.items() if defs else ():
