@@ -47,6 +47,13 @@ class RolloutConfig(Section):
         description="vLLM eager mode (no CUDA graphs or compilation): auto = on on CPU (compiling costs 40-95 s a "
         "start there and is not faster), off on a GPU.",
     )
+    model_runner: Literal["auto", "v1", "v2"] = Field(
+        default="auto",
+        description="vLLM's model runner: auto = vLLM's own choice (V2 where Triton is installed, its GPU default; V1 "
+        "otherwise, as on CPU, where the suite runs); v1 = the runner the CPU suite tests, a first GPU run's "
+        "fallback (VLLM_USE_V2_MODEL_RUNNER=0); v2 needs Triton (a GPU build), refused at the engine's start "
+        "without it.",
+    )
     sleep: Literal["auto", "off", 1, 2] = Field(
         default="auto",
         description="Colocated memory time-sharing: after generating, the engine sleeps (vLLM sleep level 1 keeps "

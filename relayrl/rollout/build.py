@@ -36,21 +36,25 @@ class EngineSettings:
 @dataclass(frozen=True)
 class EngineDevice:
     """How the engine uses its device, decided where the engine is built (an engine actor may have a GPU its
-    driver lacks): `rollout.dtype` and `rollout.enforce_eager` resolved, and whether it may sleep."""
+    driver lacks): `rollout.dtype` and `rollout.enforce_eager` resolved, whether it may sleep, and the model runner
+    asked for."""
 
     dtype: str  # "bfloat16", "float16", "float32"
     eager: bool
     sleep: bool  # rollout.sleep is a level: vLLM is built with its sleep mode on
+    model_runner: str = "auto"  # rollout.model_runner: vLLM's choice, or v1 / v2 asked for by name
 
     @classmethod
-    def resolve(cls, dtype: str = "auto", enforce_eager: str = "auto", sleep: int | str = "off") -> EngineDevice:
+    def resolve(
+        cls, dtype: str = "auto", enforce_eager: str = "auto", sleep: int | str = "off", model_runner: str = "auto"
+    ) -> EngineDevice:
         import torch
 
         gpu = torch.cuda.is_available()
         if dtype == "auto":
             dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if gpu else "float32"
         eager = not gpu if enforce_eager == "auto" else enforce_eager == "on"
-        return cls(dtype, eager, sleep not in ("off", "auto"))
+        return cls(dtype, eager, sleep not in ("off", "auto"), model_runner)
 
 
 def engine_from_settings(settings: EngineSettings, max_model_len: int, cores: str | None = None) -> Engine:
@@ -69,7 +73,7 @@ def engine_from_settings(settings: EngineSettings, max_model_len: int, cores: st
         cores=cores,
         adapter=settings.adapter(),  # sync.lora=adapter: the engine serves LoRA adapters
         tensor_parallel=r.tensor_parallel,
-        device=EngineDevice.resolve(r.dtype, r.enforce_eager, r.sleep),
+        device=EngineDevice.resolve(r.dtype, r.enforce_eager, r.sleep, r.model_runner),
     )
 
 

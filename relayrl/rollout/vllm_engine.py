@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from relayrl.data.vision import vision_token_ids
-from relayrl.errors import ModelError, SyncError
+from relayrl.errors import ConfigError, ModelError, SyncError
 from relayrl.models.adapter_sync import AdapterSpec
 from relayrl.rollout.build import EngineDevice
 from relayrl.rollout.seeds import prompt_seeds
@@ -53,6 +53,24 @@ def _configure_environment(kv_cache_gib: float, cores: str | None = None) -> Non
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
+def _choose_model_runner(model_runner: str) -> None:
+    """`rollout.model_runner` as vLLM reads it: VLLM_USE_V2_MODEL_RUNNER, set for the life of this process (vLLM
+    reads it again after the start, on every `use_v2_model_runner`). `auto` leaves vLLM's own choice (and a
+    user's export); v2 without Triton is refused here rather than by vLLM's config validation error."""
+    if model_runner == "auto":
+        return
+    from vllm import envs
+    from vllm.triton_utils import HAS_TRITON
+
+    if model_runner == "v2" and not HAS_TRITON:
+        raise ConfigError(
+            "rollout.model_runner=v2: vLLM's Model Runner V2 needs Triton, which this vLLM build does not have "
+            "(vLLM's CPU build never does); use rollout.model_runner=auto or v1"
+        )
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if model_runner == "v2" else "0"
+    envs.disable_envs_cache()
+
+
 class VLLMEngine:
     def __init__(
         self,
@@ -70,6 +88,7 @@ class VLLMEngine:
         _configure_environment(kv_cache_gib, cores)
         device = device or EngineDevice.resolve()
         threads = torch.get_num_threads()
+        _choose_model_runner(device.model_runner)
         from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
@@ -93,6 +112,7 @@ class VLLMEngine:
                 weight_transfer_config={"backend": BACKEND},  # every push through vLLM's weight-update session
             )
         torch.set_num_threads(threads)  # vLLM lowers torch's threads for serving; the learner shares this process
+        self.model_runner = "v2" if self.llm.llm_engine.vllm_config.use_v2_model_runner else "v1"
         if tensor_parallel > 1:
             tp_started(self.llm)
         # a vision-language model's image tokens are never sampled (the learner leaves them out too); a -inf bias is

@@ -49,6 +49,7 @@ def hf_logprobs(model, prompt_ids, response_ids, temperature=1.0):
 
 
 def test_generate_returns_n_rollouts_per_prompt_with_logprobs(engine, prompts):
+    assert engine.model_runner == "v1"  # rollout.model_runner=auto on CPU: vLLM's V2 runner needs Triton
     rollouts = engine.generate(prompts, Sampling(n=3, temperature=1.0, max_tokens=5, seed=1), version=7)
     assert [r.prompt.id for r in rollouts] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
     assert [r.group_index for r in rollouts[:3]] == [0, 1, 2]

@@ -12,7 +12,13 @@ from relayrl.placement import build_roles
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.sections import engine_settings
 
-ROLLOUT = {"engine": "vllm", "kv_cache_gib": 3.0, "gpu_memory_utilization": 0.35, "prefix_caching": "off"}
+ROLLOUT = {
+    "engine": "vllm",
+    "kv_cache_gib": 3.0,
+    "gpu_memory_utilization": 0.35,
+    "prefix_caching": "off",
+    "model_runner": "v1",
+}
 
 
 def capture(monkeypatch) -> list[dict]:
@@ -46,7 +52,7 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
         "prefix_caching": "off",
         "adapter": None,  # sync.lora=adapter only
         "tensor_parallel": 1,
-        "device": rollout_base.EngineDevice("float32", eager=True, sleep=False),  # auto on this CPU
+        "device": rollout_base.EngineDevice("float32", eager=True, sleep=False, model_runner="v1"),  # auto on this CPU
     }
 
 
@@ -68,3 +74,19 @@ def test_the_engines_device_settings_are_resolved_where_it_is_built(monkeypatch)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert EngineDevice.resolve("auto", "on", 2) == EngineDevice("bfloat16", eager=True, sleep=True)
     assert EngineDevice.resolve("float32", "off", "off") == EngineDevice("float32", eager=False, sleep=False)
+
+
+def test_the_model_runner_is_vllms_choice_unless_named_and_v2_without_triton_is_refused(monkeypatch):
+    import pytest
+
+    from relayrl.errors import ConfigError
+    from relayrl.rollout.vllm_engine import _choose_model_runner
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # a user's export
+    _choose_model_runner("auto")
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"  # auto: vLLM's own choice, and the user's export, stand
+    _choose_model_runner("v1")  # a first GPU run's fallback to the runner the CPU suite tests
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    with pytest.raises(ConfigError, match=r"rollout.model_runner=v2: .*needs Triton"):
+        _choose_model_runner("v2")  # vLLM's CPU build has no Triton
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"  # nothing changed by the refusal
