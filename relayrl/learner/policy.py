@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from relayrl.data.vision import vision_token_ids
 from relayrl.learner import malloc
@@ -146,7 +147,10 @@ class PolicyLearner:
         totals = _Totals()
         lr = self.scheduler.get_last_lr()[0]  # the rate this step's first update uses
         self.layout.take_counts()  # count the update's passes only
-        pre_update = torch.zeros_like(exp.loss_mask) if exp.old_logprobs is None else exp.old_logprobs
+        # on the device while the update fills it: one copy to the host a step, not one a micro-batch
+        pre_update = exp.old_logprobs
+        if pre_update is None:
+            pre_update = torch.zeros_like(exp.loss_mask, device=self.device)
         correction = {} if self.correct_in_pass else self.objective.correct(exp)
         for _ in range(train.epochs):
             order = torch.randperm(len(exp), generator=self.generator)
@@ -157,11 +161,13 @@ class PolicyLearner:
                     logp = self._accumulate(exp.select(micro), normaliser, totals)
                     if exp.old_logprobs is None:  # single on-policy step: these are the pre-update log-probs
                         pre_update[micro, : logp.shape[1]] = logp
-                totals.grad_norm.append(float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)))
+                norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
+                totals.grad_norm.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # FSDP2: reduced
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         stats = totals.summary(exp.loss_mask.sum() * train.epochs)
+        pre_update = pre_update.cpu()
         mismatch = mismatch_by_version(pre_update, exp.behaviour_logprobs, exp.loss_mask, exp.versions)
         stats.update(correction or totals.correction_metrics())
         if self.use_reference:
@@ -186,7 +192,8 @@ class PolicyLearner:
         return {"actor/kl_coef": coef}
 
     def _accumulate(self, part: Experience, normaliser: float, totals: _Totals) -> torch.Tensor:
-        """Forward + backward of one micro-batch; returns its detached log-probs [b, t]."""
+        """Forward + backward of one micro-batch; returns its detached log-probs [b, t], on the device. Nothing here
+        waits for the device: its metrics stay device tensors until the step's summary."""
         logp, entropy = self._token_stats(self.network, part, entropy_grad=self.objective.entropy_in_loss)
         old = logp.detach() if part.old_logprobs is None else part.old_logprobs.to(self.device)
         if self.correct_in_pass:
@@ -196,11 +203,10 @@ class PolicyLearner:
         with torch.no_grad():
             mask = part.loss_mask.to(self.device)
             sums["entropy"] = (entropy.detach() * mask).sum()
-            ratio_max = sums.pop("ratio_max")
+            totals.add_max("ratio_max", sums.pop("ratio_max"))
             for name, value in sums.items():
                 totals.add(name, value)
-            totals.ratio_max = max(totals.ratio_max, float(ratio_max))
-        return logp.detach().cpu()
+        return logp.detach()
 
     def _mini_batches(self, order: torch.Tensor) -> list[torch.Tensor]:
         """The rows of each optimizer step: `mini_batch` rows each, as many steps as the schedule counts per epoch
@@ -243,51 +249,78 @@ class PolicyLearner:
 
 
 class _Totals:
-    """Token-weighted sums across micro-batches, turned into per-token means once per step."""
+    """Token-weighted sums across micro-batches, turned into per-token means once per step. The sums stay where the
+    update computed them (device tensors, float64) and come to the host together in `summary`: on a GPU, one
+    synchronisation a step instead of one per metric per micro-batch."""
 
     def __init__(self):
-        self.sums: dict[str, float] = {}
-        self.grad_norm: list[float] = []
+        self.sums: dict[str, torch.Tensor] = {}
+        self.maxima: dict[str, torch.Tensor] = {}  # ratio_max, and in-pass TIS's ratio_max
+        self.grad_norm: list[torch.Tensor] = []  # per optimizer step
         self.n_stale: list[int] = []  # per mini-batch
-        self.ratio_max = 0.0
-        self.correction: dict[str, float] = {}  # in-pass TIS: token-weighted sums, and the max ratio
+        self.correction: dict[str, torch.Tensor] = {}  # in-pass TIS: token-weighted sums
         self.tokens = 1.0  # response tokens of the step, set by `summary`
+        self.host: dict[str, Any] = {}  # the accumulated values, on the host: set by `summary`
+
+    def add(self, name: str, value: torch.Tensor, into: dict[str, torch.Tensor] | None = None) -> None:
+        sums = self.sums if into is None else into
+        value = value.detach().double()
+        sums[name] = sums[name] + value if name in sums else value
+
+    def add_max(self, name: str, value: torch.Tensor) -> None:
+        value = value.detach().double()
+        self.maxima[name] = torch.maximum(self.maxima[name], value) if name in self.maxima else value
 
     def add_correction(self, sums: dict[str, torch.Tensor]) -> None:
         for name, value in sums.items():
-            old = self.correction.get(name, 0.0)
-            self.correction[name] = max(old, float(value)) if name == "ratio_max" else old + float(value)
-
-    def correction_metrics(self) -> dict[str, float]:
-        if not self.correction:
-            return {}
-        tokens = max(self.tokens, 1.0)
-        return {
-            "correction/ratio_mean": self.correction["ratio_sum"] / tokens,
-            "correction/ratio_max": self.correction["ratio_max"],
-            "correction/truncated_frac": self.correction["hit_tokens"] / tokens,
-        }
-
-    def add(self, name: str, value: torch.Tensor) -> None:
-        self.sums[name] = self.sums.get(name, 0.0) + float(value)
+            if name == "ratio_max":
+                self.add_max("correction_ratio_max", value)
+            else:
+                self.add(name, value, into=self.correction)
 
     def summary(self, trained: torch.Tensor) -> dict[str, Any]:
+        values = self.host = self._to_host()
+        sums, grad_norm = values["sums"], values["grad_norm"]
         tokens = self.tokens = max(float(trained), 1.0)
         stats = {
-            "loss/policy": self.sums["loss_policy"] / len(self.grad_norm),  # mean over optimizer steps
-            "loss/total": self.sums["loss_total"] / len(self.grad_norm),
-            "actor/dual_clip_frac": self.sums["dual_clip_tokens"] / tokens,
+            "loss/policy": sums["loss_policy"] / len(grad_norm),  # mean over optimizer steps
+            "loss/total": sums["loss_total"] / len(grad_norm),
+            "actor/dual_clip_frac": sums["dual_clip_tokens"] / tokens,
             "stale/mean": sum(self.n_stale) / len(self.n_stale),  # optimizer steps, per mini-batch
             "stale/max": float(max(self.n_stale)),
-            "actor/entropy": self.sums["entropy"] / tokens,
-            "actor/clip_frac": self.sums["clip_tokens"] / tokens,
-            "actor/ratio_mean": self.sums["ratio_sum"] / tokens,
-            "actor/ratio_max": self.ratio_max,
-            "actor/grad_norm": sum(self.grad_norm) / len(self.grad_norm),
+            "actor/entropy": sums["entropy"] / tokens,
+            "actor/clip_frac": sums["clip_tokens"] / tokens,
+            "actor/ratio_mean": sums["ratio_sum"] / tokens,
+            "actor/ratio_max": values["maxima"].get("ratio_max", 0.0),
+            "actor/grad_norm": sum(grad_norm) / len(grad_norm),
         }
-        if "kl" in self.sums:
-            stats["actor/kl"] = self.sums["kl"] / tokens
+        if "kl" in sums:
+            stats["actor/kl"] = sums["kl"] / tokens
         return stats
+
+    def correction_metrics(self) -> dict[str, float]:
+        """In-pass TIS's metrics, from the values `summary` brought to the host."""
+        correction = self.host["correction"]
+        if not correction:
+            return {}
+        return {
+            "correction/ratio_mean": correction["ratio_sum"] / self.tokens,
+            "correction/ratio_max": self.host["maxima"]["correction_ratio_max"],
+            "correction/truncated_frac": correction["hit_tokens"] / self.tokens,
+        }
+
+    def _to_host(self) -> dict[str, Any]:
+        """Every accumulated tensor in one device-to-host copy."""
+        parts = {"sums": self.sums, "maxima": self.maxima, "correction": self.correction}
+        flat = [v for part in parts.values() for v in part.values()] + [n.double() for n in self.grad_norm]
+        host = torch.stack([v.reshape(()).to(flat[0].device) for v in flat]).tolist() if flat else []
+        out: dict[str, Any] = {}
+        at = 0
+        for key, part in parts.items():
+            out[key] = dict(zip(part, host[at : at + len(part)]))
+            at += len(part)
+        out["grad_norm"] = host[at:]
+        return out
 
 
 def mismatch_by_version(
