@@ -105,11 +105,13 @@ def step_learner(work: Path) -> dict:
     ac_gap = max(float((a - b).abs().max()) for a, b in zip(grads_plain, grads_checked)) / max(scale, 1e-30)
     ac_tolerance = 1e-2 if cuda else 1e-5  # relative to the largest gradient; bf16 recompute may reorder atomics
 
-    # packed vs padded log-probs, fp32 and (CUDA) bf16
-    def logprobs(*extra):
-        return learner(*extra).logprobs(exp)[mask]
+    # packed vs padded log-probs, fp32 and (CUDA) bf16; on a GPU packed rows attend through FlexAttention (a dense
+    # [L, L] mask there is refused: relayrl/learner/layout.py)
+    def logprobs(packing, *extra):
+        flex = ("model.attention=flex_attention",) if cuda and packing == "groups" else ()
+        return learner(f"train.packing={packing}", *flex, *extra).logprobs(exp)[mask]
 
-    fp32 = {p: logprobs(f"train.packing={p}", "model.dtype=float32") for p in ("none", "groups")}
+    fp32 = {p: logprobs(p, "model.dtype=float32") for p in ("none", "groups")}
     gap_fp32 = float((fp32["groups"] - fp32["none"]).abs().max())
     checks = {
         "masters_fp32": masters == {"float32"},
@@ -124,7 +126,7 @@ def step_learner(work: Path) -> dict:
     figure = f"max abs(packed - padded) {fmt(gap_fp32)} fp32"
     details = {"gap_fp32": gap_fp32}
     if cuda:
-        bf16 = {p: logprobs(f"train.packing={p}", "model.dtype=bfloat16") for p in ("none", "groups")}
+        bf16 = {p: logprobs(p, "model.dtype=bfloat16") for p in ("none", "groups")}
         gap_bf16 = float((bf16["groups"] - bf16["none"]).abs().max())
         noise = float((bf16["none"] - fp32["none"]).abs().max())  # bf16's own error on these tokens
         checks["packed_bf16"] = gap_bf16 <= max(1e-3, 2 * noise)

@@ -43,7 +43,9 @@ class TrainConfig(Section):
         default="auto",
         description="Learner forward layout: `groups` packs each group into one row (the prompt once, then "
         "every response, block attention mask), `none` right-pads one row per sample, `auto` "
-        "packs when that computes at least 10% fewer positions.",
+        "packs when that computes at least 10% fewer positions. On a GPU packing needs model.attention="
+        "flex_attention (a block mask; SDPA would take a dense [L, L] mask per row): auto pads without it, groups "
+        "is refused.",
     )
     logits_chunk: int = Field(
         default=1024,

@@ -63,6 +63,13 @@ class ForwardLayout:
                 f"train.packing=groups needs {' or '.join(PACKABLE_ATTENTION)} attention; "
                 f"{self.architecture} uses {self.attention!r}. Use train.packing=auto or none."
             )
+        if packing == "groups" and device == "cuda" and self.attention != "flex_attention":
+            raise ConfigError(
+                f"train.packing=groups on a GPU needs model.attention=flex_attention: with {self.attention!r} "
+                "attention each packed row takes a dense [L, L] mask built on the host (a 32k-token row: 1 GiB), "
+                "and SDPA loses its flash kernel. Set model.attention=flex_attention, or train.packing=auto (padded "
+                "rows on a GPU without FlexAttention)"
+            )
         self.checked = False
         self.positions = self.tokens = self.packed_forwards = self.forwards = 0  # since the last take_counts
 
@@ -77,6 +84,8 @@ class ForwardLayout:
             return False
         if self.packing == "none" or exp.prompt_lengths is None or self.attention not in PACKABLE_ATTENTION:
             return False
+        if self.device == "cuda" and self.attention != "flex_attention":
+            return False  # auto: never a dense [L, L] mask on a GPU (groups without flex is refused at the start)
         return self.packing == "groups" or packing_pays(packed_positions(exp), padded_positions(exp))
 
     def token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

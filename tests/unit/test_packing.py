@@ -83,6 +83,16 @@ def test_auto_packs_only_when_it_saves_positions():
     single = exp.select(torch.arange(0, 16, 4))  # one sample per group: nothing is shared
     assert not layout.chooses_packing(single)
     assert not ForwardLayout("none", 0, SAMPLED, config, "cpu").chooses_packing(exp)
+    assert not ForwardLayout("auto", 0, SAMPLED, config, "cuda").chooses_packing(exp)  # no dense mask on a GPU
+    flex = type("C", (), {"_attn_implementation": "flex_attention"})()
+    assert ForwardLayout("auto", 0, SAMPLED, flex, "cuda").chooses_packing(exp)  # a block mask instead
+
+
+def test_packing_groups_on_a_gpu_without_flex_attention_is_refused_naming_the_setting():
+    config = type("C", (), {"_attn_implementation": "sdpa", "architectures": ["LlamaForCausalLM"]})()
+    with pytest.raises(ConfigError, match="train.packing=groups on a GPU needs model.attention=flex_attention"):
+        ForwardLayout("groups", 0, SAMPLED, config, "cuda")
+    ForwardLayout("groups", 0, SAMPLED, config, "cpu")  # CPU: SDPA's dense mask, measured equal (tests above)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
