@@ -118,6 +118,10 @@ class VLLMEngine:
         # a vision-language model's image tokens are never sampled (the learner leaves them out too); a -inf bias is
         # in vLLM's processed log-probs (measured: 2e-7 from an HF forward with those logits masked)
         self.never_sampled = {token: float("-inf") for token in vision_token_ids(model_path)} or None
+        if device.sleep and self.never_sampled:  # level 2 would drop a vision tower that no push brings back
+            from relayrl.rollout.vllm_tower import preserve_tower
+
+            preserve_tower(self.llm)
         self.version = 0
         self.broken = ""  # why the engine cannot serve (a push that failed part-way), once it cannot
         self.adapters = None

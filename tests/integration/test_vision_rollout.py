@@ -93,6 +93,8 @@ def test_engine_logprobs_on_image_prompts_are_the_learners_before_and_after_a_pu
     rollouts = engine.generate(prompts, sampling, 0)
     assert len(rollouts) == 16 and all(r.prompt.image_inputs for r in rollouts)
     assert worst_gap(learner, rollouts) < 1e-3
+    if kind == "vllm":
+        kept_across_sleep(engine, model_dir)
     # seeded requests past one step's 2048-token prefill budget (256 x 40 tokens): vLLM on CPU prefills each whole
     # (a chunked one crashed: "CPU Generator does not use offset", relayrl/rollout/vllm_engine.py)
     many = engine.generate(many_prompts, Sampling(n=8, temperature=1.0, max_tokens=2, seed=3), 0)
@@ -105,6 +107,28 @@ def test_engine_logprobs_on_image_prompts_are_the_learners_before_and_after_a_pu
     assert worst_gap(learner, after) < 1e-3
     # the push did change what the engine serves (lr 1e-2 on every text weight, the tied head among them)
     assert worst_gap(learner_for(model_dir), after) > 1e-2
+
+
+def kept_across_sleep(engine, model_dir):
+    """The tower's vLLM names are what each worker keeps across a level-2 sleep (issue 45: a frozen tower dropped by
+    sleep served garbage image features), and vLLM's own retention accepts them: its `_save_sleep_parameters` raises
+    on a name that matches no served parameter. vLLM's CPU build cannot sleep, so that step is called by hand."""
+    from types import SimpleNamespace
+
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from relayrl.models.loading import load_causal_lm
+    from relayrl.rollout.vllm_tower import preserve_tower, tower_parameter_names
+
+    names = preserve_tower(engine.llm)
+    worker = engine._worker()
+    served = dict(worker.model_runner.get_model().named_parameters())
+    hf_tower = tower_parameter_names(load_causal_lm(str(model_dir), "cpu"))
+    assert hf_tower and all(".vision_model." in name for name in hf_tower)  # vLLM fuses q/k/v: other names there
+    assert names and set(names) == {name for name in served if ".vision_model." in name}
+    assert worker.model_config.sleep_preserve_parameter_names == names
+    retention = SimpleNamespace(model_config=worker.model_config, _get_sleep_parameters=lambda m: served)
+    Worker._save_sleep_parameters(retention, worker.model_runner.get_model())  # type: ignore[arg-type]
 
 
 def test_freeze_vision_keeps_the_tower_as_loaded_and_out_of_the_push(vlm):
