@@ -25,7 +25,7 @@ from relayrl.config.section import Section
 
 
 class LearnerConfig(Section):
-    """`learner`: memory options of the policy and critic learners."""
+    """`learner`: memory and speed options of the policy and critic learners."""
 
     activation_checkpointing: bool = Field(
         default=False,
@@ -37,6 +37,13 @@ class LearnerConfig(Section):
         description="CPU learners: fix glibc's mmap threshold at 64 KiB so freed activation blocks go back to the "
         "system: peak RSS follows the live tensors (checkpointed, 8k response tokens: 406 vs 900 MB) at a time cost "
         "that shrinks with length (1.8x at 1k tokens, 1.2x at 8k, 1.02x at 16k). relayrl/learner/malloc.py.",
+    )
+    compile: bool = Field(
+        default=False,
+        description="torch.compile each decoder layer of the policy (dynamic shapes: one compile for every "
+        "sequence length), before FSDP2 wraps it, as torchtitan does. Opt-in: the first update pays the compile "
+        "(~95 s for a 2-layer toy on 2 CPU cores; on a GPU, benchmarks/gpu_check.sh times it); the loss and "
+        "gradients are the eager ones (relayrl/learner/compile.py).",
     )
     offload: Literal["auto", "none", "optimizer", "params", "between_phases"] = Field(
         default="auto",

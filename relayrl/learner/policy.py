@@ -26,6 +26,7 @@ from relayrl.data.vision import vision_token_ids
 from relayrl.learner import malloc
 from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher, packs_groups
+from relayrl.learner.compile import compile_decoder_layers
 from relayrl.learner.layout import ForwardLayout, Sampled
 from relayrl.learner.objective import Objective
 from relayrl.learner.optim import build_optimizer, build_scheduler
@@ -65,6 +66,8 @@ class PolicyLearner:
         self.network = self.model.get_base_model() if settings.model.lora is not None else self.model
         if settings.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
             enable_activation_checkpointing(self.network)
+        if settings.learner.compile:
+            compile_decoder_layers(self.network)
         malloc.apply(settings.learner, self.device)  # learner.return_freed_memory
         # None (full fine-tuning), "adapter" or "merged"
         self.sync_mode = lora_sync_mode(settings.model.lora, settings.lora_sync, settings.rollout.engine)
