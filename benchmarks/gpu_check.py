@@ -11,6 +11,8 @@ Steps (the shell runs each in its own process with its own timeout; docs in gpu_
   cuda_ipc    weights handed between two processes by CUDA IPC handle, against a copy in one process
   colocated   free memory per phase of a colocated step whose learner states leave the device while it generates
   step_0p5b   one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
+  learner_speed  a 1.5B shape's update with relayrl's GPU defaults, then each speed option one at a time: warm
+              seconds, MFU, peak memory, the same gradient norm (gpu_check_speed.py)
   vllm, ray, two_gpus   skipped by name unless this machine has what they need (vllm: generate, mismatch, a push
               through the weight-update session, and with a second GPU a broadcast into the engine's worker;
               GPU_CHECK_FORCE=vllm runs it on vLLM's CPU build)
@@ -37,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the gpu_check_* help
 
 from gpu_check_common import (  # noqa: E402
     REHEARSE,
+    SHAPE_REHEARSAL,
     Missing,
     config,
     device,
@@ -51,7 +54,19 @@ from gpu_check_common import (  # noqa: E402
     tiny_model,
 )
 
-STEPS = ("learner", "flex", "fsdp", "hf_engine", "cuda_ipc", "colocated", "step_0p5b", "vllm", "ray", "two_gpus")
+STEPS = (
+    "learner",
+    "flex",
+    "fsdp",
+    "hf_engine",
+    "cuda_ipc",
+    "colocated",
+    "step_0p5b",
+    "vllm",
+    "ray",
+    "two_gpus",
+    "learner_speed",
+)
 H200_BF16_PEAK = 989e12  # FLOP/s, dense bf16 (no sparsity): NVIDIA's H200 SXM figure, as the H100 SXM's
 FORCE = set(filter(None, os.environ.get("GPU_CHECK_FORCE", "").split(",")))  # run a present-only row on CPU stand-ins
 
@@ -183,8 +198,6 @@ def step_hf_engine(work: Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- step_0p5b
 SHAPE_0P5B = {"vocab": 32000, "hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate": 4864}
-# the rehearsal asks for the GPU shape's 32000 ids too: its tokenizer is built as the device builds it
-SHAPE_REHEARSAL = {"vocab": 32000, "hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate": 1024}
 
 
 def step_0p5b(work: Path) -> dict:
@@ -423,6 +436,12 @@ def step_cuda_ipc(work: Path) -> dict:
     return run_ipc()
 
 
+def step_learner_speed(work: Path) -> dict:
+    from gpu_check_speed import run_speed
+
+    return run_speed(work)
+
+
 def step_colocated(work: Path) -> dict:
     from gpu_check_colocated import run_colocated
 
@@ -440,6 +459,7 @@ RUNNERS = {
     "vllm": step_vllm,
     "ray": step_ray,
     "two_gpus": step_two_gpus,
+    "learner_speed": step_learner_speed,
 }
 NEEDS_RELAYRL = {"learner", "flex", "fsdp", "hf_engine", "colocated", "step_0p5b", "vllm", "two_gpus"}
 

@@ -21,6 +21,10 @@
 #                 build (generate, mismatch, a push through the weight-update session; with a second GPU, a NCCL
 #                 broadcast from the learner's rank on cuda:1 straight into the engine's worker), Ray with real
 #                 GPUs, a second GPU for two NCCL ranks (W=2 FSDP2 equivalence)
+#   9. learner_speed  the update of a 1.5B shape at ~20k tokens a micro-batch: relayrl's GPU defaults, then each
+#                 speed option one at a time (full logits, FlexAttention packing, learner.compile, no activation
+#                 checkpointing): warm seconds, MFU, peak memory, the same gradient norm (gpu_check_speed.py); last,
+#                 so the cheaper checks never wait on it
 # Each step is `python benchmarks/gpu_check.py <step>` in its own process with its own timeout; its full output is
 # $OUT/<step>.log, whose last line is the JSON the table reads. What each step proves: benchmarks/gpu_check.py.
 #
@@ -110,10 +114,10 @@ echo "gpu_check: $WHEEL_NOTE; python $PY; logs in $OUT"
 
 if [ "$GPU_CHECK_REHEARSE" = "1" ] && [ "$DEVICES" = "0" ]; then
   BUDGET="${GPU_CHECK_BUDGET:-420}"
-  LIMITS=(learner=120 flex=90 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 step_0p5b=150 vllm=60 ray=60 two_gpus=60)
+  LIMITS=(learner=120 flex=90 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 step_0p5b=150 vllm=60 ray=60 two_gpus=60 learner_speed=120)
 else
   BUDGET="${GPU_CHECK_BUDGET:-540}"
-  LIMITS=(learner=60 flex=120 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 step_0p5b=150 vllm=120 ray=60 two_gpus=120)
+  LIMITS=(learner=60 flex=120 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 step_0p5b=150 vllm=120 ray=60 two_gpus=120 learner_speed=240)
 fi
 RESERVE=15  # seconds kept for the table (and a killed step's 10 s grace)
 : >"$OUT/steps.tsv"

@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 REHEARSE = os.environ.get("GPU_CHECK_REHEARSE") == "1"
+# the CPU rehearsal's stand-in for the GPU shapes (step_0p5b, learner_speed: one model, built once in the work dir);
+# it asks for the GPU shape's 32000 ids too, so its tokenizer is built as the device builds it
+SHAPE_REHEARSAL = {"vocab": 32000, "hidden": 256, "layers": 4, "heads": 4, "kv_heads": 2, "intermediate": 1024}
 TEXTS = [f"{a}+{b}={a + b}" for a in range(10) for b in range(10)] + [" "]  # the toy task's characters
 
 
