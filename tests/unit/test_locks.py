@@ -1,6 +1,6 @@
-"""The two locks: a GPU lock pip resolves as a whole, the `gpu`, `cpu` and `agents` extras that match them, one version
-of every package the two locks share (but the builds that must differ), and a Makefile that installs exactly one
-of them."""
+"""The two locks: a GPU lock pip resolves as a whole, the `gpu`, `cpu`, `agents` and `tinker` extras that match them,
+one version of every package the two locks share (but the builds that must differ), and a Makefile that installs
+exactly one of them."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ def test_the_gpu_lock_names_the_plain_torch_build_not_a_local_one():
 def test_pyproject_extras_match_the_locks():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     checks = [("gpu", pins(GPU)), ("cpu", pins(CPU)), ("agents", pins(GPU)), ("agents", pins(CPU))]
+    checks += [("tinker", pins(GPU)), ("tinker", pins(CPU))]
     for extra, lock in checks:
         for requirement in project["optional-dependencies"][extra]:
             name, version = requirement.split("==")
