@@ -5,6 +5,6 @@ stop into one line and an exit status. A command module imports only the standar
 building the parser (and `--help`) stays fast; the work it runs is imported when it runs.
 """
 
-from relayrl.commands import bench, config, data, demo, eval, export, plan, report, reward, sft, train
+from relayrl.commands import bench, config, data, demo, eval, export, plan, report, reward, serve, sft, train
 
-COMMANDS = (train, eval, reward, sft, demo, plan, bench, config, data, export, report)  # the order of --help
+COMMANDS = (train, eval, reward, sft, demo, plan, bench, config, data, export, report, serve)  # the order of --help

@@ -1,0 +1,66 @@
+"""The SDK's futures: a queued request gets an id at once (`UntypedAPIFuture`), runs on the service's one worker
+thread in submission order (a training client's forward_backward, optim_step and save follow each other as it
+sent them; torch work never overlaps), and `/api/v1/retrieve_future` answers its result, or `try_again` while it
+is still queued or running (the SDK polls again).
+
+A result is JSON (a dict) or bytes (a proto: `ForwardBackwardOutput`, `SampleResponse`). A failed request
+answers `{"error", "category"}`: `user` for a `UserError` (the SDK raises `RequestFailedError` with the message),
+`server` for anything else (logged with its traceback). Results stay retrievable (the SDK may ask twice); the
+oldest are dropped past `keep`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import traceback
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from relayrl.service.errors import UserError
+
+log = logging.getLogger("relayrl.service")
+WAIT_S = 5.0  # how long one retrieve waits for a result before answering try_again
+
+
+class Futures:
+    def __init__(self, keep: int = 10_000):
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relayrl-service")
+        self.results: OrderedDict[str, Future] = OrderedDict()
+        self.ids = itertools.count(1)
+        self.keep = keep
+
+    def submit(self, fn: Callable[[], dict | bytes]) -> str:
+        request_id = f"req-{next(self.ids)}"
+        self.results[request_id] = self.worker.submit(_answer, fn)
+        while len(self.results) > self.keep:
+            self.results.popitem(last=False)
+        return request_id
+
+    def run(self, fn: Callable[[], object]) -> Future:
+        """A synchronous route's work, on the same worker (after everything queued before it)."""
+        return self.worker.submit(fn)
+
+    async def retrieve(self, request_id: str) -> dict | bytes:
+        future = self.results.get(request_id)
+        if future is None:
+            raise UserError(f"request_id={request_id!r}: no such request", status=404)
+        try:
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), WAIT_S)
+        except TimeoutError:
+            return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+
+    def close(self) -> None:
+        self.worker.shutdown(wait=True, cancel_futures=True)
+
+
+def _answer(fn: Callable[[], dict | bytes]) -> dict | bytes:
+    try:
+        return fn()
+    except UserError as err:
+        return {"error": str(err), "category": "user"}
+    except Exception as err:  # noqa: BLE001 - any failure of a request answers its future; the service serves on
+        log.error("request failed:\n%s", traceback.format_exc())
+        return {"error": f"{type(err).__name__}: {err}", "category": "server"}

@@ -1,0 +1,207 @@
+"""What the service holds and what each route does with it: sessions (with their last heartbeat), training models
+(`<session>:train:<n>`, the id the SDK derives itself), sampler weights saved by `save_weights_for_sampler`
+(`tinker://<model>/sampler_weights/<name>`), sampling sessions, and `save_state` checkpoints
+(`tinker://<model>/weights/<name>`, a directory under `state_dir`). Work that touches a model runs on the
+futures' worker (relayrl/service/futures.py); a route here returns what the SDK's response type holds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from relayrl.service import sampling, wire
+from relayrl.service.errors import UserError
+from relayrl.service.futures import Futures
+from relayrl.service.training import TrainedModel, lora_settings, read_meta
+
+PREFIX = "tinker://"
+
+
+class Service:
+    def __init__(self, bases: dict[str, str], state_dir: str | Path):
+        self.bases = bases  # base model name -> local HF directory
+        self.state_dir = Path(state_dir)
+        self.futures = Futures()
+        self.sessions: dict[str, float] = {}  # session id -> last heartbeat (time.time())
+        self.models: dict[str, TrainedModel] = {}
+        self.snapshots: dict[str, dict[str, torch.Tensor]] = {}  # sampler path -> merged weights
+        self.snapshot_base: dict[str, str] = {}
+        self.samplers: dict[str, sampling.Sampler] = {}
+        self.engines = sampling.Engines(bases)
+
+    # sessions -------------------------------------------------------------------------------------------------
+    def create_session(self) -> str:
+        session_id = f"s{len(self.sessions) + 1}"
+        self.sessions[session_id] = time.time()
+        return session_id
+
+    def heartbeat(self, session_id: str) -> None:
+        self.session(session_id)
+        self.sessions[session_id] = time.time()
+
+    def session(self, session_id: str) -> str:
+        if session_id not in self.sessions:
+            raise UserError(f"session_id={session_id!r}: no such session", status=404)
+        return session_id
+
+    def capabilities(self) -> list[dict]:
+        from relayrl.models.loading import context_length
+
+        return [
+            {"model_name": name, "max_context_length": context_length(path), "trainable": True, "sampleable": True}
+            for name, path in self.bases.items()
+        ]
+
+    def base_path(self, name: str | None) -> str:
+        if name not in self.bases:
+            served = ", ".join(self.bases)
+            raise UserError(f"base_model={name!r}: not served here (served: {served}; `relayrl serve --model`)")
+        return self.bases[name]
+
+    # training ------------------------------------------------------------------------------------------------
+    def model(self, model_id: str) -> TrainedModel:
+        if model_id not in self.models:
+            raise UserError(f"model_id={model_id!r}: no such model", status=404)
+        return self.models[model_id]
+
+    def create_model(self, request) -> str:
+        """Check the request now (a bad one answers at once); load the model on the worker."""
+        session_id = self.session(request.session_id)
+        path = self.base_path(request.base_model)
+        lora = request.lora_config
+        settings = None if lora is None else lora_settings(lora.rank, lora.train_attn, lora.train_mlp)
+        model_id = f"{session_id}:train:{request.model_seq_id}"
+
+        def load() -> dict:
+            seed = 0 if lora is None or lora.seed is None else lora.seed
+            self.models[model_id] = TrainedModel(model_id, request.base_model, path, settings, seed)
+            return {"model_id": model_id, "type": "create_model"}
+
+        return self.futures.submit(load)
+
+    def info(self, model_id: str) -> dict:
+        model = self.model(model_id)
+        return {
+            "type": "get_info",
+            "model_id": model_id,
+            "model_data": {"model_name": model.base_name, "tokenizer_id": self.bases[model.base_name]},
+            "is_lora": model.lora is not None,
+            "lora_rank": model.lora.rank if model.lora else None,
+            "model_name": model.base_name,
+        }
+
+    def forward_backward(self, call: wire.ForwardBackwardCall) -> str:
+        model = self.model(call.model_id)
+
+        def run() -> bytes:
+            outputs, metrics = model.forward_backward(call)
+            return wire.forward_backward_output(outputs, metrics)
+
+        return self.futures.submit(run)
+
+    def optim_step(self, request) -> str:
+        model = self.model(request.model_id)
+        if getattr(request.optim_params, "type", "adam") not in ("adam", "adamw"):
+            raise UserError(f"optim_params.type={request.optim_params.type!r}: only Adam is served here")
+        return self.futures.submit(lambda: {"metrics": model.optim_step(request.optim_params)})
+
+    # sampler weights and sampling sessions -------------------------------------------------------------------
+    def save_weights_for_sampler(self, request) -> str:
+        model = self.model(request.model_id)
+        if request.path is not None:
+            key = f"{PREFIX}{model.model_id}/sampler_weights/{request.path}"
+        else:
+            key = f"{PREFIX}{model.model_id}/sampler_weights/ephemeral-{request.seq_id}"
+        session_id = model.model_id.split(":")[0]
+
+        def save() -> dict:
+            self.snapshots[key] = model.sampler_weights()
+            self.snapshot_base[key] = model.base_name
+            if request.path is not None:
+                return {"path": key, "type": "save_weights_for_sampler"}
+            sampler_id = self.new_sampler(session_id, f"w{request.sampling_session_seq_id}", model.base_name, key)
+            return {"path": None, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+
+        return self.futures.submit(save)
+
+    def new_sampler(self, session_id: str, seq: str, base_name: str, weights_key: str | None) -> str:
+        sampler_id = f"{session_id}:sample:{seq}"
+        self.samplers[sampler_id] = sampling.Sampler(base_name, weights_key)
+        return sampler_id
+
+    def create_sampling_session(self, request) -> str:
+        session_id = self.session(request.session_id)
+        if request.model_path is not None:
+            if request.model_path not in self.snapshots:
+                raise UserError(f"model_path={request.model_path!r}: no sampler weights saved under it", status=404)
+            base = self.snapshot_base[request.model_path]
+        else:
+            self.base_path(request.base_model)
+            base = request.base_model
+        return self.new_sampler(session_id, str(request.sampling_session_seq_id), base, request.model_path)
+
+    def sampler(self, sampler_id: str | None) -> sampling.Sampler:
+        if sampler_id not in self.samplers:
+            raise UserError(f"sampling_session_id={sampler_id!r}: no such sampling session", status=404)
+        return self.samplers[sampler_id]
+
+    def sample(self, request) -> tuple[str, list[str]]:
+        sampler = self.sampler(request.sampling_session_id)
+
+        def run() -> bytes:
+            engine = self.engines.serving(sampler, self.snapshots)
+            sequences, prompt_logprobs = sampling.sample(engine, request)
+            return wire.sample_response(sequences, prompt_logprobs)
+
+        request_id = self.futures.submit(run)
+        n = 0 if request.sampling_params.max_tokens == 0 else request.num_samples
+        return request_id, [f"{request_id}:{i}" for i in range(n)]
+
+    # checkpoints ---------------------------------------------------------------------------------------------
+    def save_state(self, request) -> str:
+        model = self.model(request.model_id)
+        name = request.path or f"step-{model.steps}"
+        if "/" in name or name.startswith("."):
+            raise UserError(f"path={name!r}: a checkpoint name, without '/'")
+        path = f"{PREFIX}{model.model_id}/weights/{name}"
+
+        def save() -> dict:
+            model.save_state(self.checkpoint_dir(path))
+            return {"path": path, "type": "save_weights"}
+
+        return self.futures.submit(save)
+
+    def checkpoint_dir(self, path: str) -> Path:
+        if not path.startswith(PREFIX) or "/weights/" not in path:
+            raise UserError(f"path={path!r}: not a save_state path (tinker://<model_id>/weights/<name>)")
+        model_id, _, name = path[len(PREFIX) :].partition("/weights/")
+        return self.state_dir / model_id.replace(":", "_") / name
+
+    def load_state(self, request) -> str:
+        source = self.checkpoint_dir(request.path)
+        if not (source / "meta.json").is_file():
+            raise UserError(f"path={request.path!r}: no checkpoint saved there", status=404)
+        if request.model_id is not None:
+            model = self.model(request.model_id)
+        else:  # create_training_client_from_state: a new model on the checkpoint's base and adapter
+            session_id = self.session(request.session_id)
+            meta = read_meta(source)
+            name = request.base_model or meta["base_model"]
+            path = self.base_path(name)
+            settings = None if meta["lora_rank"] is None else lora_settings(meta["lora_rank"])
+            if settings is not None:
+                settings.target_modules = tuple(meta["target_modules"])
+            model_id = f"{session_id}:train:{request.model_seq_id}"
+            model = None
+
+        def load() -> dict:
+            target = model
+            if target is None:
+                target = self.models[model_id] = TrainedModel(model_id, name, path, settings)
+            target.load_state(source, request.optimizer)
+            return {"path": request.path, "model_id": target.model_id, "type": "load_weights"}
+
+        return self.futures.submit(load)

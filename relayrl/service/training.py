@@ -1,0 +1,153 @@
+"""One training client's model: the base loaded from its local directory, with a relayrl LoRA adapter
+(relayrl/models/lora.py; B = 0, so it starts equal to the base) or all weights trainable, and its AdamW.
+
+`forward_backward` adds the summed loss's gradient (chunks of one batch accumulate); `optim_step` takes the
+SDK's Adam parameters per call and clears the gradient; `sampler_weights` is the merged copy a sampler serves;
+`save_state`/`load_state` write and read a checkpoint directory atomically (adapter or weights, optimizer,
+meta.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from relayrl.service import losses
+from relayrl.service.errors import UserError
+from relayrl.service.wire import ForwardBackwardCall
+
+LORA_ALPHA = 32  # the hosted service's alpha; the adapter's scale is alpha / rank
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class LoraSettings:
+    """What relayrl/models/lora.py `add_adapter` reads (the shape of relayrl's `model.lora` section)."""
+
+    rank: int
+    alpha: float = LORA_ALPHA
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ATTENTION + MLP
+
+
+def lora_settings(rank: int, train_attn: bool = True, train_mlp: bool = True) -> LoraSettings:
+    if rank < 1:
+        raise UserError(f"lora_config.rank={rank}: must be at least 1")
+    targets = (ATTENTION if train_attn else ()) + (MLP if train_mlp else ())
+    if not targets:
+        raise UserError("lora_config: train_attn and train_mlp are both false; nothing would train")
+    return LoraSettings(rank=rank, target_modules=targets)
+
+
+class TrainedModel:
+    def __init__(self, model_id: str, base_name: str, base_path: str, lora: LoraSettings | None, seed: int = 0):
+        from relayrl.models.loading import load_causal_lm
+        from relayrl.models.lora import add_adapter
+
+        self.model_id, self.base_name, self.lora = model_id, base_name, lora
+        model = load_causal_lm(base_path, key=f"base_model={base_name!r}").eval()
+        if lora is not None:
+            torch.manual_seed(seed)
+            model = add_adapter(model, lora, key="lora_config")
+        self.model = model
+        self.vocab = int(model.get_input_embeddings().weight.shape[0])
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.trainable, lr=1e-4)
+        self.steps = 0
+
+    def forward_backward(self, call: ForwardBackwardCall) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+        """Per datum: the target tokens' log-probs (and the loss's gradient added unless `forward_only`)."""
+        for i, ex in enumerate(call.examples):
+            losses.check_inputs(call.loss_fn, i, ex.tokens, ex.inputs, self.vocab)
+        outputs, total = [], 0.0
+        with torch.set_grad_enabled(not call.forward_only):
+            for ex in call.examples:
+                logp = self.target_logprobs(ex.tokens, ex.inputs["target_tokens"])
+                loss = losses.datum_loss(call.loss_fn, logp, ex.inputs, call.config)
+                if not call.forward_only:
+                    loss.backward()
+                total += float(loss.detach())
+                outputs.append({"logprobs": logp.detach().numpy().astype(np.float32)})
+        return outputs, {"loss:sum": total}
+
+    def target_logprobs(self, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
+        ids = torch.tensor([tokens])
+        logits = self.model(input_ids=ids).logits[0].float()
+        return torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(targets).long()[:, None]).squeeze(-1)
+
+    def optim_step(self, params) -> dict[str, float]:
+        """One AdamW step with the SDK's `AdamParams` (learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm)."""
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, params.grad_clip_norm or float("inf"))
+        for group in self.optimizer.param_groups:
+            group.update(
+                lr=params.learning_rate,
+                betas=(params.beta1, params.beta2),
+                eps=params.eps,
+                weight_decay=params.weight_decay,
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm": float(norm)}
+
+    @torch.no_grad()
+    def sampler_weights(self) -> dict[str, torch.Tensor]:
+        """The weights a sampler serves: the base with the adapter merged in (or all weights), copied."""
+        from relayrl.models.lora import merged_tensors
+
+        if self.lora is None:
+            return {name: p.detach().clone() for name, p in self.model.named_parameters()}
+        return {name: t.clone() for name, t in merged_tensors(self.model)}
+
+    def save_state(self, out: Path) -> None:
+        """The adapter (or the weights), the optimizer and meta.json, written beside `out` then moved in place."""
+        from safetensors.torch import save_file
+
+        from relayrl.models import lora as lora_lib
+
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if self.lora is not None:
+            lora_lib.write_adapter_dir(
+                tmp, lora_lib.resolved_config(self.model), dict(lora_lib.adapter_tensors(self.model))
+            )
+        else:
+            save_file(
+                {n: p.detach().contiguous() for n, p in self.model.named_parameters()}, str(tmp / "model.safetensors")
+            )
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        meta = {"base_model": self.base_name, "lora_rank": self.lora.rank if self.lora else None, "steps": self.steps}
+        if self.lora is not None:
+            meta["target_modules"] = list(self.lora.target_modules)
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+
+    def load_state(self, path: Path, optimizer: bool) -> None:
+        from safetensors.torch import load_file
+
+        from relayrl.models import lora as lora_lib
+
+        if self.lora is not None:
+            lora_lib.load_adapter(self.model, path)
+        else:
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in load_file(str(path / "model.safetensors")).items():
+                    params[name].copy_(tensor)
+        if optimizer:
+            self.optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
+        self.steps = json.loads((path / "meta.json").read_text())["steps"]
+
+
+def read_meta(path: Path) -> dict:
+    return json.loads((path / "meta.json").read_text())

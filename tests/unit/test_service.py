@@ -1,0 +1,168 @@
+"""`relayrl serve` route by route, through the unchanged `tinker` SDK (ServiceClient, TrainingClient,
+SamplingClient) against one service on the tiny random model: capabilities, sessions, create_model and get_info,
+forward_backward with each served loss (its value checked against the loss's formula), optim_step's Adam
+parameters, save_weights_for_sampler -> sample (seeds, stops, log-probs equal to forward's on the same weights),
+compute_logprobs, save_state/load_state and a training client made from a saved state."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
+from tinker import types  # noqa: E402
+
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def service(random_model_dir, tmp_path_factory):
+    from relayrl.service import server
+
+    running = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("service_state"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    return tinker.ServiceClient(base_url=service.url, api_key=service.api_key)
+
+
+@pytest.fixture(scope="module")
+def trainer(client):
+    return client.create_lora_training_client(base_model="tiny", rank=RANK, seed=0).result()
+
+
+@pytest.fixture(scope="module")
+def tokens(trainer):
+    return trainer.get_tokenizer().encode("3+4=7")
+
+
+def datum(tokens, **inputs) -> types.Datum:
+    n = len(tokens) - 1
+    fields = {"target_tokens": tokens[1:], "weights": [1.0] * n, **inputs}
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=fields)
+
+
+def forward_logprobs(trainer, tokens) -> np.ndarray:
+    out = trainer.forward([datum(tokens)], "cross_entropy").result()
+    return out.loss_fn_outputs[0]["logprobs"].to_numpy()
+
+
+def test_capabilities_list_the_served_base_with_its_context(service):
+    caps = tinker.RestClient(base_url=service.url, api_key=service.api_key).get_server_capabilities().result()
+    assert [(m.model_name, m.max_context_length, m.trainable) for m in caps.supported_models] == [("tiny", 256, True)]
+
+
+def test_create_model_makes_a_lora_adapter_of_the_asked_rank_and_get_info_names_it(trainer, random_model_dir):
+    info = trainer.get_info()
+    assert (info.model_data.model_name, info.is_lora, info.lora_rank) == ("tiny", True, RANK)
+    assert info.model_data.tokenizer_id == str(random_model_dir)  # the cookbook's get_tokenizer loads this path
+
+
+def test_cross_entropy_loss_is_the_weighted_sum_of_the_target_logprobs_and_training_lowers_it(trainer, tokens):
+    weights = [0.0] + [1.0] * (len(tokens) - 2)
+    losses = []
+    for _ in range(4):
+        out = trainer.forward_backward([datum(tokens, weights=weights)], "cross_entropy").result()
+        logprobs = out.loss_fn_outputs[0]["logprobs"].to_numpy()
+        assert out.metrics["loss:sum"] == pytest.approx(-float(np.dot(logprobs, weights)), rel=1e-5)
+        losses.append(out.metrics["loss:sum"])
+        trainer.optim_step(types.AdamParams(learning_rate=3e-3)).result()
+    assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_importance_sampling_and_ppo_follow_their_formulas(trainer, tokens):
+    logprobs = forward_logprobs(trainer, tokens)
+    advantages = np.linspace(0.5, 1.5, len(tokens) - 1).astype(np.float32)
+    same = trainer.forward([datum(tokens, logprobs=logprobs, advantages=advantages)], "importance_sampling").result()
+    assert same.metrics["loss:sum"] == pytest.approx(-advantages.sum(), rel=1e-4)  # ratio 1
+    doubled = datum(tokens, logprobs=logprobs - math.log(2.0), advantages=advantages)  # ratio 2 everywhere
+    ppo = trainer.forward([doubled], "ppo").result()
+    assert ppo.metrics["loss:sum"] == pytest.approx(-1.2 * advantages.sum(), rel=1e-4)  # clipped at 1 + 0.2
+    wide = trainer.forward([doubled], "ppo", loss_fn_config={"clip_high_threshold": 3.0}).result()
+    assert wide.metrics["loss:sum"] == pytest.approx(-2.0 * advantages.sum(), rel=1e-4)
+
+
+def test_optim_step_takes_adam_parameters_per_call(trainer, tokens):
+    start = forward_logprobs(trainer, tokens)
+    trainer.forward_backward([datum(tokens)], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=0.0)).result()
+    np.testing.assert_array_equal(forward_logprobs(trainer, tokens), start)  # lr 0: the weights did not move
+    trainer.forward_backward([datum(tokens)], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2, grad_clip_norm=1.0)).result()
+    assert not np.allclose(forward_logprobs(trainer, tokens), start)
+
+
+def test_sample_serves_the_saved_weights_with_forwards_logprobs(trainer, client, tokens):
+    """Token exactness (issue 48 item 4): at temperature 1 a sampled sequence's log-probs are what forward computes
+    for it on the same weights."""
+    trainer.forward_backward([datum(tokens)], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = trainer.save_weights_for_sampler("exact").result().path
+    sampler = client.create_sampling_client(model_path=path).result()
+    prompt = tokens[:3]
+    params = types.SamplingParams(max_tokens=6, temperature=1.0, seed=7, stop=[])
+    result = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=3, sampling_params=params).result()
+    assert len(result.sequences) == 3
+    for seq in result.sequences:
+        full = prompt + seq.tokens
+        assert len(seq.logprobs) == len(seq.tokens) >= 1
+        expected = forward_logprobs(trainer, full)[len(prompt) - 1 :]
+        np.testing.assert_allclose(seq.logprobs, expected, atol=1e-4)
+    again = sampler.sample(types.ModelInput.from_ints(prompt), num_samples=3, sampling_params=params).result()
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in result.sequences]  # the seed fixes them
+
+
+def test_compute_logprobs_equals_forward(trainer, client, tokens):
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    logprobs = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert logprobs[0] is None
+    np.testing.assert_allclose(logprobs[1:], forward_logprobs(trainer, tokens), atol=1e-4)
+
+
+def test_a_stop_token_ends_the_sequence_after_it(trainer, tokens):
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    free = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[])
+    first = sampler.sample(types.ModelInput.from_ints(tokens[:2]), 1, free).result().sequences[0]
+    stop_token = first.tokens[1]
+    cut = first.tokens[: first.tokens.index(stop_token) + 1]
+    stopped = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[stop_token])
+    seq = sampler.sample(types.ModelInput.from_ints(tokens[:2]), 1, stopped).result().sequences[0]
+    assert (seq.tokens, seq.stop_reason) == (cut, "stop")
+    assert first.stop_reason == "length" or first.tokens[-1] == trainer.get_tokenizer().eos_token_id
+
+
+def test_base_model_sampling_is_the_base_not_the_trained_weights(client, trainer, tokens):
+    base = client.create_sampling_client(base_model="tiny").result()
+    trained = trainer.save_weights_and_get_sampling_client().result()
+    base_lp = base.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    trained_lp = trained.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert not np.allclose(base_lp[1:], trained_lp[1:])  # the engine swapped weights between the two
+
+
+def test_save_state_then_load_state_restores_the_weights(trainer, client, tokens):
+    path = trainer.save_state("ckpt").result().path
+    saved = forward_logprobs(trainer, tokens)
+    trainer.forward_backward([datum(tokens)], "cross_entropy").result()
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert not np.allclose(forward_logprobs(trainer, tokens), saved)
+    trainer.load_state(path).result()
+    np.testing.assert_array_equal(forward_logprobs(trainer, tokens), saved)
+    restored = client.create_training_client_from_state_with_optimizer(path).result()
+    assert restored.get_info().lora_rank == RANK
+    np.testing.assert_array_equal(forward_logprobs(restored, tokens), saved)
+
+
+def test_the_sdks_session_heartbeat_reaches_the_service(client, service):
+    """Last in the module: the SDK beats every 10 s, so by now one has come or comes within one period."""
+    session_id = client.holder.get_session_id()
+    seen = service.service.sessions[session_id]
+    deadline = time.monotonic() + 25
+    while service.service.sessions[session_id] == seen and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert service.service.sessions[session_id] > seen

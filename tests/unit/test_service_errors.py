@@ -1,0 +1,102 @@
+"""Bad input to `relayrl serve` (issue 48 item 5) through the unchanged `tinker` SDK: each mistake raises the SDK's
+own error with a message naming the key, datum or route, and the service goes on serving (a good request after
+each one succeeds)."""
+
+from __future__ import annotations
+
+import pytest
+
+tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
+from tinker import types  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def service(random_model_dir, tmp_path_factory):
+    from relayrl.service import server
+
+    running = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("service_state"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    return tinker.ServiceClient(base_url=service.url, api_key=service.api_key)
+
+
+@pytest.fixture(scope="module")
+def trainer(client):
+    return client.create_lora_training_client(base_model="tiny", rank=2).result()
+
+
+TOKENS = [5, 6, 7, 8, 9]
+
+
+def datum(inputs: dict, tokens=TOKENS) -> types.Datum:
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+GOOD = {"target_tokens": TOKENS[1:], "weights": [1.0] * 4}
+
+
+def still_serves(trainer) -> None:
+    out = trainer.forward([datum(GOOD)], "cross_entropy").result()
+    assert out.metrics["loss:sum"] > 0
+
+
+@pytest.mark.parametrize(
+    ("inputs", "loss", "message"),
+    [
+        ({"target_tokens": TOKENS[1:]}, "cross_entropy", "data[1].loss_fn_inputs: cross_entropy needs 'weights'"),
+        ({**GOOD, "weights": [1.0] * 3}, "cross_entropy", "data[1].loss_fn_inputs['weights']: 3 values for 4 input"),
+        ({**GOOD, "target_tokens": [5, 6, 7, 10_000]}, "cross_entropy", "token 10000 is outside the vocabulary"),
+        (GOOD, "importance_sampling", "importance_sampling needs 'logprobs'"),
+        (GOOD, "dro", "loss_fn='dro': not served here"),
+    ],
+    ids=["missing-key", "wrong-length", "outside-vocab", "loss-needs-more", "unknown-loss"],
+)
+def test_a_bad_datum_fails_its_request_naming_it_and_adds_no_gradient(trainer, inputs, loss, message):
+    before = trainer.forward([datum(GOOD)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    with pytest.raises(tinker.RequestFailedError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        trainer.forward_backward([datum(GOOD), datum(inputs)], loss).result()  # the good datum first
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = trainer.forward([datum(GOOD)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+    assert after == before  # the failed request's good datum added no gradient either
+    still_serves(trainer)
+
+
+def test_an_unknown_base_model_is_refused_naming_the_served_ones(client, trainer):
+    with pytest.raises(tinker.BadRequestError, match=r"base_model='nope': not served here \(served: tiny"):
+        client.create_lora_training_client(base_model="nope", rank=2).result()
+    still_serves(trainer)
+
+
+def test_an_unknown_sampler_path_and_checkpoint_are_not_found(client, trainer):
+    with pytest.raises(tinker.NotFoundError, match="no sampler weights saved under it"):
+        client.create_sampling_client(model_path="tinker://s9:train:9/sampler_weights/x").result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint saved there"):
+        client.create_training_client_from_state("tinker://s9:train:9/weights/x").result()
+    still_serves(trainer)
+
+
+def test_a_prompt_past_the_context_or_outside_the_vocabulary_fails_its_sample(trainer):
+    sampler = trainer.save_weights_and_get_sampling_client().result()
+    long = types.ModelInput.from_ints([5] * 250)
+    with pytest.raises(tinker.RequestFailedError, match="exceed the model's context of 256 tokens"):
+        sampler.sample(long, 1, types.SamplingParams(max_tokens=16)).result()
+    with pytest.raises(tinker.RequestFailedError, match="prompt: token 99999 is outside the vocabulary"):
+        sampler.sample(types.ModelInput.from_ints([5, 99999]), 1, types.SamplingParams(max_tokens=2)).result()
+    seq = sampler.sample(types.ModelInput.from_ints([5, 6]), 1, types.SamplingParams(max_tokens=2)).result()
+    assert len(seq.sequences[0].tokens) >= 1
+
+
+def test_a_route_not_served_answers_the_sdks_not_found_naming_it(service):
+    rest = tinker.RestClient(base_url=service.url, api_key=service.api_key)
+    with pytest.raises(tinker.NotFoundError, match="/api/v1/training_runs: relayrl's Tinker service does not serve it"):
+        rest.list_training_runs().result()
+
+
+def test_a_wrong_api_key_is_refused(service):
+    with pytest.raises(tinker.AuthenticationError, match="X-API-Key: not this service's key"):
+        client = tinker.ServiceClient(base_url=service.url, api_key="tml-wrong")
+        client.create_lora_training_client(base_model="tiny", rank=2).result()
