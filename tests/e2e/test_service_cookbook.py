@@ -1,0 +1,70 @@
+"""tinker-cookbook's supervised recipe (`tinker_cookbook.supervised.train`, what `recipes/sl_basic.py` runs), unchanged,
+against `relayrl serve` on the tiny random model and a local conversation file (the cookbook's
+`FromConversationFileBuilder`, `role_colon` renderer): it trains 3 epochs, lowers its own train NLL, and saves its
+final state and sampler checkpoints through the service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+pytest.importorskip("tinker_cookbook")  # the `tinker` extra (both locks pin it)
+pytestmark = pytest.mark.slow
+
+
+def write_conversations(path, n: int = 64) -> None:
+    rng = random.Random(0)
+    with open(path, "w") as f:
+        for _ in range(n):
+            a, b = rng.randrange(10), rng.randrange(10)
+            messages = [{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": str(a + b)}]
+            f.write(json.dumps({"messages": messages}) + "\n")
+
+
+def test_the_cookbooks_supervised_loop_lowers_its_loss_through_the_service(random_model_dir, tmp_path, monkeypatch):
+    from tinker_cookbook.renderers import TrainOnWhat
+    from tinker_cookbook.supervised import train
+    from tinker_cookbook.supervised.data import FromConversationFileBuilder
+    from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
+
+    from relayrl.service import server
+
+    model = str(random_model_dir)  # the base's name is its path: the cookbook loads its tokenizer from it
+    running = server.start({model: model}, tmp_path / "state")
+    monkeypatch.setenv("TINKER_API_KEY", running.api_key)
+    write_conversations(tmp_path / "conversations.jsonl")
+    common = ChatDatasetBuilderCommonConfig(
+        model_name_for_tokenizer=model,
+        renderer_name="role_colon",
+        max_length=64,
+        batch_size=16,
+        train_on_what=TrainOnWhat.ALL_ASSISTANT_MESSAGES,
+    )
+    config = train.Config(
+        log_path=str(tmp_path / "run"),
+        model_name=model,
+        recipe_name="relayrl_service_test",
+        renderer_name="role_colon",
+        dataset_builder=FromConversationFileBuilder(
+            common_config=common, file_path=str(tmp_path / "conversations.jsonl")
+        ),
+        learning_rate=3e-3,
+        num_epochs=3,
+        lora_rank=8,
+        base_url=running.url,
+        eval_every=0,
+        save_every=0,
+    )
+    try:
+        asyncio.run(train.main(config))
+    finally:
+        running.stop()
+    rows = [json.loads(line) for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
+    nll = [r["train_mean_nll"] for r in rows if "train_mean_nll" in r]
+    assert len(nll) == 12 and nll[-1] < 0.9 * nll[0], nll
+    saved = [json.loads(line) for line in (tmp_path / "run/checkpoints.jsonl").read_text().splitlines()]
+    assert saved[-1]["state_path"].endswith("/weights/final")
+    assert saved[-1]["sampler_path"].endswith("/sampler_weights/final")
