@@ -1,0 +1,89 @@
+"""Several clients of one `relayrl serve` at once (issue 48 item 3), through the unchanged SDK: two LoRA adapters on
+one base train and sample without mixing weights, a teacher sampler on a second base stays the base while a student
+trains beside it, and the SDK's async use (awaiting its futures, eight samples in flight) gives what the same
+requests give one at a time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
+from tinker import types  # noqa: E402
+
+TOKENS = [5, 6, 7, 8, 9, 10]
+
+
+@pytest.fixture(scope="module")
+def client(random_model_dir, tmp_path_factory):
+    from relayrl.service import server
+
+    bases = {"student": str(random_model_dir), "teacher": str(random_model_dir)}
+    running = server.start(bases, tmp_path_factory.mktemp("service_state"))
+    yield tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    running.stop()
+
+
+def datum(tokens=TOKENS) -> types.Datum:
+    inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)}
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
+
+
+def forward(trainer) -> np.ndarray:
+    return trainer.forward([datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+
+def train(trainer, steps: int = 2) -> None:
+    for _ in range(steps):
+        trainer.forward_backward([datum()], "cross_entropy").result()
+        trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+
+
+def served(sampler) -> np.ndarray:
+    return np.array(sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()[1:])
+
+
+def test_two_adapters_on_one_base_keep_their_own_weights(client):
+    first = client.create_lora_training_client(base_model="student", rank=4, seed=1).result()
+    second = client.create_lora_training_client(base_model="student", rank=4, seed=2).result()
+    untouched = forward(second)
+    train(first)
+    np.testing.assert_array_equal(forward(second), untouched)  # the first's steps did not reach the second
+    first_sampler = first.save_weights_and_get_sampling_client().result()
+    second_sampler = second.save_weights_and_get_sampling_client().result()
+    for _ in range(2):  # alternating: the engine swaps the weights each time
+        np.testing.assert_allclose(served(first_sampler), forward(first), atol=1e-4)
+        np.testing.assert_allclose(served(second_sampler), untouched, atol=1e-4)
+
+
+def test_a_teacher_on_a_second_base_stays_the_base_beside_a_training_student(client):
+    teacher = client.create_sampling_client(base_model="teacher").result()
+    before = served(teacher)
+    student = client.create_lora_training_client(base_model="student", rank=4).result()
+    base = forward(student)  # B = 0: the fresh adapter is the base
+    np.testing.assert_allclose(before, base, atol=1e-4)
+    train(student)
+    student_sampler = student.save_weights_and_get_sampling_client().result()
+    assert not np.allclose(served(student_sampler), before, atol=1e-3)
+    np.testing.assert_allclose(served(teacher), before, atol=1e-6)
+
+
+def test_async_use_and_eight_samples_in_flight_match_one_at_a_time(client):
+    trainer = client.create_lora_training_client(base_model="student", rank=4).result()
+
+    async def loop():
+        fwd = await trainer.forward_backward([datum()], "cross_entropy")
+        await trainer.optim_step(types.AdamParams(learning_rate=1e-2))
+        sampler = await trainer.save_weights_and_get_sampling_client()
+        prompt = types.ModelInput.from_ints(TOKENS[:2])
+        params = [types.SamplingParams(max_tokens=5, temperature=1.0, seed=s, stop=[]) for s in range(8)]
+        together = await asyncio.gather(*(sampler.sample(prompt, 2, p) for p in params))
+        return fwd, sampler, prompt, params, together
+
+    fwd, sampler, prompt, params, together = asyncio.run(loop())
+    assert fwd.metrics["loss:sum"] > 0
+    alone = [sampler.sample(prompt, 2, p).result() for p in params]
+    assert [[s.tokens for s in r.sequences] for r in together] == [[s.tokens for s in r.sequences] for r in alone]
+    assert len({tuple(r.sequences[0].tokens) for r in alone}) > 1  # the seeds differ, so do the samples
