@@ -4,8 +4,11 @@ whose weights are swapped for the sampler a request names, through the engine's 
 engine holds.
 
 A sampler's weights are a `save_weights_for_sampler` copy (the trained model merged, relayrl/service/training.py)
-or the base's own. `sample` maps the SDK's `SamplingParams` onto relayrl's `Sampling`: stop strings go to the
-engine; stop token ids cut each sequence after the first one it samples (EOS always stops, as in the engine).
+or the base's own. `sample` maps the SDK's `SamplingParams` onto relayrl's `Sampling` and samples with the engine's
+own loop (one seeded stream per sample, so a sample does not depend on the requests beside it); a stop token id
+cuts a sequence after the first one it samples, a stop string after the token that completes it in the decoded
+text (transformers' stop-string criteria cannot take strings outside a tokenizer's vocabulary, such as
+role_colon's "\n\nUser:" on a character tokenizer). EOS always stops, as in the engine.
 The sequences' log-probs are the engine's (after temperature), so at temperature 1 they are the model's own.
 """
 
@@ -85,13 +88,11 @@ def sample(engine, request) -> tuple[list[Sequence], list[float] | None]:
         top_p=params.top_p,
         top_k=params.top_k,
         max_tokens=max_tokens,
-        stop=tuple(stop_strings),
         seed=params.seed,
     )
     rollouts = engine.generate([Prompt(id="sample", text="", token_ids=tokens)], sampling, engine.version)
-    return [
-        _sequence(r.response_ids, r.behaviour_logprobs, r.finish_reason, stop_ids) for r in rollouts
-    ], prompt_logprobs
+    sequences = [_sequence(r.response_ids, r.behaviour_logprobs, r.finish_reason, stop_ids) for r in rollouts]
+    return [_cut_at_strings(seq, stop_strings, engine.tokenizer) for seq in sequences], prompt_logprobs
 
 
 def prompt_tokens(engine, prompt) -> list[int]:
@@ -117,3 +118,15 @@ def _sequence(ids: list[int], logprobs: list[float], finish: str, stop_ids: set[
         if token in stop_ids:
             return Sequence(ids[: i + 1], logprobs[: i + 1], stopped=True)
     return Sequence(ids, logprobs, stopped=finish == "stop")
+
+
+def _cut_at_strings(seq: Sequence, stops: list[str], tokenizer) -> Sequence:
+    """`seq` up to the token whose text completes the first stop string (kept), or unchanged."""
+    if not stops or not any(stop in tokenizer.decode(seq.tokens) for stop in stops):
+        return seq
+    for end in range(1, len(seq.tokens) + 1):
+        text = tokenizer.decode(seq.tokens[:end])
+        if any(stop in text for stop in stops):
+            logprobs = None if seq.logprobs is None else seq.logprobs[:end]
+            return Sequence(seq.tokens[:end], logprobs, stopped=True)
+    return seq

@@ -125,7 +125,7 @@ def test_compute_logprobs_equals_forward(trainer, client, tokens):
     np.testing.assert_allclose(logprobs[1:], forward_logprobs(trainer, tokens), atol=1e-4)
 
 
-def test_a_stop_token_ends_the_sequence_after_it(trainer, tokens):
+def test_a_stop_token_or_string_ends_the_sequence_after_it(trainer, tokens):
     sampler = trainer.save_weights_and_get_sampling_client().result()
     free = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[])
     first = sampler.sample(types.ModelInput.from_ints(tokens[:2]), 1, free).result().sequences[0]
@@ -133,6 +133,10 @@ def test_a_stop_token_ends_the_sequence_after_it(trainer, tokens):
     cut = first.tokens[: first.tokens.index(stop_token) + 1]
     stopped = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[stop_token])
     seq = sampler.sample(types.ModelInput.from_ints(tokens[:2]), 1, stopped).result().sequences[0]
+    assert (seq.tokens, seq.stop_reason) == (cut, "stop")
+    text = trainer.get_tokenizer().decode([stop_token])  # a character tokenizer: one token, one character
+    by_string = types.SamplingParams(max_tokens=8, temperature=1.0, seed=3, stop=[text, "never"])
+    seq = sampler.sample(types.ModelInput.from_ints(tokens[:2]), 1, by_string).result().sequences[0]
     assert (seq.tokens, seq.stop_reason) == (cut, "stop")
     assert first.stop_reason == "length" or first.tokens[-1] == trainer.get_tokenizer().eos_token_id
 
