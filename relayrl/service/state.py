@@ -1,6 +1,7 @@
 """What the service holds and what each route does with it: sessions (with their last heartbeat), training models
 (`<session>:train:<n>`, the id the SDK derives itself), sampler weights saved by `save_weights_for_sampler`
-(`tinker://<model>/sampler_weights/<name>`), sampling sessions, and `save_state` checkpoints
+(`tinker://<model>/sampler_weights/<name>`; of the unnamed ones, `save_weights_and_get_sampling_client`'s, the
+newest KEEP_EPHEMERAL per model), sampling sessions, and `save_state` checkpoints
 (`tinker://<model>/weights/<name>`, a directory under `state_dir`). Work that touches a model runs on the
 futures' worker (relayrl/service/futures.py); a route here returns what the SDK's response type holds.
 """
@@ -18,6 +19,7 @@ from relayrl.service.futures import Futures
 from relayrl.service.training import TrainedModel, lora_settings, read_meta
 
 PREFIX = "tinker://"
+KEEP_EPHEMERAL = 4  # unnamed sampler weights kept per model (an RL loop saves one per step); named ones stay
 
 
 class Service:
@@ -120,12 +122,20 @@ class Service:
         def save() -> dict:
             self.snapshots[key] = model.sampler_weights()
             self.snapshot_base[key] = model.base_name
+            if request.path is None:
+                self.drop_old_ephemeral(model.model_id)
             if request.path is not None:
                 return {"path": key, "type": "save_weights_for_sampler"}
             sampler_id = self.new_sampler(session_id, f"w{request.sampling_session_seq_id}", model.base_name, key)
             return {"path": None, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
 
         return self.futures.submit(save)
+
+    def drop_old_ephemeral(self, model_id: str) -> None:
+        prefix = f"{PREFIX}{model_id}/sampler_weights/ephemeral-"
+        ephemeral = [key for key in self.snapshots if key.startswith(prefix)]  # in insertion order: oldest first
+        for key in ephemeral[:-KEEP_EPHEMERAL]:
+            del self.snapshots[key]
 
     def new_sampler(self, session_id: str, seq: str, base_name: str, weights_key: str | None) -> str:
         sampler_id = f"{session_id}:sample:{seq}"
@@ -152,6 +162,12 @@ class Service:
         sampler = self.sampler(request.sampling_session_id)
 
         def run() -> bytes:
+            if sampler.weights_key is not None and sampler.weights_key not in self.snapshots:
+                raise UserError(
+                    f"sampling_session_id={request.sampling_session_id!r}: its weights were dropped (the service keeps "
+                    f"the newest {KEEP_EPHEMERAL} unnamed sampler weights per model; save_weights_for_sampler(name) "
+                    "keeps them)"
+                )
             engine = self.engines.serving(sampler, self.snapshots)
             sequences, prompt_logprobs = sampling.sample(engine, request)
             return wire.sample_response(sequences, prompt_logprobs)

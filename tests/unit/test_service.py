@@ -163,10 +163,31 @@ def test_save_state_then_load_state_restores_the_weights(trainer, client, tokens
 
 
 def test_the_sdks_session_heartbeat_reaches_the_service(client, service):
-    """Last in the module: the SDK beats every 10 s, so by now one has come or comes within one period."""
+    """Late in the module: the SDK beats every 10 s, so by now one has come or comes within one period."""
     session_id = client.holder.get_session_id()
     seen = service.service.sessions[session_id]
     deadline = time.monotonic() + 25
     while service.service.sessions[session_id] == seen and time.monotonic() < deadline:
         time.sleep(0.2)
     assert service.service.sessions[session_id] > seen
+
+
+def test_full_weight_training_steps_and_its_state_round_trips(random_model_dir, tmp_path):
+    """relayrl's extension where a request names no LoRA (`lora_config` None): every weight trains, and its
+    checkpoint holds them all."""
+    from relayrl.service.training import TrainedModel
+    from relayrl.service.wire import Example, ForwardBackwardCall
+
+    model = TrainedModel("m", "tiny", str(random_model_dir), lora=None)
+    ids = [5, 6, 7, 8]
+    example = Example(ids[:-1], {"target_tokens": np.array(ids[1:]), "weights": np.ones(3, dtype=np.float32)})
+    call = ForwardBackwardCall("m", "cross_entropy", {}, False, [example])
+    first = model.forward_backward(call)[1]["loss:sum"]
+    model.optim_step(types.AdamParams(learning_rate=1e-2))
+    model.save_state(tmp_path / "ckpt")
+    saved = model.target_logprobs(ids[:-1], np.array(ids[1:])).detach()
+    assert model.forward_backward(call)[1]["loss:sum"] < first
+    model.optim_step(types.AdamParams(learning_rate=1e-2))
+    model.load_state(tmp_path / "ckpt", optimizer=True)
+    assert (model.target_logprobs(ids[:-1], np.array(ids[1:])).detach() == saved).all()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt"]

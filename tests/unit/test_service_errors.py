@@ -100,3 +100,15 @@ def test_a_wrong_api_key_is_refused(service):
     with pytest.raises(tinker.AuthenticationError, match="X-API-Key: not this service's key"):
         client = tinker.ServiceClient(base_url=service.url, api_key="tml-wrong")
         client.create_lora_training_client(base_model="tiny", rank=2).result()
+
+
+def test_old_unnamed_sampler_weights_are_dropped_with_a_message_named_ones_stay(trainer):
+    from relayrl.service.state import KEEP_EPHEMERAL
+
+    named = trainer.save_weights_for_sampler("kept").result().path
+    samplers = [trainer.save_weights_and_get_sampling_client().result() for _ in range(KEEP_EPHEMERAL + 1)]
+    prompt, params = types.ModelInput.from_ints([5, 6]), types.SamplingParams(max_tokens=2)
+    with pytest.raises(tinker.RequestFailedError, match=f"its weights were dropped .*newest {KEEP_EPHEMERAL} unnamed"):
+        samplers[0].sample(prompt, 1, params).result()
+    assert samplers[-1].sample(prompt, 1, params).result().sequences
+    assert trainer.create_sampling_client(named).result().sample(prompt, 1, params).result().sequences
