@@ -88,6 +88,22 @@ def test_importance_sampling_and_ppo_follow_their_formulas(trainer, tokens):
     assert wide.metrics["loss:sum"] == pytest.approx(-2.0 * advantages.sum(), rel=1e-4)
 
 
+def test_forward_backward_custom_runs_the_callers_loss_over_served_logprobs(trainer, tokens):
+    """The SDK runs a custom loss client-side: forward, the caller's loss on the log-probs, then cross_entropy with
+    weights = -dC/dlogprobs. Here C = -2 * sum(logprobs): twice the cross-entropy of all-ones weights."""
+
+    def doubled_nll(data, logprobs_list):
+        loss = sum(-2.0 * lp.sum() for lp in logprobs_list)
+        return loss, {"doubled_nll": float(loss)}
+
+    expected = -2.0 * float(forward_logprobs(trainer, tokens).sum())
+    out = trainer.forward_backward_custom([datum(tokens)], doubled_nll).result()
+    assert out.metrics["doubled_nll"] == pytest.approx(expected, rel=1e-5)
+    assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
+    trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert -2.0 * float(forward_logprobs(trainer, tokens).sum()) < expected
+
+
 def test_optim_step_takes_adam_parameters_per_call(trainer, tokens):
     start = forward_logprobs(trainer, tokens)
     trainer.forward_backward([datum(tokens)], "cross_entropy").result()
