@@ -8,6 +8,7 @@ futures' worker (relayrl/service/futures.py); a route here returns what the SDK'
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 
@@ -33,10 +34,13 @@ class Service:
         self.snapshot_base: dict[str, str] = {}
         self.samplers: dict[str, sampling.Sampler] = {}
         self.engines = sampling.Engines(bases)
+        self.instance = secrets.token_hex(
+            4
+        )  # session ids (hence model ids and checkpoint paths) differ across restarts
 
     # sessions -------------------------------------------------------------------------------------------------
     def create_session(self) -> str:
-        session_id = f"s{len(self.sessions) + 1}"
+        session_id = f"{self.instance}-{len(self.sessions) + 1}"
         self.sessions[session_id] = time.time()
         return session_id
 

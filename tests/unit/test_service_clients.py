@@ -1,7 +1,7 @@
 """Several clients of one `relayrl serve` at once (issue 48 item 3), through the unchanged SDK: two LoRA adapters on
 one base train and sample without mixing weights, a teacher sampler on a second base stays the base while a student
 trains beside it, and the SDK's async use (awaiting its futures, eight samples in flight) gives what the same
-requests give one at a time."""
+requests give one at a time; a service restarted on the same state directory resumes a saved state."""
 
 from __future__ import annotations
 
@@ -87,3 +87,27 @@ def test_async_use_and_eight_samples_in_flight_match_one_at_a_time(client):
     alone = [sampler.sample(prompt, 2, p).result() for p in params]
     assert [[s.tokens for s in r.sequences] for r in together] == [[s.tokens for s in r.sequences] for r in alone]
     assert len({tuple(r.sequences[0].tokens) for r in alone}) > 1  # the seeds differ, so do the samples
+
+
+def test_a_restarted_service_resumes_from_save_state_on_the_same_state_dir(random_model_dir, tmp_path):
+    from relayrl.service import server
+
+    first = server.start({"student": str(random_model_dir)}, tmp_path)
+    trainer = tinker.ServiceClient(base_url=first.url, api_key=first.api_key).create_lora_training_client(
+        base_model="student", rank=4
+    )
+    trainer = trainer.result()
+    train(trainer)
+    path = trainer.save_state("before-restart").result().path
+    saved, first_id = forward(trainer), trainer.get_info().model_id
+    first.stop()  # the process that held the model is gone
+    second = server.start({"student": str(random_model_dir)}, tmp_path)
+    try:
+        client = tinker.ServiceClient(base_url=second.url, api_key=second.api_key)
+        resumed = client.create_training_client_from_state_with_optimizer(path).result()
+        np.testing.assert_array_equal(forward(resumed), saved)
+        assert resumed.get_info().model_id != first_id  # its own saves cannot overwrite the first's checkpoints
+        train(resumed, steps=1)  # and it trains on from there
+        assert not np.array_equal(forward(resumed), saved)
+    finally:
+        second.stop()
