@@ -16,7 +16,6 @@ import sys
 
 import pytest
 
-pytest.importorskip("tinker_cookbook")  # the `tinker` extra (both locks pin it)
 pytestmark = pytest.mark.slow
 
 

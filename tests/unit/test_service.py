@@ -11,9 +11,8 @@ import time
 
 import numpy as np
 import pytest
-
-tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
-from tinker import types  # noqa: E402
+import tinker
+from tinker import types
 
 RANK = 4
 

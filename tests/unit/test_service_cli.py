@@ -10,10 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
-
 ROOT = Path(__file__).resolve().parents[2]
 
 

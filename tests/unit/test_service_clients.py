@@ -9,9 +9,8 @@ import asyncio
 
 import numpy as np
 import pytest
-
-tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
-from tinker import types  # noqa: E402
+import tinker
+from tinker import types
 
 TOKENS = [5, 6, 7, 8, 9, 10]
 

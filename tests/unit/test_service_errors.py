@@ -5,9 +5,8 @@ each one succeeds)."""
 from __future__ import annotations
 
 import pytest
-
-tinker = pytest.importorskip("tinker")  # the `tinker` extra (both locks pin it)
-from tinker import types  # noqa: E402
+import tinker
+from tinker import types
 
 
 @pytest.fixture(scope="module")
