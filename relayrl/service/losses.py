@@ -47,10 +47,14 @@ def check_inputs(loss_fn: str, index: int, tokens: list[int], inputs: dict[str, 
 
 def datum_loss(loss_fn: str, logp: torch.Tensor, inputs: dict[str, np.ndarray], config: dict) -> torch.Tensor:
     """The summed loss of one datum from its target tokens' log-probs `logp` [N] (with grad)."""
+
+    def tensor(key: str) -> torch.Tensor:
+        return torch.from_numpy(inputs[key]).float().to(logp.device)
+
     if loss_fn == "cross_entropy":
-        return -(logp * torch.from_numpy(inputs["weights"]).float()).sum()
-    ratio = torch.exp(logp - torch.from_numpy(inputs["logprobs"]).float())
-    advantages = torch.from_numpy(inputs["advantages"]).float()
+        return -(logp * tensor("weights")).sum()
+    ratio = torch.exp(logp - tensor("logprobs"))
+    advantages = tensor("advantages")
     if loss_fn == "importance_sampling":
         return -(ratio * advantages).sum()
     low, high = float(config.get("clip_low_threshold", 0.8)), float(config.get("clip_high_threshold", 1.2))

@@ -52,7 +52,8 @@ class TrainedModel:
         from relayrl.models.lora import add_adapter
 
         self.model_id, self.base_name, self.lora = model_id, base_name, lora
-        model = load_causal_lm(base_path, key=f"base_model={base_name!r}").eval()
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"  # where the HF engine samples too
+        model = load_causal_lm(base_path, self.device, key=f"base_model={base_name!r}").eval()
         if lora is not None:
             torch.manual_seed(seed)
             model = add_adapter(model, lora, key="lora_config")
@@ -74,13 +75,14 @@ class TrainedModel:
                 if not call.forward_only:
                     loss.backward()
                 total += float(loss.detach())
-                outputs.append({"logprobs": logp.detach().numpy().astype(np.float32)})
+                outputs.append({"logprobs": logp.detach().cpu().numpy().astype(np.float32)})
         return outputs, {"loss:sum": total}
 
     def target_logprobs(self, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
-        ids = torch.tensor([tokens])
+        ids = torch.tensor([tokens], device=self.device)
         logits = self.model(input_ids=ids).logits[0].float()
-        return torch.log_softmax(logits, -1).gather(-1, torch.from_numpy(targets).long()[:, None]).squeeze(-1)
+        picked = torch.from_numpy(targets).long().to(self.device)[:, None]
+        return torch.log_softmax(logits, -1).gather(-1, picked).squeeze(-1)
 
     def optim_step(self, params) -> dict[str, float]:
         """One AdamW step with the SDK's `AdamParams` (learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm)."""
