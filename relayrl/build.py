@@ -28,6 +28,7 @@ from relayrl.config.warn import gathered
 from relayrl.controller import LoopSettings, Trainer
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError, RoleFailure
+from relayrl.learner.teacher import check_teacher_dir, choose_teacher_engine
 from relayrl.metrics.timeline import Timeline
 from relayrl.models.loading import check_model_dir, load_tokenizer, pad_token_id
 from relayrl.placement import build_roles
@@ -68,7 +69,8 @@ def resolve(config: Config, stacklevel: int = 1) -> Config:
     3. `sync.lora: auto` -> adapter or merged (relayrl/sync/lora.py), after the engine is known;
     4. `rollout.sleep: auto` and `learner.offload: auto` -> colocated time-sharing on or off, and an offload as set
        checked against this machine (relayrl/rollout/sleep.py);
-    5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py).
+    5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py);
+    6. `teacher.engine: auto` -> local (relayrl/learner/teacher.py), when there is a teacher.
     Then the settings a choice left without effect are warned about (at the line `stacklevel` frames up: 1 = this
     caller's). Resolving twice changes nothing; a dump writes `auto` back (so a reload chooses again, on its own
     machine).
@@ -99,6 +101,8 @@ def _choose(config: Config) -> None:
     choose_time_sharing(config)  # after sync.lora: an adapter push keeps level 1
     if config.sync.wire_dtype == "auto":
         config.choose("sync.wire_dtype", *resolve_wire_dtype(config.rollout.dtype))
+    if config.teacher.path and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
+        config.choose("teacher.engine", *choose_teacher_engine(config.teacher.engine))
 
 
 def choose_time_sharing(config: Config, cuda: Callable[[], bool] | None = None) -> None:
@@ -113,6 +117,8 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     config's `auto` choices are made (`resolve`; a no-op for a config already resolved)."""
     resolve(config)
     check_model_dir(config.model.path)
+    if config.teacher.path:  # a teacher that does not load, or speaks another vocabulary, stops the run here
+        check_teacher_dir(config.teacher.path, config.model.path)
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
@@ -140,7 +146,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         source=source,
         sampler=sampler,
         make_schedule=functools.partial(SCHEDULES[config.train.schedule], source, schedule_settings(config)),
-        advantages=advantage_stage(config.algorithm),
+        advantages=advantage_stage(config.algorithm, teacher=bool(config.teacher.path)),
         eval_prompts=eval_prompts,
         tokenizer=tokenizer,
         run_dir=run_dir,
@@ -152,6 +158,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         ),
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
+        teacher=bool(config.teacher.path),
     )
 
 

@@ -77,6 +77,7 @@ class Trainer:
     schedule: Schedule | None = None  # made when the run starts (async producers begin generating then)
     signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: the learner heals
+    teacher: bool = False  # teacher.path: a teacher phase after the log-probs (relayrl/learner/teacher.py)
 
     def step(self, step: int) -> dict[str, float]:
         """One training step as named phases (docs/architecture.md); every variant was chosen by relayrl/build.py."""
@@ -86,6 +87,9 @@ class Trainer:
         self.time_sharing.before_update(timer)  # colocated: the engine sleeps, the learner's states come back
         with timer("logprobs"):  # old and reference log-probs, values, a KL penalty in the reward
             exp = self.learner.prepare(make_experience(batch.rollouts, batch.scores, self.pad_id))
+        if self.teacher:  # on-policy distillation: the teacher scores the sampled tokens, once per sample
+            with timer("teacher"):
+                exp = self.learner.score_teacher(exp)
         with timer("advantage"):
             exp = self.advantages(exp, batch.rollouts)
         with timer("update"):  # with the pre-update log-probs of the rows this step logs to samples.jsonl

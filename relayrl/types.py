@@ -84,6 +84,7 @@ class Experience:
     reward_penalty: torch.Tensor | None = None  # [B, T-1] per-token reward terms: the KL penalty (kl.placement=reward)
     images: ImageBatch | None = None  # each row's image tensors (rows with images)
     forks: torch.Tensor | None = None  # [B] bool: forked samples (Rollout.fork_of), not members of their group
+    teacher_logprobs: torch.Tensor | None = None  # [B, T-1] the teacher's (on-policy distillation, learner/teacher.py)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -1,5 +1,6 @@
 """The advantage stage of a step: the estimator bound to its settings, the learner's KL penalty when it is in
-the reward, and DAPO's overlong filter, composed once from the config (`advantage_stage`)."""
+the reward, DAPO's overlong filter, and a teacher's distillation signal (alone, added to the advantages, or in the
+rewards), composed once from the config (`advantage_stage`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from relayrl.algorithms.advantages import ADVANTAGES, TOKEN_LEVEL, AdvantageInputs, make_inputs, turn_reward_tensor
 from relayrl.algorithms.dapo import overlong_mask
+from relayrl.algorithms.distill import distill_advantages, distill_reward_penalty
 from relayrl.types import filled
 
 if TYPE_CHECKING:
@@ -18,12 +20,56 @@ if TYPE_CHECKING:
     from relayrl.types import Experience, Rollout
 
 
-def advantage_stage(algorithm: AlgorithmConfig) -> Callable[[Experience, list[Rollout]], Experience]:
-    """`stage(exp, rollouts) -> exp` with advantages and returns, as the `algorithm` section chose."""
+Stage = Callable[["Experience", list["Rollout"]], "Experience"]
+
+
+def advantage_stage(
+    algorithm: AlgorithmConfig, teacher: bool = False
+) -> Callable[[Experience, list[Rollout]], Experience]:
+    """`stage(exp, rollouts) -> exp` with advantages and returns, as the `algorithm` section chose; `teacher`: the
+    batch carries the teacher's log-probs (`teacher.path`), whose signal `algorithm.distill` places."""
+    distill = algorithm.distill
+    if algorithm.advantage == "distill":
+        return functools.partial(distill_only, distill.coef, algorithm.dapo.overlong_filter)
     estimator = functools.partial(ADVANTAGES[algorithm.advantage], **advantage_knobs(algorithm))
-    return functools.partial(
+    stage = functools.partial(
         estimate_advantages, estimator, algorithm.dapo.overlong_filter, per_turn=algorithm.advantage in TOKEN_LEVEL
     )
+    if not teacher:
+        return stage
+    return functools.partial(with_distill_reward if distill.mode == "reward" else with_distill, stage, distill.coef)
+
+
+def distill_only(coef: float, overlong_filter: bool, exp: Experience, rollouts: list[Rollout]) -> Experience:
+    """algorithm.advantage=distill: coef x (log teacher - log student) per policy token, no reward advantage (a
+    KL-to-the-reference penalty in the reward, if any, is added per token as well); no returns."""
+    old, teacher = filled(exp.old_logprobs, "old_logprobs"), filled(exp.teacher_logprobs, "teacher_logprobs")
+    exp.advantages = coef * distill_advantages(old, teacher, exp.loss_mask)
+    if exp.reward_penalty is not None:
+        exp.advantages = exp.advantages + exp.reward_penalty * exp.loss_mask
+    exp.returns = None
+    if overlong_filter:
+        exp.loss_mask = exp.loss_mask * overlong_mask(rollouts)[:, None]
+    return exp
+
+
+def with_distill(stage: Stage, coef: float, exp: Experience, rollouts: list[Rollout]) -> Experience:
+    """algorithm.distill.mode=advantage beside a reward: the reward estimator's advantages + coef x the
+    distillation advantage per policy token."""
+    old, teacher = filled(exp.old_logprobs, "old_logprobs"), filled(exp.teacher_logprobs, "teacher_logprobs")
+    signal = distill_advantages(old, teacher, exp.loss_mask)  # before the overlong filter changes the mask
+    exp = stage(exp, rollouts)
+    exp.advantages = filled(exp.advantages, "advantages") + coef * signal
+    return exp
+
+
+def with_distill_reward(stage: Stage, coef: float, exp: Experience, rollouts: list[Rollout]) -> Experience:
+    """algorithm.distill.mode=reward: -coef x (log student - log teacher) per token joins the token rewards (beside
+    a reference KL penalty there, if any), and the reward estimator makes the advantages."""
+    old, teacher = filled(exp.old_logprobs, "old_logprobs"), filled(exp.teacher_logprobs, "teacher_logprobs")
+    penalty = distill_reward_penalty(old, teacher, exp.loss_mask, coef)
+    exp.reward_penalty = penalty if exp.reward_penalty is None else exp.reward_penalty + penalty
+    return stage(exp, rollouts)
 
 
 def estimate_advantages(

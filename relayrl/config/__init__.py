@@ -4,7 +4,7 @@
 - section.py: the base of every section; the sections, each module one owner's settings, every key with its type,
   default, bounds and one-line description (`docs/config.md`: docs.py): model.py (`model`, `model.lora`), data.py
   (`data`, `eval`), reward.py, env.py, rollout.py, algorithm.py (`algorithm`, `critic`), train.py, learner.py,
-  placement.py, sync.py, log.py (`log`, `checkpoint`);
+  placement.py, sync.py, log.py (`log`, `checkpoint`), teacher.py (`teacher`, `algorithm.distill`);
 - load.py: files, overrides, unknown keys with a "did you mean", messages naming the key, the dump;
 - effects.py: settings that cannot take effect in the chosen mode, warned about by name;
 - paths.py: which directory a relative path is taken against; aliases.py: other frameworks' key names.
@@ -28,6 +28,7 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.config.root import Config
 from relayrl.config.section import Section
 from relayrl.config.sync import SYNC_KEYS, SyncConfig, effective_transport
+from relayrl.config.teacher import DistillConfig, TeacherConfig
 from relayrl.config.train import TrainConfig
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "CriticConfig",
     "DAPOConfig",
     "DataConfig",
+    "DistillConfig",
     "EnvConfig",
     "EvalConfig",
     "KLConfig",
@@ -53,6 +55,7 @@ __all__ = [
     "SamplesConfig",
     "Section",
     "SyncConfig",
+    "TeacherConfig",
     "TrainConfig",
     "dump_config",
     "effective_transport",

@@ -1,4 +1,4 @@
-"""The algorithm's config sections: `algorithm.*` with its `kl`, `correction` and `dapo` blocks, and `critic`.
+"""The algorithm's config sections: `algorithm.*` with its `kl`, `correction`, `dapo` and `distill` blocks, and `critic`.
 
 Strict pydantic models like every section (each role's in a module of its own: rollout.py, train.py, sync.py, ...);
 `relayrl/config/` re-exports them and holds the rules across sections.
@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from relayrl.config.section import Section
+from relayrl.config.teacher import DistillConfig
 
 
 class KLConfig(Section):
@@ -73,8 +74,10 @@ class DAPOConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"] = Field(
-        default="grpo", description="Advantage estimator (docs/algorithms.md gives each formula)."
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "distill"] = Field(
+        default="grpo",
+        description="Advantage estimator (docs/algorithms.md gives each formula; distill: the teacher's per-token "
+        "signal alone, docs/distillation.md).",
     )
     std_normalize: bool = Field(default=True, description="grpo: divide group-centred rewards by the group std.")
     gamma: float = Field(default=1.0, ge=0, le=1, description="Discount of per-token returns (reinforce_pp and gae).")
@@ -106,3 +109,4 @@ class AlgorithmConfig(Section):
     kl: KLConfig = Field(default_factory=KLConfig)
     correction: CorrectionConfig = Field(default_factory=CorrectionConfig)
     dapo: DAPOConfig = Field(default_factory=DAPOConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)  # the teacher's signal (relayrl/config/teacher.py)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from relayrl.config.model import warn_lora
 from relayrl.config.sync import SYNC_KEYS, effective_transport
+from relayrl.config.teacher import warn_teacher
 from relayrl.config.warn import warn
 
 if TYPE_CHECKING:
@@ -18,6 +19,7 @@ def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
     _warn_algorithm(config)
     warn_lora(config)  # relayrl/config/model.py: a LoRA run at a full fine-tuning learning rate
+    warn_teacher(config)  # relayrl/config/teacher.py: distillation settings without a teacher
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))

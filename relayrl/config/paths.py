@@ -1,7 +1,7 @@
 """Relative paths in a config: the directory each is taken against, and the absolute form a run saves.
 
 The rule (the field descriptions and `docs/config.md` state it too):
-- An input path (`model.path`, `critic.path`, `data.train`, `data.eval`, a reward's `file.py:function`, the
+- An input path (`model.path`, `critic.path`, `teacher.path`, `data.train`, `data.eval`, a reward's `file.py:function`, the
   environment's `env.fn` `file.py:Class`, a tool's `env.tools` `file.py:function`) written in a config file is taken against the config file's directory; when nothing of that name exists
   there, against the working directory (configs written for the directory they are run from keep working).
   So is the model directory of the `reward_model` and `judge` rewards (`kwargs.path`, `kwargs.model`), when
@@ -35,7 +35,7 @@ from typing import Any
 from relayrl.config.warn import warn
 from relayrl.errors import ConfigError
 
-INPUT_PATHS = ("model.path", "critic.path", "data.train", "data.eval")
+INPUT_PATHS = ("model.path", "critic.path", "teacher.path", "data.train", "data.eval")
 DATA_SPECS = (
     "reasoning_gym:",
     "verifiers:",

@@ -23,6 +23,7 @@ from relayrl.config.reward import RewardConfig
 from relayrl.config.rollout import RolloutConfig
 from relayrl.config.section import Section
 from relayrl.config.sync import SyncConfig
+from relayrl.config.teacher import TeacherConfig, check_teacher
 from relayrl.config.train import TrainConfig
 
 
@@ -41,6 +42,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)  # on-policy distillation (config/teacher.py)
     _engine_choice: Any = PrivateAttr(None)  # what `rollout.engine: auto` chose, and why (relayrl/rollout/choice.py)
     _resolved: bool = PrivateAttr(False)  # the `auto` choices made (relayrl/build.py, `resolve`)
     _auto: dict[str, tuple[Any, str]] = PrivateAttr(default_factory=dict)  # "rollout.dtype" -> (chosen, why)
@@ -133,4 +135,5 @@ class Config(Section):
             raise ValueError(
                 f"rollout.n must be at least 2 for {self.algorithm.advantage} (advantages are relative within a group)"
             )
+        check_teacher(self)
         return self

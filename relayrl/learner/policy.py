@@ -99,6 +99,7 @@ class PolicyLearner:
             self.updates_per_step > 1
             or (algo.correction.mode != "none" and not self.correct_in_pass)
             or (self.use_reference and algo.kl.placement == "reward")
+            or settings.teacher is not None  # the distillation signal is teacher - old, taken before the update
         )
         self.generator = torch.Generator().manual_seed(train.seed)
         self.layout = ForwardLayout(

@@ -1,4 +1,4 @@
-"""The learner role: the policy (with its reference) and the optional critic, behind one small interface.
+"""The learner role: the policy (with its reference), the optional critic and teacher, behind one small interface.
 
 The controller talks to this object and nothing inside it. Under `placement.mode=local` it lives in the
 driver; under `ray` the same class runs inside an actor (or one per rank, `placement.learner_ranks`) and the
@@ -22,6 +22,7 @@ from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
 from relayrl.learner.result import UpdateResult
+from relayrl.learner.teacher import Teacher
 from relayrl.sync.base import LearnerWeights
 from relayrl.sync.endpoints import WeightSource
 
@@ -37,6 +38,8 @@ class Learner(LearnerWeights, Protocol):
     actor (relayrl/placement/handles.py), or a handle on W sharded ranks; the Ray syncs add the `WeightSource` half."""
 
     def prepare(self, exp: Experience) -> Experience: ...
+
+    def score_teacher(self, exp: Experience) -> Experience: ...
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
         """The step's optimizer updates; `sample_rows`: how many first rows of the batch the step logs to
@@ -67,6 +70,7 @@ class LearnerRole(WeightSource):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         gae = settings.algorithm.advantage == "gae"
         self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
+        self.teacher = None if settings.teacher is None else Teacher(settings.teacher, self.policy)
         self.distribution.attach(self)
 
     def ping(self) -> int:
@@ -81,6 +85,13 @@ class LearnerRole(WeightSource):
             exp.values = self.critic.values(exp)
         exp.reward_penalty = self.policy.objective.reward_penalty(exp)  # None unless kl.placement=reward
         self.distribution.after_passes(self)
+        return exp
+
+    def score_teacher(self, exp: Experience) -> Experience:
+        """On-policy distillation: the teacher's log-probs of the sampled tokens (`teacher.path`), once per sample."""
+        if self.teacher is None:
+            raise RuntimeError("score_teacher called on a learner built without teacher.path")
+        exp.teacher_logprobs = self.teacher.logprobs(exp)
         return exp
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:

@@ -7,7 +7,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relayrl.config import AlgorithmConfig, CriticConfig, LearnerConfig, ModelConfig, RolloutConfig, TrainConfig
+    from relayrl.config import (
+        AlgorithmConfig,
+        CriticConfig,
+        LearnerConfig,
+        ModelConfig,
+        RolloutConfig,
+        TeacherConfig,
+        TrainConfig,
+    )
 
 
 @dataclass(frozen=True)
@@ -16,7 +24,7 @@ class LearnerSettings:
     batches (`train`), its memory options (`learner`); of `rollout`, the sampling the engines drew from (the
     log-probs are taken under it), the response length, the step's prompts and the engine (with `lora_sync`,
     `sync.lora`: what the learner's weights are pushed as); and the batch sizes derived across sections
-    (`Config.mini_batch`, `Config.updates_per_step`)."""
+    (`Config.mini_batch`, `Config.updates_per_step`); the `teacher`, when `teacher.path` is set."""
 
     model: ModelConfig
     algorithm: AlgorithmConfig
@@ -27,3 +35,4 @@ class LearnerSettings:
     lora_sync: str
     mini_batch: int  # rows per optimizer step
     updates_per_step: int  # optimizer steps per training step
+    teacher: TeacherConfig | None = None  # on-policy distillation's teacher (relayrl/learner/teacher.py), if any

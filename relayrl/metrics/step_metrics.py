@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from relayrl.algorithms.advantages import degenerate_group_fraction
+from relayrl.algorithms.distill import distill_metrics
 from relayrl.learner.policy import mismatch_metrics
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def step_metrics(
         metrics["stale/mean"] += lags["stale/version_mean"] * updates_per_step
         metrics["stale/max"] += lags["stale/version_max"] * updates_per_step
     metrics.update(lags)
+    metrics.update(distill_metrics(exp.old_logprobs, exp.teacher_logprobs, exp.loss_mask))  # teacher.path: distill/*
     metrics.update(role_metrics)  # placement/*: restarts of engines and learner, engine start time
     tokens = float(exp.loss_mask.sum())
     if "time/generate" in metrics:

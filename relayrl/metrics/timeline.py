@@ -18,6 +18,7 @@ ROLE_OF_PHASE = {
     "generate": "engines",
     "reward": "reward",
     "logprobs": "learner",
+    "teacher": "teacher",
     "update": "learner",
     "sync": "sync",
     "wait": "learner",

@@ -1,0 +1,154 @@
+"""The teacher role: its config rules, the refusals at start (each naming the key and path), `teacher.engine: auto`'s
+choice, and the local engine in the learner (its log-probs, the passes it makes the learner run)."""
+
+import shutil
+
+import pytest
+import torch
+
+from relayrl.build import resolve
+from relayrl.config import dump_config, load_config
+from relayrl.errors import ConfigError, ConfigWarning, ModelError
+from relayrl.learner.role import LearnerRole
+from relayrl.learner.teacher import check_teacher_dir
+from relayrl.models.tiny import build_tiny
+from relayrl.placement.sections import learner_settings
+from tests.unit.test_learner import _experience
+
+
+@pytest.fixture(scope="module")
+def other_teacher_dir(tmp_path_factory, random_model_dir):
+    """A second random tiny model with the student's tokenizer (a different seed): a teacher that disagrees."""
+    from relayrl.models.loading import load_tokenizer
+    from relayrl.models.tiny import build_tiny_model
+
+    out = tmp_path_factory.mktemp("teacher")
+    tokenizer = load_tokenizer(random_model_dir)
+    model = build_tiny_model(vocab_size=len(tokenizer), hidden=64, layers=2, heads=2, intermediate=128, seed=7)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _config(student, *overrides):
+    return load_config(None, [f"model.path={student}", "rollout.n=4", "rollout.prompts_per_step=4", *overrides])
+
+
+# ---------------------------------------------------------------------------- config rules
+
+
+def test_distill_without_a_teacher_is_refused_naming_the_key(random_model_dir):
+    with pytest.raises(ConfigError, match="algorithm.advantage=distill needs a teacher: set teacher.path"):
+        _config(random_model_dir, "algorithm.advantage=distill")
+
+
+def test_distill_in_the_reward_needs_a_reward_estimator(random_model_dir):
+    with pytest.raises(ConfigError, match="algorithm.distill.mode=reward .* algorithm.advantage=distill has none"):
+        _config(
+            random_model_dir,
+            f"teacher.path={random_model_dir}",
+            "algorithm.advantage=distill",
+            "algorithm.distill.mode=reward",
+        )
+
+
+def test_a_teacher_with_sharded_learner_ranks_is_refused(random_model_dir):
+    with pytest.raises(ConfigError, match="placement.learner_ranks=2"):
+        _config(random_model_dir, f"teacher.path={random_model_dir}", "placement.mode=ray", "placement.learner_ranks=2")
+
+
+def test_a_teacher_beside_gae_is_refused(random_model_dir):
+    with pytest.raises(ConfigError, match="teacher.path with algorithm.advantage=gae"):
+        _config(random_model_dir, f"teacher.path={random_model_dir}", "algorithm.advantage=gae")
+
+
+def test_distill_settings_without_a_teacher_are_warned_about_by_name(random_model_dir):
+    with pytest.warns(ConfigWarning, match="algorithm.distill.coef has no effect without teacher.path"):
+        _config(random_model_dir, "algorithm.distill.coef=0.5")
+    with pytest.warns(ConfigWarning, match="teacher.dtype has no effect without teacher.path"):
+        _config(random_model_dir, "teacher.dtype=float32")
+
+
+def test_auto_engine_resolves_to_local_and_the_dump_says_why(random_model_dir):
+    config = resolve(_config(random_model_dir, f"teacher.path={random_model_dir}", "rollout.engine=hf"))
+    assert config.teacher.engine == "local"
+    assert "engine: auto  # auto chose local: the only teacher engine so far" in dump_config(config)
+
+
+# ---------------------------------------------------------------------------- refusals at start
+
+
+def test_a_directory_without_config_is_refused(tmp_path, random_model_dir):
+    with pytest.raises(ModelError, match=f"teacher.path='{tmp_path}' is not a model directory"):
+        check_teacher_dir(str(tmp_path), str(random_model_dir))
+
+
+def test_an_unreadable_config_is_refused(tmp_path, random_model_dir):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ModelError, match="teacher.path=.*cannot read its config.json"):
+        check_teacher_dir(str(tmp_path), str(random_model_dir))
+
+
+def test_a_directory_without_weights_is_refused(tmp_path, random_model_dir):
+    shutil.copy(random_model_dir / "config.json", tmp_path / "config.json")
+    with pytest.raises(ModelError, match="teacher.path=.* holds no weights"):
+        check_teacher_dir(str(tmp_path), str(random_model_dir))
+
+
+def test_a_directory_without_a_tokenizer_is_refused(tmp_path, random_model_dir):
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(random_model_dir / name, tmp_path / name)
+    with pytest.raises(ModelError, match="teacher.path=.*cannot load its tokenizer"):
+        check_teacher_dir(str(tmp_path), str(random_model_dir))
+
+
+def test_another_vocabulary_is_refused_naming_both_paths(tmp_path, random_model_dir):
+    build_tiny(["xyz qrs"], tmp_path, hidden=32, layers=1, heads=1, intermediate=64)
+    with pytest.raises(ModelError) as err:
+        check_teacher_dir(str(tmp_path), str(random_model_dir))
+    message = str(err.value)
+    assert f"teacher.path='{tmp_path}'" in message and f"model.path='{random_model_dir}'" in message
+    assert "vocabulary differs" in message
+
+
+def test_a_run_with_a_bad_teacher_stops_before_its_run_directory(tmp_path, random_model_dir, toy_task):
+    from benchmarks.learning_cases import run_in_process, write_config
+
+    config = write_config(tmp_path / "cfg.yaml", random_model_dir, toy_task, tmp_path / "run", "hf")
+    result = run_in_process("train", str(config), f"teacher.path={tmp_path / 'missing'}")
+    assert result.returncode != 0
+    assert "teacher.path=" in result.stderr and "is not a model directory" in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------- the local engine
+
+
+def test_a_teacher_equal_to_the_student_scores_like_the_policy(random_model_dir):
+    role = LearnerRole(learner_settings(_config(random_model_dir, f"teacher.path={random_model_dir}")))
+    assert role.policy.needs_old_logprobs  # the signal is teacher - old, taken before the update
+    exp = role.score_teacher(role.prepare(_experience()))
+    assert torch.allclose(exp.teacher_logprobs, exp.old_logprobs, atol=1e-5)
+    assert (exp.teacher_logprobs[exp.loss_mask == 0] == 0).all()
+
+
+def test_distillation_trains_the_student_towards_its_teacher(random_model_dir, other_teacher_dir):
+    from relayrl.algorithms.stage import advantage_stage
+
+    config = _config(
+        random_model_dir, f"teacher.path={other_teacher_dir}", "algorithm.advantage=distill", "train.lr=1e-3"
+    )
+    role, stage = LearnerRole(learner_settings(config)), advantage_stage(config.algorithm, teacher=True)
+    gaps = []
+    for _ in range(6):  # the same tokens each step: the student's log-probs of them move towards the teacher's
+        exp = role.score_teacher(role.prepare(_experience()))
+        gaps.append(float((exp.old_logprobs - exp.teacher_logprobs).abs()[exp.loss_mask.bool()].mean()))
+        role.update(0, stage(exp, []))
+    assert gaps[-1] < gaps[0] * 0.97, gaps
+    assert gaps == sorted(gaps, reverse=True), gaps
+
+
+def test_score_teacher_without_a_teacher_is_a_bug_named(random_model_dir):
+    role = LearnerRole(learner_settings(_config(random_model_dir)))
+    with pytest.raises(RuntimeError, match="without teacher.path"):
+        role.score_teacher(_experience())
