@@ -24,6 +24,7 @@ from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak
+from relayrl.planner.teacher import teacher_params
 from relayrl.planner.vision import frozen_bytes, frozen_tower
 
 GIB = 2**30
@@ -90,6 +91,7 @@ class Workload:
     freeze_vision: bool = True  # model.freeze_vision: the policy's vision tower has no grads, no optimizer, no push
     images_per_prompt: float = 0.0  # a vision-language model's images per prompt (relayrl/planner/vision.py)
     image_tokens_per_image: float = 0.0  # the tokens one image becomes in the prompt (counted in its length)
+    teacher_params: int = 0  # T: teacher.path's parameters (relayrl/planner/teacher.py); 0 = no teacher
 
     @property
     def packed(self) -> bool:
@@ -221,6 +223,7 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
+        teacher_params=teacher_params(config),
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 
@@ -286,11 +289,12 @@ class Memory:
     logits: float
     ranks: int = 1  # learner ranks W: the states below are split W ways, activations and logits are per rank
     learner: LearnerPeak | None = None  # the parts of activations and logits (relayrl/planner/learner_memory.py)
+    teacher: float = 0.0  # teacher.path's weights, resident in the learner like the reference (never sharded: W=1)
 
     @property
     def states(self) -> float:
-        """What FSDP2 shards: the trainable states and the reference."""
-        return self.actor + self.critic + self.reference
+        """What FSDP2 shards: the trainable states and the reference (and a teacher, run with W=1 only)."""
+        return self.actor + self.critic + self.reference + self.teacher
 
     @property
     def rank_trainer(self) -> float:
@@ -303,8 +307,8 @@ class Memory:
 
     @property
     def trainer(self) -> float:
-        """The update phase: trainable states + reference + activations of one micro-batch."""
-        return self.actor + self.critic + self.reference + self.activations + self.logits
+        """The update phase: trainable states + reference + teacher + activations of one micro-batch."""
+        return self.states + self.activations + self.logits
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_bytes: int) -> int:
@@ -349,6 +353,7 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         logits=peak.logits,
         ranks=work.learner_ranks,
         learner=peak,
+        teacher=work.teacher_params * b,  # at the inference bytes, as the reference (teacher.dtype auto)
     )
 
 

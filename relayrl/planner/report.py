@@ -206,6 +206,7 @@ def _memory_rows(plan: Plan) -> Rows:
         ("actor", vision.actor_formula(plan, trainable), _gb(m.actor)),
         ("critic", trainable if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
         ("reference", "none (LoRA: the base, adapter disabled)" if w.lora_rank else reference, _gb(m.reference)),
+        ("teacher", f"T={w.teacher_params:,} x {b}" if w.teacher_params else "none (no teacher.path)", _gb(m.teacher)),
         ("engine weights", f"P x {b}", _gb(m.engine_weights)),
         (
             "KV bytes/token",
@@ -257,7 +258,7 @@ def _placement_rows(plan: Plan) -> Rows:
     w, hw, m, pl = plan.workload, plan.hardware, plan.memory, plan.placement
     if pl.ranks > 1:
         return _rank_placement_rows(plan)
-    resident = "0 (offloaded)" if plan.offload else "actor + critic + reference"
+    resident = "0 (offloaded)" if plan.offload else "actor + critic + reference + teacher"
     if hw.kind == "cpu":
         colocated_rule, rollout_rule = f"ceil(peak / M={hw.memory_gb:g} GB)", "ceil(engine / M)"
     else:
@@ -269,7 +270,7 @@ def _placement_rows(plan: Plan) -> Rows:
         rollout_rule = "engine devices"
     placement = [
         ("generate phase", f"engine weights + KV + {resident}", _gb(pl.generate_phase)),
-        ("train phase", "actor + critic + reference + activations + logits", _gb(pl.train_phase)),
+        ("train phase", "actor + critic + reference + teacher + activations + logits", _gb(pl.train_phase)),
         ("colocated peak", "max(generate, train)", _gb(pl.colocated_peak)),
         ("colocated devices", colocated_rule, f"{pl.colocated_devices}"),
         ("disaggregated", "engine + trainer", _gb(pl.disaggregated)),
@@ -390,6 +391,11 @@ def _time_rows(plan: Plan) -> Rows:
             _s(t.old_logprobs),
         ),
         ("ref log-probs", "as old log-probs" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
+        (
+            "teacher log-probs",
+            f"forward x T / P = {w.teacher_params / s.params:.3g}" if w.teacher_params else "none (no teacher.path)",
+            _s(t.teacher_logprobs),
+        ),
         ("critic", f"(1 + 3 x {w.epochs}) x forward" if w.critic else "no critic", _s(t.critic)),
         *_update_rows(plan, fwd, dev),
         (

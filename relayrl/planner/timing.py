@@ -128,6 +128,7 @@ class StepTime:
     gather: float = 0.0  # W > 1: the all-gathers of the shards before the sync sends
     update_fixed: float = 0.0  # measured: per update x optimizer steps + per micro-batch x micro-batches
     vision: float = 0.0  # the vision encoder's share of prefill, log-prob passes and update (counted in them)
+    teacher_logprobs: float = 0.0  # teacher.path: its forward over the batch (the policy's forward x T / P)
 
     @property
     def generate(self) -> float:
@@ -143,6 +144,7 @@ class StepTime:
             self.generate
             + self.old_logprobs
             + self.ref_logprobs
+            + self.teacher_logprobs
             + self.critic
             + self.update_phase
             + self.sync
@@ -205,7 +207,8 @@ def estimate_time(
             work.rollout_batch / replicas * work.response_mean,
             math.ceil(work.rollout_batch / replicas),
         ),  # one replica's share
-        old_logprobs=forward if work.optimizer_steps > 1 else 0.0,  # else the update's own forward gives them
+        # else the update's own forward gives them; a teacher's signal needs them before the update
+        old_logprobs=forward if work.optimizer_steps > 1 or work.teacher_params else 0.0,
         ref_logprobs=forward if work.reference else 0.0,
         critic=forward + update if work.critic else 0.0,
         update=update,
@@ -214,6 +217,7 @@ def estimate_time(
         gather=gather_time(shape, work, hardware),
         update_fixed=learner_fixed_time(rates.learner, work),
         vision=encoder.in_step(work),
+        teacher_logprobs=forward * work.teacher_params / shape.params,
     )
 
 

@@ -1,0 +1,36 @@
+"""`relayrl plan` counts a teacher (teacher.path) like the reference: its weights at the inference bytes, resident in
+the learner, and its forward over the batch, scaled from the policy's by its share of parameters."""
+
+import io
+
+import pytest
+from rich.console import Console
+
+from relayrl.planner import PROFILES, ModelShape, load_shape, make_plan
+from relayrl.planner.report import print_plan
+from tests.unit.test_planner import EXAMPLE, planned
+
+SHAPE = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
+
+
+def _plan(*overrides):
+    return make_plan(planned(EXAMPLE, ["algorithm.kl.coef=0.001", *overrides]), SHAPE, PROFILES["H100-80GB"])
+
+
+def test_a_teacher_costs_its_weights_and_a_forward_like_the_reference(random_model_dir):
+    teacher = load_shape(str(random_model_dir)).params
+    plain, taught = _plan(), _plan(f"teacher.path={random_model_dir}")
+    assert plain.memory.teacher == 0 and plain.time.teacher_logprobs == 0
+    assert taught.memory.teacher == teacher * 2  # bf16 on a GPU, as the reference (P x 2)
+    assert taught.memory.trainer == pytest.approx(plain.memory.trainer + teacher * 2)
+    assert taught.time.teacher_logprobs == pytest.approx(taught.time.ref_logprobs * teacher / SHAPE.params)
+    assert taught.time.total > plain.time.total
+    assert taught.time.old_logprobs == taught.time.ref_logprobs  # the signal needs the pre-update log-probs
+
+
+def test_the_report_shows_the_teachers_lines(random_model_dir):
+    out = io.StringIO()
+    print_plan(_plan(f"teacher.path={random_model_dir}"), Console(file=out, width=250))
+    text = out.getvalue()
+    assert "teacher log-probs" in text and "forward x T / P" in text
+    assert f"T={load_shape(str(random_model_dir)).params:,} x 2" in text
