@@ -152,3 +152,28 @@ def test_score_teacher_without_a_teacher_is_a_bug_named(random_model_dir):
     role = LearnerRole(learner_settings(_config(random_model_dir)))
     with pytest.raises(RuntimeError, match="without teacher.path"):
         role.score_teacher(_experience())
+
+
+def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(random_model_dir, other_teacher_dir):
+    from relayrl.algorithms.distill import distill_metrics
+    from relayrl.algorithms.stage import advantage_stage
+    from relayrl.learner.batching import make_experience
+    from relayrl.types import Prompt, Rollout, Score
+
+    prompt = Prompt("p", "", [5, 6, 7])
+    turns = [1, 1, 0, 0, 0, 1, 1]  # two turns of the policy around an observation the environment wrote
+    rollouts = [
+        Rollout(prompt, i, [8, 9, 10, 11, 12, 13, 14], "", [-1.0] * 7, "stop", [0] * 7, loss_mask=turns)
+        for i in range(4)
+    ]
+    config = _config(random_model_dir, f"teacher.path={other_teacher_dir}", "algorithm.advantage=distill")
+    role = LearnerRole(learner_settings(config))
+    exp = role.score_teacher(role.prepare(make_experience(rollouts, [Score(1.0)] * 4, pad_id=0)))
+    exp = advantage_stage(config.algorithm, teacher=True)(exp, rollouts)
+    observation = (exp.loss_mask == 0) & (exp.attention_mask[:, 1:] == 1)
+    assert observation.sum() == 4 * (3 + 2)  # the prompt's predicted tokens and the observation's
+    assert (exp.advantages[observation] == 0).all()
+    assert (exp.advantages[exp.loss_mask.bool()] != 0).all()
+    policy = exp.loss_mask.bool()
+    expected = float((exp.old_logprobs - exp.teacher_logprobs)[policy].mean())
+    assert distill_metrics(exp.old_logprobs, exp.teacher_logprobs, exp.loss_mask)["distill/reverse_kl"] == expected
