@@ -3,9 +3,10 @@ over seeds, and the share of the student-teacher gap each closes (docs/distillat
 
 The teacher is the warm start fine-tuned on the correct sums (`build_teacher`: two epochs of SFT, ~40 s on CPU),
 so it shares the student's tokenizer and knows the carry the warm start's sloppy data left out. Both runs are the
-demo's 20-step vLLM run (benchmarks/learning_cases.py `write_config`), evaluated every 5 steps on 200 prompts.
+demo's vLLM run (benchmarks/learning_cases.py `write_config`), evaluated every `--every` steps on 200 prompts, and
+the teacher on the same prompts.
 
-    python benchmarks/distill_gap.py WARM_START_DIR OUT_DIR --seeds 3
+    python -m benchmarks.distill_gap WARM_START_DIR OUT_DIR --seeds 3 [--steps 20 --every 5]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from benchmarks.learning_cases import run_in_process, write_config
 
 DISTILL = ("algorithm.advantage=distill",)
-STEPS = ("train.steps=20", "eval.every=5", "log.save_model=false")
+EVAL = ("reward.fn=exact_match", "rollout.max_tokens=6", "eval.max_prompts=200")  # write_config's held-out set
 
 
 def build_teacher(warm: str | Path, sft_rows: Path, out: Path) -> Path:
@@ -44,11 +45,21 @@ def curve(run_dir: Path) -> list[tuple[int, float]]:
     return [*points, (len(rows), scores["after"]["greedy"])]
 
 
+def held_out_greedy(model: Path, eval_rows: Path) -> float:
+    """A model's greedy accuracy on the runs' held-out prompts (`relayrl eval`)."""
+    result = run_in_process("eval", str(model), str(eval_rows), *EVAL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])["reward_mean"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("warm")
     parser.add_argument("out", type=Path)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--every", type=int, default=5, help="eval.every: a point of the curve each this many steps")
     args = parser.parse_args()
     from relayrl.data.toy import write_toy_task
 
@@ -56,11 +67,13 @@ def main() -> None:
     teacher = args.out / "teacher"
     if not (teacher / "config.json").is_file():
         build_teacher(args.warm, task["sft"], teacher)
-    for seed in range(args.seeds):
+    print(json.dumps({"teacher_greedy": held_out_greedy(teacher, task["eval"])}), flush=True)
+    steps = (f"train.steps={args.steps}", f"eval.every={args.every}", "log.save_model=false")
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         for name, extra in (("distill", (f"teacher.path={teacher}", *DISTILL)), ("grpo", ())):
             run_dir = args.out / f"{name}_{seed}"
             config = write_config(args.out / f"{name}_{seed}.yaml", args.warm, task, run_dir, "vllm")
-            result = run_in_process("train", str(config), *STEPS, f"train.seed={seed}", *extra)
+            result = run_in_process("train", str(config), *steps, f"train.seed={seed}", *extra)
             assert result.returncode == 0, result.stderr[-3000:]
             print(json.dumps({"run": name, "seed": seed, "curve": curve(run_dir)}), flush=True)
 

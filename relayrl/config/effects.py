@@ -19,7 +19,9 @@ def warn_ineffective(config: Config) -> None:
     """Name settings that cannot take effect in the chosen mode (a `ConfigWarning` each)."""
     _warn_algorithm(config)
     warn_lora(config)  # relayrl/config/model.py: a LoRA run at a full fine-tuning learning rate
-    warn_teacher(config)  # relayrl/config/teacher.py: distillation settings without a teacher
+    warn_teacher(
+        config.teacher, config.algorithm.distill
+    )  # relayrl/config/teacher.py: distillation settings without a teacher
     train = config.train
     if train.schedule != "async" and train.model_fields_set & {"max_staleness", "on_stale"}:
         names = ", ".join(f"train.{k}" for k in sorted(train.model_fields_set & {"max_staleness", "on_stale"}))

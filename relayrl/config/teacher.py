@@ -15,7 +15,7 @@ from relayrl.config.section import INPUT_PATH_RULE, Section
 from relayrl.config.warn import warn
 
 if TYPE_CHECKING:
-    from relayrl.config.root import Config
+    from relayrl.config.algorithm import AlgorithmConfig
 
 
 class TeacherConfig(Section):
@@ -54,9 +54,10 @@ class DistillConfig(Section):
     )
 
 
-def check_teacher(config: Config) -> None:
-    """The rules across sections a teacher brings (called by `Config`'s validator); a ValueError names the keys."""
-    algo, path = config.algorithm, config.teacher.path
+def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: int) -> None:
+    """The rules across sections a teacher brings (called by `Config`'s validator); a ValueError names the keys.
+    `learner_ranks`: placement.learner_ranks."""
+    path = teacher.path
     if algo.advantage == "distill" and not path:
         raise ValueError("algorithm.advantage=distill needs a teacher: set teacher.path")
     if not path:
@@ -69,18 +70,18 @@ def check_teacher(config: Config) -> None:
         )
     if algo.advantage == "gae":
         raise ValueError("teacher.path with algorithm.advantage=gae is not supported yet (no critic for the signal)")
-    if config.placement.learner_ranks > 1:
+    if learner_ranks > 1:
         raise ValueError(
-            f"teacher.path with placement.learner_ranks={config.placement.learner_ranks}: the teacher runs on one "
+            f"teacher.path with placement.learner_ranks={learner_ranks}: the teacher runs on one "
             "learner process only so far; set placement.learner_ranks=1"
         )
 
 
-def warn_teacher(config: Config) -> None:
+def warn_teacher(teacher: TeacherConfig, distill: DistillConfig) -> None:
     """Name the distillation settings that cannot take effect without a teacher (a `ConfigWarning` each)."""
-    if config.teacher.path:
+    if teacher.path:
         return
-    if idle := sorted(config.teacher.model_fields_set - {"path"}):
+    if idle := sorted(teacher.model_fields_set - {"path"}):
         warn(f"teacher.{', teacher.'.join(idle)} has no effect without teacher.path")
-    if idle := sorted(config.algorithm.distill.model_fields_set):
+    if idle := sorted(distill.model_fields_set):
         warn(f"algorithm.distill.{', algorithm.distill.'.join(idle)} has no effect without teacher.path")

@@ -223,7 +223,7 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
-        teacher_params=teacher_params(config),
+        teacher_params=teacher_params(config.teacher),
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 

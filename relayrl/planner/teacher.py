@@ -8,13 +8,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
+    from relayrl.config import TeacherConfig
 
 
-def teacher_params(config: Config) -> int:
+def teacher_params(teacher: TeacherConfig) -> int:
     """T: the teacher's parameters; 0 without a teacher."""
-    if not config.teacher.path:
+    if not teacher.path:
         return 0
     from relayrl.models.shape import load_shape
 
-    return load_shape(config.teacher.path).params
+    return load_shape(teacher.path).params
