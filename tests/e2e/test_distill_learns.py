@@ -16,9 +16,10 @@ from benchmarks.learning_cases import gain, run_in_process, write_config
 
 pytestmark = pytest.mark.slow
 
-# measured 2026-12-06 (docs/distillation.md): the smallest 20-step gain over seeds 0-2 is MIN_GAIN's double or more
-MIN_GAIN_SYNC = 0.05
-MIN_GAIN_ONE_STEP_OFF = 0.04
+# measured 2026-12-06 (docs/distillation.md), 20 steps: sync gains over seeds 0-4 0.220 / 0.237 / 0.260 (min / mean /
+# max), one_step_off on Ray over seeds 0-2 0.195 / 0.227 / 0.245; each threshold is under half the smallest
+MIN_GAIN_SYNC = 0.10
+MIN_GAIN_ONE_STEP_OFF = 0.09
 
 
 @pytest.fixture(scope="module")
