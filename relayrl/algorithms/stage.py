@@ -20,12 +20,10 @@ if TYPE_CHECKING:
     from relayrl.types import Experience, Rollout
 
 
-Stage = Callable[["Experience", list["Rollout"]], "Experience"]
+Stage = Callable[["Experience", list["Rollout"]], "Experience"]  # (exp, rollouts) -> exp with advantages
 
 
-def advantage_stage(
-    algorithm: AlgorithmConfig, teacher: bool = False
-) -> Callable[[Experience, list[Rollout]], Experience]:
+def advantage_stage(algorithm: AlgorithmConfig, teacher: bool = False) -> Stage:
     """`stage(exp, rollouts) -> exp` with advantages and returns, as the `algorithm` section chose; `teacher`: the
     batch carries the teacher's log-probs (`teacher.path`), whose signal `algorithm.distill` places."""
     distill = algorithm.distill
