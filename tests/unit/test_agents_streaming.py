@@ -9,7 +9,7 @@ import pytest
 
 from relayrl.agents.server import AgentServer
 from relayrl.agents.streaming import text_pieces, token_pieces
-from tests.unit.test_agents import ADD, tool_tokenizer
+from tests.unit.agent_harness import ADD, tool_tokenizer
 from tests.unit.test_agents_responses import ADD_FLAT, CALL, SEEN, run, trained
 from tests.unit.test_tito import chat_tokenizer
 

@@ -62,7 +62,7 @@ def test_a_tiny_warm_start_on_conversations(tmp_path):
 def test_a_rows_tools_are_rendered_by_the_template_as_an_agents_are(tmp_path):
     """TRL's conversational rows carry `tools`: the first prompt renders them (as an agent's `tools=` call does),
     so the warm start sees the prompt RL will."""
-    from tests.unit.test_agents import ADD, tool_tokenizer
+    from tests.unit.agent_harness import ADD, tool_tokenizer
 
     path = tmp_path / "sft.jsonl"
     path.write_text(json.dumps({"messages": CONVERSATION, "tools": [ADD]}) + "\n")

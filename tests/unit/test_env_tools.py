@@ -19,7 +19,7 @@ from relayrl.errors import EnvError
 from relayrl.rollout.tool_calls import TurnParser
 from relayrl.sources.trajectories import EnvTools, MultiTurnDriver
 from relayrl.types import Prompt, Sampling
-from tests.unit.test_agents import tool_tokenizer
+from tests.unit.agent_harness import tool_tokenizer
 from tests.unit.test_multiturn import ScriptedTurns
 
 HERE = "tests.unit.test_env_tools"

@@ -17,7 +17,7 @@ from relayrl.data.chat import ChatCodec
 from relayrl.errors import EnvError
 from relayrl.sources.trajectories import MultiTurnDriver
 from relayrl.types import Prompt, Sampling
-from tests.unit.test_agents import tool_tokenizer
+from tests.unit.agent_harness import tool_tokenizer
 from tests.unit.test_multiturn import ScriptedTurns
 
 HERE = "tests.unit.test_trl_env"
