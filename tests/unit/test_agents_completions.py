@@ -9,15 +9,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from relayrl.agents.pool import AgentPool
-from relayrl.agents.sampling import RunSampling
 from relayrl.agents.server import AgentServer
-from relayrl.config.env import EnvConfig
-from relayrl.data.chat import ChatCodec
-from relayrl.sources.trajectories import MultiTurnDriver
-from relayrl.types import Prompt, Sampling
-from tests.unit.test_multiturn import ScriptedTurns
-from tests.unit.test_tito import chat_tokenizer
+from tests.unit.agent_harness import drive
 
 HERE = "tests.unit.test_agents_completions"
 # the agents' max_tokens, overridden by the run's, is warned about (tests/unit/test_agents.py checks that)
@@ -76,18 +69,7 @@ def server():
 
 def run(server, agent, script, **env):
     SEEN.clear()
-    codec = ChatCodec(chat_tokenizer("qwen"))
-    turns = ScriptedTurns(codec, script)
-    spec = f"{HERE}:{agent.__name__}"
-    sampling = RunSampling({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 128, "stop": []})
-    pool = AgentPool(server, spec, {}, 4, 10.0, codec.tokenizer, "", sampling)
-    rows = [Prompt(id="0", text="2+3=", token_ids=[], columns={"answer": "5"})]
-    try:
-        driver = MultiTurnDriver(turns, pool, codec, EnvConfig(agent=spec, **env), Sampling(max_tokens=128))
-        batch = driver.run(rows, 1)
-    finally:
-        pool.close()
-    return batch, turns, codec
+    return drive(server, agent, script, **env)
 
 
 def test_text_prompts_continue_the_trajectorys_tokens_and_every_trained_token_was_sampled(server):

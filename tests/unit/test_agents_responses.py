@@ -13,17 +13,9 @@ import warnings
 import openai
 import pytest
 
-from relayrl.agents.pool import AgentPool
-from relayrl.agents.sampling import RunSampling
 from relayrl.agents.server import AgentServer
-from relayrl.config.env import EnvConfig
-from relayrl.data.chat import ChatCodec
 from relayrl.errors import ConfigWarning
-from relayrl.sources.trajectories import MultiTurnDriver
-from relayrl.types import Prompt, Sampling
-from tests.unit.test_agents import ADD, tool_tokenizer
-from tests.unit.test_multiturn import ScriptedTurns
-from tests.unit.test_tito import chat_tokenizer
+from tests.unit.agent_harness import ADD, drive, tool_tokenizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::relayrl.errors.ConfigWarning")  # test_agents.py checks the warning
 SEEN: list = []  # what the agents saw: the replies, or the refusals
@@ -130,18 +122,9 @@ def server():
 
 
 def run(server, agent, script, tokenizer=None, parser="", reasoning="", **env):
+    """(the batch, the scripted turns, what the agent saw)."""
     SEEN.clear()
-    codec = ChatCodec(tokenizer or chat_tokenizer("qwen"))
-    turns = ScriptedTurns(codec, script)
-    spec = f"{agent.__module__}:{agent.__name__}"
-    sampling = RunSampling({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 128, "stop": []})
-    pool = AgentPool(server, spec, {}, 4, 10.0, codec.tokenizer, parser, sampling, reasoning)
-    rows = [Prompt(id="0", text="2+3=", token_ids=[], columns={"answer": "5"})]
-    try:
-        driver = MultiTurnDriver(turns, pool, codec, EnvConfig(agent=spec, **env), Sampling(max_tokens=128))
-        batch = driver.run(rows, 1)
-    finally:
-        pool.close()
+    batch, turns, _ = drive(server, agent, script, tokenizer=tokenizer, parser=parser, reasoning=reasoning, **env)
     return batch, turns, list(SEEN)
 
 
