@@ -161,7 +161,7 @@ def test_dspy_whose_format_the_model_never_writes_stops_the_run_naming_the_cause
     AdapterParseError, an error over the model's output. When the run's first trajectories all end in one such error,
     the setup is the cause, not the model, and the run stops at once naming it rather than training on zeros. DSPy's
     forks under the default env.tito (ReAct renders its whole trajectory into each call) are tests/unit/
-    test_agents.py's, on scripted replies written in DSPy's format."""
+    test_agents_rewriting.py's, on scripted replies written in DSPy's format."""
     from relayrl.errors import EnvError
 
     with pytest.raises(EnvError, match="all ended in the same exception .*AdapterParseError"):
