@@ -14,11 +14,12 @@ from relayrl.placement.sections import learner_settings
 from tests.unit.test_learner import _config, _experience, _grads_of_first_step
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "activation_checkpointing"])
-def test_compiled_layers_give_the_eager_loss_and_gradients(random_model_dir, monkeypatch, checkpointing):
+def test_compiled_layers_give_the_eager_loss_and_gradients(random_model_dir, monkeypatch):
+    """With activation checkpointing, as a long-context GPU run uses it: the layer's own checkpoint call is traced
+    inside the compiled layer (the harder case; the plain layer is the same graph without it)."""
     monkeypatch.setattr(compile_module, "BACKEND", "aot_eager")
     torch._dynamo.reset()
-    extra = [f"learner.activation_checkpointing={str(checkpointing).lower()}"]
+    extra = ["learner.activation_checkpointing=true"]
     results = {}
     for compiled in (False, True):
         learner = PolicyLearner(
