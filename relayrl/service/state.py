@@ -110,8 +110,10 @@ class Service:
 
     def optim_step(self, request) -> str:
         model = self.model(request.model_id)
-        if getattr(request.optim_params, "type", "adam") not in ("adam", "adamw"):
-            raise UserError(f"optim_params.type={request.optim_params.type!r}: only Adam is served here")
+        from tinker import types
+
+        if not isinstance(request.optim_params, types.AdamParams):  # the SDK's union leaves room for others
+            raise UserError(f"optim_params: {type(request.optim_params).__name__} is not served here, only AdamParams")
         return self.futures.submit(lambda: {"metrics": model.optim_step(request.optim_params)})
 
     # sampler weights and sampling sessions -------------------------------------------------------------------
