@@ -24,6 +24,7 @@ import torch
 from relayrl.algorithms.stage import advantage_stage
 from relayrl.config import Config, DataConfig, dump_config
 from relayrl.config.effects import warn_chosen
+from relayrl.config.sync import resolve_parity_probe
 from relayrl.config.warn import gathered
 from relayrl.controller import LoopSettings, Trainer
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
@@ -48,6 +49,7 @@ from relayrl.sources.context import context_budget
 from relayrl.sources.multi_turn import MultiTurnSource, check_env
 from relayrl.sources.single_turn import SingleTurnSource
 from relayrl.sync.buckets import resolve_wire_dtype
+from relayrl.sync.guard import PushGuard, probe_sequence
 from relayrl.sync.lora import resolve_lora_auto
 from relayrl.types import Prompt
 
@@ -70,7 +72,8 @@ def resolve(config: Config, stacklevel: int = 1) -> Config:
     4. `rollout.sleep: auto` and `learner.offload: auto` -> colocated time-sharing on or off, and an offload as set
        checked against this machine (relayrl/rollout/sleep.py);
     5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py);
-    6. `teacher.engine: auto` -> local (relayrl/learner/teacher.py), when there is a teacher.
+    6. `teacher.engine: auto` -> local (relayrl/learner/teacher.py), when there is a teacher;
+    7. `sync.parity_probe: auto` -> on under train.schedule=sync (relayrl/config/sync.py).
     Then the settings a choice left without effect are warned about (at the line `stacklevel` frames up: 1 = this
     caller's). Resolving twice changes nothing; a dump writes `auto` back (so a reload chooses again, on its own
     machine).
@@ -103,6 +106,8 @@ def _choose(config: Config) -> None:
         config.choose("sync.wire_dtype", *resolve_wire_dtype(config.rollout.dtype))
     if config.teacher.path and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
         config.choose("teacher.engine", *choose_teacher_engine(config.teacher.engine))
+    if config.sync.parity_probe == "auto":
+        config.choose("sync.parity_probe", *resolve_parity_probe(config))
 
 
 def choose_time_sharing(config: Config, cuda: Callable[[], bool] | None = None) -> None:
@@ -129,8 +134,8 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
         load_reward(component.fn, component.kwargs, component.style)
     run_dir = claim(config.log.dir, dump_config(config), resume_step, overwrite)
-    probe_ids = (prompts[0].token_ids + prompts[-1].token_ids)[: max_len - 1] if config.sync.parity_probe else None
-    roles = build_roles(config, max_len, probe_ids)
+    probe_ids = probe_sequence(prompts[0], prompts[-1], max_len) if config.sync.parity_probe else None
+    roles = build_roles(config, max_len)
     rewards = build_reward_service(config.reward, on_ray=config.placement.mode == "ray")  # after Ray is up
     sampler = PromptSampler(prompts, config.train.seed, config.data.shuffle)
     source = (
@@ -159,6 +164,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
         teacher=bool(config.teacher.path),
+        guard=PushGuard(config.sync.max_mismatch, probe_ids),
     )
 
 
@@ -306,6 +312,8 @@ class _AsLoaded:
 
     version: int = 0
     last: dict[str, float] = dataclasses.field(default_factory=dict)
+    transport: str = "none"
+    tensors: list[str] = dataclasses.field(default_factory=list)
 
     def push(self, learner: Any, engines: Any, version: int | None = None) -> int:
         raise RuntimeError("an evaluation pushes no weights")

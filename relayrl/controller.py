@@ -27,6 +27,7 @@ from relayrl.placement.time_sharing import TimeSharing
 from relayrl.run.checkpoint import latest_checkpoint
 from relayrl.run.jsonl import truncate_after
 from relayrl.run.preemption import Interrupted, StopSignals
+from relayrl.sync.guard import PushGuard
 
 if TYPE_CHECKING:  # annotations only: the step calls these through their protocols
     from transformers import PreTrainedTokenizerBase
@@ -78,6 +79,7 @@ class Trainer:
     signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: the learner heals
     teacher: bool = False  # teacher.path: a teacher phase after the log-probs (relayrl/learner/teacher.py)
+    guard: PushGuard = field(default_factory=PushGuard.off)  # a push that did not land stops the run
 
     def step(self, step: int) -> dict[str, float]:
         """One training step as named phases (docs/architecture.md); every variant was chosen by relayrl/build.py."""
@@ -95,10 +97,15 @@ class Trainer:
         with timer("update"):  # with the pre-update log-probs of the rows this step logs to samples.jsonl
             update = self.learner.update(step, exp, self.sample_rows(step))
         trained = self.sync.version  # the version this update started from
-        self.time_sharing.before_push(timer)  # colocated: the learner's states leave, the engine's weights wake
+        self.guard.check_samples(step, update.mismatch, trained, self.sync)  # did the engine serve `trained`?
+        with timer("probe"):  # the parity probe's learner side, on the weights about to be pushed
+            self.guard.before_push(self.learner)
+        self.time_sharing.before_push(timer)  # colocated: the engine's weights wake
         with timer("sync"):
             self.sync.push(self.learner, self.engines)
-        self.time_sharing.after_push(timer)  # colocated: the engine's KV cache wakes
+        self.time_sharing.after_push(timer)  # colocated: the learner's states leave, the engine's KV cache wakes
+        with timer("probe"):  # its engine side: did the push land?
+            self.guard.after_push(self.engines, self.sync)
         schedule.published(self.sync.version)
         roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
         metrics = step_metrics(
@@ -109,7 +116,7 @@ class Trainer:
             exp,
             update,
             timer,
-            self.sync.last,
+            {**self.sync.last, **self.guard.last},
             roles,
         )
         self.record(step, batch, exp, update.sample_logprobs)
@@ -170,6 +177,7 @@ class Trainer:
         """Steps `start_step`.. to the end, each logged, checkpointed as configured, stopped early by a signal."""
         loop = self.loop
         trackers = build_trackers(loop.log, loop.train.steps, loop.dumped, self.run_dir)
+        self.guard.start(self.learner, self.engines)  # both sides hold the same weights: the probe's start
         self.schedule = self.make_schedule()  # async producers start generating here
         self.time_sharing.start()  # colocated: the engine has the device for the first generate
         try:

@@ -21,6 +21,7 @@ ROLE_OF_PHASE = {
     "teacher": "teacher",
     "update": "learner",
     "sync": "sync",
+    "probe": "sync",  # the push guard's parity probe (relayrl/sync/guard.py)
     "wait": "learner",
 }
 

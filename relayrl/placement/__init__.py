@@ -31,12 +31,12 @@ class Roles:
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: a new learner group
 
 
-def build_roles(config: Config, max_len: int, probe_ids: list[int] | None) -> Roles:
+def build_roles(config: Config, max_len: int) -> Roles:
     """Every role of the run for `placement.mode`, with the first weights already on the engines."""
     if config.placement.mode == "ray":
         from relayrl.placement.build import build_ray_roles
 
-        return build_ray_roles(config, max_len, probe_ids)
+        return build_ray_roles(config, max_len)
     from relayrl.placement.local import build_local_roles
 
-    return build_local_roles(config, max_len, probe_ids)
+    return build_local_roles(config, max_len)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from relayrl.placement.learner_ranks import LearnerRanks
 
 
-def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | None = None) -> Roles:
+def build_ray_roles(config: Config, max_model_len: int) -> Roles:
     """Every actor started and the first weights already on the engines."""
     placement = config.placement
     group, slots = reserve(config)
@@ -45,7 +45,7 @@ def build_ray_roles(config: Config, max_model_len: int, probe_ids: list[int] | N
     engines = RayEngineGroup(spawn, placement)
     learner.ping()
     engines.ready()
-    sync = RaySync(config.sync, effective_transport(config), probe_ids)
+    sync = RaySync(config.sync, effective_transport(config))
     sync.setup(learner, engines)
     close = functools.partial(shutdown, learner, learner_actors, engines, group)
 

@@ -17,8 +17,8 @@ from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.sync.inprocess import InProcessSync
 
 
-def build_local_roles(config: Config, max_len: int, probe_ids: list[int] | None) -> Roles:
+def build_local_roles(config: Config, max_len: int) -> Roles:
     start = time.perf_counter()
     engine = engine_from_settings(engine_settings(config), max_len)
     engines = LocalEngineGroup(engine, start_s=time.perf_counter() - start)
-    return Roles(engines, LearnerRole(learner_settings(config)), InProcessSync(probe_ids=probe_ids), close=lambda: None)
+    return Roles(engines, LearnerRole(learner_settings(config)), InProcessSync(), close=lambda: None)

@@ -12,19 +12,22 @@ from relayrl.sync.base import LearnerWeights
 
 
 class InProcessSync:
-    def __init__(self, version: int = 0, probe_ids: list[int] | None = None):
+    transport = "inprocess"
+
+    def __init__(self, version: int = 0):
         self.version = version
-        self.probe_ids = probe_ids
         self.last: dict[str, float] = {}
+        self.tensors: list[str] = []  # the names the last push carried
 
     def push(self, learner: LearnerWeights, engines: EngineGroup, version: int | None = None) -> int:
         self.version = self.version + 1 if version is None else version
-        nbytes = 0
+        nbytes, names = 0, []
 
         def counted():
             nonlocal nbytes
             for name, tensor in learner.named_weights():
                 nbytes += tensor.numel() * tensor.element_size()
+                names.append(name)
                 yield name, tensor
 
         start = time.perf_counter()
@@ -36,8 +39,5 @@ class InProcessSync:
             "sync/GBps": nbytes / max(seconds, 1e-9) / 1e9,
             "sync/version": float(self.version),
         }
-        if self.probe_ids:
-            from relayrl.sync.parity import parity_gap
-
-            self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
+        self.tensors = names
         return self.version

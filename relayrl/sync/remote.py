@@ -4,8 +4,7 @@
 publishes the learner's weights under a new policy version and waits, with `sync.timeout_s`, until every
 engine has verified and loaded them. A failed engine is restarted by the engine group, which calls back
 here to re-attach and push the current version again. Metrics: bytes, seconds on each side, effective
-GB/s and the version; with `sync.parity_probe`, the largest engine-vs-learner log-prob gap on a fixed
-sequence after the push.
+GB/s and the version (the parity probe after it is the push guard's, relayrl/sync/guard.py).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import TYPE_CHECKING, cast
 
 from relayrl.errors import RoleFailure
 from relayrl.sync.base import RestartingEngines
-from relayrl.sync.parity import parity_gap
 from relayrl.sync.transports import Manifest
 
 if TYPE_CHECKING:
@@ -42,9 +40,8 @@ def node_address(_actor=None) -> tuple[str, int]:
 
 
 class RaySync:
-    def __init__(self, options: SyncConfig, transport: str, probe_ids: list[int] | None = None, version: int = 0):
+    def __init__(self, options: SyncConfig, transport: str, version: int = 0):
         self.options, self.transport, self.version = options, transport, version
-        self.probe_ids = probe_ids if options.parity_probe else None
         self.last: dict[str, float] = {}
         self.learner = self.engines = None
         self.sending: int | None = None  # the version of the push in flight, if any
@@ -74,6 +71,12 @@ class RaySync:
         for replica in replicas:
             replica.open_receiver(self.transport, layout, o.checksum, o.timeout_s)
         engines.on_restart = self.reattach
+
+    @property
+    def tensors(self) -> list[str]:
+        """The names a push carries (the layout's; none before `setup`)."""
+        layout = getattr(self, "layout", None)
+        return [] if layout is None else [slot.name for slot in layout.slots]
 
     def reattach(self) -> None:
         """After an engine restart: a fresh group/receivers, and the learner's current weights under their own
@@ -121,8 +124,6 @@ class RaySync:
             "sync/send_s": manifest.send_seconds,
             "sync/receive_s": max(receive_seconds),
         }
-        if self.probe_ids:
-            self.last["sync/parity_abs_max"] = parity_gap(learner, engines, self.probe_ids)
         return version
 
     def push_in_calls(self, learner, engines: RestartingEngines, version: int | None = None) -> int:

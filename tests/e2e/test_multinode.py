@@ -81,6 +81,7 @@ def node_of(actor) -> str:
 def test_roles_on_two_nodes_sync_across_them_and_a_hung_rank_is_named(cluster, random_model_dir, tmp_path):
     from relayrl.placement.build import build_ray_roles
     from relayrl.placement.cluster import reserve
+    from relayrl.sync.guard import PushGuard
     from relayrl.sync.remote import RaySync
 
     head, other = cluster.head_node.node_id, cluster.list_all_nodes()[1].node_id
@@ -92,7 +93,7 @@ def test_roles_on_two_nodes_sync_across_them_and_a_hung_rank_is_named(cluster, r
 
     cfg = config(random_model_dir, cluster.address, "sync.transport=broadcast")
     probe = list(range(4, 16))
-    roles = build_ray_roles(cfg, max_model_len=64, probe_ids=probe)
+    roles, guard = build_ray_roles(cfg, max_model_len=64), PushGuard(0.05, probe)
     try:
         learner, engine = roles.learner, roles.engines.replicas[0]
         assert [node_of(actor) for actor in learner.actors] == [head, head]
@@ -103,11 +104,13 @@ def test_roles_on_two_nodes_sync_across_them_and_a_hung_rank_is_named(cluster, r
             sync = roles.sync  # broadcast's group was formed by build_ray_roles, at the learner's node IP
             if transport != "broadcast":
                 options = cfg.sync.model_copy(update={"transport": transport, "directory": str(tmp_path / "w")})
-                sync = RaySync(options, transport, probe, version=step)
+                sync = RaySync(options, transport, version=step)
                 sync.setup(learner, types.SimpleNamespace(replicas=[engine], on_restart=None))
+            guard.before_push(learner)
             assert sync.push(learner, roles.engines) == step + 1
+            guard.after_push(roles.engines, sync)  # raises if the push changed no served log-prob
             assert sync.last["sync/bytes"] > 0
-            assert sync.last["sync/parity_abs_max"] < 1e-4, transport  # the engine holds the learner's new weights
+            assert guard.last["sync/parity_abs_max"] < 1e-4, transport  # the engine holds the learner's new weights
 
         def hang_in_forward(rank):  # runs in learner rank 1's actor: its learner's next forward sleeps in the step
             from relayrl.learner.sharded import transformer_blocks

@@ -59,19 +59,20 @@ def test_parity_probe_runs_with_the_hf_engine(random_model_dir):
     from relayrl.config import Config
     from relayrl.learner.role import LearnerRole
     from relayrl.rollout.local_group import LocalEngineGroup
+    from relayrl.sync.guard import PushGuard
     from relayrl.sync.inprocess import InProcessSync
 
-    config = Config.model_validate(
-        {"model": {"path": str(random_model_dir)}, "rollout": {"engine": "hf"}, "sync": {"parity_probe": True}}
-    )
+    config = Config.model_validate({"model": {"path": str(random_model_dir)}, "rollout": {"engine": "hf"}})
     engine, learner = HFEngine(str(random_model_dir)), LearnerRole(learner_settings(config))
     probe = engine.tokenizer("12+7=19 3+45=48", add_special_tokens=False)["input_ids"]
     theirs = engine.prompt_logprobs(probe)
     assert len(theirs) == len(probe) - 1
     torch.testing.assert_close(torch.tensor(theirs), torch.tensor(learner.sequence_logprobs(probe)), atol=1e-5, rtol=0)
-    sync = InProcessSync(probe_ids=probe)
-    sync.push(learner, LocalEngineGroup(engine))
-    assert sync.last["sync/parity_abs_max"] < 1e-5
+    sync, engines, guard = InProcessSync(), LocalEngineGroup(engine), PushGuard(0.05, probe)
+    guard.before_push(learner)
+    sync.push(learner, engines)
+    guard.after_push(engines, sync)
+    assert guard.last["sync/parity_abs_max"] < 1e-5
 
 
 def test_a_sampled_row_draws_the_same_tokens_whatever_batch_it_shares(random_model_dir):

@@ -19,7 +19,7 @@ def messages(overrides: list[str]) -> list[str]:
 
 
 def test_parity_probe_under_local_draws_no_warning():
-    # the in-process transport runs the probe after every push (relayrl/sync/inprocess.py)
+    # the push guard runs the probe after every push, whatever the transport (relayrl/sync/guard.py)
     assert messages(["sync.parity_probe=true"]) == []
 
 

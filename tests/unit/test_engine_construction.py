@@ -36,7 +36,7 @@ def test_local_and_ray_engines_get_every_rollout_setting(monkeypatch):
     calls = capture(monkeypatch)
     monkeypatch.setattr(local_placement, "LearnerRole", lambda config: object())
     config = Config.model_validate({"model": {"path": "/models/tiny"}, "rollout": ROLLOUT, "train": {"seed": 11}})
-    build_roles(config, 77, None)
+    build_roles(config, 77)
     threads = torch.get_num_threads()
     EngineWorker(engine_settings(config), 77, threads, "1")  # what build_ray_roles starts in each engine actor
     local, ray = calls
