@@ -2,8 +2,12 @@
 
 With `rollout.sleep` a level (and `learner.offload=between_phases`), a step runs in this order:
   generate (the learner's states in CPU memory) -> the engine sleeps (level 1: weights to CPU; 2: dropped) ->
-  the learner's states come back -> log-probs, update -> the learner's states leave the device -> the engine
-  wakes its weights -> the push lands -> the engine wakes its KV cache -> the next generate.
+  the learner's states come back -> log-probs, update -> the engine wakes its weights -> the push lands, read
+  from the learner's device -> the learner's states leave the device -> the engine wakes its KV cache -> the
+  next generate.
+Pushing before the offload (as verl does) reads the weights from device memory rather than pageable host memory
+(an H2D copy and a cast per push avoided); the price is the peak at the push, the engine's weights beside the
+learner's states, which the planner bills (relayrl/planner/placement.py, `colocated_push_bytes`).
 The learner leaves the device once before the first generate. `TimeSharing.off()` is the no-op the step holds
 when time-sharing is off (disaggregated runs, CPU, overlapped schedules): the step never asks which it has.
 The memory each phase frees is measured on a GPU by benchmarks/gpu_check.sh (the `colocated` step).
@@ -52,18 +56,20 @@ class TimeSharing:
                 self.learner.reload_states()
 
     def before_push(self, timer) -> None:
+        """The engine's weights wake to take the push; the learner keeps the device until it is sent."""
+        if self.sleep_level is not None:
+            with timer("swap"):
+                self.engines.wake_up(["weights"])
+            self.asleep = ["kv_cache"]
+
+    def after_push(self, timer) -> None:
+        """The push is in: the learner's states leave, then the engine's KV cache takes their room."""
         with timer("swap") if self.on else nullcontext():
             if self.offload:
                 self.learner.offload_states()
             if self.sleep_level is not None:
-                self.engines.wake_up(["weights"])
-                self.asleep = ["kv_cache"]
-
-    def after_push(self, timer) -> None:
-        if self.sleep_level is not None:
-            with timer("swap"):
                 self.engines.wake_up(["kv_cache"])
-            self.asleep = []
+                self.asleep = []
 
     def wake(self) -> None:
         """Whatever of the engine still sleeps wakes (a learner restart pushes weights and then generates)."""

@@ -24,6 +24,7 @@ class Placement:
     colocated: bool  # the recommendation
     ranks: int = 1  # learner ranks W; with W > 1 the phases above are per device (one rank each)
     rank_fits: bool = True  # W > 1: one rank's update phase fits its device
+    push_phase: float = 0.0  # time-sharing: the engine's woken weights + the learner's states, at the push
 
     @property
     def recommendation(self) -> str:
@@ -51,11 +52,14 @@ def place(
     tensor parallel). On GPU the engine takes `gpu_memory_utilization` of every device it shares, so while
     generating the resident trainer states must fit in the rest: n >= resident / ((1 - util) * M) (none with
     `offload`, learner.offload=between_phases); and unless the engine sleeps while the learner trains
-    (`sleep`, rollout.sleep), the update too must fit in (1 - util) * M."""
+    (`sleep`, rollout.sleep), the update too must fit in (1 - util) * M. With `sleep` the push lands before the
+    learner offloads (relayrl/placement/time_sharing.py): the engine's weights and the learner's states share the
+    device then (`push_phase`)."""
     resident = 0.0 if offload else memory.states
     if memory.ranks > 1:
         return place_ranks(memory, hardware, gpu_memory_utilization, resident, sleep)
     generate, train = memory.engine + resident, memory.trainer
+    push = memory.engine_weights + memory.states if sleep else 0.0
     per_device = hardware.memory_gb * 1e9
     trainer = math.ceil(train / per_device)
     if hardware.kind == "cpu":  # a fixed-size KV cache: the phases are plain byte counts
@@ -64,17 +68,19 @@ def place(
         beside_engine = (1 - gpu_memory_utilization) * per_device
         generating = math.ceil(resident / beside_engine) if beside_engine else math.inf
         training = trainer if sleep else (math.ceil(train / beside_engine) if beside_engine else math.inf)
-        colocated, rollout = max(training, generating, memory.engine_devices), memory.engine_devices
+        pushing = math.ceil(push / per_device)
+        colocated, rollout = max(training, generating, pushing, memory.engine_devices), memory.engine_devices
     return Placement(
         generate,
         train,
-        max(generate, train),
+        max(generate, train, push),
         memory.engine + memory.trainer,
         colocated,
         trainer,
         rollout,
         hardware.devices_per_node,
         colocated <= hardware.devices_per_node,
+        push_phase=push,
     )
 
 
@@ -92,12 +98,13 @@ def place_ranks(
     else:
         rollout, beside_engine = memory.engine_devices, (1 - gpu_memory_utilization) * per_device
     generate, train = memory.engine / rollout + resident / ranks, memory.rank_trainer
+    push = memory.engine_weights / rollout + memory.states / ranks if sleep else 0.0  # before the offload
     fits = train <= per_device
     colocated = max(ranks, rollout)
     return Placement(
         generate,
         train,
-        max(generate, train),
+        max(generate, train, push),
         memory.engine + ranks * train,
         colocated,
         ranks,
@@ -106,7 +113,9 @@ def place_ranks(
         fits
         and resident / ranks <= beside_engine
         and (sleep or hardware.kind == "cpu" or train <= beside_engine)
+        and push <= per_device
         and colocated <= hardware.devices_per_node,
         ranks,
         fits,
+        push,
     )

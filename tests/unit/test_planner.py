@@ -114,6 +114,34 @@ def test_colocated_is_a_max_and_disaggregated_a_sum():
     assert place(memory, device, 0.5, offload=True).generate_phase == 3 * gb
 
 
+def test_time_sharing_bills_the_engines_weights_beside_the_learners_states_at_the_push():
+    """rollout.sleep pushes before the learner offloads (relayrl/placement/time_sharing.py): an 80 GB GPU that
+    holds each phase alone (generate 40 GB, update 65 GB) cannot hold the push's 30 + 60 GB."""
+    gb = 1e9
+    memory = Memory(
+        actor=50 * gb,
+        critic=0.0,
+        reference=10 * gb,
+        engine_weights=30 * gb,
+        kv_bytes_per_token=1,
+        engine_devices=1,
+        kv_capacity=10 * gb,
+        kv_tokens=2,
+        concurrent=1,
+        activations=5 * gb,
+        logits=0.0,
+    )
+    h100 = PROFILES["H100-80GB"]
+    placed = place(memory, h100, 0.5, offload=True, sleep=True)
+    assert (placed.generate_phase, placed.train_phase, placed.push_phase) == (40 * gb, 65 * gb, 90 * gb)
+    assert placed.colocated_peak == 90 * gb and placed.colocated_devices == 2
+    assert place(memory, h100, 0.5, offload=True).push_phase == 0  # no sleep: the update already sits beside it
+    ranks = place(replace(memory, ranks=2), h100, 0.5, offload=True, sleep=True)
+    assert ranks.push_phase == (30 + 60 / 2) * gb and ranks.colocated  # 60 GB per device at W=2
+    wider = replace(memory, ranks=2, actor=110 * gb)
+    assert place(wider, h100, 0.5, offload=True, sleep=True).colocated is False  # 30 + 120 / 2 > 80 GB
+
+
 SEVEN_B = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
 
 

@@ -60,7 +60,7 @@ class Recorder:
         return {}
 
 
-def test_a_colocated_step_sleeps_wakes_and_offloads_in_order(monkeypatch):
+def test_a_colocated_step_pushes_before_the_learner_offloads(monkeypatch):
     log: list[str] = []
     engines, learner = Recorder(log, "engines"), Recorder(log, "learner")
     monkeypatch.setattr(controller, "make_experience", lambda rollouts, scores, pad: "exp")
@@ -92,10 +92,10 @@ def test_a_colocated_step_sleeps_wakes_and_offloads_in_order(monkeypatch):
         "learner reloads",
         "log-probs",
         "update",
-        "learner offloads",
         "engine wakes ['weights']",
-        "push",  # into the woken weights
-        "engine wakes ['kv_cache']",
+        "push",  # into the woken weights, read from the learner's device (verl's order: no host round trip)
+        "learner offloads",  # only once the push is in
+        "engine wakes ['kv_cache']",  # into the room the learner's states left
     ]
 
 
