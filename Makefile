@@ -1,5 +1,6 @@
 # relayrl: `make demo` and `make test` do all the set-up on a fresh machine.
-PY ?= python3.11
+# The first of python3.11, 3.12, 3.13 on PATH (the versions the locks install on); `make setup PY=...` picks one.
+PY ?= $(firstword $(foreach v,3.11 3.12 3.13,$(shell command -v python$(v) 2>/dev/null)))
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -23,6 +24,9 @@ export HF_HUB_OFFLINE := 1
 setup: $(STAMP)
 
 $(STAMP): $(LOCK) pyproject.toml
+	@test -n "$(PY)" && $(PY) -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' || { echo \
+	  "make setup: needs Python 3.11, 3.12 or 3.13 (PY='$(PY)'): install one, or pass PY=/path/to/python3.12" >&2; exit 1; }
+	@$(if $(findstring gpu,$(LOCK)),$(PY) relayrl/run/preflight.py driver $(LOCK))
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) --upgrade pip 2>&1 | $(QUIET)
 	$(PIP) --no-deps -r $(LOCK) 2>&1 | $(QUIET)

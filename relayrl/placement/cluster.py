@@ -8,9 +8,10 @@ half of one each; an actor sees only the GPUs Ray assigned it. Which node a role
 or the user's: `placement.learner_resources` / `engine_resources` add custom resources to the role's bundles, so
 only the nodes started with them (`ray start --resources`) can hold it. Once placed, a transport that cannot
 cross nodes (`shm`, `disk` in a private temporary directory) is refused naming the roles and their nodes, before
-any actor starts. Every bundle holds CPU (an actor in a CPU-less bundle cannot start), thread counts are set
-explicitly in every actor, and the placement group is awaited with a deadline: a placement that cannot
-fit fails naming the roles, what they asked for and what the cluster has.
+any actor starts, and so are model.path and log.dir missing on a node that holds a role (node_paths.py). Every
+actor gets the driver's NCCL_*, GLOO_* and *_SOCKET_IFNAME variables. Every bundle holds CPU (an actor in a
+CPU-less bundle cannot start), thread counts are set explicitly in every actor, and the placement group is awaited
+with a deadline: a placement that cannot fit fails naming the roles, what they asked for and what the cluster has.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 
 from relayrl.config import Config, PlacementConfig, SyncConfig
 from relayrl.errors import PlacementError
+from relayrl.placement.node_paths import check_node_paths, shared_paths
+from relayrl.run.preflight import forwarded_env
 
 # Every actor: offline, quiet tokenizers, every line of its log, no progress bars (Ray forwards an actor's output
 # late: a save's "Writing model shards" bar could land after the driver's last line, a preempted run's resume
@@ -217,7 +220,11 @@ def reserve(config: Config):
             unplaceable_message(placement, bundles, ray.cluster_resources(), ray.available_resources())
         )
     try:
-        check_transport_nodes(config.sync, slots, bundle_nodes(group))
+        nodes = bundle_nodes(group)
+        check_transport_nodes(config.sync, slots, nodes)
+        roles = {slot.bundle: [s.role for s in slots if s.bundle == slot.bundle] for slot in slots}
+        paths = shared_paths(config.model.path, config.log.dir)
+        check_node_paths(group, roles, nodes, paths, placement.placement_timeout_s)
     except PlacementError:
         remove_placement_group(group)
         raise
@@ -329,10 +336,11 @@ def check_transport_nodes(sync: SyncConfig, slots: list[Slot], nodes: dict[int, 
 
 def actor_options(group, slot: Slot, extra_env: dict | None = None) -> dict:
     """Ray options of a role's actor in its bundle: its CPUs and GPUs (Ray then shows the actor the GPUs it was
-    assigned, and no others), its threads, the run's environment."""
+    assigned, and no others), its threads, the run's environment: the driver's NCCL_*, GLOO_* and *_SOCKET_IFNAME
+    variables included (an actor on another node would not inherit them)."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    env = {**WORKER_ENV, "OMP_NUM_THREADS": str(slot.threads), **(extra_env or {})}
+    env = {**forwarded_env(os.environ), **WORKER_ENV, "OMP_NUM_THREADS": str(slot.threads), **(extra_env or {})}
     return {
         "num_cpus": slot.cpus,
         **({"num_gpus": slot.gpus} if slot.gpus else {}),

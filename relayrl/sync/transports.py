@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from relayrl.errors import SyncError
+from relayrl.run.preflight import shm_problem
 from relayrl.sync.buckets import BucketLayout, checksum, pack, unpack, verify
 from relayrl.sync.group import SyncGroup, _broadcast, as_bytes, join_group
 
@@ -157,6 +158,9 @@ class ShmSender(Sender):
 
     def _allocate(self) -> list[torch.Tensor]:
         sweep_segments()
+        problem = shm_problem(self.layout.nbytes, len(self.layout.bucket_sizes), SHM_DIR)
+        if problem:  # the segments are sparse files: too small a /dev/shm is a SIGBUS at the first pack
+            raise SyncError(problem)
         self.prefix = f"{SHM_DIR}/relayrl_{self.owner}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
         return _shm_buckets(self.prefix, self.layout)
 

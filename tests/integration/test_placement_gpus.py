@@ -91,3 +91,31 @@ def test_relayrl_plan_place_prints_the_rows_as_json_and_refuses_stray_flags(tmp_
         "plan.nodes, plan.gpus_per_node, plan.cpus_per_node and plan.as_json go with plan.place=true"
         in capsys.readouterr().err
     )
+
+
+def test_every_node_is_asked_for_model_path_and_log_dir_and_one_that_lacks_one_is_named(tmp_path):
+    """relayrl/placement/node_paths.py on two simulated nodes (one file system here: a path absent everywhere stands
+    for one a node lacks)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    from relayrl.placement.cluster import bundle_nodes
+    from relayrl.placement.dry_run import _start
+    from relayrl.placement.node_paths import check_node_paths
+
+    cluster = _start(SimulatedCluster(nodes=2, gpus_per_node=0, cpus_per_node=1))
+    try:
+        group = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+        assert group.wait(timeout_seconds=60)
+        nodes, roles = bundle_nodes(group), {0: ["learner"], 1: ["engine 0"]}
+        assert sorted(check_node_paths(group, roles, nodes, {"model.path": str(tmp_path)}, 60)) == sorted(
+            nodes.values()
+        )  # both nodes asked, both have it
+        with pytest.raises(PlacementError) as refused:
+            check_node_paths(group, roles, nodes, {"log.dir": str(tmp_path / "absent")}, 60)
+        assert str(refused.value).startswith(f"log.dir {tmp_path / 'absent'}: not a directory on {nodes[0]}, where "
+                                             "learner run(s)")  # fmt: skip
+        remove_placement_group(group)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
