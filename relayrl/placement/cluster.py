@@ -220,8 +220,9 @@ def reserve(config: Config):
             unplaceable_message(placement, bundles, ray.cluster_resources(), ray.available_resources())
         )
     try:
-        nodes = bundle_nodes(group)
+        nodes, asked = bundle_nodes(group), config.sync.transport
         check_transport_nodes(config.sync, slots, nodes)
+        check_broadcast_devices(config.sync.transport, asked, slots, nodes)
         roles = {slot.bundle: [s.role for s in slots if s.bundle == slot.bundle] for slot in slots}
         paths = shared_paths(config.model.path, config.log.dir)
         check_node_paths(group, roles, nodes, paths, placement.placement_timeout_s)
@@ -331,6 +332,25 @@ def check_transport_nodes(sync: SyncConfig, slots: list[Slot], nodes: dict[int, 
         f"learner on {learner_node}; {where}. Use sync.transport=broadcast or object_store (or disk "
         "with sync.directory on a file system every node mounts), or place the roles on one node "
         "(placement.strategy=STRICT_PACK, or placement.learner_resources / engine_resources)"
+    )
+
+
+def check_broadcast_devices(transport: str, asked: str, slots: list[Slot], nodes: dict[int, str]) -> None:
+    """Refuse a `broadcast` whose receiver holds a GPU in the sender's bundle (colocated: engine 0 beside learner
+    rank 0, half a GPU each): NCCL cannot hold two ranks of one group on one GPU ("Duplicate GPU detected" at the
+    first push). `asked`: sync.transport as set, before `auto` was resolved."""
+    sender = slots[0]
+    if transport != "broadcast" or not sender.gpus:
+        return
+    beside = [s.role for s in slots if not s.is_learner and s.bundle == sender.bundle and s.gpus]
+    if not beside:
+        return
+    why = " (sync.transport=auto's choice: engines on other nodes than the learner's)" if asked == "auto" else ""
+    raise PlacementError(
+        f"sync.transport=broadcast{why} would put {sender.role} (the sender) and {beside[0]} in one NCCL group on "
+        f"the same GPU (bundle {sender.bundle} on {nodes[sender.bundle]}); NCCL refuses two ranks of a group on one "
+        "GPU. Use sync.transport=shm (engines on the learner's node) or object_store (any node), or "
+        "placement.layout=disaggregated"
     )
 
 

@@ -119,3 +119,16 @@ def test_every_node_is_asked_for_model_path_and_log_dir_and_one_that_lacks_one_i
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_a_broadcast_into_an_engine_on_the_senders_gpu_is_refused_naming_both():
+    """Colocated on GPUs, engine 0 holds half of learner rank 0's GPU: one NCCL group cannot hold both."""
+    one_gpu = SimulatedCluster(nodes=1, gpus_per_node=1, cpus_per_node=4)
+    with pytest.raises(PlacementError) as refused:
+        place(config("placement.layout=colocated", "sync.transport=broadcast"), one_gpu)
+    message = str(refused.value)
+    assert message.startswith("sync.transport=broadcast would put learner (the sender) and engine 0 in one NCCL group ")
+    assert "on the same GPU (bundle 0 on node " in message and "Use sync.transport=shm" in message
+    assert (
+        place(config("placement.layout=colocated", "sync.transport=object_store"), one_gpu).transport == "object_store"
+    )

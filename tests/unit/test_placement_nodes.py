@@ -117,3 +117,27 @@ def test_no_address_is_hard_coded_to_loopback():
         if path.name != "ray_head.py" and ("127.0.0.1" in path.read_text() or "localhost" in path.read_text())
     ]
     assert not found
+
+
+def test_colocated_across_nodes_is_refused_where_auto_would_broadcast_onto_the_senders_gpu():
+    """Two nodes of one GPU each, colocated: auto turns to broadcast (engine 1 is on the other node), whose group
+    would hold learner rank 0 and engine 0 on GPU 0 of the first node."""
+    from relayrl.config import SyncConfig
+    from relayrl.placement.cluster import check_broadcast_devices
+
+    placement = load_config(
+        None, ["placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=2", "placement.engines=2"]
+    ).placement
+    _, slots = plan_slots(placement, 4, gpus=True)
+    nodes = {0: HEAD, 1: OTHER}
+    sync = SyncConfig()
+    check_transport_nodes(sync, slots, nodes)
+    assert sync.transport == "broadcast"
+    with pytest.raises(PlacementError) as refused:
+        check_broadcast_devices(sync.transport, "auto", slots, nodes)
+    assert str(refused.value).startswith(
+        "sync.transport=broadcast (sync.transport=auto's choice: engines on other nodes than the learner's) would put "
+        f"learner rank 0 (the sender) and engine 0 in one NCCL group on the same GPU (bundle 0 on {HEAD})"
+    )
+    _, apart = plan_slots(placement.model_copy(update={"layout": "disaggregated"}), 4, gpus=True)
+    check_broadcast_devices("broadcast", "broadcast", apart, dict.fromkeys(range(4), HEAD))  # a GPU each: fine
