@@ -29,11 +29,7 @@ class WeightSync(Protocol):
     version: int  # the policy version every engine holds
     last: dict[str, float]  # the last push's metrics: sync/bytes, sync/GBps, sync/version, ...
     transport: str  # sync.transport, resolved
-
-    @property
-    def tensors(self) -> list[str]:
-        """The names a push carries (what the push guard names when one did not land)."""
-        ...
+    tensors: list[str]  # the names a push carries (what the push guard names when one did not land)
 
     def push(self, learner: LearnerWeights, engines: EngineGroup, version: int | None = None) -> int:
         """Send the learner's weights to every engine under `version` (default: the current one + 1)."""

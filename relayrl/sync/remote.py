@@ -44,6 +44,7 @@ class RaySync:
         self.options, self.transport, self.version = options, transport, version
         self.last: dict[str, float] = {}
         self.learner = self.engines = None
+        self.tensors: list[str] = []  # the names a push carries (the layout's, once set up)
         self.sending: int | None = None  # the version of the push in flight, if any
 
     def setup(self, learner, engines: RestartingEngines) -> None:
@@ -68,15 +69,10 @@ class RaySync:
                 role.wait(ref, "joining the weight-sync group", o.timeout_s)
         self.adopted = learner.open_sender(self.transport, layout, o.checksum, o.timeout_s, o.directory, os.getpid())
         self.layout, self.mapped = layout, False
+        self.tensors = [slot.name for slot in layout.slots]
         for replica in replicas:
             replica.open_receiver(self.transport, layout, o.checksum, o.timeout_s)
         engines.on_restart = self.reattach
-
-    @property
-    def tensors(self) -> list[str]:
-        """The names a push carries (the layout's; none before `setup`)."""
-        layout = getattr(self, "layout", None)
-        return [] if layout is None else [slot.name for slot in layout.slots]
 
     def reattach(self) -> None:
         """After an engine restart: a fresh group/receivers, and the learner's current weights under their own

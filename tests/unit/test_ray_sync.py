@@ -30,7 +30,7 @@ class Learner:
         self.unlinked = 0
 
     def weight_layout(self, bucket_mb, wire_dtype):
-        return SimpleNamespace(bucket_sizes=[2], nbytes=8)
+        return SimpleNamespace(bucket_sizes=[2], nbytes=8, slots=[])
 
     def open_sender(self, *args):
         return 0
@@ -123,7 +123,7 @@ class GroupMember:
         return "10.0.0.1", 1234
 
     def weight_layout(self, bucket_mb, wire_dtype):
-        return SimpleNamespace(bucket_sizes=[2], nbytes=8)
+        return SimpleNamespace(bucket_sizes=[2], nbytes=8, slots=[])
 
     def sync_ranks(self):
         return self.ranks
