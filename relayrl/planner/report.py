@@ -271,11 +271,7 @@ def _placement_rows(plan: Plan) -> Rows:
     placement = [
         ("generate phase", f"engine weights + KV + {resident}", _gb(pl.generate_phase)),
         ("train phase", "actor + critic + reference + teacher + activations + logits", _gb(pl.train_phase)),
-        (
-            "push phase",
-            "engine weights + actor + critic + reference + teacher (rollout.sleep: before the offload)",
-            _gb(pl.push_phase),
-        ),
+        ("push phase", "rollout.sleep: engine weights + the states, before the offload", _gb(pl.push_phase)),
         ("colocated peak", "max(generate, train, push)", _gb(pl.colocated_peak)),
         ("colocated devices", colocated_rule, f"{pl.colocated_devices}"),
         ("disaggregated", "engine + trainer", _gb(pl.disaggregated)),
@@ -304,11 +300,7 @@ def _rank_placement_rows(plan: Plan) -> Rows:
             f"per rank: states / W + activations + logits (<= {'M' if plan.sleep or hw.kind == 'cpu' else beside})",
             _gb(pl.train_phase),
         ),
-        (
-            "push phase",
-            f"per device: engine weights / {pl.rollout_devices} + states / W (rollout.sleep: before the offload, <= M)",
-            _gb(pl.push_phase),
-        ),
+        ("push phase", f"rollout.sleep: engine weights / {pl.rollout_devices} + states / W (<= M)", _gb(pl.push_phase)),
         ("colocated devices", f"max(W, engine devices {pl.rollout_devices})", f"{pl.colocated_devices}"),
         ("disaggregated", "engine + W x train phase", _gb(pl.disaggregated)),
         (
