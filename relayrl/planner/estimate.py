@@ -43,16 +43,15 @@ class Precision:
 
 
 def precision_for(hardware: Hardware, fp32_master: bool = True, infer_dtype: str | None = None) -> Precision:
-    """GPU: bf16 weight 2 + bf16 grad 2 [+ fp32 master 4] + Adam m 4 + v 4 = 16 (12 without the master).
-    CPU (relayrl trains in fp32 there): fp32 weight 4 + fp32 grad 4 + Adam m 4 + v 4 = 16."""
+    """What relayrl's learner holds per trained parameter: fp32 weights (the masters; on GPU the passes run in bf16
+    under autocast or FSDP2's mixed precision, the copies transient), fp32 gradients (the weights' dtype), AdamW's
+    m and v: 4 + 4 + 4 + 4 = 16 on CPU and GPU alike (measured on GPU by relayrl/planner/simulate.py).
+    `fp32_master=False` (plan.fp32_master=false): a bf16 learner's 2 + 2 + 4 + 4 = 12, which relayrl does not run."""
+    terms = (("fp32 weight", 4), ("fp32 grad", 4), ("Adam m", 4), ("Adam v", 4))
     if hardware.kind == "cpu":
-        terms = (("fp32 weight", 4), ("fp32 grad", 4), ("Adam m", 4), ("Adam v", 4))
         return Precision(terms, INFER_BYTES[infer_dtype or "fp32"], 4)
-    terms = (
-        (("bf16 weight", 2), ("bf16 grad", 2))
-        + ((("fp32 master", 4),) if fp32_master else ())
-        + (("Adam m", 4), ("Adam v", 4))
-    )
+    if not fp32_master:
+        terms = (("bf16 weight", 2), ("bf16 grad", 2), ("Adam m", 4), ("Adam v", 4))
     return Precision(terms, INFER_BYTES[infer_dtype or "bf16"], 2)  # bf16 under autocast
 
 
@@ -290,11 +289,19 @@ class Memory:
     ranks: int = 1  # learner ranks W: the states below are split W ways, activations and logits are per rank
     learner: LearnerPeak | None = None  # the parts of activations and logits (relayrl/planner/learner_memory.py)
     teacher: float = 0.0  # teacher.path's weights, resident in the learner like the reference (never sharded: W=1)
+    gradients: float = 0.0  # of actor and critic: alive from the first backward to the optimizer step only
 
     @property
     def states(self) -> float:
         """What FSDP2 shards: the trainable states and the reference (and a teacher, run with W=1 only)."""
         return self.actor + self.critic + self.reference + self.teacher
+
+    @property
+    def resident(self) -> float:
+        """The states between updates: the learner zeroes its gradients with set_to_none after each optimizer step
+        (relayrl/learner/policy.py), so what the engine finds beside it while generating holds none (measured by
+        relayrl/planner/simulate.py)."""
+        return self.states - self.gradients
 
     @property
     def rank_trainer(self) -> float:
@@ -339,10 +346,14 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
     if work.lora_rank:
         trainable = P * b + adapter_params(shape, work.lora_rank, work.lora_targets) * precision.train_bytes
     untrained = frozen_tower(shape, work) * (precision.train_bytes - frozen_bytes(precision))  # no grads, no Adam
+    trained = (
+        adapter_params(shape, work.lora_rank, work.lora_targets) if work.lora_rank else P - frozen_tower(shape, work)
+    )
+    gradients = trained * sum(b for name, b in precision.train_terms if "grad" in name) * (2 if work.critic else 1)
     return Memory(
         actor=trainable - untrained,
         critic=trainable if work.critic else 0.0,
-        reference=P * b if work.reference and not work.lora_rank else 0.0,  # LoRA: the base, adapter disabled
+        reference=P * reference_bytes(work, precision) if work.reference and not work.lora_rank else 0.0,
         engine_weights=weights,
         kv_bytes_per_token=per_token,
         engine_devices=devices,
@@ -354,7 +365,15 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         ranks=work.learner_ranks,
         learner=peak,
         teacher=work.teacher_params * b,  # at the inference bytes, as the reference (teacher.dtype auto)
+        gradients=gradients,
     )
+
+
+def reference_bytes(work: Workload, precision: Precision) -> int:
+    """Bytes per parameter of the frozen reference: one process casts it to its inference dtype (bf16 on GPU,
+    relayrl/learner/policy.py); sharded ranks keep the fp32 shards they load and cast in FSDP2's all-gather
+    instead (relayrl/learner/sharded_init.py), so W > 1 holds 4 B, as relayrl/planner/simulate.py measures."""
+    return 4 if work.learner_ranks > 1 else precision.infer_bytes
 
 
 def smallest_ranks(memory: Memory, work: Workload, hardware: Hardware, most: int = 1024) -> int | None:

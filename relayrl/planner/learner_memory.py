@@ -96,3 +96,21 @@ def learner_peak(
         checkpointing=checkpointing,
         chunk=logits_chunk,
     )
+
+
+def pass_logits(shape: ModelShape, positions: int, response_positions: int, value_bytes: int, chunk: int) -> float:
+    """The peak of a no-grad log-prob pass beyond the weights (old log-probs, the reference): the head's output in
+    the activation dtype and the LOGITS_ALIVE fp32 [C, V] tensors of one chunk; with `chunk` 0 the model's logits
+    over every position, their response rows gathered, and those tensors over all the response rows. The decoder's
+    own values are freed layer by layer without a backward (measured by relayrl/planner/simulate.py)."""
+    vocab = shape.vocab
+    if chunk > 0:
+        return float(min(chunk, response_positions) * vocab * (value_bytes + LOGITS_ALIVE * 4))
+    return float(positions * vocab * value_bytes + response_positions * vocab * (value_bytes + LOGITS_ALIVE * 4))
+
+
+def check_logits(shape: ModelShape, positions: int, response_positions: int, value_bytes: int, chunk: int) -> float:
+    """The run's first pass adds the forward layout's one-time check (relayrl/learner/layout.py `_check`): a plain
+    forward whose logits cover every position, compared with the chunked or packed log-probs. None with `chunk` 0
+    on padded rows (the plain forward is the pass itself)."""
+    return pass_logits(shape, positions, response_positions, value_bytes, 0)

@@ -55,7 +55,7 @@ def place(
     (`sleep`, rollout.sleep), the update too must fit in (1 - util) * M. With `sleep` the push lands before the
     learner offloads (relayrl/placement/time_sharing.py): the engine's weights and the learner's states share the
     device then (`push_phase`)."""
-    resident = 0.0 if offload else memory.states
+    resident = 0.0 if offload else memory.resident
     if memory.ranks > 1:
         return place_ranks(memory, hardware, gpu_memory_utilization, resident, sleep)
     generate, train = memory.engine + resident, memory.trainer

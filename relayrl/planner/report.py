@@ -11,7 +11,7 @@ from rich.table import Table
 
 from relayrl.planner import PROFILES, Plan
 from relayrl.planner import vision_report as vision
-from relayrl.planner.estimate import GIB, adapter_params
+from relayrl.planner.estimate import GIB, adapter_params, reference_bytes
 from relayrl.planner.prompts import PromptLengths
 from relayrl.planner.timing import gathered_bytes
 from relayrl.rollout.choice import HF_BELOW_PARAMS
@@ -201,7 +201,7 @@ def _memory_rows(plan: Plan) -> Rows:
     trainable = f"P x {pr.train_bytes}"
     if w.lora_rank:  # relayrl/planner/estimate.py: a frozen base, an adapter of A parameters
         trainable = f"P x {b} + A={adapter_params(s, w.lora_rank, w.lora_targets):,} x {pr.train_bytes} (LoRA)"
-    reference = f"P x {b}" if w.reference else "none (kl.coef = 0)"
+    reference = f"P x {reference_bytes(w, pr)}" if w.reference else "none (kl.coef = 0)"
     memory = [
         ("actor", vision.actor_formula(plan, trainable), _gb(m.actor)),
         ("critic", trainable if w.critic else "no critic (advantage != gae)", _gb(m.critic)),

@@ -72,7 +72,7 @@ def _plan_7b(hardware="H100-80GB", **kwargs):
 
 def test_7b_memory_matches_the_seeds_arithmetic():
     plan = _plan_7b()
-    assert plan.precision.train_bytes == 2 + 2 + 4 + 4 + 4  # bf16 w, bf16 g, fp32 master, Adam m, v
+    assert plan.precision.train_bytes == 4 + 4 + 4 + 4  # fp32 weight (the master), fp32 grad, Adam m, v
     assert plan.memory.actor == 7e9 * 16 == 112e9
     assert plan.memory.reference == plan.memory.engine_weights == 7e9 * 2 == 14e9
     assert plan.memory.kv_bytes_per_token == 28 * 4 * 128 * 2 * 2 == 57_344  # 56 KiB
@@ -401,7 +401,9 @@ def test_plan_advises_the_hf_engine_for_a_tiny_model_on_cpu_only():
 def test_learner_ranks_divide_the_states_not_the_activations(ranks):
     one, plan = _plan_7b(), _plan_7b(learner_ranks=ranks)
     m = plan.memory
-    assert m.states == one.memory.states == 7e9 * (16 + 2)  # actor + reference, whole
+    assert one.memory.states == 7e9 * (16 + 2)  # actor + a bf16 reference, whole
+    assert m.states == 7e9 * (16 + 4)  # sharded ranks keep the reference's fp32 shards (estimate.reference_bytes)
+    assert m.resident == m.states - 7e9 * 4  # between updates: no gradients
     assert m.rank_trainer - m.activations - m.logits == pytest.approx(m.states / ranks)
     assert (m.activations, m.logits) == (one.memory.activations, one.memory.logits)  # micro-batches are per rank
     assert plan.placement.trainer_devices == plan.time.train_devices == ranks
