@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relayrl.config import Config
+    from relayrl.planner import Plan
     from relayrl.planner.options import PlanOptions
 
 # a flag `relayrl plan` took before it spoke config -> its plan.* key
@@ -54,6 +55,7 @@ def register(commands) -> None:
     plan.add_argument(
         "overrides", nargs="*", help="dotted overrides: the run's (rollout.n=16) and the plan's (plan.hardware=H200)"
     )
+    plan.add_argument("--simulate", action="store_true", help="the same as plan.simulate=true")
     add_old_flags(plan, OLD_FLAGS, SWITCHES)
     plan.set_defaults(fn=run)
 
@@ -92,7 +94,7 @@ def load(args) -> tuple[Config, PlanOptions]:
     path = args.config
     if path is not None and is_override(path):  # `relayrl plan key=value ...`: no CONFIG, the defaults
         path, words = None, [path, *words]
-    mine = [word for word in words if word.startswith("plan.")]
+    mine = [word for word in words if word.startswith("plan.")] + (["plan.simulate=true"] if args.simulate else [])
     options = load_command_section(PlanOptions, "plan", [*old_overrides(args), *mine])
     run_overrides = [word for word in words if not word.startswith("plan.")]
     return resolve(load_config(path, run_overrides, stacklevel=3)), options
@@ -118,6 +120,8 @@ def run_plan(config: Config, options: PlanOptions) -> None:
 
     check_lengths(options, config.rollout.max_tokens)
     o = options
+    if o.simulate:
+        check_simulate(o)
     shape = load_shape(
         config.model.path,
         params=o.params,
@@ -127,21 +131,49 @@ def run_plan(config: Config, options: PlanOptions) -> None:
         head_dim=o.head_dim,
         vocab=o.vocab,
     )
-    print_plan(
-        make_plan(
-            config,
-            shape,
-            get_profile(o.hardware, measure=o.measure),
-            fp32_master=o.fp32_master,
-            infer_dtype=o.infer_dtype,
-            offload=o.offload,
-            longest_prompt_tokens=o.prompt_tokens,
-            longest_response_tokens=o.response_tokens,
-            mean_response_tokens=o.mean_response_tokens,
-            measure=o.measure,
-            learner_ranks=o.learner_ranks,
-        )
+    plan = make_plan(
+        config,
+        shape,
+        get_profile(o.hardware, measure=o.measure),
+        fp32_master=o.fp32_master,
+        infer_dtype=o.infer_dtype,
+        offload=o.offload,
+        longest_prompt_tokens=o.prompt_tokens,
+        longest_response_tokens=o.response_tokens,
+        mean_response_tokens=o.mean_response_tokens,
+        measure=o.measure,
+        learner_ranks=o.learner_ranks,
     )
+    print_plan(plan)
+    if o.simulate:
+        simulate_plan(config, plan)
+
+
+def check_simulate(options: PlanOptions) -> None:
+    """The simulation runs a GPU learner built from model.path's config.json: a GPU profile, no shape keys."""
+    from relayrl.errors import ConfigError
+    from relayrl.planner import PROFILES
+    from relayrl.planner.options import SHAPE_KEYS
+
+    if PROFILES.get(options.hardware, PROFILES["cpu"]).kind != "gpu":
+        raise ConfigError(f"plan.simulate=true simulates a GPU learner; plan.hardware={options.hardware} is not a GPU")
+    given = [f"plan.{key}" for key, _, _ in SHAPE_KEYS if getattr(options, key) is not None]
+    if given:
+        raise ConfigError(
+            f"plan.simulate=true builds the model from model.path's config.json; {', '.join(given)} cannot reshape it"
+        )
+
+
+def simulate_plan(config: Config, plan: Plan) -> None:
+    """The learner's bytes per phase on one GPU, simulated (relayrl/planner/simulate.py), beside the plan's."""
+    from relayrl.placement.sections import colocation
+    from relayrl.planner.simulate import gpu_offloads, simulate
+    from relayrl.planner.simulate_report import print_simulation
+
+    ranks = plan.memory.ranks
+    simulated = simulate(config, ranks)
+    colocated = colocation(config, as_asked=True).colocated
+    print_simulation(plan, simulated, ranks == 1 and gpu_offloads(config), colocated)
 
 
 def check_lengths(options: PlanOptions, max_tokens: int) -> None:

@@ -23,7 +23,7 @@ from relayrl.config.train import TrainConfig
 from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
-from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak
+from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak, weight_copies
 from relayrl.planner.teacher import teacher_params
 from relayrl.planner.vision import frozen_bytes, frozen_tower
 
@@ -290,6 +290,7 @@ class Memory:
     learner: LearnerPeak | None = None  # the parts of activations and logits (relayrl/planner/learner_memory.py)
     teacher: float = 0.0  # teacher.path's weights, resident in the learner like the reference (never sharded: W=1)
     gradients: float = 0.0  # of actor and critic: alive from the first backward to the optimizer step only
+    copies: float = 0.0  # bf16 copies of the weights an update holds (learner_memory.weight_copies)
 
     @property
     def states(self) -> float:
@@ -305,8 +306,9 @@ class Memory:
 
     @property
     def rank_trainer(self) -> float:
-        """One rank's update phase: 1/W of the states + its own micro-batch's activations and logits."""
-        return self.states / self.ranks + self.activations + self.logits
+        """One rank's update phase: 1/W of the states + its own micro-batch's activations and logits + the bf16
+        copies of the weights its passes hold (autocast's, or FSDP2's gathered units)."""
+        return self.states / self.ranks + self.activations + self.logits + self.copies
 
     @property
     def engine(self) -> float:
@@ -314,8 +316,9 @@ class Memory:
 
     @property
     def trainer(self) -> float:
-        """The update phase: trainable states + reference + teacher + activations of one micro-batch."""
-        return self.states + self.activations + self.logits
+        """The update phase: trainable states + reference + teacher + activations of one micro-batch + the weight
+        copies."""
+        return self.states + self.activations + self.logits + self.copies
 
 
 def kv_bytes_per_token(shape: ModelShape, kv_bytes: int) -> int:
@@ -366,6 +369,7 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         learner=peak,
         teacher=work.teacher_params * b,  # at the inference bytes, as the reference (teacher.dtype auto)
         gradients=gradients,
+        copies=weight_copies(shape, work.learner_ranks, precision.activation_bytes, backward=True),
     )
 
 

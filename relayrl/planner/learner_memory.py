@@ -114,3 +114,21 @@ def check_logits(shape: ModelShape, positions: int, response_positions: int, val
     forward whose logits cover every position, compared with the chunked or packed log-probs. None with `chunk` 0
     on padded rows (the plain forward is the pass itself)."""
     return pass_logits(shape, positions, response_positions, value_bytes, 0)
+
+
+def weight_copies(shape: ModelShape, ranks: int, value_bytes: int, backward: bool, reference: bool = False) -> float:
+    """The bf16 copies of the fp32 weights a GPU pass holds beside them (none with fp32 passes, `value_bytes` 4).
+    One process: autocast casts each weight of the policy once and keeps the copy until the pass (and its backward)
+    ends: P x 2 B. W ranks: FSDP2 gathers a unit's parameters in bf16 for its pass; the root's (the embeddings and the
+    head) stay gathered for the whole pass, a decoder layer's while it runs; the backward adds their unsharded bf16
+    gradients before the reduce-scatter. The no-grad passes leave the policy's root gathered while the reference's
+    runs (relayrl/learner/sharded.py reshards after both). Measured by relayrl/planner/simulate.py."""
+    if value_bytes >= 4:
+        return 0.0
+    if ranks == 1:
+        return float(shape.params * value_bytes)
+    root = shape.vocab * shape.hidden * (1 if shape.tied in (True, None) else 2)
+    layer = max(0.0, (shape.params - root) / shape.layers)
+    if backward:
+        return (root + layer) * value_bytes * 2.0
+    return (root * (2 if reference else 1) + layer) * value_bytes

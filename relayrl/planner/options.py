@@ -62,6 +62,11 @@ class PlanOptions(Section):
         description="Expected mean response (default the longest): compute-bound decode and the engine's per-token "
         "costs scale with it; e.g. a previous run's response/length_mean.",
     )
+    simulate: bool = Field(
+        default=False,
+        description="Run the learner of the config on fake tensors (W fake ranks, plan.learner_ranks) and print one "
+        "GPU's bytes per phase beside the plan's (relayrl/planner/simulate.py; seconds to minutes on CPU).",
+    )
     place: bool = Field(
         default=False,
         description="Place the roles on Ray as the run would (placement.address, this machine, or plan.nodes) and "

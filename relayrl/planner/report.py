@@ -98,9 +98,10 @@ def _rank_rows(plan: Plan) -> Rows:
             "activations + logits of its own micro-batch (not divided by W)",
             _gb(m.activations + m.logits),
         ),
+        ("weight copies", "bf16 root + one layer, params and grads, FSDP2-gathered", _gb(m.copies)),
         (
             "update phase per rank",
-            f"states / W + activations + logits; {fits} M={hw.memory_gb:g} GB",
+            f"states / W + activations + logits + copies; {fits} M={hw.memory_gb:g} GB",
             _gb(m.rank_trainer),
         ),
         (

@@ -7,8 +7,9 @@ The planned phases (one rank of W, in bytes), from the planner's memory table (e
 - load: every model the learner builds, whole and in fp32 as `load_causal_lm` reads it (policy, reference when
   kl.coef > 0 without LoRA, critic under GAE); one process then casts the reference to bf16 (its largest tensor,
   the embeddings, briefly in both); sharded rank 0 adds the first model's shards before its whole copy goes;
-- first_pass: the weights (no optimizer state yet) and the layout's one-time check (`check_logits`);
-- passes: the resident states and a no-grad pass (`pass_logits`);
+- first_pass: the weights (no optimizer state yet), their bf16 copies (`weight_copies`) and the layout's one-time
+  check (`check_logits`);
+- passes: the resident states, the copies and a no-grad pass (`pass_logits`);
 - update: `Memory.rank_trainer` (states / W + activations + logits);
 - after_update: `Memory.resident` / W (no gradients); after_offload: 0 where the states leave the GPU.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relayrl.planner.learner_memory import check_logits, pass_logits
+from relayrl.planner.learner_memory import check_logits, pass_logits, weight_copies
 
 if TYPE_CHECKING:
     from relayrl.planner import Plan
@@ -37,11 +38,12 @@ def planned_phases(plan: Plan, offload: bool) -> dict[str, float]:
         load = full + shape.params * 4 / ranks
     else:
         load = full + (shape.vocab * shape.hidden * vb if m.reference and vb < 4 else 0.0)
+    copies = weight_copies(shape, ranks, vb, backward=False, reference=m.reference > 0)
     resident = m.resident / ranks
     return {
         "load": load,
-        "first_pass": weights + check_logits(shape, *positions, vb, w.logits_chunk),
-        "passes": resident + pass_logits(shape, *positions, vb, w.logits_chunk),
+        "first_pass": weights + copies + check_logits(shape, *positions, vb, w.logits_chunk),
+        "passes": resident + copies + pass_logits(shape, *positions, vb, w.logits_chunk),
         "update": m.rank_trainer,
         "after_update": resident,
         "after_offload": 0.0 if offload else resident,

@@ -404,7 +404,10 @@ def test_learner_ranks_divide_the_states_not_the_activations(ranks):
     assert one.memory.states == 7e9 * (16 + 2)  # actor + a bf16 reference, whole
     assert m.states == 7e9 * (16 + 4)  # sharded ranks keep the reference's fp32 shards (estimate.reference_bytes)
     assert m.resident == m.states - 7e9 * 4  # between updates: no gradients
-    assert m.rank_trainer - m.activations - m.logits == pytest.approx(m.states / ranks)
+    assert m.rank_trainer - m.activations - m.logits - m.copies == pytest.approx(m.states / ranks)
+    root = 152064 * 3584  # a tied head: FSDP2's root unit, gathered with its gradients in bf16, and one layer
+    assert plan.shape.tied is None and m.copies == pytest.approx((root + (7e9 - root) / 28) * 2 * 2)
+    assert one.memory.copies == 7e9 * 2  # one process: autocast's bf16 copy of every weight
     assert (m.activations, m.logits) == (one.memory.activations, one.memory.logits)  # micro-batches are per rank
     assert plan.placement.trainer_devices == plan.time.train_devices == ranks
     assert plan.time.update == pytest.approx(one.time.update * one.time.train_devices / ranks)

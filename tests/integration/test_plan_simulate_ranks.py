@@ -1,0 +1,29 @@
+"""The planner against the simulated learner (relayrl/planner/simulate.py) at W = 2 and 8 fake FSDP2 ranks for the
+three shapes of tests/unit/test_plan_simulate.py, and with the options that change what a step keeps. Each
+simulation takes tens of seconds on 2 cores (FSDP2's hooks on fake tensors), hence here rather than in the unit suite.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.planner.simulate import simulate
+from relayrl.planner.simulate_report import AGREEMENT, agreement
+from tests.unit.test_plan_simulate import SHAPES, check_agreement, model_dir, simulated_and_planned, step_config
+
+
+@pytest.mark.parametrize(("shape", "ranks"), [(s, w) for s in SHAPES for w in (2, 8)])
+def test_the_planner_agrees_with_sharded_ranks(tmp_path, shape, ranks):
+    check_agreement(tmp_path, shape, ranks, "colocated")
+
+
+def test_checkpointing_and_a_chunked_head_are_simulated(tmp_path):
+    """Activation checkpointing and the model's own logits (train.logits_chunk=0) change what the learner keeps;
+    the simulation sees both and the planner still agrees."""
+    path = model_dir(tmp_path, "0.5B", layers=4)
+    plain = simulate(step_config(path, 1, "disaggregated"), 1).phases["update"]
+    for extra in (["learner.activation_checkpointing=true"], ["train.logits_chunk=0"]):
+        config = step_config(path, 1, "disaggregated", *extra)
+        simulated, planned, _ = simulated_and_planned(config, 1)
+        assert abs(agreement(simulated, planned)["update"] - 1) <= AGREEMENT, extra
+        assert simulated.phases["update"] != plain, extra
