@@ -11,7 +11,6 @@ from relayrl.planner.simulate import simulate
 from relayrl.planner.simulate_report import AGREEMENT, agreement
 from tests.unit.test_plan_simulate import check_agreement, model_dir, simulated_and_planned, step_config
 
-
 UNTIED_PASSES = pytest.mark.xfail(
     strict=True,
     reason="an untied head's root (examples/grpo_7b) cut to 2 layers: the no-grad passes hold one more [V, h] fp32 "
