@@ -27,12 +27,11 @@ def test_the_planner_agrees_with_sharded_ranks(tmp_path, shape, ranks):
 
 
 def test_checkpointing_and_a_chunked_head_are_simulated(tmp_path):
-    """Activation checkpointing and the model's own logits (train.logits_chunk=0) change what the learner keeps;
-    the simulation sees both and the planner still agrees."""
-    path = model_dir(tmp_path, "0.5B", layers=4)
-    plain = simulate(step_config(path, 1, "disaggregated"), 1).phases["update"]
-    for extra in (["learner.activation_checkpointing=true"], ["train.logits_chunk=0"]):
-        config = step_config(path, 1, "disaggregated", *extra)
-        simulated, planned, _ = simulated_and_planned(config, 1)
-        assert abs(agreement(simulated, planned)["update"] - 1) <= AGREEMENT, extra
-        assert simulated.phases["update"] != plain, extra
+    """Activation checkpointing (what the update keeps) and a head run 64 positions at a time (train.logits_chunk=64:
+    what a pass holds) change the phase they act on; the simulation sees each and the planner still agrees."""
+    path, long = model_dir(tmp_path, "0.5B", layers=4), ("data.max_prompt_tokens=256", "rollout.max_tokens=1024")
+    plain = simulate(step_config(path, 1, "disaggregated", *long), 1).phases
+    for extra, phase in (("learner.activation_checkpointing=true", "update"), ("train.logits_chunk=64", "passes")):
+        simulated, planned, _ = simulated_and_planned(step_config(path, 1, "disaggregated", *long, extra), 1)
+        assert abs(agreement(simulated, planned)[phase] - 1) <= AGREEMENT, extra
+        assert simulated.phases[phase] < plain[phase], extra
