@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from relayrl.config import Config
-    from relayrl.planner import Plan
     from relayrl.planner.options import PlanOptions
 
 # a flag `relayrl plan` took before it spoke config -> its plan.* key
@@ -145,8 +144,14 @@ def run_plan(config: Config, options: PlanOptions) -> None:
         learner_ranks=o.learner_ranks,
     )
     print_plan(plan)
-    if o.simulate:
-        simulate_plan(config, plan)
+    if o.simulate:  # the learner's bytes per phase on one GPU, simulated (relayrl/planner/simulate.py)
+        from relayrl.placement.sections import colocation, learner_settings
+        from relayrl.planner.simulate import gpu_offloads, simulate
+        from relayrl.planner.simulate_report import print_simulation
+
+        colocated, ranks = colocation(config, as_asked=True), plan.memory.ranks
+        offload = gpu_offloads(colocated, ranks)
+        print_simulation(plan, simulate(learner_settings(config), plan.workload, offload), offload, colocated.colocated)
 
 
 def check_simulate(options: PlanOptions) -> None:
@@ -162,18 +167,6 @@ def check_simulate(options: PlanOptions) -> None:
         raise ConfigError(
             f"plan.simulate=true builds the model from model.path's config.json; {', '.join(given)} cannot reshape it"
         )
-
-
-def simulate_plan(config: Config, plan: Plan) -> None:
-    """The learner's bytes per phase on one GPU, simulated (relayrl/planner/simulate.py), beside the plan's."""
-    from relayrl.placement.sections import colocation
-    from relayrl.planner.simulate import gpu_offloads, simulate
-    from relayrl.planner.simulate_report import print_simulation
-
-    ranks = plan.memory.ranks
-    simulated = simulate(config, ranks)
-    colocated = colocation(config, as_asked=True).colocated
-    print_simulation(plan, simulated, ranks == 1 and gpu_offloads(config), colocated)
 
 
 def check_lengths(options: PlanOptions, max_tokens: int) -> None:

@@ -47,8 +47,10 @@ from relayrl.learner.sharded import RankGroup, ShardedRanks, _rebind_optimizer, 
 from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, mixed_precision
 
 if TYPE_CHECKING:
-    from relayrl.config import Config
     from relayrl.learner.role import LearnerRole
+    from relayrl.learner.settings import LearnerSettings
+    from relayrl.placement.sections import Colocation
+    from relayrl.planner.estimate import Workload
     from relayrl.types import Experience
 
 PHASES = ("load", "first_pass", "passes", "update", "after_update", "after_offload")
@@ -222,26 +224,22 @@ def step_batch(rows: int, prompt: int, response: int, group_size: int) -> Experi
     )
 
 
-def simulate(config: Config, ranks: int | None = None, rows: int | None = None) -> SimulatedMemory:
-    """A learner rank's bytes per phase for `config` (resolved, model.path holding a config.json) at W = `ranks`
-    (default placement.learner_ranks) on GPU; `rows`: the micro-batch's samples (default the planner's). Whether
-    the states leave the GPU between phases is what the run would choose there (relayrl/rollout/sleep.py: one
-    colocated process offloads; sharded ranks cannot)."""
+def simulate(settings: LearnerSettings, work: Workload, offload: bool, rows: int | None = None) -> SimulatedMemory:
+    """A learner rank's bytes per phase on GPU at W = `work.learner_ranks` for the learner `settings`
+    (placement/sections.learner_settings; model.path holding a config.json) and the step's sizes `work`
+    (planner/estimate.workload_from_config); `offload`: the states leave the GPU between phases, as the run chooses
+    there (`gpu_offloads`); `rows`: the micro-batch's samples (default the planner's)."""
     from relayrl.learner.role import LearnerRole
-    from relayrl.placement.sections import learner_settings
-    from relayrl.planner.estimate import workload_from_config
 
     start = time.perf_counter()
-    work = workload_from_config(config, learner_ranks=ranks)
     world, rows = work.learner_ranks, rows or work.micro_batch
-    offload = world == 1 and gpu_offloads(config)
     fake, tracker, phases = FakeTensorMode(allow_non_fake_inputs=True), DeviceTracker(), {}
     # whole groups where the planner expects the learner to pack them, else rows of distinct groups (shuffled
     # mini-batches rarely put two samples of a group in one micro-batch)
     exp = step_batch(rows, work.prompt_tokens, work.response_tokens, work.group_size if work.packed else 1)
     with fake_ranks(world), tracker, ScalarsReadZero():
         distribution = SimulatedProcess(fake, tracker) if world == 1 else SimulatedRanks(world, fake, tracker)
-        role = LearnerRole(learner_settings(config), 0, distribution)
+        role = LearnerRole(settings, 0, distribution)
         phases["load"] = tracker.peak
         exp = measured(tracker, phases, "first_pass", role.prepare, exp)  # with the layout's one-time check
         exp.advantages, exp.returns = torch.ones_like(exp.loss_mask), torch.zeros_like(exp.loss_mask)
@@ -262,12 +260,12 @@ def measured(tracker: DeviceTracker, phases: dict[str, float], phase: str, run, 
     return out
 
 
-def gpu_offloads(config: Config) -> bool:
-    """learner.offload=between_phases as the run resolves it on a GPU (the planner's question, estimate.py)."""
-    from relayrl.placement.sections import colocation
+def gpu_offloads(colocation: Colocation, ranks: int) -> bool:
+    """learner.offload=between_phases as the run resolves it on a GPU for W = `ranks` (the planner's question,
+    relayrl/rollout/sleep.py; `colocation(config, as_asked=True)`); sharded ranks never offload."""
     from relayrl.rollout.sleep import time_sharing_on
 
-    return time_sharing_on(colocation(config, as_asked=True), True)[1]
+    return ranks == 1 and time_sharing_on(colocation, True)[1]
 
 
 def offloaded_bytes(role: LearnerRole) -> float:

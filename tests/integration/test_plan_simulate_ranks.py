@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.planner.simulate import simulate
 from relayrl.planner.simulate_report import AGREEMENT, agreement
-from tests.unit.test_plan_simulate import check_agreement, model_dir, simulated_and_planned, step_config
+from tests.unit.test_plan_simulate import (
+    check_agreement,
+    model_dir,
+    simulate_config,
+    simulated_and_planned,
+    step_config,
+)
 
 UNTIED_PASSES = pytest.mark.xfail(
     strict=True,
@@ -30,7 +35,7 @@ def test_checkpointing_and_a_chunked_head_are_simulated(tmp_path):
     """Activation checkpointing (what the update keeps) and a head run 64 positions at a time (train.logits_chunk=64:
     what a pass holds) change the phase they act on; the simulation sees each and the planner still agrees."""
     path, long = model_dir(tmp_path, "0.5B", layers=4), ("data.max_prompt_tokens=256", "rollout.max_tokens=1024")
-    plain = simulate(step_config(path, 1, "disaggregated", *long), 1).phases
+    plain = simulate_config(step_config(path, 1, "disaggregated", *long), 1).phases
     for extra, phase in (("learner.activation_checkpointing=true", "update"), ("train.logits_chunk=64", "passes")):
         simulated, planned, _ = simulated_and_planned(step_config(path, 1, "disaggregated", *long, extra), 1)
         assert abs(agreement(simulated, planned)[phase] - 1) <= AGREEMENT, extra

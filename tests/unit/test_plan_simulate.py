@@ -19,7 +19,9 @@ import pytest
 
 from relayrl.build import resolve
 from relayrl.config import load_config
+from relayrl.placement.sections import colocation, learner_settings
 from relayrl.planner import PROFILES, load_shape, make_plan
+from relayrl.planner.estimate import workload_from_config
 from relayrl.planner.simulate import gpu_offloads, simulate
 from relayrl.planner.simulate_report import AGREEMENT, agreement, planned_phases
 
@@ -52,11 +54,19 @@ def step_config(path: Path, ranks: int, layout: str, *extra: str):
     return resolve(load_config(None, [f"model.path={path}", *STEP, *placement, *extra]))
 
 
+def offloads(config, ranks: int) -> bool:
+    return gpu_offloads(colocation(config, as_asked=True), ranks)
+
+
+def simulate_config(config, ranks: int):
+    work = workload_from_config(config, learner_ranks=ranks)
+    return simulate(learner_settings(config), work, offloads(config, ranks))
+
+
 def simulated_and_planned(config, ranks: int):
     plan = make_plan(config, load_shape(config.model.path), PROFILES["H100-80GB"], learner_ranks=ranks,
                      read_prompts=False)  # fmt: skip
-    offload = ranks == 1 and gpu_offloads(config)
-    return simulate(config, ranks), planned_phases(plan, offload), plan
+    return simulate_config(config, ranks), planned_phases(plan, offloads(config, ranks)), plan
 
 
 def check_agreement(tmp_path: Path, shape: str, ranks: int, layout: str) -> None:
@@ -73,9 +83,9 @@ def check_agreement(tmp_path: Path, shape: str, ranks: int, layout: str) -> None
     params = plan.shape.params
     reference = params * (2 if ranks == 1 else 4)
     assert simulated.phases["after_update"] == pytest.approx((params * 12 + reference) / ranks, rel=0.01)
-    offloads = layout == "colocated" and ranks == 1
-    assert gpu_offloads(config) == offloads
-    assert (simulated.phases["after_offload"] < 2**26) == offloads  # the states left the GPU: buffers remain
+    offloaded = layout == "colocated" and ranks == 1
+    assert offloads(config, ranks) == offloaded
+    assert (simulated.phases["after_offload"] < 2**26) == offloaded  # the states left the GPU: buffers remain
 
 
 @pytest.mark.parametrize(
@@ -87,8 +97,9 @@ def test_the_planner_agrees_with_the_simulated_learner(tmp_path, shape, ranks, l
 
 def test_colocated_and_disaggregated_sharded_ranks_hold_the_same_learner(tmp_path):
     path = model_dir(tmp_path, "0.5B")
-    assert not gpu_offloads(step_config(path, 2, "colocated"))
-    assert not gpu_offloads(step_config(path, 2, "disaggregated"))
+    assert not offloads(step_config(path, 2, "colocated"), 2)
+    assert not offloads(step_config(path, 2, "disaggregated"), 2)
+    assert offloads(step_config(path, 1, "colocated"), 1) and not offloads(step_config(path, 1, "disaggregated"), 1)
 
 
 def test_plan_simulate_prints_the_phases(tmp_path, capsys):
