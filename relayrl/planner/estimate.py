@@ -9,7 +9,9 @@ base plus its own adapter, and `sync.lora=adapter` pushes A parameters instead o
 activations of its own micro-batches (unchanged by W); `smallest_ranks` finds the least W whose rank fits.
 A vision-language model's tower and connector are in P; a frozen tower (`model.freeze_vision`) costs the policy
 its weights only and is not pushed (relayrl/planner/vision.py).
-Deliberately left out: sharding overheads (FSDP2's all-gathered layer, its buffers), fragmentation, prefix caching.
+The bf16 copies of the weights a pass holds (autocast's at W = 1, FSDP2's gathered root and layer at W > 1) are
+`Memory.copies` (learner_memory.weight_copies); relayrl/planner/simulate.py measures all of this on fake tensors.
+Deliberately left out: FSDP2's communication buffers, fragmentation, prefix caching.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ the first three points of the checkpointed sweep measured with MALLOC_MMAP_THRES
 - The micro-batch's copied tensors (`Experience.select`): ~32 B a position (ids, masks, log-probs).
 Left out: allocator slack (glibc keeps freed blocks under its mmap threshold, up to 32 MiB each, in its heap:
 a checkpointed CPU run's peak RSS held up to 2.2x these live bytes, unless learner.return_freed_memory fixes the
-threshold, relayrl/learner/malloc.py), attention kernels' workspace, FSDP2's gathered layer.
+threshold, relayrl/learner/malloc.py), attention kernels' workspace. The weights' bf16 copies are `weight_copies`.
 """
 
 from __future__ import annotations
