@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from relayrl.errors import SyncError
-from relayrl.learner.policy import mismatch_metrics
 
 if TYPE_CHECKING:
     from relayrl.learner.result import MismatchByVersion
@@ -82,14 +81,16 @@ class PushGuard:
     def check_samples(self, step: int, mismatch: MismatchByVersion, trained: int, sync: WeightSync) -> None:
         """Raise if the step's samples of version `trained` (the version the update started from) disagree
         with the learner's log-probs by more than `max_mismatch` on average."""
-        fresh = mismatch_metrics(mismatch, trained)
-        mean = fresh.get("mismatch/logprob_abs_mean")
-        if not self.max_mismatch or mean is None or mean <= self.max_mismatch:
+        fresh = [part for version, part in mismatch.items() if version >= trained]  # as mismatch/* counts them
+        tokens = sum(n for _, _, n in fresh)
+        if not self.max_mismatch or not tokens:
             return
-        tokens = sum(n for v, (_, _, n) in mismatch.items() if v >= trained)
+        mean, largest = sum(total for total, _, _ in fresh) / tokens, max(top for _, top, _ in fresh)
+        if mean <= self.max_mismatch:
+            return
         raise SyncError(
             f"step {step}: the engine's log-probs of the {tokens} tokens it sampled at policy version {trained} "
-            f"differ from the learner's by {mean:.3g} on average (largest {fresh['mismatch/logprob_abs_max']:.3g}), "
+            f"differ from the learner's by {mean:.3g} on average (largest {largest:.3g}), "
             f"past sync.max_mismatch={self.max_mismatch:g}: the engine did not serve version {trained}; "
             f"{describe_push(sync, trained)} did not land as sent ({OFF_HINT})"
         )

