@@ -67,6 +67,7 @@ class TrainedModel:
         """Per datum: the target tokens' log-probs (and the loss's gradient added unless `forward_only`)."""
         for i, ex in enumerate(call.examples):
             losses.check_inputs(call.loss_fn, i, ex.tokens, ex.inputs, self.vocab)
+        losses.check_config(call.loss_fn, call.config)
         outputs, total = [], 0.0
         with torch.set_grad_enabled(not call.forward_only):
             for ex in call.examples:

@@ -1,6 +1,6 @@
 """`relayrl serve` route by route, through the unchanged `tinker` SDK (ServiceClient, TrainingClient,
 SamplingClient) against one service on the tiny random model: capabilities, sessions, create_model and get_info,
-forward_backward with each served loss (its value checked against the loss's formula), optim_step's Adam
+forward_backward with each served loss (its value checked against the Tinker docs' formula, by hand), optim_step's Adam
 parameters, save_weights_for_sampler -> sample (seeds, stops, log-probs equal to forward's on the same weights),
 compute_logprobs, save_state/load_state and a training client made from a saved state."""
 
@@ -84,6 +84,45 @@ def test_importance_sampling_and_ppo_follow_their_formulas(trainer, tokens):
     ppo = trainer.forward([doubled], "ppo").result()
     assert ppo.metrics["loss:sum"] == pytest.approx(-1.2 * advantages.sum(), rel=1e-4)  # clipped at 1 + 0.2
     wide = trainer.forward([doubled], "ppo", loss_fn_config={"clip_high_threshold": 3.0}).result()
+    assert wide.metrics["loss:sum"] == pytest.approx(-2.0 * advantages.sum(), rel=1e-4)
+
+
+def test_cispo_weighs_logp_by_the_clipped_ratio(trainer, tokens):
+    """Tinker's cispo: -(sg(clip(r, low, high)) * logp * A).sum(); at r = 2 the weight is the clip, 1.2."""
+    logprobs = forward_logprobs(trainer, tokens)
+    advantages = np.linspace(0.5, 1.5, len(tokens) - 1).astype(np.float32)
+    doubled = datum(tokens, logprobs=logprobs - math.log(2.0), advantages=advantages)
+    out = trainer.forward([doubled], "cispo").result()
+    assert out.metrics["loss:sum"] == pytest.approx(-1.2 * float(np.dot(logprobs, advantages)), rel=1e-4)
+    wide = trainer.forward([doubled], "cispo", loss_fn_config={"clip_high_threshold": 3.0}).result()
+    assert wide.metrics["loss:sum"] == pytest.approx(-2.0 * float(np.dot(logprobs, advantages)), rel=1e-4)
+
+
+def test_dro_adds_half_beta_times_the_squared_log_ratio(trainer, tokens):
+    """Tinker's dro: -(logp * A - beta / 2 * (logp - q) ** 2).sum(); here logp - q = 0.5 on every token."""
+    logprobs = forward_logprobs(trainer, tokens)
+    advantages = np.linspace(-1.0, 1.0, len(tokens) - 1).astype(np.float32)
+    shifted = datum(tokens, logprobs=logprobs - 0.5, advantages=advantages)
+    out = trainer.forward([shifted], "dro", loss_fn_config={"beta": 0.1}).result()
+    expected = -float(np.dot(logprobs, advantages)) + 0.5 * 0.1 * 0.25 * len(advantages)
+    assert out.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def test_gspo_gives_every_token_the_sequence_ratio_over_the_masked_tokens(trainer, tokens):
+    """Tinker's gspo (GSPO-token): every token's ratio is s = exp(mean of logp - q over sequence_ratio_mask), then
+    the ppo surrogate. The mask marks the last two tokens, log-ratios 0 and 2 log 2: s = 2 whatever the unmasked
+    tokens' own log-ratio (3 here), so the loss is -1.2 * A.sum() clipped and -2 * A.sum() with a wide clip."""
+    logprobs = forward_logprobs(trainer, tokens)
+    n = len(tokens) - 1
+    log_ratio = np.full(n, 3.0, dtype=np.float32)
+    log_ratio[-2:] = [0.0, 2 * math.log(2.0)]
+    mask = np.zeros(n, dtype=np.float32)
+    mask[-2:] = 1.0
+    advantages = np.linspace(0.5, 1.5, n).astype(np.float32)
+    seq = datum(tokens, logprobs=logprobs - log_ratio, advantages=advantages, sequence_ratio_mask=mask)
+    out = trainer.forward([seq], "gspo").result()
+    assert out.metrics["loss:sum"] == pytest.approx(-1.2 * advantages.sum(), rel=1e-4)
+    wide = trainer.forward([seq], "gspo", loss_fn_config={"clip_high_threshold": 3.0}).result()
     assert wide.metrics["loss:sum"] == pytest.approx(-2.0 * advantages.sum(), rel=1e-4)
 
 

@@ -36,6 +36,8 @@ def datum(inputs: dict, tokens=TOKENS) -> types.Datum:
 
 
 GOOD = {"target_tokens": TOKENS[1:], "weights": [1.0] * 4}
+RL = {"target_tokens": TOKENS[1:], "logprobs": [-1.0] * 4, "advantages": [1.0] * 4}
+EVERY_KEY = {**GOOD, **RL, "sequence_ratio_mask": [1.0] * 4}  # a datum good for every served loss
 
 
 def still_serves(trainer) -> None:
@@ -50,17 +52,33 @@ def still_serves(trainer) -> None:
         ({**GOOD, "weights": [1.0] * 3}, "cross_entropy", "data[1].loss_fn_inputs['weights']: 3 values for 4 input"),
         ({**GOOD, "target_tokens": [5, 6, 7, 10_000]}, "cross_entropy", "token 10000 is outside the vocabulary"),
         (GOOD, "importance_sampling", "importance_sampling needs 'logprobs'"),
-        (GOOD, "dro", "loss_fn='dro': not served here"),
+        ({**RL, "sequence_ratio_mask": [0.0] * 4}, "gspo", "data[1].loss_fn_inputs['sequence_ratio_mask']: marks no"),
+        (GOOD, "stable_reinforce", "loss_fn='stable_reinforce': not served here; its objective is not public"),
     ],
-    ids=["missing-key", "wrong-length", "outside-vocab", "loss-needs-more", "unknown-loss"],
+    ids=["missing-key", "wrong-length", "outside-vocab", "loss-needs-more", "gspo-empty-mask", "unpublished-loss"],
 )
 def test_a_bad_datum_fails_its_request_naming_it_and_adds_no_gradient(trainer, inputs, loss, message):
     before = trainer.forward([datum(GOOD)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
     with pytest.raises(tinker.RequestFailedError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        trainer.forward_backward([datum(GOOD), datum(inputs)], loss).result()  # the good datum first
+        trainer.forward_backward([datum(EVERY_KEY), datum(inputs)], loss).result()  # the good datum first
     trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     after = trainer.forward([datum(GOOD)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
     assert after == before  # the failed request's good datum added no gradient either
+    still_serves(trainer)
+
+
+@pytest.mark.parametrize(
+    ("loss", "config", "message"),
+    [
+        ("dro", {}, "loss_fn_config: dro needs 'beta'"),
+        ("cispo", {"clip_low_threshold": 1.5}, "needs 0 < clip_low_threshold <= 1 <= clip_high_threshold"),
+        ("ppo", {"clip_high_threshold": "wide"}, "loss_fn_config['clip_high_threshold']='wide': must be a number"),
+    ],
+    ids=["dro-without-beta", "clip-outside-range", "clip-not-a-number"],
+)
+def test_a_bad_loss_fn_config_fails_its_request_naming_the_key(trainer, loss, config, message):
+    with pytest.raises(tinker.RequestFailedError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        trainer.forward_backward([datum(RL)], loss, loss_fn_config=config).result()
     still_serves(trainer)
 
 
