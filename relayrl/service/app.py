@@ -95,7 +95,7 @@ def session_routes(app: FastAPI, service: Service) -> None:
 
     @app.post("/api/v1/sessions/{session_id}/finish")
     async def finish(session_id: str):
-        service.session(session_id)
+        service.end_session(session_id, "finished by its client")
         return {}
 
     @app.post("/api/v1/retrieve_future")

@@ -6,7 +6,9 @@ is still queued or running (the SDK polls again).
 A result is JSON (a dict) or bytes (a proto: `ForwardBackwardOutput`, `SampleResponse`). A failed request
 answers `{"error", "category"}`: `user` for a `UserError` (the SDK raises `RequestFailedError` with the message),
 `server` for anything else (logged with its traceback). Results stay retrievable (the SDK may ask twice); the
-oldest are dropped past `keep`.
+oldest are dropped past `keep`. Each request records the session that sent it, so a session that ends (finished or expired) has its
+queued requests cancelled (`cancel_owned`; they answer a `user` error saying so). The SDK has no cancel route of
+its own.
 """
 
 from __future__ import annotations
@@ -29,15 +31,22 @@ class Futures:
     def __init__(self, keep: int = 10_000):
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relayrl-service")
         self.results: OrderedDict[str, Future] = OrderedDict()
+        self.owners: dict[str, str] = {}  # request id -> the session that sent it
         self.ids = itertools.count(1)
         self.keep = keep
 
-    def submit(self, fn: Callable[[], dict | bytes]) -> str:
+    def submit(self, fn: Callable[[], dict | bytes], owner: str = "") -> str:
         request_id = f"req-{next(self.ids)}"
         self.results[request_id] = self.worker.submit(_answer, fn)
+        self.owners[request_id] = owner
         while len(self.results) > self.keep:
-            self.results.popitem(last=False)
+            self.owners.pop(self.results.popitem(last=False)[0], None)
         return request_id
+
+    def cancel_owned(self, owner: str) -> int:
+        """Cancel the requests of `owner` still queued (one already running finishes); how many were."""
+        mine = [rid for rid, who in self.owners.items() if who == owner]
+        return sum(self.results[rid].cancel() for rid in mine if rid in self.results)
 
     def run(self, fn: Callable[[], object]) -> Future:
         """A synchronous route's work, on the same worker (after everything queued before it)."""
@@ -47,8 +56,14 @@ class Futures:
         future = self.results.get(request_id)
         if future is None:
             raise UserError(f"request_id={request_id!r}: no such request", status=404)
+        if future.cancelled():
+            return {"error": f"request_id={request_id!r}: cancelled (its session ended)", "category": "user"}
         try:
             return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), WAIT_S)
+        except asyncio.CancelledError:
+            if not future.cancelled():
+                raise
+            return {"error": f"request_id={request_id!r}: cancelled (its session ended)", "category": "user"}
         except TimeoutError:
             return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
 

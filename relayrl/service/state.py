@@ -3,11 +3,14 @@
 (`tinker://<model>/sampler_weights/<name>`; of the unnamed ones, `save_weights_and_get_sampling_client`'s, the
 newest KEEP_EPHEMERAL per model), sampling sessions, and `save_state` checkpoints
 (`tinker://<model>/weights/<name>`, a directory under `state_dir`). Work that touches a model runs on the
-futures' worker (relayrl/service/futures.py); a route here returns what the SDK's response type holds.
+futures' worker (relayrl/service/futures.py); a route here returns what the SDK's response type holds. A session
+that ends (its client's `close`, or no heartbeat for SESSION_TIMEOUT_S) frees what it held (`end_session`).
 """
 
 from __future__ import annotations
 
+import itertools
+import logging
 import secrets
 import time
 from pathlib import Path
@@ -19,7 +22,10 @@ from relayrl.service.errors import UserError
 from relayrl.service.futures import Futures
 from relayrl.service.training import TrainedModel, lora_settings, read_meta
 
+log = logging.getLogger("relayrl.service")
+
 PREFIX = "tinker://"
+SESSION_TIMEOUT_S = 120.0  # the SDK warns after 2 minutes of failed heartbeats that the session will end
 KEEP_EPHEMERAL = 4  # unnamed sampler weights kept per model (an RL loop saves one per step); named ones stay
 
 
@@ -29,6 +35,8 @@ class Service:
         self.state_dir = Path(state_dir)
         self.futures = Futures()
         self.sessions: dict[str, float] = {}  # session id -> last heartbeat (time.time())
+        self.session_numbers = itertools.count(1)
+        self.expired: dict[str, str] = {}  # ended sessions (why): they answer 410
         self.models: dict[str, TrainedModel] = {}
         self.snapshots: dict[str, dict[str, torch.Tensor]] = {}  # sampler path -> merged weights
         self.snapshot_base: dict[str, str] = {}
@@ -40,18 +48,55 @@ class Service:
 
     # sessions -------------------------------------------------------------------------------------------------
     def create_session(self) -> str:
-        session_id = f"{self.instance}-{len(self.sessions) + 1}"
+        self.expire_sessions()
+        session_id = f"{self.instance}-{next(self.session_numbers)}"
         self.sessions[session_id] = time.time()
         return session_id
 
     def heartbeat(self, session_id: str) -> None:
+        self.expire_sessions()
         self.session(session_id)
         self.sessions[session_id] = time.time()
 
     def session(self, session_id: str) -> str:
+        if session_id in self.expired:
+            raise UserError(f"session_id={session_id!r}: ended ({self.expired[session_id]})", status=410)
         if session_id not in self.sessions:
             raise UserError(f"session_id={session_id!r}: no such session", status=404)
         return session_id
+
+    def expire_sessions(self, now: float | None = None) -> list[str]:
+        """Free what a client that disappeared held: a session with no heartbeat for SESSION_TIMEOUT_S (the SDK
+        beats every 10 s) ends (`end_session`). Runs whenever a session is created or beats."""
+        now = time.time() if now is None else now
+        gone = [sid for sid, beat in self.sessions.items() if now - beat > SESSION_TIMEOUT_S]
+        for session_id in gone:
+            self.end_session(session_id, f"no heartbeat for {SESSION_TIMEOUT_S:.0f} s")
+        return gone
+
+    def end_session(self, session_id: str, why: str) -> None:
+        """A session that finished (the SDK's `ServiceClient.close`) or expired loses its queued requests
+        (cancelled), then, on the worker after what is running, its training models, sampling sessions and unnamed
+        sampler weights. Named sampler weights and save_state checkpoints stay: other clients may name them."""
+        self.session(session_id)
+        del self.sessions[session_id]
+        self.expired[session_id] = why
+        cancelled = self.futures.cancel_owned(session_id)
+        log.warning("session %s: %s; freeing it (%d queued requests cancelled)", session_id, why, cancelled)
+        self.futures.run(lambda: self.drop_session(session_id))
+
+    def drop_session(self, session_id: str) -> None:
+        prefix = f"{session_id}:"
+        for table in (self.models, self.samplers):
+            for key in [key for key in table if key.startswith(prefix)]:
+                del table[key]
+        unnamed = f"{PREFIX}{prefix}"
+        for key in [key for key in self.snapshots if key.startswith(unnamed) and "/ephemeral-" in key]:
+            del self.snapshots[key]
+
+    def submit(self, owner: str | None, fn) -> str:
+        """Queue `fn` as a request of the session `owner` names (a session, model or sampler id)."""
+        return self.futures.submit(fn, owner=(owner or "").split(":")[0])
 
     def capabilities(self) -> list[dict]:
         from relayrl.models.loading import context_length
@@ -86,7 +131,7 @@ class Service:
             self.models[model_id] = TrainedModel(model_id, request.base_model, path, settings, seed)
             return {"model_id": model_id, "type": "create_model"}
 
-        return self.futures.submit(load)
+        return self.submit(session_id, load)
 
     def info(self, model_id: str) -> dict:
         model = self.model(model_id)
@@ -106,7 +151,7 @@ class Service:
             outputs, metrics = model.forward_backward(call)
             return wire.forward_backward_output(outputs, metrics)
 
-        return self.futures.submit(run)
+        return self.submit(call.model_id, run)
 
     def optim_step(self, request) -> str:
         model = self.model(request.model_id)
@@ -114,7 +159,7 @@ class Service:
 
         if not isinstance(request.optim_params, types.AdamParams):  # the SDK's union leaves room for others
             raise UserError(f"optim_params: {type(request.optim_params).__name__} is not served here, only AdamParams")
-        return self.futures.submit(lambda: {"metrics": model.optim_step(request.optim_params)})
+        return self.submit(request.model_id, lambda: {"metrics": model.optim_step(request.optim_params)})
 
     # sampler weights and sampling sessions -------------------------------------------------------------------
     def save_weights_for_sampler(self, request) -> str:
@@ -135,7 +180,7 @@ class Service:
             sampler_id = self.new_sampler(session_id, f"w{request.sampling_session_seq_id}", model.base_name, key)
             return {"path": None, "sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
 
-        return self.futures.submit(save)
+        return self.submit(model.model_id, save)
 
     def drop_old_ephemeral(self, model_id: str) -> None:
         prefix = f"{PREFIX}{model_id}/sampler_weights/ephemeral-"
@@ -178,7 +223,7 @@ class Service:
             sequences, prompt_logprobs = sampling.sample(engine, request)
             return wire.sample_response(sequences, prompt_logprobs)
 
-        request_id = self.futures.submit(run)
+        request_id = self.submit(request.sampling_session_id, run)
         n = 0 if request.sampling_params.max_tokens == 0 else request.num_samples
         return request_id, [f"{request_id}:{i}" for i in range(n)]
 
@@ -194,7 +239,7 @@ class Service:
             model.save_state(self.checkpoint_dir(path))
             return {"path": path, "type": "save_weights"}
 
-        return self.futures.submit(save)
+        return self.submit(model.model_id, save)
 
     def checkpoint_dir(self, path: str) -> Path:
         if not path.startswith(PREFIX) or "/weights/" not in path:
@@ -226,4 +271,4 @@ class Service:
             target.load_state(source, request.optimizer)
             return {"path": request.path, "model_id": target.model_id, "type": "load_weights"}
 
-        return self.futures.submit(load)
+        return self.submit(request.model_id or request.session_id, load)
