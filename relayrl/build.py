@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relayrl.algorithms.stage import advantage_stage
+from relayrl.algorithms.teacher_routes import TeacherRoutes
 from relayrl.config import Config, DataConfig, dump_config
 from relayrl.config.effects import warn_chosen
 from relayrl.config.sync import resolve_parity_probe
@@ -29,7 +30,7 @@ from relayrl.config.warn import gathered
 from relayrl.controller import LoopSettings, Trainer
 from relayrl.data.source import PromptSampler, PromptTable, load_prompts, longest_prompt_tokens, show_first_prompt
 from relayrl.errors import ConfigError, RoleFailure
-from relayrl.learner.teacher import check_teacher_dir, choose_teacher_engine
+from relayrl.learner.teacher import check_teacher_dir, choose_teacher_engine, teacher_keys
 from relayrl.metrics.timeline import Timeline
 from relayrl.models.loading import check_model_dir, load_tokenizer, pad_token_id
 from relayrl.placement import build_roles
@@ -104,7 +105,7 @@ def _choose(config: Config) -> None:
     choose_time_sharing(config)  # after sync.lora: an adapter push keeps level 1
     if config.sync.wire_dtype == "auto":
         config.choose("sync.wire_dtype", *resolve_wire_dtype(config.rollout.dtype))
-    if config.teacher.path and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
+    if config.teacher.present and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
         config.choose("teacher.engine", *choose_teacher_engine(config.teacher.engine))
     if config.sync.parity_probe == "auto":
         config.choose("sync.parity_probe", *resolve_parity_probe(config))
@@ -122,8 +123,8 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     config's `auto` choices are made (`resolve`; a no-op for a config already resolved)."""
     resolve(config)
     check_model_dir(config.model.path)
-    if config.teacher.path:  # a teacher that does not load, or speaks another vocabulary, stops the run here
-        check_teacher_dir(config.teacher.path, config.model.path)
+    for teacher, key in zip(config.teacher.models(), teacher_keys(config.teacher)):  # each teacher that does not
+        check_teacher_dir(teacher.path, config.model.path, key)  # load, or speaks another vocabulary, stops here
     if config.train.threads:
         torch.set_num_threads(config.train.threads)
     tokenizer = load_tokenizer(config.model.path)
@@ -151,7 +152,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         source=source,
         sampler=sampler,
         make_schedule=functools.partial(SCHEDULES[config.train.schedule], source, schedule_settings(config)),
-        advantages=advantage_stage(config.algorithm, teacher=bool(config.teacher.path)),
+        advantages=advantage_stage(config.algorithm, teacher=config.teacher.present),
         eval_prompts=eval_prompts,
         tokenizer=tokenizer,
         run_dir=run_dir,
@@ -163,7 +164,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         ),
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
-        teacher=bool(config.teacher.path),
+        teacher_routes=TeacherRoutes.of(config.teacher),
         guard=PushGuard(config.sync.max_mismatch, probe_ids),
     )
 

@@ -32,6 +32,7 @@ from relayrl.sync.guard import PushGuard
 if TYPE_CHECKING:  # annotations only: the step calls these through their protocols
     from transformers import PreTrainedTokenizerBase
 
+    from relayrl.algorithms.teacher_routes import TeacherRoutes
     from relayrl.config import CheckpointConfig, LogConfig, TrainConfig
     from relayrl.data.source import PromptSampler
     from relayrl.learner.role import Learner
@@ -78,7 +79,9 @@ class Trainer:
     schedule: Schedule | None = None  # made when the run starts (async producers begin generating then)
     signals: StopSignals = field(default_factory=StopSignals)  # SIGTERM/SIGINT: stop after the current step
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: the learner heals
-    teacher: bool = False  # teacher.path: a teacher phase after the log-probs (relayrl/learner/teacher.py)
+    # teacher.path / teacher.teachers: a teacher phase after the log-probs (relayrl/learner/teacher.py), each row
+    # scored by the teacher its route names (relayrl/algorithms/teacher_routes.py); None = no teacher
+    teacher_routes: TeacherRoutes | None = None
     guard: PushGuard = field(default_factory=PushGuard.off)  # a push that did not land stops the run
 
     def step(self, step: int) -> dict[str, float]:
@@ -86,10 +89,13 @@ class Trainer:
         timer, schedule = StepTimer(self.timeline, step), self.schedule
         assert schedule is not None, "run() makes the schedule before the first step"
         batch = schedule.batch(step, timer)  # generate and reward, overlapped as the schedule says
+        routes = self.teacher_routes
+        teacher_rows = None if routes is None else routes.rows(batch.rollouts)  # an unknown route stops here
         self.time_sharing.before_update(timer)  # colocated: the engine sleeps, the learner's states come back
         with timer("logprobs"):  # old and reference log-probs, values, a KL penalty in the reward
             exp = self.learner.prepare(make_experience(batch.rollouts, batch.scores, self.pad_id))
-        if self.teacher:  # on-policy distillation: the teacher scores the sampled tokens, once per sample
+        if routes is not None:  # on-policy distillation: the teacher scores the sampled tokens, once per sample
+            exp.teacher_routes = teacher_rows
             with timer("teacher"):
                 exp = self.learner.score_teacher(exp)
         with timer("advantage"):
@@ -119,6 +125,8 @@ class Trainer:
             {**self.sync.last, **self.guard.last},
             roles,
         )
+        if routes is not None:
+            metrics.update(routes.metrics(exp))  # distill/reverse_kl/<route>, several teachers
         self.record(step, batch, exp, update.sample_logprobs)
         return metrics
 

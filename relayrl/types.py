@@ -85,6 +85,7 @@ class Experience:
     images: ImageBatch | None = None  # each row's image tensors (rows with images)
     forks: torch.Tensor | None = None  # [B] bool: forked samples (Rollout.fork_of), not members of their group
     teacher_logprobs: torch.Tensor | None = None  # [B, T-1] the teacher's (on-policy distillation, learner/teacher.py)
+    teacher_routes: torch.Tensor | None = None  # [B] long: which teacher scores each row (teacher.teachers)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -28,7 +28,7 @@ from relayrl.config.rollout import RolloutConfig
 from relayrl.config.root import Config
 from relayrl.config.section import Section
 from relayrl.config.sync import SYNC_KEYS, SyncConfig, effective_transport
-from relayrl.config.teacher import DistillConfig, TeacherConfig
+from relayrl.config.teacher import DistillConfig, RoutedTeacher, TeacherConfig
 from relayrl.config.train import TrainConfig
 
 __all__ = [
@@ -55,6 +55,7 @@ __all__ = [
     "SamplesConfig",
     "Section",
     "SyncConfig",
+    "RoutedTeacher",
     "TeacherConfig",
     "TrainConfig",
     "dump_config",

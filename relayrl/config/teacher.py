@@ -18,8 +18,17 @@ if TYPE_CHECKING:
     from relayrl.config.algorithm import AlgorithmConfig
 
 
+class RoutedTeacher(Section):
+    """One of several teachers (`teacher.teachers`): the rows whose `teacher.route_by` column holds `route`."""
+
+    route: str = Field(description="The value of the teacher.route_by column whose rows this teacher scores.")
+    path: str = Field(description="This teacher's HF causal-LM directory (the student's vocabulary), as given.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(default="auto", description="As teacher.dtype.")
+
+
 class TeacherConfig(Section):
-    """`teacher`: the model the student is distilled from (absent path = no teacher, no distillation)."""
+    """`teacher`: the model the student is distilled from (absent path = no teacher, no distillation), or several
+    (`teachers`), each scoring the rows whose `route_by` column names it."""
 
     path: str = Field(
         default="",
@@ -35,6 +44,27 @@ class TeacherConfig(Section):
         description="Where the teacher scores the samples: local = a batched forward pass in the learner's "
         "process, like the reference's; auto = local (the only engine so far).",
     )
+    route_by: str = Field(
+        default="",
+        description="With teacher.teachers: the dataset column whose value in a row names the teacher that scores "
+        "its samples (a value no teacher answers stops the step before it trains, naming value, column and row).",
+    )
+    teachers: list[RoutedTeacher] = Field(
+        default_factory=list,
+        description="Several teachers, instead of teacher.path: [{route, path, dtype}], one per value of the "
+        "teacher.route_by column (multi-domain distillation; distill/reverse_kl/<route> per teacher).",
+    )
+
+    @property
+    def present(self) -> bool:
+        """Whether the run distills: one teacher (`path`) or several (`teachers`)."""
+        return bool(self.path or self.teachers)
+
+    def models(self) -> list[RoutedTeacher]:
+        """Each teacher to load, in route order: the one `path` (route "") or the `teachers`."""
+        if self.teachers:
+            return list(self.teachers)
+        return [RoutedTeacher(route="", path=self.path, dtype=self.dtype)] if self.path else []
 
 
 class DistillConfig(Section):
@@ -57,10 +87,10 @@ class DistillConfig(Section):
 def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: int) -> None:
     """The rules across sections a teacher brings (called by `Config`'s validator); a ValueError names the keys.
     `learner_ranks`: placement.learner_ranks."""
-    path = teacher.path
-    if algo.advantage == "distill" and not path:
-        raise ValueError("algorithm.advantage=distill needs a teacher: set teacher.path")
-    if not path:
+    check_routes(teacher)
+    if algo.advantage == "distill" and not teacher.present:
+        raise ValueError("algorithm.advantage=distill needs a teacher: set teacher.path (or teacher.teachers)")
+    if not teacher.present:
         return
     if algo.advantage == "distill" and algo.distill.mode == "reward":
         raise ValueError(
@@ -77,9 +107,24 @@ def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: 
         )
 
 
+def check_routes(teacher: TeacherConfig) -> None:
+    """Several teachers: no teacher.path beside them, a route_by column, distinct non-empty routes."""
+    if not teacher.teachers:
+        if teacher.route_by:
+            raise ValueError("teacher.route_by without teacher.teachers: list the teachers, [{route, path}]")
+        return
+    if teacher.path:
+        raise ValueError("teacher.path and teacher.teachers both set: keep one (teachers for several)")
+    if not teacher.route_by:
+        raise ValueError("teacher.teachers needs teacher.route_by: the dataset column whose value names the teacher")
+    routes = [entry.route for entry in teacher.teachers]
+    if "" in routes or len(set(routes)) < len(routes):
+        raise ValueError(f"teacher.teachers: each route must be non-empty and distinct, got {routes}")
+
+
 def warn_teacher(teacher: TeacherConfig, distill: DistillConfig) -> None:
     """Name the distillation settings that cannot take effect without a teacher (a `ConfigWarning` each)."""
-    if teacher.path:
+    if teacher.present:
         return
     if idle := sorted(teacher.model_fields_set - {"path"}):
         warn(f"teacher.{', teacher.'.join(idle)} has no effect without teacher.path")

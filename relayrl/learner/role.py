@@ -22,7 +22,7 @@ from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
 from relayrl.learner.result import UpdateResult
-from relayrl.learner.teacher import Teacher
+from relayrl.learner.teacher import Teachers
 from relayrl.sync.base import LearnerWeights
 from relayrl.sync.endpoints import WeightSource
 
@@ -70,7 +70,7 @@ class LearnerRole(WeightSource):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         gae = settings.algorithm.advantage == "gae"
         self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
-        self.teacher = None if settings.teacher is None else Teacher(settings.teacher, self.policy)
+        self.teacher = None if settings.teacher is None else Teachers(settings.teacher, self.policy)
         self.distribution.attach(self)
 
     def ping(self) -> int:

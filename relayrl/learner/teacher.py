@@ -6,8 +6,11 @@ batched no-grad forward in the learner's process, exactly like the reference pas
 autocast and sampling temperature, the teacher's own forward layout), filling `Experience.teacher_logprobs`.
 What the signal does with them is relayrl/algorithms/distill.py.
 
+Several teachers (`teacher.teachers`): `Teachers` holds one `Teacher` per route and scores each row with the one
+`Experience.teacher_routes` names (relayrl/algorithms/teacher_routes.py picks them from a dataset column).
+
 Left out so far (docs/distillation.md): a teacher in a Ray actor of its own or behind vLLM's `prompt_logprobs`,
-several teachers routed by a column, `teacher.prompt` (a prompt the teacher sees instead of the student's), and
+`teacher.prompt` (a prompt the teacher sees instead of the student's), and
 restarting a teacher that died (it dies with the learner's process and is healed with it).
 """
 
@@ -23,7 +26,7 @@ from relayrl.learner.layout import ForwardLayout
 from relayrl.models.loading import check_model_dir, load_causal_lm, load_tokenizer, set_attention
 
 if TYPE_CHECKING:
-    from relayrl.config import TeacherConfig
+    from relayrl.config import RoutedTeacher, TeacherConfig
     from relayrl.learner.policy import PolicyLearner
     from relayrl.types import Experience
 
@@ -41,24 +44,24 @@ def choose_teacher_engine(engine: str) -> tuple[str, str]:
     return "local", LOCAL_WHY if engine == "auto" else "as set"
 
 
-def check_teacher_dir(teacher_path: str, student_path: str) -> None:
+def check_teacher_dir(teacher_path: str, student_path: str, key: str = "teacher.path") -> None:
     """Refuse, at start and naming the keys, a teacher directory that does not load (no config.json, a config
     transformers cannot read, no weights, no tokenizer) or whose tokenizer's vocabulary differs from the student's:
     a sampled token id would mean another string to the teacher, and its log-probs another thing."""
     from transformers import AutoConfig
 
-    path = check_model_dir(teacher_path, "teacher.path")
+    path = check_model_dir(teacher_path, key)
     try:
         AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as err:
-        raise ModelError(f"teacher.path={teacher_path!r}: cannot read its config.json: {err}") from None
+        raise ModelError(f"{key}={teacher_path!r}: cannot read its config.json: {err}") from None
     if not any((path / name).is_file() for name in WEIGHT_FILES):
-        raise ModelError(f"teacher.path={teacher_path!r} holds no weights (none of {', '.join(WEIGHT_FILES)})")
-    teacher_vocab = load_tokenizer(path, "teacher.path").get_vocab()
+        raise ModelError(f"{key}={teacher_path!r} holds no weights (none of {', '.join(WEIGHT_FILES)})")
+    teacher_vocab = load_tokenizer(path, key).get_vocab()
     student_vocab = load_tokenizer(student_path).get_vocab()
     if teacher_vocab != student_vocab:
         raise ModelError(
-            f"teacher.path={teacher_path!r} has a tokenizer whose vocabulary differs from the student's "
+            f"{key}={teacher_path!r} has a tokenizer whose vocabulary differs from the student's "
             f"(model.path={student_path!r}): {_vocab_difference(teacher_vocab, student_vocab)}. The teacher must "
             "score the student's token ids: use a teacher with the student's tokenizer"
         )
@@ -71,14 +74,21 @@ def _vocab_difference(teacher: dict[str, int], student: dict[str, int]) -> str:
     return f"{len(teacher)} vs {len(student)} tokens, {len(differing)} differ (teacher id vs student id: {shown})"
 
 
+def teacher_keys(settings: TeacherConfig) -> list[str]:
+    """The config key of each teacher's path, as messages name it: teacher.path, or teacher.teachers[i].path."""
+    if not settings.teachers:
+        return ["teacher.path"] * bool(settings.path)
+    return [f"teacher.teachers[{i}].path" for i in range(len(settings.teachers))]
+
+
 class Teacher:
     """The `local` engine: the teacher's weights in the learner's process, frozen, scored like the reference."""
 
-    def __init__(self, settings: TeacherConfig, policy: PolicyLearner):
+    def __init__(self, settings: RoutedTeacher, policy: PolicyLearner, key: str = "teacher.path"):
         self.policy = policy
         device = policy.device
         dtype = torch.bfloat16 if device == "cuda" and settings.dtype in ("auto", "bfloat16") else torch.float32
-        self.model = load_causal_lm(settings.path, device, key="teacher.path", dtype=dtype)
+        self.model = load_causal_lm(settings.path, device, key=key, dtype=dtype)
         self.model.eval().requires_grad_(False)
         self.model.config.use_cache = False
         set_attention(self.model, policy.settings.model.attention, device)
@@ -96,4 +106,28 @@ class Teacher:
             with self.policy.autocast:
                 logp, _ = self.layout.token_stats(self.model, exp.select(index))
             out[index, : logp.shape[1]] = logp.float().cpu()
+        return out
+
+
+class Teachers:
+    """Every teacher of the run (one, or one per route of `teacher.teachers`), each scoring its own rows."""
+
+    def __init__(self, settings: TeacherConfig, policy: PolicyLearner):
+        models = settings.models()
+        keys = teacher_keys(settings)
+        self.teachers = [Teacher(entry, policy, key) for entry, key in zip(models, keys)]
+
+    def logprobs(self, exp: Experience) -> torch.Tensor:
+        """The log-probs of the response tokens [B, T-1], each row's by the teacher `exp.teacher_routes` names
+        (every row by the one teacher when there is one)."""
+        if len(self.teachers) == 1:
+            return self.teachers[0].logprobs(exp)
+        if exp.teacher_routes is None:
+            raise RuntimeError("several teachers need Experience.teacher_routes (the controller fills them)")
+        out = torch.zeros_like(exp.loss_mask)
+        for index, teacher in enumerate(self.teachers):
+            rows = torch.nonzero(exp.teacher_routes == index).flatten()
+            if len(rows):
+                logp = teacher.logprobs(exp.select(rows))
+                out[rows, : logp.shape[1]] = logp
         return out

@@ -34,7 +34,7 @@ def learner_settings(config: Config) -> LearnerSettings:
         lora_sync=config.sync.lora,
         mini_batch=config.mini_batch,
         updates_per_step=config.updates_per_step,
-        teacher=config.teacher if config.teacher.path else None,
+        teacher=config.teacher if config.teacher.present else None,
     )
 
 

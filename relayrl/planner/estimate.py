@@ -26,7 +26,7 @@ from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak, weight_copies
-from relayrl.planner.teacher import teacher_params
+from relayrl.planner.teacher import teacher_forward_params, teacher_params
 from relayrl.planner.vision import frozen_bytes, frozen_tower
 
 GIB = 2**30
@@ -93,6 +93,7 @@ class Workload:
     images_per_prompt: float = 0.0  # a vision-language model's images per prompt (relayrl/planner/vision.py)
     image_tokens_per_image: float = 0.0  # the tokens one image becomes in the prompt (counted in its length)
     teacher_params: int = 0  # T: teacher.path's parameters (relayrl/planner/teacher.py); 0 = no teacher
+    teacher_forward_params: int = 0  # the largest teacher's (the step's forward, rows split among teachers)
 
     @property
     def packed(self) -> bool:
@@ -225,6 +226,7 @@ def workload_from_config(
         packing=config.train.packing,
         engine=config.rollout.engine,
         teacher_params=teacher_params(config.teacher),
+        teacher_forward_params=teacher_forward_params(config.teacher),
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 

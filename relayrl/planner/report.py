@@ -396,7 +396,9 @@ def _time_rows(plan: Plan) -> Rows:
         ("ref log-probs", "as old log-probs" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
         (
             "teacher log-probs",
-            f"forward x T / P = {w.teacher_params / s.params:.3g}" if w.teacher_params else "none (no teacher.path)",
+            f"forward x T / P = {w.teacher_forward_params / s.params:.3g}"
+            if w.teacher_params
+            else "none (no teacher.path)",
             _s(t.teacher_logprobs),
         ),
         ("critic", f"(1 + 3 x {w.epochs}) x forward" if w.critic else "no critic", _s(t.critic)),

@@ -128,7 +128,8 @@ class StepTime:
     gather: float = 0.0  # W > 1: the all-gathers of the shards before the sync sends
     update_fixed: float = 0.0  # measured: per update x optimizer steps + per micro-batch x micro-batches
     vision: float = 0.0  # the vision encoder's share of prefill, log-prob passes and update (counted in them)
-    teacher_logprobs: float = 0.0  # teacher.path: its forward over the batch (the policy's forward x T / P)
+    teacher_logprobs: float = 0.0  # teacher.path: its forward over the batch (the policy's forward x T / P;
+    # several teachers: the largest one's T, a bound, as each row meets one teacher)
 
     @property
     def generate(self) -> float:
@@ -217,7 +218,7 @@ def estimate_time(
         gather=gather_time(shape, work, hardware),
         update_fixed=learner_fixed_time(rates.learner, work),
         vision=encoder.in_step(work),
-        teacher_logprobs=forward * work.teacher_params / shape.params,
+        teacher_logprobs=forward * work.teacher_forward_params / shape.params,
     )
 
 
