@@ -130,6 +130,9 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     tokenizer = load_tokenizer(config.model.path)
     prompts, eval_prompts, data_metrics = load_data(config.data, config.eval.max_prompts, tokenizer)
     longest = longest_prompt_tokens(prompts, eval_prompts)  # a large file: its limit
+    teacher_routes = TeacherRoutes.of(config.teacher)
+    if teacher_routes is not None and isinstance(prompts, list):  # a route no teacher answers: refused here
+        teacher_routes.check_prompts(prompts)
     check_env(source_settings(config), config.train.partial_rollouts)  # env.fn or env.agent: multi-turn rollouts
     max_len = context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
@@ -164,7 +167,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         ),
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
-        teacher_routes=TeacherRoutes.of(config.teacher),
+        teacher_routes=teacher_routes,
         guard=PushGuard(config.sync.max_mismatch, probe_ids),
     )
 

@@ -2,7 +2,8 @@
 per-teacher metrics (`distill/reverse_kl/<route>`).
 
 The route of a sample is its prompt row's column value (`Prompt.columns`, the row's fields other than the prompt).
-`TeacherRoutes.rows` turns a step's rollouts into one teacher index per row of its `Experience`
+`TeacherRoutes.check_prompts` refuses, at data load, a row whose value no teacher answers (data.train read whole; a
+large file read lazily meets the same check at the step). `TeacherRoutes.rows` turns a step's rollouts into one teacher index per row of its `Experience`
 (`Experience.teacher_routes`), which the learner's teachers (relayrl/learner/teacher.py) split the batch by; a value
 no teacher answers stops the step there, before the teacher or the update runs, naming value, column and sample.
 One teacher (`teacher.path`) is the one route "": every row is 0.
@@ -20,7 +21,7 @@ from relayrl.errors import DataError
 
 if TYPE_CHECKING:
     from relayrl.config import TeacherConfig
-    from relayrl.types import Experience, Rollout
+    from relayrl.types import Experience, Prompt, Rollout
 
 
 @dataclass(frozen=True)
@@ -41,20 +42,28 @@ class TeacherRoutes:
         """[B] long: the index of the teacher that scores each rollout (the `Experience` rows, in order)."""
         return torch.tensor([self.route(rollout) for rollout in rollouts], dtype=torch.long)
 
+    def check_prompts(self, prompts: list[Prompt]) -> None:
+        """At data load (data.train read whole): every row's route answered, else a DataError naming the row."""
+        for prompt in prompts:
+            self.index(prompt.columns, f"data.train row {prompt.id}")
+
     def route(self, rollout: Rollout) -> int:
         """The teacher index of one sample, from its row's `column` value; a DataError names what is wrong."""
+        return self.index(rollout.prompt.columns, f"sample {rollout.sample_id}")
+
+    def index(self, columns: dict, where: str) -> int:
+        """The teacher index a row's `columns` name (`where`: the row or sample, as messages name it)."""
         if not self.column:
             return 0
-        columns = rollout.prompt.columns
         if self.column not in columns:
             raise DataError(
-                f"sample {rollout.sample_id}: no {self.column!r} column (teacher.route_by={self.column}); "
+                f"{where}: no {self.column!r} column (teacher.route_by={self.column}); "
                 f"the row's columns: {', '.join(sorted(columns)) or 'none'}"
             )
         value = columns[self.column]
         if not isinstance(value, str) or value not in self.names:
             raise DataError(
-                f"sample {rollout.sample_id}: column {self.column!r} holds {value!r}, which no teacher answers "
+                f"{where}: column {self.column!r} holds {value!r}, which no teacher answers "
                 f"(teacher.teachers routes: {', '.join(self.names)})"
             )
         return self.names.index(value)

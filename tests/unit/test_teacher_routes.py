@@ -137,3 +137,18 @@ def test_a_routed_teacher_that_does_not_load_is_named_by_its_key(random_model_di
     assert teacher_keys(config.teacher) == ["teacher.teachers[0].path", "teacher.teachers[1].path"]
     with pytest.raises(ModelError, match=r"teacher.teachers\[1\].path="):
         check_teacher_dir(str(tmp_path), str(random_model_dir), teacher_keys(config.teacher)[1])
+
+
+def test_a_route_no_teacher_answers_is_refused_at_data_load_before_any_role_starts(random_model_dir, tmp_path):
+    import json
+
+    from relayrl.build import build_trainer
+
+    rows = [{"prompt": "1+2=", "task": "add"}, {"prompt": "5+3=", "task": "sub"}, {"prompt": "2+3=", "task": "mul"}]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = _routed(random_model_dir, random_model_dir, random_model_dir)
+    config.data.train, config.log.dir = str(train), str(tmp_path / "run")
+    with pytest.raises(DataError, match=r"data.train row 2: column 'task' holds 'mul', which no teacher answers"):
+        build_trainer(config)
+    assert not (tmp_path / "run").exists()
