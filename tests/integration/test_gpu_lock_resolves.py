@@ -21,6 +21,11 @@ import pytest
 from tests.unit.test_locks import GPU, pins
 
 TIMEOUT_S = 600
+# Pinned and installed without its requirements (`make setup` installs the lock with --no-deps): tinker-cookbook 0.6.1
+# requires tml-renderers>=0.4.1, which the package index does not hold (the locks' header; only Inkling tokenizers
+# import it). Resolved as a whole, the lock would fail on that one requirement, so the dry run leaves the cookbook
+# out; tests/unit/test_ecosystem.py's `pip check` names the one line it leaves unmet.
+UNRESOLVABLE = {"tinker-cookbook"}
 
 
 def _paths(run_id: str) -> tuple[Path, Path, Path]:
@@ -35,8 +40,11 @@ def start_in_background(run_id: str) -> None:
         os.close(os.open(log, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return
+    resolvable = log.with_suffix(".txt")
+    lines = GPU.read_text().splitlines()
+    resolvable.write_text("\n".join(li for li in lines if li.split("==")[0].strip().lower() not in UNRESOLVABLE))
     pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
-    pip += ["--use-feature=fast-deps", "--report", str(report), "-r", str(GPU)]
+    pip += ["--use-feature=fast-deps", "--report", str(report), "-r", str(resolvable)]
     script = f'timeout {TIMEOUT_S} "$@" >{log} 2>&1; echo $? >{rc}.part && mv {rc}.part {rc}'
     subprocess.Popen(["bash", "-c", script, "dry-run", *pip], start_new_session=True, stdin=subprocess.DEVNULL)
 
@@ -57,8 +65,9 @@ def test_pip_resolves_the_gpu_lock_as_a_whole(request):
         i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
         for i in json.loads(report.read_text())["install"]
     }
-    assert installed == {name: version for name, version in pins(GPU).items()}  # nothing added, nothing moved
-    for path in (report, rc, log):
+    expected = {name: version for name, version in pins(GPU).items() if name not in UNRESOLVABLE}
+    assert installed == expected  # nothing added, nothing moved
+    for path in (report, rc, log, log.with_suffix(".txt")):
         path.unlink()
 
 
