@@ -53,11 +53,60 @@ def listener():
     server.close()
 
 
-def leftover_processes() -> list[str]:
+# The sandbox runs this process started in the current test: launcher pid -> its marker. Another pytest worker's
+# sandbox runs (this module's other tests, the code-reward tests) are alive at the same time and are not this test's
+# leftovers: as root, a run's program has uid SANDBOX_UID_BASE + its launcher's pid (relayrl/rewards/sandbox.py).
+OWN_LAUNCHERS: dict[int, str] = {}
+
+
+@pytest.fixture(autouse=True)
+def own_launches(monkeypatch):
+    """Record every sandbox launcher this test starts (a wrapper around the Popen the sandbox calls)."""
+    real = subprocess.Popen
+
+    def launch(args, *rest, **kwargs):
+        process = real(args, *rest, **kwargs)
+        if isinstance(args, list) and str(sandbox.LAUNCHER) in map(str, args):
+            OWN_LAUNCHERS[process.pid] = str(args[-1])
+        return process
+
+    OWN_LAUNCHERS.clear()
+    monkeypatch.setattr(sandbox.subprocess, "Popen", launch)
+    yield
+    OWN_LAUNCHERS.clear()
+
+
+def leftover_processes(launchers: dict[int, str] | None = None) -> list[str]:
+    """The live processes of the sandbox runs of `launchers` (default: this test's own): a program's (its uid) or a
+    launcher's (its marker). Without root (rlimits) a program runs under this user's uid, so any process carrying
+    the sandbox's marker counts."""
+    launchers = OWN_LAUNCHERS if launchers is None else launchers
     rows = subprocess.run(["ps", "-eo", "pid=,uid=,args="], capture_output=True, text=True).stdout.splitlines()
-    return [
-        row for row in rows if (MARKER_PREFIX in row and "ps -eo" not in row) or int(row.split()[1]) >= SANDBOX_UID_BASE
-    ]
+
+    def ours(row: str) -> bool:
+        uid = int(row.split()[1])
+        if uid >= SANDBOX_UID_BASE:
+            return uid - SANDBOX_UID_BASE in launchers
+        if MARKER_PREFIX not in row or "ps -eo" in row:
+            return False
+        return os.geteuid() != 0 or any(marker in row for marker in launchers.values())
+
+    return [row for row in rows if ours(row)]
+
+
+def launchers_of(caller: int) -> dict[int, str]:
+    """The sandbox launchers that process `caller` started (its children running relayrl's launcher)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text() if entry.name.isdigit() else ""
+            args = (entry / "cmdline").read_bytes().split(b"\0") if status else []
+        except OSError:
+            continue
+        parent = next((line.split()[1] for line in status.splitlines() if line.startswith("PPid:")), None)
+        if parent == str(caller) and any(str(sandbox.LAUNCHER).encode() == a for a in args):
+            found[int(entry.name)] = args[-2].decode() if len(args) > 1 else ""
+    return found
 
 
 def hostile_files() -> list[Path]:
@@ -327,13 +376,15 @@ def test_a_killed_caller_takes_its_sandbox_with_it(tmp_path, isolation):
     )
     caller = subprocess.Popen([sys.executable, str(script)], cwd=Path(sandbox.__file__).parents[2])
     deadline = time.monotonic() + 30
-    while not leftover_processes() and time.monotonic() < deadline:
+    launchers: dict[int, str] = {}
+    while not (launchers and leftover_processes(launchers)) and time.monotonic() < deadline:
+        launchers = launchers_of(caller.pid) or launchers
         time.sleep(0.1)
-    assert leftover_processes(), "the sandbox did not start"
+    assert leftover_processes(launchers), "the sandbox did not start"
     caller.kill()
     caller.wait()
     time.sleep(0.3)
-    assert leftover_processes() == []
+    assert leftover_processes(launchers) == []
 
 
 @pytest.mark.parametrize(
