@@ -156,32 +156,15 @@ def test_a_route_no_teacher_answers_is_refused_at_data_load_before_any_role_star
 
 def test_a_route_no_teacher_answers_stops_the_step_before_the_learner_runs(random_model_dir):
     """A file read lazily is checked at the step: the drawn batch's unknown route stops it before any pass."""
-    import relayrl.controller as controller
-    from relayrl.build import loop_settings
-    from relayrl.config.root import Config
     from relayrl.sources.base import Batch
-    from tests.unit.test_time_sharing import Recorder
+    from tests.unit.test_time_sharing import Recorder, stand_in_trainer
 
     log: list[str] = []
     rollouts = _rollouts(["add", "mul"])
     schedule = Recorder(log, "schedule")
     schedule.batch = lambda step, timer: log.append("generate") or Batch(rollouts, [Score(1.0)] * len(rollouts))
-    trainer = controller.Trainer(
-        loop=loop_settings(Config()),
-        engines=Recorder(log, "engines"),  # pyright: ignore[reportArgumentType]
-        learner=Recorder(log, "learner"),  # pyright: ignore[reportArgumentType]
-        sync=Recorder(log, "sync"),  # pyright: ignore[reportArgumentType]
-        source=None,  # pyright: ignore[reportArgumentType]
-        sampler=None,  # pyright: ignore[reportArgumentType]
-        make_schedule=lambda: None,  # pyright: ignore[reportArgumentType]
-        advantages=lambda exp, rollouts: exp,
-        eval_prompts=[],
-        tokenizer=None,
-        run_dir=None,  # pyright: ignore[reportArgumentType]
-        data_metrics={},
-        pad_id=0,
-        teacher_routes=TeacherRoutes(("add", "sub"), "task"),
-    )
+    engines, learner = Recorder(log, "engines"), Recorder(log, "learner")
+    trainer = stand_in_trainer(log, engines, learner, teacher_routes=TeacherRoutes(("add", "sub"), "task"))
     trainer.schedule = schedule  # pyright: ignore[reportAttributeAccessIssue]
     with pytest.raises(DataError, match=r"sample p1#0: column 'task' holds 'mul'"):
         trainer.step(0)

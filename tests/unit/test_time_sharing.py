@@ -60,12 +60,9 @@ class Recorder:
         return {}
 
 
-def test_a_colocated_step_pushes_before_the_learner_offloads(monkeypatch):
-    log: list[str] = []
-    engines, learner = Recorder(log, "engines"), Recorder(log, "learner")
-    monkeypatch.setattr(controller, "make_experience", lambda rollouts, scores, pad: "exp")
-    monkeypatch.setattr(controller, "step_metrics", lambda *args: {})
-    trainer = controller.Trainer(
+def stand_in_trainer(log: list[str], engines: Recorder, learner: Recorder, **extra) -> controller.Trainer:
+    """The step's Trainer over recording stand-ins (every role call appends to `log`), with `extra` fields."""
+    return controller.Trainer(
         loop=loop_settings(Config()),
         engines=engines,  # pyright: ignore[reportArgumentType]
         learner=learner,  # pyright: ignore[reportArgumentType]
@@ -79,7 +76,17 @@ def test_a_colocated_step_pushes_before_the_learner_offloads(monkeypatch):
         run_dir=None,  # pyright: ignore[reportArgumentType]
         data_metrics={},
         pad_id=0,
-        time_sharing=TimeSharing(engines, learner, sleep_level=2, offload=True),
+        **extra,
+    )
+
+
+def test_a_colocated_step_pushes_before_the_learner_offloads(monkeypatch):
+    log: list[str] = []
+    engines, learner = Recorder(log, "engines"), Recorder(log, "learner")
+    monkeypatch.setattr(controller, "make_experience", lambda rollouts, scores, pad: "exp")
+    monkeypatch.setattr(controller, "step_metrics", lambda *args: {})
+    trainer = stand_in_trainer(
+        log, engines, learner, time_sharing=TimeSharing(engines, learner, sleep_level=2, offload=True)
     )
     trainer.schedule = Recorder(log, "schedule")  # pyright: ignore[reportAttributeAccessIssue]
     monkeypatch.setattr(trainer, "record", lambda *args: None)
