@@ -42,6 +42,23 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.xdist_group(name))
             elif any(d.scope == "module" for d in fixturedefs):
                 item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    if config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") == "loadgroup":
+        put_groups_in_node_ids(items)
+
+
+def put_groups_in_node_ids(items):
+    """Put each item's group in its node id, which is what xdist's `loadgroup` schedules by. xdist 3.8 sets
+    `item._nodeid`, which pytest 9.2 no longer reads (`nodeid` comes from `item._id`): without this no group is
+    in effect and a group's tests land on both workers."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in item.iter_markers("xdist_group")}
+        )
+        suffix = "@" + "_".join(names)
+        if names and not item.nodeid.endswith(suffix):  # xdist's own hook, after this one, adds nothing then
+            item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.fixture(scope="session")
