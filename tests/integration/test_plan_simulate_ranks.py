@@ -21,9 +21,8 @@ UNTIED_PASSES = pytest.mark.xfail(
     reason="an untied head's root (examples/grpo_7b) cut to 2 layers: the no-grad passes hold one more [V, h] fp32 "
     "tensor (~2.2 GB) than weight_copies bills, unexplained; at the full 28 layers they agree (docs/gpus.md)",
 )
-CASES = [(s, w) for s in ("0.5B", "1.5B") for w in (2, 8)] + [
-    pytest.param("7B", w, marks=UNTIED_PASSES) for w in (2, 8)
-]
+# The 7B shape at W=2 only: its gap showed at W=8 too (a strict xfail there until stop 53), 37 s more to see twice.
+CASES = [(s, w) for s in ("0.5B", "1.5B") for w in (2, 8)] + [pytest.param("7B", 2, marks=UNTIED_PASSES)]
 
 
 @pytest.mark.parametrize(("shape", "ranks"), CASES)
