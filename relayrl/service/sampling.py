@@ -1,5 +1,5 @@
-"""Sampling for the SDK's `SamplingClient`: one relayrl HF engine per base model (relayrl/rollout/hf_engine.py),
-whose weights are swapped for the sampler a request names, through the engine's own push
+"""Sampling for the SDK's `SamplingClient`: one relayrl rollout engine per base model, vLLM or HF generate as the
+service's `rollout` section says (relayrl/service/settings.py), whose weights are swapped for the sampler a request names, through the engine's own push
 (`load_weights(named_tensors, version)`, the one relayrl's learners use), and only when they differ from what the
 engine holds.
 
@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from relayrl.service.errors import UserError
+from relayrl.service.settings import ServiceSettings
 from relayrl.service.wire import Sequence
+
+if TYPE_CHECKING:
+    from relayrl.rollout.protocols import Engine
 
 
 @dataclass
@@ -31,45 +36,76 @@ class Sampler:
     weights_key: str | None  # the sampler path whose weights it serves; None: the base model
 
 
+@dataclass
+class Served:
+    """A base model's engine with what sampling checks requests against (read from the base's directory, so
+    either engine serves them alike): its tokenizer (stop strings), vocabulary and context length."""
+
+    engine: Engine  # HFEngine or VLLMEngine
+    tokenizer: object
+    vocab: int
+    context: int | None
+
+
 class Engines:
-    def __init__(self, bases: dict[str, str]):
+    """One engine per base model, built as a run builds its engine (`engine_from_settings`, from the service's
+    `rollout` section) on the first request that samples from that base."""
+
+    def __init__(self, bases: dict[str, str], settings: ServiceSettings):
         self.bases = bases  # name -> local directory
-        self.engines: dict[str, object] = {}
+        self.settings = settings
+        self.served: dict[str, Served] = {}
         self.loaded: dict[str, str | None] = {}  # base name -> the weights key its engine holds
-        self.base_weights: dict[str, dict[str, torch.Tensor]] = {}
+        self.base_weights: dict[str, dict[str, torch.Tensor]] = {}  # read when a base's own weights go back in
         self.versions = 0
 
-    def engine(self, base_name: str):
-        if base_name not in self.engines:
-            from relayrl.rollout.hf_engine import HFEngine
+    def start(self, base_name: str) -> Served:
+        if base_name not in self.served:
+            from transformers import AutoConfig
 
-            engine = HFEngine(self.bases[base_name])
-            self.engines[base_name] = engine
-            self.loaded[base_name] = None
-            self.base_weights[base_name] = {n: p.detach().clone() for n, p in engine.params.items()}
-        return self.engines[base_name]
+            from relayrl.models.loading import context_length, load_tokenizer
+            from relayrl.rollout.build import engine_from_settings
 
-    def serving(self, sampler: Sampler, snapshots: dict[str, dict[str, torch.Tensor]]):
-        """The base's engine, holding `sampler`'s weights."""
-        engine = self.engine(sampler.base_name)
-        if self.loaded[sampler.base_name] != sampler.weights_key:
-            weights = (
-                self.base_weights[sampler.base_name] if sampler.weights_key is None else snapshots[sampler.weights_key]
+            path = self.bases[base_name]
+            context = context_length(path)
+            engine = engine_from_settings(self.settings.engine_settings(path), context or 4096)
+            vocab = AutoConfig.from_pretrained(path).get_text_config().vocab_size
+            self.served[base_name] = Served(
+                engine, load_tokenizer(path, key=f"base_model={base_name!r}"), vocab, context
             )
+            self.loaded[base_name] = None
+        return self.served[base_name]
+
+    def serving(self, sampler: Sampler, snapshots: dict[str, dict[str, torch.Tensor]]) -> Served:
+        """The base's engine, holding `sampler`'s weights (pushed only when they differ from what it holds)."""
+        served = self.start(sampler.base_name)
+        if self.loaded[sampler.base_name] != sampler.weights_key:
+            if sampler.weights_key is None:
+                weights = self.base_weights_of(sampler.base_name)
+            else:
+                weights = snapshots[sampler.weights_key]
             self.versions += 1
-            engine.load_weights(weights.items(), self.versions)  # pyright: ignore[reportAttributeAccessIssue]
+            served.engine.load_weights(weights.items(), self.versions)
             self.loaded[sampler.base_name] = sampler.weights_key
-        return engine
+        return served
+
+    def base_weights_of(self, base_name: str) -> dict[str, torch.Tensor]:
+        if base_name not in self.base_weights:
+            from relayrl.models.loading import load_causal_lm
+
+            model = load_causal_lm(self.bases[base_name], key=f"base_model={base_name!r}")
+            self.base_weights[base_name] = {name: p.detach() for name, p in model.named_parameters()}
+        return self.base_weights[base_name]
 
 
-def sample(engine, request) -> tuple[list[Sequence], list[float] | None]:
+def sample(served: Served, request) -> tuple[list[Sequence], list[float] | None]:
     """(sequences, prompt log-probs or None) for an SDK `SampleRequest`."""
     from relayrl.types import Prompt, Sampling
 
-    tokens = prompt_tokens(engine, request.prompt)
+    engine, context = served.engine, served.context
+    tokens = prompt_tokens(request.prompt, served.vocab)
     params = request.sampling_params
     stop_strings, stop_ids = split_stop(params.stop)
-    context = getattr(engine.model.config, "max_position_embeddings", None)
     max_tokens = params.max_tokens if params.max_tokens is not None else 16
     if context is not None and len(tokens) + max_tokens > context:
         raise UserError(
@@ -90,14 +126,14 @@ def sample(engine, request) -> tuple[list[Sequence], list[float] | None]:
         max_tokens=max_tokens,
         seed=params.seed,
     )
-    rollouts = engine.generate([Prompt(id="sample", text="", token_ids=tokens)], sampling, engine.version)
+    prompt = Prompt(id="sample", text="", token_ids=tokens)
+    rollouts = engine.generate([prompt], sampling, engine.version)
     sequences = [_sequence(r.response_ids, r.behaviour_logprobs, r.finish_reason, stop_ids) for r in rollouts]
-    return [_cut_at_strings(seq, stop_strings, engine.tokenizer) for seq in sequences], prompt_logprobs
+    return [_cut_at_strings(seq, stop_strings, served.tokenizer) for seq in sequences], prompt_logprobs
 
 
-def prompt_tokens(engine, prompt) -> list[int]:
+def prompt_tokens(prompt, vocab: int) -> list[int]:
     tokens = prompt.to_ints()
-    vocab = engine.model.get_input_embeddings().weight.shape[0]
     if not tokens:
         raise UserError("prompt: no tokens")
     bad = [t for t in tokens if not 0 <= t < vocab]

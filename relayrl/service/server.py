@@ -12,8 +12,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from relayrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relayrl.service.settings import ServiceSettings
 
 
 def parse_models(items: list[str]) -> dict[str, str]:
@@ -24,7 +28,9 @@ def parse_models(items: list[str]) -> dict[str, str]:
             raise ConfigError(f"--model {item}: {path} is not a local HF model directory (no config.json)")
         bases[name] = path
     if not bases:
-        raise ConfigError("--model: name at least one local HF model directory (NAME=PATH or PATH)")
+        raise ConfigError(
+            "--model: name at least one local HF model directory (NAME=PATH or PATH), or model.path in the config"
+        )
     return bases
 
 
@@ -47,17 +53,24 @@ class Running:
 
 
 def start(
-    bases: dict[str, str], state_dir: str | Path, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None
+    bases: dict[str, str],
+    state_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    settings: ServiceSettings | None = None,
 ) -> Running:
+    """The service on a thread; `settings`: what it reads of relayrl's config (None: the defaults)."""
     import uvicorn
 
     from relayrl.service.app import build_app
+    from relayrl.service.settings import service_settings
     from relayrl.service.state import Service
 
     api_key = api_key or new_api_key()
     if not api_key.startswith("tml-"):
         raise ConfigError(f"--api-key: the SDK accepts keys starting with 'tml-' (got {api_key[:8]!r}...)")
-    service = Service(bases, state_dir)
+    service = Service(bases, state_dir, settings or service_settings())
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -20,6 +20,7 @@ import torch
 from relayrl.service import sampling, wire
 from relayrl.service.errors import UserError
 from relayrl.service.futures import Futures
+from relayrl.service.settings import ServiceSettings
 from relayrl.service.training import TrainedModel, lora_settings, read_meta
 
 log = logging.getLogger("relayrl.service")
@@ -30,7 +31,7 @@ KEEP_EPHEMERAL = 4  # unnamed sampler weights kept per model (an RL loop saves o
 
 
 class Service:
-    def __init__(self, bases: dict[str, str], state_dir: str | Path):
+    def __init__(self, bases: dict[str, str], state_dir: str | Path, settings: ServiceSettings):
         self.bases = bases  # base model name -> local HF directory
         self.state_dir = Path(state_dir)
         self.futures = Futures()
@@ -41,7 +42,7 @@ class Service:
         self.snapshots: dict[str, dict[str, torch.Tensor]] = {}  # sampler path -> merged weights
         self.snapshot_base: dict[str, str] = {}
         self.samplers: dict[str, sampling.Sampler] = {}
-        self.engines = sampling.Engines(bases)
+        self.engines = sampling.Engines(bases, settings)
         self.instance = secrets.token_hex(
             4
         )  # session ids (hence model ids and checkpoint paths) differ across restarts
@@ -219,8 +220,8 @@ class Service:
                     f"the newest {KEEP_EPHEMERAL} unnamed sampler weights per model; save_weights_for_sampler(name) "
                     "keeps them)"
                 )
-            engine = self.engines.serving(sampler, self.snapshots)
-            sequences, prompt_logprobs = sampling.sample(engine, request)
+            served = self.engines.serving(sampler, self.snapshots)
+            sequences, prompt_logprobs = sampling.sample(served, request)
             return wire.sample_response(sequences, prompt_logprobs)
 
         request_id = self.submit(request.sampling_session_id, run)
