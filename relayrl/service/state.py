@@ -20,6 +20,7 @@ import torch
 from relayrl.service import sampling, wire
 from relayrl.service.errors import UserError
 from relayrl.service.futures import Futures
+from relayrl.service.run_log import RunLog, forward_backward_figures, timed
 from relayrl.service.settings import ServiceSettings
 from relayrl.service.training import TrainedModel, lora_settings, read_meta
 
@@ -43,6 +44,7 @@ class Service:
         self.snapshot_base: dict[str, str] = {}
         self.samplers: dict[str, sampling.Sampler] = {}
         self.engines = sampling.Engines(bases, settings)
+        self.run_log = RunLog(settings.run_dir, settings.config_yaml)
         self.instance = secrets.token_hex(
             4
         )  # session ids (hence model ids and checkpoint paths) differ across restarts
@@ -148,11 +150,13 @@ class Service:
     def forward_backward(self, call: wire.ForwardBackwardCall) -> str:
         model = self.model(call.model_id)
 
-        def run() -> bytes:
+        def run(figures: dict) -> bytes:
             outputs, metrics = model.forward_backward(call)
+            figures |= forward_backward_figures(call, outputs, metrics)
             return wire.forward_backward_output(outputs, metrics)
 
-        return self.submit(call.model_id, run)
+        route = "forward" if call.forward_only else "forward_backward"
+        return self.submit(call.model_id, timed(self.run_log, route, call.model_id, run))
 
     def optim_step(self, request) -> str:
         model = self.model(request.model_id)
@@ -160,7 +164,13 @@ class Service:
 
         if not isinstance(request.optim_params, types.AdamParams):  # the SDK's union leaves room for others
             raise UserError(f"optim_params: {type(request.optim_params).__name__} is not served here, only AdamParams")
-        return self.submit(request.model_id, lambda: {"metrics": model.optim_step(request.optim_params)})
+
+        def step(figures: dict) -> dict:
+            metrics = model.optim_step(request.optim_params)
+            figures |= metrics
+            return {"metrics": metrics}
+
+        return self.submit(request.model_id, timed(self.run_log, "optim_step", request.model_id, step))
 
     # sampler weights and sampling sessions -------------------------------------------------------------------
     def save_weights_for_sampler(self, request) -> str:
@@ -213,7 +223,7 @@ class Service:
     def sample(self, request) -> tuple[str, list[str]]:
         sampler = self.sampler(request.sampling_session_id)
 
-        def run() -> bytes:
+        def run(figures: dict) -> bytes:
             if sampler.weights_key is not None and sampler.weights_key not in self.snapshots:
                 raise UserError(
                     f"sampling_session_id={request.sampling_session_id!r}: its weights were dropped (the service keeps "
@@ -222,9 +232,12 @@ class Service:
                 )
             served = self.engines.serving(sampler, self.snapshots)
             sequences, prompt_logprobs = sampling.sample(served, request)
+            figures["prompt_tokens"] = float(len(request.prompt.to_ints()))
+            figures["tokens"] = float(sum(len(seq.tokens) for seq in sequences))
             return wire.sample_response(sequences, prompt_logprobs)
 
-        request_id = self.submit(request.sampling_session_id, run)
+        owner = request.sampling_session_id or ""
+        request_id = self.submit(request.sampling_session_id, timed(self.run_log, "sample", owner, run))
         n = 0 if request.sampling_params.max_tokens == 0 else request.num_samples
         return request_id, [f"{request_id}:{i}" for i in range(n)]
 

@@ -8,6 +8,7 @@ trainer's `forward` on the sequence (and differ from the base's), and the run di
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -50,6 +51,10 @@ def test_serve_takes_the_config_samples_the_trained_weights_on_vllm_and_reports(
     sampled, forward = trained
     np.testing.assert_allclose(sampled, forward, atol=2e-3)  # vLLM serves exactly the trained weights
     assert np.abs(base - forward).max() > 0.05  # and they are not the base's: the push landed
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    sampled_tokens = [row["sample/tokens"] for row in rows if "sample/tokens" in row]  # sample, compute_logprobs
+    assert len(sampled_tokens) == 2 and sampled_tokens[0] == len(sampled)
+    assert sum("forward_backward/loss_sum" in row for row in rows) == 3
 
 
 def sample_after_sft(url: str, api_key: str) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:

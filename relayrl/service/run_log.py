@@ -1,0 +1,110 @@
+"""The service's run directory (`log.dir` when its config sets it), in the files `relayrl report` reads, so a user
+watches a service as they watch a training run: one `metrics.jsonl` row per request that did model work, one
+`timeline.jsonl` row for when it ran, and `config.yaml` (the config as loaded).
+
+A row's `step` counts the requests the service ran. Its figures are named by route, so two routes never mix in
+one plot: `forward_backward/{tokens,loss_sum,time}` (`forward/...` for a forward-only call), `optim_step/{grad_norm,time}`,
+`sample/{prompt_tokens,tokens,time}` (`compute_logprobs` too), and `time/step`, the request's own time, again
+as the training phase it stands for (`time/generate` for a sample, `time/logprobs` for a forward, `time/update`
+for a forward_backward or an optim_step), which the report's phase plot draws. A `forward_backward` whose data
+carry the sampler's `logprobs` (importance_sampling, ppo, cispo, ...) adds relayrl's train-inference mismatch:
+`mismatch/logprob_abs_{mean,max}` between them and the trainer's log-probs, over the tokens with a sampled log-prob
+(non-zero; the cookbook sends 0 for prompt tokens), which the report plots and the log warns about past
+MISMATCH_WARN. A timeline row's role is the model (or sampler) id, its phase the route.
+
+Leaves out: samples.jsonl (the SDK sends no rewards), eval.json, and the trackers of `log.backends`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("relayrl.service")
+MISMATCH_WARN = 0.1  # a mean |trainer - sampler| log-prob gap past this is logged: the sampler served other weights
+# the training loop's phase each route's time adds to (`time/<phase>`), so the report's phase plot reads a service
+PHASE_OF_ROUTE = {"sample": "generate", "forward": "logprobs", "forward_backward": "update", "optim_step": "update"}
+
+
+class RunLog:
+    def __init__(self, run_dir: Path | None, config_yaml: str | None = None):
+        self.run_dir = run_dir
+        self.steps = 0
+        self.lock = threading.Lock()
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if config_yaml is not None:
+                (run_dir / "config.yaml").write_text(config_yaml)
+
+    @contextmanager
+    def request(self, route: str, owner: str):
+        """Time the request's work; the caller fills the yielded dict with its figures (route-relative names)."""
+        figures: dict[str, float] = {}
+        start = time.time()
+        yield figures
+        end = time.time()
+        self.record(route, owner, start, end, figures)
+
+    def record(self, route: str, owner: str, start: float, end: float, figures: dict[str, float]) -> None:
+        if self.run_dir is None:
+            return
+        with self.lock:
+            self.steps += 1
+            seconds = end - start
+            row = {"step": self.steps, "time/step": seconds, f"time/{PHASE_OF_ROUTE[route]}": seconds}
+            row[f"{route}/time"] = seconds
+            row |= {key if "/" in key else f"{route}/{key}": _finite(value) for key, value in figures.items()}
+            timeline = {"step": self.steps, "role": owner, "phase": route, "start": start, "end": end}
+            _append(self.run_dir / "metrics.jsonl", row)
+            _append(self.run_dir / "timeline.jsonl", timeline)
+
+
+def forward_backward_figures(call, outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> dict:
+    """tokens, loss_sum and, when the data carry the sampler's log-probs, the mismatch against the trainer's."""
+    figures = {"tokens": float(sum(len(ex.tokens) for ex in call.examples)), "loss_sum": metrics["loss:sum"]}
+    gaps = [
+        np.abs(out["logprobs"] - ex.inputs["logprobs"])[ex.inputs["logprobs"] != 0]
+        for ex, out in zip(call.examples, outputs)
+        if "logprobs" in ex.inputs
+    ]
+    gaps = np.concatenate(gaps) if gaps else np.zeros(0)
+    if gaps.size:
+        figures["mismatch/logprob_abs_mean"] = float(gaps.mean())
+        figures["mismatch/logprob_abs_max"] = float(gaps.max())
+        if gaps.mean() > MISMATCH_WARN:
+            log.warning(
+                "%s: sampler vs trainer log-prob gap %.3f (mean over %d tokens) past %.2f: the samples came from "
+                "other weights than the trainer holds",
+                call.model_id,
+                gaps.mean(),
+                gaps.size,
+                MISMATCH_WARN,
+            )
+    return figures
+
+
+def timed(run_log: RunLog, route: str, owner: str, work: Callable[[dict], object]) -> Callable[[], object]:
+    """`work(figures)` as a queued request whose time and figures `run_log` records."""
+
+    def run():
+        with run_log.request(route, owner) as figures:
+            return work(figures)
+
+    return run
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _append(path: Path, row: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
