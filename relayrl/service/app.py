@@ -1,7 +1,8 @@
 """The HTTP routes the `tinker` SDK (0.38) calls, as its own resources send them (`tinker/resources/*.py`):
 JSON bodies validated with the SDK's request types, `forward_backward` as a proto (relayrl/service/wire.py), the
 `X-API-Key` header checked against the service's key. A route that queues work answers an `UntypedAPIFuture`
-(`request_id`); `/api/v1/retrieve_future` answers its result.
+(`request_id`); `/api/v1/retrieve_future` answers its result, `/api/v1/retrieve_futures` which samples of a sampling
+session are done (relayrl/service/futures.py).
 
 Errors: bad input on a synchronous route answers 400 or 404 with `x-should-retry: false` (the SDK raises
 `BadRequestError` / `NotFoundError` with the message); a route not served here answers 404 naming it; a wrong key
@@ -73,7 +74,7 @@ def session_routes(app: FastAPI, service: Service) -> None:
 
     @app.post("/api/v1/client/config")
     async def client_config():
-        return {"proto_compress_fwdbwd": False, "use_pyqwest_transport": False}
+        return {"proto_compress_fwdbwd": False, "use_pyqwest_transport": False, "sample_use_retrieve_futures": True}
 
     @app.post("/api/v1/client/dynamic_config")
     async def dynamic_config():
@@ -105,6 +106,12 @@ def session_routes(app: FastAPI, service: Service) -> None:
         if isinstance(result, bytes):
             return Response(result, media_type="application/x-protobuf")
         return result
+
+    @app.post("/api/v1/retrieve_futures")
+    async def retrieve_futures(request: Request):
+        body = await read(request, types.FuturesRetrieveRequest)
+        target = (body.target.sampling_session_id, body.target.cloned_sampler_id)
+        return await service.completions.retrieve(target, body.prev_cursor, body.timeout)
 
 
 def training_routes(app: FastAPI, service: Service) -> None:

@@ -9,6 +9,12 @@ answers `{"error", "category"}`: `user` for a `UserError` (the SDK raises `Reque
 oldest are dropped past `keep`. Each request records the session that sent it, so a session that ends (finished or expired) has its
 queued requests cancelled (`cancel_owned`; they answer a `user` error saying so). The SDK has no cancel route of
 its own.
+
+`Completions` is the SDK's batch poller (`/api/v1/retrieve_futures`, on since `client/config` answers
+`sample_use_retrieve_futures`): one poll per sampling session (and clone of it) instead of one `retrieve_future`
+per sample. Each sample's request, once done, is an event numbered by a cursor; a poll answers the events after
+its `prev_cursor` (those at or before it are trimmed), waiting up to WAIT_S for one, and the SDK then fetches each
+finished result through `retrieve_future`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
+import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
@@ -67,8 +75,41 @@ class Futures:
         except TimeoutError:
             return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
 
+    def when_done(self, request_id: str, fn: Callable[[Future], None]) -> None:
+        self.results[request_id].add_done_callback(fn)
+
     def close(self) -> None:
         self.worker.shutdown(wait=True, cancel_futures=True)
+
+
+class Completions:
+    def __init__(self):
+        self.events: dict[tuple[str, int], list[tuple[int, dict]]] = {}  # (session, clone) -> (cursor, completion)
+        self.cursors = itertools.count(1)
+        self.lock = threading.Lock()
+
+    def watch(self, futures: Futures, target: tuple[str, int], request_id: str) -> None:
+        """Queue `request_id`'s completion for `target`'s poller once it is done (finished, failed or cancelled)."""
+        futures.when_done(request_id, lambda done: self.add(target, request_id, done))
+
+    def add(self, target: tuple[str, int], request_id: str, done: Future) -> None:
+        failed = done.cancelled() or (isinstance(done.result(), dict) and "error" in done.result())
+        completion = {"state": "failed" if failed else "finished", "request_id": request_id}
+        with self.lock:
+            self.events.setdefault(target, []).append((next(self.cursors), completion))
+
+    async def retrieve(self, target: tuple[str, int], prev_cursor: int, timeout: float | None) -> dict:
+        """The completions after `prev_cursor` (those up to it trimmed), waiting up to WAIT_S for one unless
+        `timeout` is 0 (the SDK's acknowledgement-only poll)."""
+        deadline = time.monotonic() + (WAIT_S if timeout is None else min(timeout, WAIT_S))
+        while True:
+            with self.lock:
+                events = self.events[target] = [e for e in self.events.get(target, []) if e[0] > prev_cursor]
+            if events or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.01)
+        cursor = events[-1][0] if events else prev_cursor
+        return {"completions": [completion for _, completion in events], "cursor": cursor}
 
 
 def _answer(fn: Callable[[], dict | bytes]) -> dict | bytes:

@@ -18,6 +18,7 @@ from relayrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from relayrl.service.settings import ServiceSettings
+    from relayrl.service.state import Service
 
 
 def parse_models(items: list[str]) -> dict[str, str]:
@@ -44,12 +45,12 @@ class Running:
     api_key: str
     server: object
     thread: threading.Thread
-    service: object
+    service: Service
 
     def stop(self) -> None:
         self.server.should_exit = True  # pyright: ignore[reportAttributeAccessIssue]
         self.thread.join(timeout=30)
-        self.service.futures.close()  # pyright: ignore[reportAttributeAccessIssue]
+        self.service.futures.close()
 
 
 def start(

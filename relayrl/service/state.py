@@ -19,7 +19,7 @@ import torch
 
 from relayrl.service import sampling, wire
 from relayrl.service.errors import UserError
-from relayrl.service.futures import Futures
+from relayrl.service.futures import Completions, Futures
 from relayrl.service.run_log import RunLog, forward_backward_figures, timed
 from relayrl.service.settings import ServiceSettings
 from relayrl.service.training import TrainedModel, lora_settings, read_meta
@@ -36,6 +36,7 @@ class Service:
         self.bases = bases  # base model name -> local HF directory
         self.state_dir = Path(state_dir)
         self.futures = Futures()
+        self.completions = Completions()  # the samples' retrieve_futures queues
         self.sessions: dict[str, float] = {}  # session id -> last heartbeat (time.time())
         self.session_numbers = itertools.count(1)
         self.expired: dict[str, str] = {}  # ended sessions (why): they answer 410
@@ -238,6 +239,10 @@ class Service:
 
         owner = request.sampling_session_id or ""
         request_id = self.submit(request.sampling_session_id, timed(self.run_log, "sample", owner, run))
+        clone = (
+            request.seq_id or 0
+        ) // 1_000_000_000  # the SDK numbers a cloned SamplingClient's requests from clone * 1e9
+        self.completions.watch(self.futures, (owner, clone), request_id)
         n = 0 if request.sampling_params.max_tokens == 0 else request.num_samples
         return request_id, [f"{request_id}:{i}" for i in range(n)]
 

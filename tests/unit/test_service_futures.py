@@ -1,0 +1,63 @@
+"""The SDK's batch poller (`/api/v1/retrieve_futures`, relayrl/service/futures.py `Completions`): the service turns
+it on, the unchanged SDK waits on it for each sample, and a poll answers the sampling session's finished, failed
+and cancelled requests after its cursor, trimming those before it."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+
+import tinker
+from tinker import types
+
+
+def done(result=None, cancelled: bool = False) -> Future:
+    future: Future = Future()
+    if cancelled:
+        future.cancel()
+    else:
+        future.set_result(result)
+    return future
+
+
+def test_a_poll_answers_the_targets_completions_after_its_cursor():
+    from relayrl.service.futures import Completions
+
+    completions = Completions()
+    mine, other = ("s-1:sample:0", 0), ("s-1:sample:1", 0)
+    completions.add(mine, "req-1", done(b"proto"))
+    completions.add(other, "req-2", done(b"proto"))
+    completions.add(mine, "req-3", done({"error": "prompt: no tokens", "category": "user"}))
+    completions.add(mine, "req-4", done(cancelled=True))
+    first = asyncio.run(completions.retrieve(mine, 0, timeout=0))
+    assert [(c["request_id"], c["state"]) for c in first["completions"]] == [
+        ("req-1", "finished"),
+        ("req-3", "failed"),
+        ("req-4", "failed"),
+    ]
+    assert first["cursor"] == 4
+    assert asyncio.run(completions.retrieve(mine, first["cursor"], timeout=0)) == {"completions": [], "cursor": 4}
+    assert [c["request_id"] for c in asyncio.run(completions.retrieve(other, 0, timeout=0))["completions"]] == ["req-2"]
+
+
+def test_the_sdk_waits_on_the_sessions_poller_for_its_samples(random_model_dir, tmp_path):
+    from relayrl.service import server
+
+    running = server.start({"tiny": str(random_model_dir)}, tmp_path)
+    polled = []
+    retrieve = running.service.completions.retrieve
+
+    async def spy(target, prev_cursor, timeout):
+        polled.append(target)
+        return await retrieve(target, prev_cursor, timeout)
+
+    running.service.completions.retrieve = spy
+    try:
+        client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+        sampler = client.create_sampling_client(base_model="tiny").result()
+        params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=0)
+        out = sampler.sample(types.ModelInput.from_ints([5, 6]), 2, params).result()
+        assert len(out.sequences) == 2
+        assert polled and set(polled) == {(sampler._sampling_session_id, 0)}  # one poller for the session
+    finally:
+        running.stop()
