@@ -98,6 +98,12 @@ class Completions:
         with self.lock:
             self.events.setdefault(target, []).append((next(self.cursors), completion))
 
+    def drop_session(self, prefix: str) -> None:
+        """Forget the queues of an ended session's samplers (ids starting with `prefix`)."""
+        with self.lock:
+            for target in [target for target in self.events if target[0].startswith(prefix)]:
+                del self.events[target]
+
     async def retrieve(self, target: tuple[str, int], prev_cursor: int, timeout: float | None) -> dict:
         """The completions after `prev_cursor` (those up to it trimmed), waiting up to WAIT_S for one unless
         `timeout` is 0 (the SDK's acknowledgement-only poll)."""

@@ -94,6 +94,7 @@ class Service:
         for table in (self.models, self.samplers):
             for key in [key for key in table if key.startswith(prefix)]:
                 del table[key]
+        self.completions.drop_session(prefix)
         unnamed = f"{PREFIX}{prefix}"
         for key in [key for key in self.snapshots if key.startswith(unnamed) and "/ephemeral-" in key]:
             del self.snapshots[key]

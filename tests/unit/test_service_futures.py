@@ -38,6 +38,9 @@ def test_a_poll_answers_the_targets_completions_after_its_cursor():
     assert first["cursor"] == 4
     assert asyncio.run(completions.retrieve(mine, first["cursor"], timeout=0)) == {"completions": [], "cursor": 4}
     assert [c["request_id"] for c in asyncio.run(completions.retrieve(other, 0, timeout=0))["completions"]] == ["req-2"]
+    completions.add(other, "req-5", done(b"proto"))
+    completions.drop_session("s-1:")  # the session ended: its samplers' queues go
+    assert completions.events == {}
 
 
 def test_the_sdk_waits_on_the_sessions_poller_for_its_samples(random_model_dir, tmp_path):
