@@ -12,14 +12,14 @@ carry the sampler's `logprobs` (importance_sampling, ppo, cispo, ...) adds relay
 (non-zero; the cookbook sends 0 for prompt tokens), which the report plots and the log warns about past
 MISMATCH_WARN. A timeline row's role is the model (or sampler) id, its phase the route.
 
-Leaves out: samples.jsonl (the SDK sends no rewards), eval.json, and the trackers of `log.backends`.
+The rows go through relayrl's trackers (relayrl/metrics/trackers.py): metrics.jsonl always, and `log.backends`
+(TensorBoard, MLflow, W&B offline) under the run directory as for a training run.
+Leaves out: samples.jsonl (the SDK sends no rewards), eval.json, the progress bar.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -35,14 +35,21 @@ PHASE_OF_ROUTE = {"sample": "generate", "forward": "logprobs", "forward_backward
 
 
 class RunLog:
-    def __init__(self, run_dir: Path | None, config_yaml: str | None = None):
+    def __init__(self, run_dir: Path | None, config_yaml: str = "", backends: tuple[str, ...] = (), params=None):
+        """`backends`: `log.backends` (tensorboard, mlflow, wandb), given `params`, the config as a dict."""
+        from relayrl.metrics.timeline import Timeline
+        from relayrl.metrics.trackers import BACKENDS, JsonlTracker, Trackers
+
         self.run_dir = run_dir
         self.steps = 0
         self.lock = threading.Lock()
+        self.trackers = self.timeline = None
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
-            if config_yaml is not None:
-                (run_dir / "config.yaml").write_text(config_yaml)
+            (run_dir / "config.yaml").write_text(config_yaml)
+            backend_trackers = [BACKENDS[name](run_dir, params or {}) for name in backends]
+            self.trackers = Trackers([JsonlTracker(run_dir), *backend_trackers])
+            self.timeline = Timeline(run_dir / "timeline.jsonl")
 
     @contextmanager
     def request(self, route: str, owner: str):
@@ -54,17 +61,20 @@ class RunLog:
         self.record(route, owner, start, end, figures)
 
     def record(self, route: str, owner: str, start: float, end: float, figures: dict[str, float]) -> None:
-        if self.run_dir is None:
+        if self.trackers is None or self.timeline is None:
             return
+        seconds = end - start
+        row = {"time/step": seconds, f"time/{PHASE_OF_ROUTE[route]}": seconds, f"{route}/time": seconds}
+        row |= {key if "/" in key else f"{route}/{key}": value for key, value in figures.items()}
         with self.lock:
             self.steps += 1
-            seconds = end - start
-            row = {"step": self.steps, "time/step": seconds, f"time/{PHASE_OF_ROUTE[route]}": seconds}
-            row[f"{route}/time"] = seconds
-            row |= {key if "/" in key else f"{route}/{key}": _finite(value) for key, value in figures.items()}
-            timeline = {"step": self.steps, "role": owner, "phase": route, "start": start, "end": end}
-            _append(self.run_dir / "metrics.jsonl", row)
-            _append(self.run_dir / "timeline.jsonl", timeline)
+            self.trackers.log(self.steps, row)
+            self.timeline.add(self.steps, owner, route, start, end)
+            self.timeline.flush()
+
+    def close(self) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
 
 
 def forward_backward_figures(call, outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> dict:
@@ -99,12 +109,3 @@ def timed(run_log: RunLog, route: str, owner: str, work: Callable[[dict], object
             return work(figures)
 
     return run
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def _append(path: Path, row: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")

@@ -51,6 +51,7 @@ class Running:
         self.server.should_exit = True  # pyright: ignore[reportAttributeAccessIssue]
         self.thread.join(timeout=30)
         self.service.futures.close()
+        self.service.run_log.close()
 
 
 def start(

@@ -2,7 +2,7 @@
 train` loads one): the `rollout` section builds each base model's sampling engine (`rollout.engine`: vllm, hf, or
 auto as training chooses; its memory: `kv_cache_gib`, `gpu_memory_utilization`, `dtype`, ...), `train.seed` seeds
 it, `model.path` is one more served base (named by its path), and `log.dir`, when the config sets it, is the
-service's run directory (relayrl/service/run_log.py). Sliced here into `ServiceSettings`, the service's own
+service's run directory (relayrl/service/run_log.py), with `log.backends` beside its metrics.jsonl. Sliced here into `ServiceSettings`, the service's own
 settings object, as relayrl/placement/sections.py slices the config for a run's roles.
 
 Leaves out: placement (one process; `placement.mode=ray` is refused), the learner's sections (each training client
@@ -28,7 +28,9 @@ class ServiceSettings:
     model: ModelConfig  # model.* an engine reads besides its path (its LoRA is never set: weights come merged)
     seed: int  # train.seed: the engine's own seed (each request's `seed` still picks its sample)
     run_dir: Path | None  # log.dir when the config sets it: metrics.jsonl, timeline.jsonl, config.yaml
-    config_yaml: str | None = None  # the config as loaded, written to run_dir
+    config_yaml: str = ""  # the config as loaded, written to run_dir
+    backends: tuple[str, ...] = ()  # log.backends: trackers beside metrics.jsonl
+    params: dict | None = None  # the config as a dict, which the backends record
 
     def engine_settings(self, base_path: str) -> EngineSettings:
         """The engine settings of one base: `rollout.engine: auto` resolved for its size, as training resolves it."""
@@ -60,7 +62,10 @@ def service_settings(config: Config | None = None) -> ServiceSettings:
 
     config = config or load_config(None, [])
     run_dir = Path(config.log.dir) if "dir" in config.log.model_fields_set else None
-    return ServiceSettings(config.rollout, config.model, config.train.seed, run_dir, dump_config(config))
+    backends, params = tuple(config.log.backends), config.model_dump(mode="json")
+    return ServiceSettings(
+        config.rollout, config.model, config.train.seed, run_dir, dump_config(config), backends, params
+    )
 
 
 def served_bases(models: list[str], config: Config | None) -> list[str]:

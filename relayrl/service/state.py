@@ -45,7 +45,7 @@ class Service:
         self.snapshot_base: dict[str, str] = {}
         self.samplers: dict[str, sampling.Sampler] = {}
         self.engines = sampling.Engines(bases, settings)
-        self.run_log = RunLog(settings.run_dir, settings.config_yaml)
+        self.run_log = RunLog(settings.run_dir, settings.config_yaml, settings.backends, settings.params)
         self.instance = secrets.token_hex(
             4
         )  # session ids (hence model ids and checkpoint paths) differ across restarts

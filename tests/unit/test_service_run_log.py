@@ -1,6 +1,6 @@
 """What a user watches for a service (issue 48 item 6): with `log.dir` in its config, `relayrl serve` writes a row
 per request (tokens, time, loss, the sampler-vs-trainer mismatch) and the timeline into the run directory, and
-`relayrl report` renders it. And what `relayrl serve` reads of relayrl's config (relayrl/service/settings.py)."""
+`relayrl report` renders it; `log.backends` (TensorBoard here) get the same rows. And what `relayrl serve` reads of relayrl's config (relayrl/service/settings.py)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def session(random_model_dir, tmp_path_factory):
     from relayrl.service.settings import service_settings
 
     run_dir = tmp_path_factory.mktemp("service_run")
-    settings = service_settings(load_config(None, [f"log.dir={run_dir}"]))
+    settings = service_settings(load_config(None, [f"log.dir={run_dir}", "log.backends=[tensorboard]"]))
     running = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("state"), settings=settings)
     client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
     trainer = client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
@@ -75,6 +75,17 @@ def test_the_report_renders_the_service_run(session):
     for plot in ("phase_times", "timeline", "mismatch"):
         assert f'alt="{plot}"' in page, plot
     assert str(run_dir) in page  # config.yaml, shown verbatim, holds log.dir
+
+
+def test_the_rows_go_to_log_backends_too(session):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _ = session
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    losses = [(e.step, e.value) for e in events.Scalars("forward_backward/loss_sum")]
+    assert losses == [(r["step"], pytest.approx(r["forward_backward/loss_sum"])) for r in rows[1:3]]
 
 
 def test_a_large_mismatch_is_logged_naming_the_model(random_model_dir, caplog):
