@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.vllm
-def test_serve_takes_the_config_samples_the_trained_weights_on_vllm_and_reports(random_model_dir, tmp_path):
+def test_serve_takes_the_config_samples_the_trained_weights_on_vllm_and_logs_each_request(random_model_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run_dir = tmp_path / "run"
     command = [sys.executable, "-m", "relayrl.cli", "serve", "rollout.engine=vllm", f"log.dir={run_dir}"]
