@@ -45,15 +45,40 @@ class ServiceSettings:
         return EngineSettings(rollout, model, self.seed, lora_sync="merged", kept_versions=1)
 
 
+# The keys a service reads (a prefix ending in "." reads the whole section); any other key the config sets is named
+# in one warning, since a config never silently drops a setting.
+READ_KEYS = ("rollout.", "model.", "train.seed", "log.dir", "log.backends", "placement.mode")
+
+
 def load_service_config(path: str | None, overrides: list[str]) -> Config:
     from relayrl.config import load_config
+    from relayrl.config.warn import warn
 
     config = load_config(path, overrides, stacklevel=3)
     if config.placement.mode != "local":
         raise ConfigError(
             f"placement.mode={config.placement.mode}: relayrl serve runs in one process for now; use placement.mode=local"
         )
+    if unread := unread_keys(config):
+        warn(
+            f"relayrl serve does not read {', '.join(unread)}: a service's losses, optimizer and data come with "
+            "each request (it reads rollout.*, model.*, train.seed, log.dir and log.backends)",
+            stacklevel=3,
+        )
     return config
+
+
+def unread_keys(section, prefix: str = "") -> list[str]:
+    """The keys set in `section` (a config or one of its sections) that a service does not read, as dotted paths."""
+    from pydantic import BaseModel
+
+    keys = []
+    for name in sorted(section.model_fields_set):
+        path, value = f"{prefix}{name}", getattr(section, name)
+        if any(path == read or path.startswith(read) for read in READ_KEYS):
+            continue
+        keys.extend(unread_keys(value, f"{path}.") if isinstance(value, BaseModel) else [path])
+    return keys
 
 
 def service_settings(config: Config | None = None) -> ServiceSettings:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -124,3 +125,17 @@ def test_serve_reads_model_path_and_refuses_ray_placement(random_model_dir, tmp_
     assert served_bases([f"t={random_model_dir}"], config) == [f"t={random_model_dir}", str(random_model_dir)]
     assert main(["serve", "placement.mode=ray", "--model", str(random_model_dir)]) == 2
     assert "placement.mode=ray: relayrl serve runs in one process" in capsys.readouterr().err
+
+
+def test_keys_a_service_does_not_read_are_named_in_one_warning():
+    from relayrl.errors import ConfigWarning
+    from relayrl.service.settings import load_service_config
+
+    read = ["rollout.max_tokens=64", "model.dtype=float32", "train.seed=3", "log.backends=[tensorboard]"]
+    with pytest.warns(ConfigWarning) as caught:
+        load_service_config(None, [*read, "algorithm.kl.coef=0.1", "train.steps=5"])
+    (warning,) = [w for w in caught if "does not read" in str(w.message)]
+    assert str(warning.message).startswith("relayrl serve does not read algorithm.kl.coef, train.steps: ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConfigWarning)
+        load_service_config(None, read)  # only keys it reads: nothing to say
