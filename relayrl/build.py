@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from relayrl.algorithms.stage import advantage_stage
+from relayrl.algorithms.teacher_prompt import TeacherPrompt
 from relayrl.algorithms.teacher_routes import TeacherRoutes
 from relayrl.config import Config, DataConfig, dump_config
 from relayrl.config.effects import warn_chosen
@@ -133,6 +134,9 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
     teacher_routes = TeacherRoutes.of(config.teacher)
     if teacher_routes is not None and isinstance(prompts, list):  # a route no teacher answers: refused here
         teacher_routes.check_prompts(prompts)
+    teacher_prompt = TeacherPrompt(config.teacher.prompt, tokenizer) if config.teacher.prompt else None
+    if teacher_prompt is not None and isinstance(prompts, list):  # a placeholder no column answers: refused here
+        teacher_prompt.check_prompts(prompts)
     check_env(source_settings(config), config.train.partial_rollouts)  # env.fn or env.agent: multi-turn rollouts
     max_len = context_budget(longest, config.rollout, config.env, config.model.path, config.data.max_prompt_tokens)
     for component in config.reward.resolved_components():  # a bad reward spec fails here, not after the roles
@@ -168,6 +172,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         learner_restarts=roles.learner_restarts,
         timeline=Timeline(run_dir / "timeline.jsonl"),
         teacher_routes=teacher_routes,
+        teacher_prompt=teacher_prompt,
         guard=PushGuard(config.sync.max_mismatch, probe_ids),
     )
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from relayrl.algorithms.teacher_prompt import teacher_experience
 from relayrl.errors import RoleFailure
 from relayrl.learner.batching import make_experience
 from relayrl.metrics.samples import log_samples, logged_rows
@@ -32,6 +33,7 @@ from relayrl.sync.guard import PushGuard
 if TYPE_CHECKING:  # annotations only: the step calls these through their protocols
     from transformers import PreTrainedTokenizerBase
 
+    from relayrl.algorithms.teacher_prompt import TeacherPrompt
     from relayrl.algorithms.teacher_routes import TeacherRoutes
     from relayrl.config import CheckpointConfig, LogConfig, TrainConfig
     from relayrl.data.source import PromptSampler
@@ -82,6 +84,7 @@ class Trainer:
     # teacher.path / teacher.teachers: a teacher phase after the log-probs (relayrl/learner/teacher.py), each row
     # scored by the teacher its route names (relayrl/algorithms/teacher_routes.py); None = no teacher
     teacher_routes: TeacherRoutes | None = None
+    teacher_prompt: TeacherPrompt | None = None  # teacher.prompt: the teacher scores after its own prompt
     guard: PushGuard = field(default_factory=PushGuard.off)  # a push that did not land stops the run
 
     def step(self, step: int) -> dict[str, float]:
@@ -91,13 +94,14 @@ class Trainer:
         batch = schedule.batch(step, timer)  # generate and reward, overlapped as the schedule says
         routes = self.teacher_routes
         teacher_rows = None if routes is None else routes.rows(batch.rollouts)  # an unknown route stops here
+        teacher_input = self.teacher_input(batch.rollouts)  # teacher.prompt: so does a placeholder no column answers
         self.time_sharing.before_update(timer)  # colocated: the engine sleeps, the learner's states come back
         with timer("logprobs"):  # old and reference log-probs, values, a KL penalty in the reward
             exp = self.learner.prepare(make_experience(batch.rollouts, batch.scores, self.pad_id))
         if routes is not None:  # on-policy distillation: the teacher scores the sampled tokens, once per sample
             exp.teacher_routes = teacher_rows
             with timer("teacher"):
-                exp = self.learner.score_teacher(exp)
+                exp = self.learner.score_teacher(exp, teacher_input)
         with timer("advantage"):
             exp = self.advantages(exp, batch.rollouts)
         with timer("update"):  # with the pre-update log-probs of the rows this step logs to samples.jsonl
@@ -129,6 +133,13 @@ class Trainer:
             metrics.update(routes.metrics(exp))  # distill/reverse_kl/<route>, several teachers
         self.record(step, batch, exp, update.sample_logprobs)
         return metrics
+
+    def teacher_input(self, rollouts: list[Rollout]) -> Experience | None:
+        """With teacher.prompt: the step's responses after the teacher's prompt (None: the teacher sees the
+        student's rows)."""
+        if self.teacher_prompt is None:
+            return None
+        return teacher_experience(self.teacher_prompt, rollouts, self.pad_id)
 
     def sample_rows(self, step: int) -> int:
         """How many first rows of the step's batch samples.jsonl logs (log.samples; 0 on a step it skips)."""

@@ -7,6 +7,7 @@ relayrl/algorithms/distill.py; docs/distillation.md explains both.
 
 from __future__ import annotations
 
+import string
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
@@ -16,6 +17,8 @@ from relayrl.config.warn import warn
 
 if TYPE_CHECKING:
     from relayrl.config.algorithm import AlgorithmConfig
+
+STUDENT_PROMPT = "prompt"  # teacher.prompt's placeholder for the student's prompt text
 
 
 class RoutedTeacher(Section):
@@ -43,6 +46,12 @@ class TeacherConfig(Section):
         default="auto",
         description="Where the teacher scores the samples: local = a batched forward pass in the learner's "
         "process, like the reference's; auto = local (the only engine so far).",
+    )
+    prompt: str = Field(
+        default="",
+        description="A template of the prompt the teacher sees instead of the student's (context distillation): "
+        "{prompt} is the student's prompt text, {name} a column of the row; the teacher scores the student's "
+        "response tokens after it. Empty = the student's prompt.",
     )
     route_by: str = Field(
         default="",
@@ -88,6 +97,8 @@ def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: 
     """The rules across sections a teacher brings (called by `Config`'s validator); a ValueError names the keys.
     `learner_ranks`: placement.learner_ranks."""
     check_routes(teacher)
+    if teacher.prompt:
+        check_template(teacher.prompt)
     if algo.advantage == "distill" and not teacher.present:
         raise ValueError("algorithm.advantage=distill needs a teacher: set teacher.path (or teacher.teachers)")
     if not teacher.present:
@@ -130,3 +141,25 @@ def warn_teacher(teacher: TeacherConfig, distill: DistillConfig) -> None:
         warn(f"teacher.{', teacher.'.join(idle)} has no effect without teacher.path")
     if idle := sorted(distill.model_fields_set):
         warn(f"algorithm.distill.{', algorithm.distill.'.join(idle)} has no effect without teacher.path")
+
+
+def template_fields(template: str) -> list[str]:
+    """The placeholders of a `teacher.prompt` template, in order; a ValueError names what is wrong."""
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ValueError(f"teacher.prompt={template!r} is not a valid template: {err}") from None
+    fields = [name for _, name, _, _ in parsed if name is not None]
+    for name in fields:
+        if not name.isidentifier():
+            raise ValueError(
+                f"teacher.prompt={template!r}: placeholder {{{name}}} is not a name; use {{prompt}} (the student's "
+                "prompt) or {column} (a column of the data row)"
+            )
+    return fields
+
+
+def check_template(template: str) -> None:
+    """Config load: the template parses and its placeholders are plain names (their columns are checked at data
+    load, `TeacherPrompt.check_prompts`)."""
+    template_fields(template)

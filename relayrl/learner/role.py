@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
+from relayrl.algorithms.teacher_prompt import align_to_student
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.policy import PolicyLearner
@@ -39,7 +40,7 @@ class Learner(LearnerWeights, Protocol):
 
     def prepare(self, exp: Experience) -> Experience: ...
 
-    def score_teacher(self, exp: Experience) -> Experience: ...
+    def score_teacher(self, exp: Experience, teacher_rows: Experience | None = None) -> Experience: ...
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
         """The step's optimizer updates; `sample_rows`: how many first rows of the batch the step logs to
@@ -87,11 +88,17 @@ class LearnerRole(WeightSource):
         self.distribution.after_passes(self)
         return exp
 
-    def score_teacher(self, exp: Experience) -> Experience:
-        """On-policy distillation: the teacher's log-probs of the sampled tokens (`teacher.path`), once per sample."""
+    def score_teacher(self, exp: Experience, teacher_rows: Experience | None = None) -> Experience:
+        """On-policy distillation: the teacher's log-probs of the sampled tokens (`teacher.path`), once per sample.
+        `teacher_rows`: with `teacher.prompt`, the same responses after the teacher's prompt
+        (relayrl/algorithms/teacher_prompt.py); the teacher scores those, aligned back to `exp`'s columns."""
         if self.teacher is None:
             raise RuntimeError("score_teacher called on a learner built without teacher.path")
-        exp.teacher_logprobs = self.teacher.logprobs(exp)
+        if teacher_rows is None:
+            exp.teacher_logprobs = self.teacher.logprobs(exp)
+            return exp
+        teacher_rows.teacher_routes = exp.teacher_routes
+        exp.teacher_logprobs = align_to_student(self.teacher.logprobs(teacher_rows), teacher_rows, exp)
         return exp
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:

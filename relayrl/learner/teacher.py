@@ -9,8 +9,10 @@ What the signal does with them is relayrl/algorithms/distill.py.
 Several teachers (`teacher.teachers`): `Teachers` holds one `Teacher` per route and scores each row with the one
 `Experience.teacher_routes` names (relayrl/algorithms/teacher_routes.py picks them from a dataset column).
 
-Left out so far (docs/distillation.md): a teacher in a Ray actor of its own or behind vLLM's `prompt_logprobs`,
-`teacher.prompt` (a prompt the teacher sees instead of the student's), and
+With `teacher.prompt` the teacher scores rows with its own prompt (relayrl/algorithms/teacher_prompt.py makes them
+and aligns the log-probs back; `LearnerRole.score_teacher`).
+
+Left out so far (docs/distillation.md): a teacher in a Ray actor of its own or behind vLLM's `prompt_logprobs`, and
 restarting a teacher that died (it dies with the learner's process and is healed with it).
 """
 
