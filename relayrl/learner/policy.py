@@ -112,21 +112,25 @@ class PolicyLearner:
         self.micro = MicroBatcher(train.micro_batch, train.micro_batch_tokens, packs_groups(self.layout))
 
     # ------------------------------------------------------------------ log-probs
-    def _token_stats(self, model, exp: Experience, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _token_stats(
+        self, model, exp: Experience, entropy_grad: bool = False, layout: ForwardLayout | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(log-probs, entropies) of the response tokens [B, T-1] under the distribution the engine sampled from:
-        temperature-scaled and, with top-k/top-p, truncated and renormalised the way vLLM does (fp32)."""
+        temperature-scaled and, with top-k/top-p, truncated and renormalised the way vLLM does (fp32).
+        `layout`: another model's forward layout (a teacher's), the policy's by default."""
         with self.autocast:
-            return self.layout.token_stats(model, exp, entropy_grad)
+            return (layout or self.layout).token_stats(model, exp, entropy_grad)
 
     @torch.no_grad()
-    def logprobs(self, exp: Experience, model=None) -> torch.Tensor:
+    def logprobs(self, exp: Experience, model=None, layout: ForwardLayout | None = None) -> torch.Tensor:
         """Log-probs of the response tokens under `model` (the policy by default), micro-batched: [B, T-1]
-        (other columns hold no meaningful value: a packed forward does not predict prompt tokens)."""
+        (other columns hold no meaningful value: a packed forward does not predict prompt tokens). The one
+        no-grad pass of the policy, the reference and a teacher (`layout`: its forward layout)."""
         model = model or self.network
         out = torch.zeros_like(exp.loss_mask)
         for index in self.micro.split(torch.arange(len(exp)), exp, count=False):
-            logp, _ = self._token_stats(model, exp.select(index))
-            out[index, : logp.shape[1]] = logp.cpu()
+            logp, _ = self._token_stats(model, exp.select(index), layout=layout)
+            out[index, : logp.shape[1]] = logp.float().cpu()
         return out
 
     def fill_logprobs(self, exp: Experience) -> None:

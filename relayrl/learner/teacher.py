@@ -100,15 +100,10 @@ class Teacher:
         sampled = dataclasses.replace(layout.sampled, top_k=-1, top_p=1.0)
         self.layout = ForwardLayout(layout.packing, layout.logits_chunk, sampled, self.model.config, device)
 
-    @torch.no_grad()
     def logprobs(self, exp: Experience) -> torch.Tensor:
-        """The teacher's log-probs of the response tokens [B, T-1] (0 off them), in the policy's micro-batches."""
-        out = torch.zeros_like(exp.loss_mask)
-        for index in self.policy.micro.split(torch.arange(len(exp)), exp, count=False):
-            with self.policy.autocast:
-                logp, _ = self.layout.token_stats(self.model, exp.select(index))
-            out[index, : logp.shape[1]] = logp.float().cpu()
-        return out
+        """The teacher's log-probs of the response tokens [B, T-1]: the policy's no-grad pass (its micro-batches
+        and autocast) over the teacher's model and layout."""
+        return self.policy.logprobs(exp, self.model, self.layout)
 
 
 class Teachers:
