@@ -8,7 +8,7 @@ import torch
 
 from relayrl.build import resolve
 from relayrl.config import dump_config, load_config
-from relayrl.errors import ConfigError, ConfigWarning, ModelError
+from relayrl.errors import ConfigError, ConfigWarning, ModelError, RoleFailure
 from relayrl.learner.role import LearnerRole
 from relayrl.learner.teacher import check_teacher_dir
 from relayrl.models.tiny import build_tiny
@@ -177,3 +177,53 @@ def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(rando
     policy = exp.loss_mask.bool()
     expected = float((exp.old_logprobs - exp.teacher_logprobs)[policy].mean())
     assert distill_metrics(exp.old_logprobs, exp.teacher_logprobs, exp.loss_mask)["distill/reverse_kl"] == expected
+
+
+# ---------------------------------------------------------------------------- a teacher that dies mid-run
+
+
+class TeacherDiesOnce:
+    """A learner handle whose teacher pass fails the first time the way the Ray handle reports a learner actor that
+    died (the local teacher lives and dies in the learner's process); every other call goes to the learner inside."""
+
+    def __init__(self, inner: LearnerRole):
+        self.inner, self.failed = inner, False
+
+    def score_teacher(self, exp, teacher_rows=None):
+        if not self.failed:
+            self.failed = True
+            raise RoleFailure("learner (actor 0123abcd) died during score_teacher: killed", "learner", died=True)
+        return self.inner.score_teacher(exp, teacher_rows)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("heal", [True, False])
+def test_a_teacher_that_dies_mid_run_is_healed_with_the_learner_or_stops_the_run_naming_it(
+    tmp_path, random_model_dir, toy_task, heal
+):
+    from relayrl.placement.learner_restarts import LearnerRestarts
+    from tests.unit.test_learner_restarts import STEPS, run, trainer_for
+
+    teacher = (f"teacher.path={random_model_dir}", "algorithm.advantage=distill")
+    trainer, _ = trainer_for(tmp_path, random_model_dir, toy_task, "run", *teacher, "checkpoint.every=2")
+    handle = TeacherDiesOnce(trainer.learner)  # pyright: ignore[reportArgumentType]
+    trainer.learner, respawns = handle, []  # pyright: ignore[reportAttributeAccessIssue]
+
+    def respawn():  # a new learner, and with it a new teacher, as relayrl/placement/build.py starts one
+        handle.inner = LearnerRole(handle.inner.settings)
+        respawns.append(1)
+
+    placement = trainer.learner_restarts.placement or load_config(None, []).placement
+    trainer.learner_restarts = LearnerRestarts(
+        placement.model_copy(update={"on_learner_failure": "restart" if heal else "stop"}), respawn
+    )
+    if heal:
+        rows = run(trainer)
+        assert [row["step"] for row in rows] == list(range(STEPS)) and respawns == [1]
+        assert all("distill/reverse_kl" in row for row in rows)
+        return
+    with pytest.raises(RoleFailure, match=r"died during score_teacher: killed \(placement.on_learner_failure=stop\)"):
+        run(trainer)
+    assert respawns == []
