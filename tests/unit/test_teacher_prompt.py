@@ -151,3 +151,27 @@ def test_the_aligned_logprobs_are_the_teachers_after_its_own_prompt(random_model
         assert torch.allclose(aligned[row, start : start + n], expected, atol=1e-5), row
     policy = student.loss_mask.bool()
     assert not torch.allclose(aligned[policy], plain[policy], atol=1e-3)  # the teacher's context changed its scores
+
+
+# ---------------------------------------------------------------------------- in a run
+
+
+def test_a_run_scores_with_the_teachers_prompt(tmp_path, random_model_dir, toy_task):
+    """The student as its own teacher: without a template the step's reverse KL is exactly 0; with one it is not."""
+    from tests.unit.test_learner_restarts import run, trainer_for
+
+    def first_kl(name, *template):
+        teacher = (f"teacher.path={random_model_dir}", "algorithm.advantage=distill", "train.steps=1", *template)
+        return run(trainer_for(tmp_path, random_model_dir, toy_task, name, *teacher)[0])[0]["distill/reverse_kl"]
+
+    assert first_kl("plain") == 0.0
+    assert first_kl("context", "teacher.prompt='1+1=2 {prompt}'") != 0.0
+
+
+def test_a_placeholder_no_column_answers_stops_the_run_before_its_directory(tmp_path, random_model_dir, toy_task):
+    from tests.unit.test_learner_restarts import trainer_for
+
+    teacher = (f"teacher.path={random_model_dir}", "teacher.prompt='{hint} {prompt}'")
+    with pytest.raises(DataError, match=r"teacher.prompt: placeholder \{hint\} is neither \{prompt\} nor a column"):
+        trainer_for(tmp_path, random_model_dir, toy_task, "run", *teacher)
+    assert not (tmp_path / "run").exists()
