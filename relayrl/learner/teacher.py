@@ -9,7 +9,8 @@ What the signal does with them is relayrl/algorithms/distill.py.
 Several teachers (`teacher.teachers`): `Teachers` holds one `Teacher` per route and scores each row with the one
 `Experience.teacher_routes` names (relayrl/algorithms/teacher_routes.py picks them from a dataset column).
 
-With `teacher.prompt` the teacher scores rows with its own prompt (relayrl/algorithms/teacher_prompt.py makes them
+With `model.lora`, a teacher whose path is `model.path` is the student's base with its adapter off (self-distillation,
+no second copy). With `teacher.prompt` the teacher scores rows with its own prompt (relayrl/algorithms/teacher_prompt.py makes them
 and aligns the log-probs back; `LearnerRole.score_teacher`).
 
 Left out so far (docs/distillation.md): a teacher in a Ray actor of its own or behind vLLM's `prompt_logprobs`, and
@@ -19,6 +20,7 @@ restarting a teacher that died (it dies with the learner's process and is healed
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -89,11 +91,19 @@ class Teacher:
     def __init__(self, settings: RoutedTeacher, policy: PolicyLearner, key: str = "teacher.path"):
         self.policy = policy
         device = policy.device
-        dtype = torch.bfloat16 if device == "cuda" and settings.dtype in ("auto", "bfloat16") else torch.float32
-        self.model = load_causal_lm(settings.path, device, key=key, dtype=dtype)
-        self.model.eval().requires_grad_(False)
-        self.model.config.use_cache = False
-        set_attention(self.model, policy.settings.model.attention, device)
+        # self-distillation under LoRA: a teacher at model.path is the student's base with its adapter off (no copy)
+        self.base = (
+            policy.settings.model.lora is not None
+            and Path(settings.path).resolve() == Path(policy.settings.model.path).resolve()
+        )
+        if self.base:
+            self.model = policy.network
+        else:
+            dtype = torch.bfloat16 if device == "cuda" and settings.dtype in ("auto", "bfloat16") else torch.float32
+            self.model = load_causal_lm(settings.path, device, key=key, dtype=dtype)
+            self.model.eval().requires_grad_(False)
+            self.model.config.use_cache = False
+            set_attention(self.model, policy.settings.model.attention, device)
         layout = policy.layout  # the policy's packing and logits chunks, the teacher's model config
         # at the sampling temperature, untruncated: a token the student sampled outside the teacher's top-k/top-p
         # keeps a finite log-prob (a large penalty), not -inf
@@ -103,6 +113,9 @@ class Teacher:
     def logprobs(self, exp: Experience) -> torch.Tensor:
         """The teacher's log-probs of the response tokens [B, T-1]: the policy's no-grad pass (its micro-batches
         and autocast) over the teacher's model and layout."""
+        if self.base:
+            with self.policy.model.disable_adapter():
+                return self.policy.logprobs(exp, self.model, self.layout)
         return self.policy.logprobs(exp, self.model, self.layout)
 
 

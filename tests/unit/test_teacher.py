@@ -227,3 +227,15 @@ def test_a_teacher_that_dies_mid_run_is_healed_with_the_learner_or_stops_the_run
     with pytest.raises(RoleFailure, match=r"died during score_teacher: killed \(placement.on_learner_failure=stop\)"):
         run(trainer)
     assert respawns == []
+
+
+def test_under_lora_a_teacher_at_model_path_is_the_base_with_the_adapter_off(random_model_dir):
+    lora = ("model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-2", "algorithm.kl.coef=0.1")
+    role = LearnerRole(learner_settings(_config(random_model_dir, f"teacher.path={random_model_dir}", *lora)))
+    assert role.teacher is not None and role.teacher.teachers[0].model is role.policy.network  # no second copy
+    role.update(0, role.prepare(_experience()))  # GRPO advantages: the adapter moves: the student leaves its base
+    exp = role.score_teacher(role.prepare(_experience()))
+    trained = exp.loss_mask.bool()
+    teacher, base, student = (t[trained] for t in (exp.teacher_logprobs, exp.ref_logprobs, exp.old_logprobs))
+    assert torch.allclose(teacher, base, atol=1e-6)
+    assert not torch.allclose(teacher, student, atol=1e-3)
