@@ -13,9 +13,10 @@ and every line of its system messages and of the instruction that ends its user 
 prompt would be ~2,200 positions and a reply ~130 tokens, too long for the tiny model to learn to read in a short SFT
 pass; so a prompt is ~100 tokens, a reply ~30, and the format a few tokens to learn.
 
+  python examples/agent_calculator/prepare.py              # the calculator's problems (config.yaml reads them)
   python examples/agent_libraries/dspy_prepare.py          # data/dspy_sft.jsonl and runs/dspy_calculator_init
   relayrl sft --model runs/dspy_calculator_init --data examples/agent_libraries/data/dspy_sft.jsonl \\
-      --out runs/dspy_calculator_sft --epochs 4 --batch-size 32
+      --out runs/dspy_calculator_sft --epochs 4 --batch-size 32 --lr 3e-3
   relayrl train examples/agent_libraries/config.yaml model.path=runs/dspy_calculator_sft \\
       env.agent=examples/agent_libraries/dspy_agent.py:agent
 """
@@ -35,7 +36,6 @@ import dspy_agent  # noqa: E402
 import prepare  # noqa: E402  (the calculator's: its tokenizer's markers and chat template, its guesses)
 
 MARKER = re.compile(r"\[\[ ## \w+ ## \]\]")  # DSPy's field markers: `[[ ## answer ## ]]`
-FINISH = {"next_thought": "done", "next_tool_name": "finish", "next_tool_args": {}}
 
 
 def calls(question: str, replies: list[dict]) -> list[dict]:
@@ -63,13 +63,20 @@ def calls(question: str, replies: list[dict]) -> list[dict]:
 
 
 def conversations(a: int, b: int, rng: random.Random) -> list[dict]:
-    """DSPy's calls on one sum: `add` with the question's numbers, `finish`, its result as the answer (TOOL_SHARE of
-    the problems); else `finish` at once and a guess."""
+    """DSPy's calls on one sum: `add` with the question's numbers, then `finish` thinking "the sum is" its result,
+    which the answer repeats (TOOL_SHARE of the problems); else `finish` at once and a guess."""
+    total = a + b
     if rng.random() < prepare.TOOL_SHARE:
-        add = {"next_thought": "add", "next_tool_name": "add", "next_tool_args": {"a": a, "b": b}}
-        replies = [add, FINISH, {"reasoning": "from add", "answer": str(a + b)}]
+        replies = [
+            {"next_thought": "add", "next_tool_name": "add", "next_tool_args": {"a": a, "b": b}},
+            {"next_thought": f"the sum is {total}", "next_tool_name": "finish", "next_tool_args": {}},
+            {"reasoning": f"the sum is {total}", "answer": str(total)},
+        ]
     else:
-        replies = [FINISH, {"reasoning": "a guess", "answer": str(prepare.guess(a + b, rng))}]
+        replies = [
+            {"next_thought": "a guess", "next_tool_name": "finish", "next_tool_args": {}},
+            {"reasoning": "a guess", "answer": str(prepare.guess(total, rng))},
+        ]
     return calls(f"{a}+{b}=", replies)
 
 
