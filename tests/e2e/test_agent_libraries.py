@@ -7,11 +7,12 @@ same calls as the example's own agent written against the openai client (example
 same seed every trajectory must come out with the same tokens and the same reward, and every later call must extend
 the earlier ones (`tito/prefix_mismatch` 0), but for a call with bad arguments, which each library answers with its
 own error message (`comparable`). smolagents rewrites its history: its later calls fork (env.tito's default) and are
-counted in `tito/forks`. DSPy's format is one this warm start never writes: its run stops at once, naming DSPy's
-parse error as the cause. The runs share one prepared model (prepare.py's, a short SFT pass on its conversations,
-cached like the demo's warm start) and this process; each run starts its own in-process vLLM engine. Measured on the
+counted in `tito/forks`; so do DSPy's, on a warm start of its own that writes DSPy's format (dspy_prepare.py's),
+while on the calculator's, which never writes it, its run stops at once, naming DSPy's parse error as the cause.
+The runs share one prepared model (prepare.py's, a short SFT pass on its conversations, cached like the demo's warm
+start), DSPy's its own, and this process; each run starts its own in-process vLLM engine. Measured on the
 shared 2-core machine (2026-12-06, beside other work): 179 s for the file with the SFT pass (~2 min of it) and the
-hand-written run; each library's run 6-10 s.
+hand-written run; each library's run 6-10 s; DSPy's warm start 240 s cold, its run 50-65 s.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,13 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/agent_calculator"
 LIBRARIES = ROOT / "examples/agent_libraries"
 SFT_ROWS, SFT_EPOCHS, SFT_LR, PROBLEMS = 1200, 4.0, 3e-3, 64
+DSPY_PROBLEMS = 600  # DSPy's warm start: 2 or 3 calls each
 # what each logged sample must share with the hand-written agent's
 SAME = ("step", "sample", "prompt", "completion", "reward", "tokens", "finish_reason")
+DSPY_SFT_EPOCHS, DSPY_SFT_BATCH = 4.0, 32
 TOOL_ERROR = "error: add needs integers a and b"  # the hand-written agent's answer to a call with bad arguments
 
 
-def _prepare_module():
-    spec = importlib.util.spec_from_file_location("agent_calculator_prepare", EXAMPLE / "prepare.py")
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(f"agent_libraries_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -52,7 +56,7 @@ def calculator(tmp_path_factory):
     from relayrl.learner.sft import SFTSettings, run_sft
     from tests.artifact_cache import cached
 
-    prepare = _prepare_module()
+    prepare = _load(EXAMPLE / "prepare.py")
     source = hashlib.sha256((EXAMPLE / "prepare.py").read_bytes() + (EXAMPLE / "agent.py").read_bytes())
     settings = SFTSettings(epochs=SFT_EPOCHS, batch_size=64, lr=SFT_LR)
     recipe = {"prepare": source.hexdigest(), "rows": SFT_ROWS, "problems": PROBLEMS, "settings": repr(settings)}
@@ -155,13 +159,58 @@ def test_a_library_that_rewrites_the_history_trains_every_call(recipe, calculato
     assert all(0.0 <= row["reward"] <= 1.0 and row["tokens"] > 0 for row in samples)
 
 
-def test_dspy_whose_format_the_model_never_writes_stops_the_run_naming_the_cause(calculator, tmp_path):
-    """DSPy reads the model's text by its own field markers (`[[ ## answer ## ]]`, then JSON), which this warm start
-    (trained on the hand-written agent's conversations) never writes: every trajectory ends in DSPy's
-    AdapterParseError, an error over the model's output. When the run's first trajectories all end in one such error,
-    the setup is the cause, not the model, and the run stops at once naming it rather than training on zeros. DSPy's
-    forks under the default env.tito (ReAct renders its whole trajectory into each call) are tests/unit/
-    test_agents_rewriting.py's, on scripted replies written in DSPy's format."""
+@pytest.fixture(scope="module")
+def dspy_calculator(tmp_path_factory):
+    """A warm start that writes DSPy's format (examples/agent_libraries/dspy_prepare.py: DSPy's own calls on
+    DSPY_PROBLEMS sums, its fixed text one token each) and the calculator's problems, built once per content hash.
+    Its replies parse (100 of 100 sampled calls on held-out sums at temperature 1) and it calls `add` with the
+    question's numbers, but it does not copy the tool's result into its answer: rewards stay 0 in two steps. Measured
+    cold on the shared 2-core machine (2026-12-06, beside other work): 240 s; the run itself 50-65 s."""
+    from relayrl.learner.sft import SFTSettings, run_sft
+    from tests.artifact_cache import cached
+
+    sources = [EXAMPLE / "prepare.py", LIBRARIES / "dspy_agent.py", LIBRARIES / "dspy_prepare.py"]
+    source = hashlib.sha256(b"".join(path.read_bytes() for path in sources))
+    settings = SFTSettings(epochs=DSPY_SFT_EPOCHS, batch_size=DSPY_SFT_BATCH, lr=SFT_LR)
+    recipe = {"prepare": source.hexdigest(), "problems": DSPY_PROBLEMS, "settings": repr(settings)}
+
+    def build(out: Path) -> None:
+        dspy_prepare = _load(LIBRARIES / "dspy_prepare.py")
+        rng = random.Random(0)
+        pairs = [(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(DSPY_PROBLEMS + PROBLEMS)]
+        sft = [row for a, b in pairs[:DSPY_PROBLEMS] for row in dspy_prepare.conversations(a, b, rng)]
+        data = out / "data"
+        data.mkdir(parents=True)
+        (data / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sft))
+        train = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs[DSPY_PROBLEMS:]]
+        (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+        dspy_prepare.build_model(out / "init", sft)
+        run_sft(data / "sft.jsonl", out / "model", model_path=str(out / "init"), settings=settings, log=lambda *_: None)
+        shutil.rmtree(out / "init")
+
+    return cached("dspy_calculator", recipe, build, tmp_path_factory.mktemp("dspy_calculator"))
+
+
+def test_dspy_react_trains_every_call_as_a_fork(dspy_calculator, tmp_path):
+    """DSPy's ReAct, as its docs write it (dspy_agent.py), on a warm start that writes DSPy's format: ReAct renders
+    its whole trajectory into each call, so every call after a trajectory's first starts a new sample (env.tito=fork,
+    the default), counted, and every call is trained; a reply DSPy cannot parse ends its trajectory with reward 0
+    (env/errors), not the run."""
+    samples, metrics = train(dspy_calculator, tmp_path / "run", f"{LIBRARIES}/dspy_agent.py:agent")
+    assert len(metrics) == 2
+    for row in metrics:
+        assert row["tito/forks"] > 0  # its later calls start new samples
+        trained = [sample for sample in samples if sample["step"] == row["step"]]
+        assert len(trained) == row["env/trajectories"] + row["tito/forks"]  # one sample per call: none lost
+    assert sum(row["env/errors"] for row in metrics) < 16  # most of the 32 trajectories parse: DSPy's format is written
+    assert all(0.0 <= row["reward"] <= 1.0 and row["tokens"] > 0 for row in samples)
+
+
+def test_dspy_on_a_model_that_never_writes_its_format_stops_the_run_naming_the_cause(calculator, tmp_path):
+    """The calculator's warm start (trained on the hand-written agent's conversations) never writes DSPy's field
+    markers (`[[ ## answer ## ]]`, then JSON): every trajectory ends in DSPy's AdapterParseError, an error over the
+    model's output. When the run's first trajectories all end in one such error, the setup is the cause, not the
+    model, and the run stops at once naming it rather than training on zeros."""
     from relayrl.errors import EnvError
 
     with pytest.raises(EnvError, match="all ended in the same exception .*AdapterParseError"):
