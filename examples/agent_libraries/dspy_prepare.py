@@ -11,7 +11,7 @@ wrong: RL with the agent must learn to call `add`.
 The tokenizer is prepare.py's (characters, its chat markers) plus DSPy's fixed text as whole tokens: its field markers
 and every line of its system messages and of the instruction that ends its user messages. A character each, a ReAct
 prompt would be ~2,200 positions and a reply ~130 tokens, too long for the tiny model to learn to read in a short SFT
-pass; so a prompt is ~100 tokens, a reply ~30, and the format a few tokens to learn.
+pass; so a prompt is 120-180 tokens, a reply 20-40, and the format a few tokens to learn.
 
   python examples/agent_calculator/prepare.py              # the calculator's problems (config.yaml reads them)
   python examples/agent_libraries/dspy_prepare.py          # data/dspy_sft.jsonl and runs/dspy_calculator_init
