@@ -146,12 +146,11 @@ def run_plan(config: Config, options: PlanOptions) -> None:
     print_plan(plan)
     if o.simulate:  # the learner's bytes per phase on one GPU, simulated (relayrl/planner/simulate.py)
         from relayrl.placement.sections import colocation, learner_settings
-        from relayrl.planner.simulate import gpu_offloads, simulate
+        from relayrl.planner.simulate import simulate
         from relayrl.planner.simulate_report import print_simulation
 
-        colocated, ranks = colocation(config, as_asked=True), plan.memory.ranks
-        offload = gpu_offloads(colocated, ranks)
-        print_simulation(plan, simulate(learner_settings(config), plan.workload, offload), offload, colocated.colocated)
+        colocated, offload = colocation(config, as_asked=True).colocated, plan.offload
+        print_simulation(plan, simulate(learner_settings(config), plan.workload, offload), offload, colocated)
 
 
 def check_simulate(options: PlanOptions) -> None:

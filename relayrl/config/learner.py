@@ -48,8 +48,8 @@ class LearnerConfig(Section):
     offload: Literal["auto", "none", "optimizer", "params", "between_phases"] = Field(
         default="auto",
         description="GPU learners: `between_phases` = the learner's parameters, gradients and AdamW state leave the "
-        "device while the engine generates (colocated time-sharing, with rollout.sleep); `params` = FSDP2's "
-        "CPUOffloadPolicy on learner ranks (placement.learner_ranks >= 2: everything in CPU memory, the optimizer "
-        "step on the CPU); auto = between_phases when rollout.sleep is on, else none. `optimizer` alone is not an "
-        "FSDP2 policy and is refused.",
+        "device while the engine generates (colocated time-sharing, with rollout.sleep; on learner ranks each moves "
+        "its shards); `params` = FSDP2's CPUOffloadPolicy on learner ranks (placement.learner_ranks >= 2: everything "
+        "in CPU memory, the optimizer step on the CPU); auto = between_phases when rollout.sleep is on and the learner "
+        "is one process, else none. `optimizer` alone is not an FSDP2 policy and is refused.",
     )

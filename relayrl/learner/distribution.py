@@ -148,11 +148,9 @@ class OneProcess:
         torch.set_rng_state(state["torch_rng"])
 
     def move_states(self, learner: LearnerRole, device: str) -> int:
-        from relayrl.learner.offload import move_states
+        from relayrl.learner.offload import move_learner
 
-        policy, critic = learner.policy, learner.critic
-        models = [policy.model, policy.reference, critic and critic.model]
-        return move_states(models, [policy.optimizer, critic and critic.optimizer], device)
+        return move_learner(learner, device)
 
     def save(self, learner: LearnerRole, run_dir: str | Path, tokenizer=None) -> None:
         """The final policy (and critic); a failed write (disk full) names the path, the cause and what is kept."""

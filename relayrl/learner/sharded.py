@@ -233,8 +233,11 @@ class ShardedRanks:
         return send_from_shards(push_view(learner.policy), self.layout, self.sync_plan, learner.sender, version, only)
 
     def move_states(self, learner: LearnerRole, device: str) -> int:
-        """Refused by the config (relayrl/config/learner.py): FSDP2 shards move with learner.offload=params."""
-        raise NotImplementedError("learner.offload=between_phases on sharded ranks: use learner.offload=params")
+        """learner.offload=between_phases: this rank's shards (policy, reference, critic) and their AdamW state to
+        `device` (relayrl/learner/offload.py); the bytes moved. Every rank moves its own, no collective."""
+        from relayrl.learner.offload import move_learner
+
+        return move_learner(learner, device)
 
     # ------------------------------------------------------------------ state (relayrl/learner/dist_checkpoint.py)
     def state(self, learner: LearnerRole) -> dict:

@@ -23,8 +23,8 @@ relayrl/learner/layout.py), `passes` (the pre-update passes of one micro-batch: 
 reference, the critic's values), `update` (the
 optimizer step of one micro-batch, the second one, so AdamW's state exists as in every later step), `after_update`
 (live bytes after it: what `torch.cuda.empty_cache()` leaves reserved; without it the allocator keeps the update's
-peak), `after_offload` (learner.offload=between_phases moves the states out; sharded ranks refuse it today, so
-they keep `after_update`).
+peak), `after_offload` (learner.offload=between_phases moves the states out, a sharded rank its shards; without it
+`after_update` stays).
 Leaves out what only a GPU has: the caching allocator's rounding and fragmentation, NCCL's and cuBLAS's workspaces,
 the CUDA context (~0.5 GB), kernels' own scratch (attention, fused log-softmax).
 """
@@ -49,7 +49,6 @@ from relayrl.learner.sharded_init import fill_from_rank0, full_state_on_rank0, m
 if TYPE_CHECKING:
     from relayrl.learner.role import LearnerRole
     from relayrl.learner.settings import LearnerSettings
-    from relayrl.placement.sections import Colocation
     from relayrl.planner.estimate import Workload
     from relayrl.types import Experience
 
@@ -228,7 +227,7 @@ def simulate(settings: LearnerSettings, work: Workload, offload: bool, rows: int
     """A learner rank's bytes per phase on GPU at W = `work.learner_ranks` for the learner `settings`
     (placement/sections.learner_settings; model.path holding a config.json) and the step's sizes `work`
     (planner/estimate.workload_from_config); `offload`: the states leave the GPU between phases, as the run chooses
-    there (`gpu_offloads`); `rows`: the micro-batch's samples (default the planner's)."""
+    there (`Plan.offload`); `rows`: the micro-batch's samples (default the planner's)."""
     from relayrl.learner.role import LearnerRole
 
     start = time.perf_counter()
@@ -260,20 +259,9 @@ def measured(tracker: DeviceTracker, phases: dict[str, float], phase: str, run, 
     return out
 
 
-def gpu_offloads(colocation: Colocation, ranks: int) -> bool:
-    """learner.offload=between_phases as the run resolves it on a GPU for W = `ranks` (the planner's question,
-    relayrl/rollout/sleep.py; `colocation(config, as_asked=True)`); sharded ranks never offload."""
-    from relayrl.rollout.sleep import time_sharing_on
-
-    return ranks == 1 and time_sharing_on(colocation, True)[1]
-
-
 def offloaded_bytes(role: LearnerRole) -> float:
     """What learner.offload=between_phases moves off the GPU (relayrl/learner/offload.py): the models and the
-    optimizers' tensor state."""
-    models = [role.policy.model, role.policy.reference, role.critic and role.critic.model]
-    moved = sum(p.numel() * p.element_size() for m in models if m is not None for p in m.parameters())
-    for optimizer in (role.policy.optimizer, role.critic and role.critic.optimizer):
-        for state in optimizer.state.values() if optimizer else ():
-            moved += sum(v.numel() * v.element_size() for v in state.values() if torch.is_tensor(v) and v.dim())
-    return float(moved)
+    optimizers' tensor state, this rank's shards."""
+    from relayrl.learner.offload import held_bytes, learner_states
+
+    return float(held_bytes(*learner_states(role)))

@@ -9,7 +9,9 @@ process, or `placement.layout=colocated`) on a GPU under `train.schedule=sync`. 
 vLLM's CPU platform has no sleep mode; an overlapped schedule generates while it trains. Whether there is a GPU is
 this process's view (a driver without one, in front of a GPU cluster, gets `off`: set `rollout.sleep` to 1 or 2).
 An offload the user set is refused where it cannot take effect (`check_offload`): `optimizer` (FSDP2 has no such
-policy), a machine without CUDA, `params` on one learner rank, `between_phases` on sharded ranks.
+policy), a machine without CUDA, `params` on one learner rank. `auto` offloads one learner between phases; sharded
+ranks keep their shards on the GPU unless `between_phases` (each rank moves its shards) or `params` is set: a
+rank's share is 1/W of the states, and the move costs host traffic every step.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def resolve_sleep(c: Colocation, cuda: Callable[[], bool] | None = None) -> dict
         on = sleep != "off" and c.learner_ranks == 1
         why = "the engine sleeps between phases (rollout.sleep)" if on else "rollout.sleep is off"
         if sleep != "off" and not on:
-            why = "sharded ranks move their shards with learner.offload=params instead"
+            why = "sharded ranks keep their 1/W share on the GPU (set between_phases to move it)"
         chosen["learner.offload"] = ("between_phases" if on else "none", why)
     else:
         check_offload(c.offload, c.learner_ranks, cuda)
@@ -77,11 +79,6 @@ def check_offload(offload: str, ranks: int, cuda: Callable[[], bool]) -> None:
         raise ConfigError(
             f"learner.offload={offload} needs FSDP2 learner ranks (placement.mode=ray, placement.learner_ranks >= 2); "
             f"placement.learner_ranks={ranks} runs the unsharded learner, which has no offload"
-        )
-    if offload == "between_phases" and ranks > 1:
-        raise ConfigError(
-            f"learner.offload=between_phases moves a whole learner off its GPU; placement.learner_ranks={ranks} "
-            "shards it: use learner.offload=params (FSDP2 keeps the shards in CPU memory)"
         )
 
 

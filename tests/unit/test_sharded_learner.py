@@ -183,3 +183,19 @@ def test_export_of_a_sharded_checkpoint_is_the_single_learners_model(
     saved = load_causal_lm(f"{single_checkpoint[0]}/model")  # W=1 after the same first step
     for (name, got), (_, want) in zip(exported.named_parameters(), saved.named_parameters()):
         assert torch.allclose(got, want, atol=1e-5, rtol=0), name
+
+
+def test_states_moved_out_and_back_between_steps_train_as_if_kept(random_model_dir, ranks):
+    """learner.offload=between_phases on two FSDP2 ranks (CPU, gloo): the move out copies every shard and AdamW
+    moment into new storage, the ranks together move the whole learner once (policy, fp32 reference, AdamW's m and
+    v: 16 bytes a parameter), and the next step's loss, weights and a later forward equal those of ranks that kept
+    their states (a forward reading a stale shard would differ)."""
+    from relayrl.models.loading import load_causal_lm
+
+    found = ranks("round_trip")
+    assert found["left_storage"]
+    parameters = sum(p.numel() for p in load_causal_lm(random_model_dir).parameters())
+    assert found["moved_bytes"] == 16 * parameters
+    (kept_loss, kept_weights, kept_logprobs), (loss, weights, logprobs) = found["kept"], found["moved"]
+    assert loss == kept_loss and logprobs == kept_logprobs
+    assert all(torch.equal(weights[name], kept) for name, kept in kept_weights.items())

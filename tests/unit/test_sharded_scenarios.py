@@ -139,6 +139,7 @@ def rank_main(rank, port, model_dir, single_checkpoint, out_dir, results):
         publish(forked, forked_step(learner(forked), rank))
     publish("sync", sync(trained, rank, model_dir, Path(out_dir)))
     publish("resume", resume(learner, rank, single_checkpoint, Path(out_dir)))
+    publish("round_trip", round_trip(learner, rank))
     leave_learner_group()
     publish("end", None)
 
@@ -216,4 +217,31 @@ def resume(learner, rank, single_checkpoint, out_dir):
     found["2->2"] = (loss, weights)
     again.save(out_dir / "final_run")  # the run's final model, gathered: <run>/model
     found["sharded_checkpoint"] = path
+    return found
+
+
+def round_trip(learner, rank):
+    """learner.offload=between_phases on FSDP2 ranks: two steps with the states moved out and back between them,
+    and the same two steps without. Returns the bytes all ranks moved, whether every parameter and AdamW moment
+    left its storage, and for each run the second step's loss, the weights and a forward's log-probs after it."""
+    from relayrl.learner.offload import learner_states
+    from relayrl.learner.process_group import all_reduce_sum
+
+    def storages(trained):  # per tensor: a tensor's copy is made while it lives, so it cannot take its address
+        models, optimizers = learner_states(trained)
+        tensors = [p for m in models if m is not None for p in m.parameters()]
+        tensors += [v for o in optimizers if o is not None for s in o.state.values() for v in s.values() if v.dim()]
+        return [t.to_local().untyped_storage().data_ptr() for t in tensors]
+
+    found = {}
+    for label in ("kept", "moved"):
+        trained = learner("kl_entropy")
+        step(trained, share(0, rank), "loss/total")
+        if label == "moved":
+            before = storages(trained)
+            found["moved_bytes"] = all_reduce_sum(float(trained.offload_states()))
+            found["left_storage"] = all(a != b for a, b in zip(storages(trained), before, strict=True))
+            trained.reload_states()
+        weights, loss, _ = step(trained, share(1, rank), "loss/total")
+        found[label] = (loss, weights, trained.sequence_logprobs([1, 5, 9, 4, 7, 12, 6, 8, 10]))
     return found

@@ -161,6 +161,13 @@ def test_sleep_levels_that_cannot_take_effect_are_refused_by_name():
         _resolved("placement.mode=ray", "placement.layout=disaggregated", "rollout.sleep=1")
 
 
+def test_sharded_ranks_offload_between_phases_when_set():
+    """auto keeps a sharded rank's 1/W share on its GPU; between_phases set moves it (relayrl/learner/offload.py)."""
+    ranks = ("placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=2")
+    assert _resolved(*ranks).learner.offload == "none"
+    assert _resolved(*ranks, "learner.offload=between_phases").learner.offload == "between_phases"
+
+
 def test_the_dump_keeps_auto_with_its_choice_and_reason():
     from relayrl.build import resolve
     from relayrl.config import dump_config
