@@ -7,6 +7,12 @@ and the gradients, which are None between steps already. The cache is emptied af
 can use what was freed. On a one-process CPU learner there is nothing to move (the config resolves the setting to
 `none`).
 
+A colocated learner that keeps its states on the GPU (sharded ranks without an offload, or before the first one)
+still hands the caching allocator's free blocks back after building its models and after each update
+(`return_cached_blocks`): otherwise the allocator keeps the load's or the update's peak reserved, and the engine
+beside it finds that much less free when it starts (vLLM's free-memory check) and when it wakes (cuMem maps).
+verl empties the cache before the engine resumes likewise (verl/utils/memory_utils.py).
+
 FSDP2 ranks (relayrl/learner/sharded.py) move the same way, each its own shards: `Module.to` on a sharded model
 moves the local shard of every DTensor parameter, and FSDP2's `_apply` re-points its own references (the padded
 shard it all-gathers from); AdamW's moments are DTensors of the same shards (verl moves FSDP2 models and their
@@ -55,6 +61,13 @@ def move_states(models: list[torch.nn.Module | None], optimizers: list[torch.opt
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
     return moved
+
+
+def return_cached_blocks(device: str) -> None:
+    """The CUDA caching allocator's unused blocks back to the driver (`torch.cuda.empty_cache`), on a CUDA device
+    only (a CPU learner has no cache to return)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def learner_states(learner: LearnerRole) -> tuple[list, list]:

@@ -21,6 +21,7 @@ import torch
 from relayrl.algorithms.teacher_prompt import align_to_student
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
+from relayrl.learner.offload import return_cached_blocks
 from relayrl.learner.policy import PolicyLearner
 from relayrl.learner.result import UpdateResult
 from relayrl.learner.teacher import Teachers
@@ -73,6 +74,12 @@ class LearnerRole(WeightSource):
         self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
         self.teacher = None if settings.teacher is None else Teachers(settings.teacher, self.policy)
         self.distribution.attach(self)
+        self._colocated_free()  # the load's peak (rank 0 holds whole models until they are sharded)
+
+    def _colocated_free(self) -> None:
+        """An engine shares this GPU: the allocator's cached blocks go back (relayrl/learner/offload.py)."""
+        if self.settings.colocated:
+            return_cached_blocks(self.policy.device)
 
     def ping(self) -> int:
         return torch.get_num_threads()
@@ -102,7 +109,9 @@ class LearnerRole(WeightSource):
         return exp
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
-        return self.distribution.update(self, step, exp, sample_rows)
+        result = self.distribution.update(self, step, exp, sample_rows)
+        self._colocated_free()  # the update's activations and gradients: the engine wakes into that room
+        return result
 
     def train_step(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
         """The critic (if any) regresses on the returns; the actor waits out critic.warmup_steps. The critic's

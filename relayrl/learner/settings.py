@@ -24,7 +24,8 @@ class LearnerSettings:
     batches (`train`), its memory options (`learner`); of `rollout`, the sampling the engines drew from (the
     log-probs are taken under it), the response length, the step's prompts and the engine (with `lora_sync`,
     `sync.lora`: what the learner's weights are pushed as); and the batch sizes derived across sections
-    (`Config.mini_batch`, `Config.updates_per_step`); the `teacher`, when `teacher.path` is set."""
+    (`Config.mini_batch`, `Config.updates_per_step`); the `teacher`, when `teacher.path` is set; whether an engine
+    shares the learner's GPU (placement.mode=local or placement.layout=colocated)."""
 
     model: ModelConfig
     algorithm: AlgorithmConfig
@@ -36,3 +37,4 @@ class LearnerSettings:
     mini_batch: int  # rows per optimizer step
     updates_per_step: int  # optimizer steps per training step
     teacher: TeacherConfig | None = None  # on-policy distillation's teacher (relayrl/learner/teacher.py), if any
+    colocated: bool = False  # an engine shares the learner's GPU: cached blocks go back after attach and updates

@@ -35,6 +35,7 @@ def learner_settings(config: Config) -> LearnerSettings:
         mini_batch=config.mini_batch,
         updates_per_step=config.updates_per_step,
         teacher=config.teacher if config.teacher.present else None,
+        colocated=colocation(config).colocated,
     )
 
 

@@ -22,8 +22,8 @@ run's first pre-update passes, with the forward layout's one-time check against 
 relayrl/learner/layout.py), `passes` (the pre-update passes of one micro-batch: old log-probs when needed, the
 reference, the critic's values), `update` (the
 optimizer step of one micro-batch, the second one, so AdamW's state exists as in every later step), `after_update`
-(live bytes after it: what `torch.cuda.empty_cache()` leaves reserved; without it the allocator keeps the update's
-peak), `after_offload` (learner.offload=between_phases moves the states out, a sharded rank its shards; without it
+(live bytes after it: what a colocated learner keeps reserved once it returns its cached blocks,
+relayrl/learner/offload.py `return_cached_blocks`), `after_offload` (learner.offload=between_phases moves the states out, a sharded rank its shards; without it
 `after_update` stays).
 Leaves out what only a GPU has: the caching allocator's rounding and fragmentation, NCCL's and cuBLAS's workspaces,
 the CUDA context (~0.5 GB), kernels' own scratch (attention, fused log-softmax).
