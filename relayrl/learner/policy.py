@@ -76,8 +76,8 @@ class PolicyLearner:
         if self.use_reference and settings.model.lora is None:
             self.reference = load(settings.model.path, self.device).eval().requires_grad_(False)
             set_attention(self.reference, settings.model.attention, self.device)
-            if use_bf16 and not torch.distributed.is_initialized():  # frozen, and its passes run in bf16 anyway:
-                self.reference.to(torch.bfloat16)  # half the memory (sharded ranks cast in FSDP2's policy instead)
+            if use_bf16:  # frozen, and its passes run in bf16 anyway: half the memory (sharded ranks shard it
+                self.reference.to(torch.bfloat16)  # so: bf16 shards, FSDP2's bf16 all-gathers cast nothing)
         rollout = settings.rollout
         self.objective = Objective(settings.algorithm, rollout.max_tokens, use_reference=self.use_reference)
         train = settings.train

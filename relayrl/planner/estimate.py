@@ -378,10 +378,9 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
 
 
 def reference_bytes(work: Workload, precision: Precision) -> int:
-    """Bytes per parameter of the frozen reference: one process casts it to its inference dtype (bf16 on GPU,
-    relayrl/learner/policy.py); sharded ranks keep the fp32 shards they load and cast in FSDP2's all-gather
-    instead (relayrl/learner/sharded_init.py), so W > 1 holds 4 B, as relayrl/planner/simulate.py measures."""
-    return 4 if work.learner_ranks > 1 else precision.infer_bytes
+    """Bytes per parameter of the frozen reference: the learner casts it to its inference dtype (bf16 on GPU,
+    relayrl/learner/policy.py) before sharded ranks shard it, as relayrl/planner/simulate.py measures."""
+    return precision.infer_bytes
 
 
 def smallest_ranks(memory: Memory, work: Workload, hardware: Hardware, most: int = 1024) -> int | None:

@@ -9,7 +9,8 @@ How (the recipe of torchtitan's scripts/estimate/estimation.py, adapted to run t
 - W > 1: the process joins torch's `fake` process group as rank 0 of W (collectives return at once), so
   `fully_shard` splits every model as on W GPUs; rank 0 is simulated because it alone holds the full model at load;
 - the GPU's numerics are set where the learner reads them from the device: bf16 autocast for the passes, the
-  reference cast to bf16 at W = 1, FSDP2's bf16 mixed-precision policy at W > 1 (sharded_init.mixed_precision);
+  reference cast to bf16 (before it is sharded at W > 1), FSDP2's bf16 mixed-precision policy at W > 1
+  (sharded_init.mixed_precision);
 - the step's batch is real (small integer tensors): the learner's data-dependent reads (lengths, masks) run as they
   do; scalars read from the fake outputs (metrics, the gradient norm) read 0 (`ScalarsReadZero`);
 - `torch.distributed._tools.MemTracker` counts every storage the step creates or frees, per device.
@@ -170,10 +171,14 @@ class SimulatedRanks(ShardedRanks):
         self.fake, self.tracker = fake, tracker
 
     def attach(self, learner: LearnerRole) -> None:
-        critic = learner.critic
-        for model in (learner.policy.model, learner.policy.reference, critic and critic.model):
-            if model is not None:  # rank 0 builds every model whole before any is sharded, as load_causal_lm does
-                materialize(model, self.fake, self.tracker)
+        policy, critic = learner.policy, learner.critic
+        materialize(policy.model, self.fake, self.tracker)  # rank 0 builds every model whole before any is sharded
+        if policy.reference is not None:
+            materialize(policy.reference, self.fake, self.tracker)
+            if learner.settings.model.dtype in ("auto", "bfloat16"):
+                cast_frozen(policy.reference, torch.bfloat16)  # PolicyLearner's cast on GPU, before sharding
+        if critic is not None:
+            materialize(critic.model, self.fake, self.tracker)
         super().attach(learner)
         gpu_numerics(learner)
 

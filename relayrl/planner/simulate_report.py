@@ -5,8 +5,8 @@ GPU what the engine finds free at each phase boundary.
 The planned phases (one rank of W, in bytes), from the planner's memory table (estimate.py) and its formulas
 (learner_memory.py):
 - load: every model the learner builds, whole and in fp32 as `load_causal_lm` reads it (policy, reference when
-  kl.coef > 0 without LoRA, critic under GAE); one process then casts the reference to bf16 (its largest tensor,
-  the embeddings, briefly in both); sharded rank 0 adds the first model's shards before its whole copy goes;
+  kl.coef > 0 without LoRA, critic under GAE); the reference is then cast to bf16 (its largest tensor, the
+  embeddings, briefly in both); sharded rank 0 then adds the policy's shards before its whole copy goes;
 - first_pass: the weights (no optimizer state yet), their bf16 copies (`weight_copies`) and the layout's one-time
   check (`check_logits`);
 - passes: the resident states, the copies and a no-grad pass (`pass_logits`);
@@ -34,10 +34,10 @@ def planned_phases(plan: Plan, offload: bool) -> dict[str, float]:
     ranks, vb, positions = m.ranks, plan.precision.activation_bytes, w.micro_positions()
     full = shape.params * 4 * (1 + w.critic + (w.reference and not w.lora_rank))
     weights = (m.states - m.gradients) / ranks - optimizer_state(plan) / ranks  # the states before any step
-    if ranks > 1:
-        load = full + shape.params * 4 / ranks
-    else:
-        load = full + (shape.vocab * shape.hidden * vb if m.reference and vb < 4 else 0.0)
+    cast = shape.vocab * shape.hidden * vb if m.reference and vb < 4 else 0.0  # the reference's embeddings, twice
+    load = full + cast
+    if ranks > 1:  # after the cast, the policy's first shards beside its whole copy
+        load = max(load, full - (shape.params * 4 - m.reference if m.reference else 0.0) + shape.params * 4 / ranks)
     copies = weight_copies(shape, ranks, vb, backward=False, reference=m.reference > 0)
     resident = m.resident / ranks
     return {

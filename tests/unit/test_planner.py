@@ -402,7 +402,7 @@ def test_learner_ranks_divide_the_states_not_the_activations(ranks):
     one, plan = _plan_7b(), _plan_7b(learner_ranks=ranks)
     m = plan.memory
     assert one.memory.states == 7e9 * (16 + 2)  # actor + a bf16 reference, whole
-    assert m.states == 7e9 * (16 + 4)  # sharded ranks keep the reference's fp32 shards (estimate.reference_bytes)
+    assert m.states == 7e9 * (16 + 2)  # the reference's bf16 shards (estimate.reference_bytes)
     assert m.resident == m.states - 7e9 * 4  # between updates: no gradients
     assert m.rank_trainer - m.activations - m.logits - m.copies == pytest.approx(m.states / ranks)
     root = 152064 * 3584  # a tied head: FSDP2's root unit, gathered with its gradients in bf16, and one layer
