@@ -150,7 +150,8 @@ def run_plan(config: Config, options: PlanOptions) -> None:
         from relayrl.planner.simulate_report import print_simulation
 
         colocated, offload = colocation(config, as_asked=True).colocated, plan.offload
-        print_simulation(plan, simulate(learner_settings(config), plan.workload, offload), offload, colocated)
+        simulated = simulate(learner_settings(config), plan.workload, offload)
+        print_simulation(plan, simulated, offload, colocated, engine_first=config.placement.mode == "local")
 
 
 def check_simulate(options: PlanOptions) -> None:

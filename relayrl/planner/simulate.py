@@ -18,7 +18,8 @@ How (the recipe of torchtitan's scripts/estimate/estimation.py, adapted to run t
   no gradient hook) and a root module run twice in one phase (a pass over several micro-batches), and the device
   totals, which are what a GPU must hold, do not need them. FSDPMemTracker's categories need those hooks too.
 
-Phases, in bytes on one GPU (rank 0): `load` (the peak while the learner is built and sharded), `first_pass` (the
+Phases, in bytes on one GPU (rank 0): `load` (the peak while the learner is built and sharded), `after_load` (live
+bytes once it is: a colocated learner returns its cached blocks then, relayrl/learner/role.py), `first_pass` (the
 run's first pre-update passes, with the forward layout's one-time check against the model's own logits,
 relayrl/learner/layout.py), `passes` (the pre-update passes of one micro-batch: old log-probs when needed, the
 reference, the critic's values), `update` (the
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
     from relayrl.planner.estimate import Workload
     from relayrl.types import Experience
 
-PHASES = ("load", "first_pass", "passes", "update", "after_update", "after_offload")
+PHASES = ("load", "after_load", "first_pass", "passes", "update", "after_update", "after_offload")
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,8 @@ def simulate(settings: LearnerSettings, work: Workload, offload: bool, rows: int
     with fake_ranks(world), tracker, ScalarsReadZero():
         distribution = SimulatedProcess(fake, tracker) if world == 1 else SimulatedRanks(world, fake, tracker)
         role = LearnerRole(settings, 0, distribution)
-        phases["load"] = tracker.peak
+        # a build that runs no op (no cast, one process) leaves MemTracker's peak unset: the live bytes are the peak
+        phases["load"], phases["after_load"] = max(tracker.peak, tracker.live), tracker.live
         exp = measured(tracker, phases, "first_pass", role.prepare, exp)  # with the layout's one-time check
         exp.advantages, exp.returns = torch.ones_like(exp.loss_mask), torch.zeros_like(exp.loss_mask)
         role.update(0, exp)  # the first update creates AdamW's state, which every later step holds

@@ -1,14 +1,14 @@
 """The planner's bytes per learner phase beside the simulation's (relayrl/planner/simulate.py), and what
 `relayrl plan plan.simulate=true` prints: one row per phase, planned, simulated and their ratio, and for a colocated
-GPU what the engine finds free at each phase boundary.
+GPU whether the engine's share fits beside the learner at each phase boundary (`engine_boundaries`).
 
 The planned phases (one rank of W, in bytes), from the planner's memory table (estimate.py) and its formulas
 (learner_memory.py):
 - load: every model the learner builds, whole and in fp32 as `load_causal_lm` reads it (policy, reference when
   kl.coef > 0 without LoRA, critic under GAE); the reference is then cast to bf16 (its largest tensor, the
   embeddings, briefly in both); sharded rank 0 then adds the policy's shards before its whole copy goes;
-- first_pass: the weights (no optimizer state yet), their bf16 copies (`weight_copies`) and the layout's one-time
-  check (`check_logits`);
+- after_load: the weights (no optimizer state yet), what a colocated learner keeps once it returns its cache;
+- first_pass: the weights, their bf16 copies (`weight_copies`) and the layout's one-time check (`check_logits`);
 - passes: the resident states, the copies and a no-grad pass (`pass_logits`);
 - update: `Memory.rank_trainer` (states / W + activations + logits);
 - after_update: `Memory.resident` / W (no gradients); after_offload: 0 where the states leave the GPU.
@@ -16,6 +16,7 @@ The planned phases (one rank of W, in bytes), from the planner's memory table (e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from relayrl.planner.learner_memory import check_logits, pass_logits, weight_copies
@@ -42,6 +43,7 @@ def planned_phases(plan: Plan, offload: bool) -> dict[str, float]:
     resident = m.resident / ranks
     return {
         "load": load,
+        "after_load": weights,
         "first_pass": weights + copies + check_logits(shape, *positions, vb, w.logits_chunk),
         "passes": resident + copies + pass_logits(shape, *positions, vb, w.logits_chunk),
         "update": m.rank_trainer,
@@ -67,14 +69,60 @@ def agreement(simulated: SimulatedMemory, planned: dict[str, float]) -> dict[str
     }
 
 
-def print_simulation(plan: Plan, simulated: SimulatedMemory, offload: bool, colocated: bool) -> None:
-    """The table `relayrl plan plan.simulate=true` prints after the plan."""
+@dataclass(frozen=True)
+class Boundary:
+    """A point of the step where the engine takes device memory beside the learner: what each holds then."""
+
+    name: str
+    phase: str  # the learner's phase whose bytes it holds then
+    learner: float
+    engine: float
+
+    def free(self, device_bytes: float) -> float:
+        """What is left on the device (negative: the engine's request fails, vLLM's free-memory check or a wake)."""
+        return device_bytes - self.learner - self.engine
+
+
+def engine_boundaries(plan: Plan, phases: dict[str, float], engine_first: bool) -> list[Boundary]:
+    """Where a colocated engine takes memory beside the learner's `phases` (simulated or planned): when it starts
+    (built before the learner under placement.mode=local, `engine_first`, so beside the load's peak; after the
+    learner ranks elsewhere, placement/build.py, beside what they keep); with rollout.sleep, when it wakes its
+    weights for the push (before the learner offloads, relayrl/placement/time_sharing.py) and its KV cache after;
+    without sleep, it holds its share through every learner phase."""
+    device = plan.hardware.memory_gb * 1e9
+    share = plan.workload.gpu_memory_utilization * device
+    start = "load" if engine_first else "after_load"
+    out = [Boundary("engine starts", start, phases[start], share)]
+    if plan.sleep:
+        weights = plan.memory.engine_weights / plan.memory.engine_devices
+        out.append(Boundary("engine wakes weights (push)", "after_update", phases["after_update"], weights))
+    else:
+        out += [Boundary(f"learner {phase}, engine awake", phase, phases[phase], share)
+                for phase in ("first_pass", "passes", "update")]  # fmt: skip
+    out.append(Boundary("engine wakes KV cache", "after_offload", phases["after_offload"], share))
+    return out
+
+
+def engine_fits(plan: Plan, phases: dict[str, float], engine_first: bool) -> list[str]:
+    """The boundaries where the engine's share does not fit beside the learner, each with the bytes short."""
+    device = plan.hardware.memory_gb * 1e9
+    return [
+        f"{b.name} ({b.phase}: learner {b.learner / 1e9:.1f} GB + engine {b.engine / 1e9:.1f} GB, "
+        f"{-b.free(device) / 1e9:.1f} GB over {device / 1e9:g} GB)"
+        for b in engine_boundaries(plan, phases, engine_first)
+        if b.free(device) < 0
+    ]
+
+
+def print_simulation(
+    plan: Plan, simulated: SimulatedMemory, offload: bool, colocated: bool, engine_first: bool
+) -> None:
+    """The tables `relayrl plan plan.simulate=true` prints after the plan."""
     from rich.console import Console
     from rich.table import Table
 
     planned = planned_phases(plan, offload)
     ratios = agreement(simulated, planned)
-    memory_gb, util = plan.hardware.memory_gb, plan.workload.gpu_memory_utilization
     table = Table(
         title=f"learner memory per GPU, simulated ({simulated.ranks} rank(s), {simulated.rows} rows x "
         f"{simulated.positions // simulated.rows} positions a micro-batch; {simulated.seconds:.0f} s)",
@@ -82,12 +130,30 @@ def print_simulation(plan: Plan, simulated: SimulatedMemory, offload: bool, colo
     )
     for column in ("phase", "planned", "simulated", "sim / plan"):
         table.add_column(column, justify="left" if column == "phase" else "right")
-    if colocated:
-        table.add_column(f"engine's {util:g} x {memory_gb:g} GB fits beside it", justify="right")
     for phase, value in planned.items():
-        row = [phase, f"{value / 1e9:.2f} GB", f"{simulated.phases[phase] / 1e9:.2f} GB", f"{ratios[phase]:.2f}"]
-        if colocated:
-            free = memory_gb * 1e9 - simulated.phases[phase]
-            row.append("yes" if free >= util * memory_gb * 1e9 else f"no: {free / 1e9:.1f} GB free")
-        table.add_row(*row)
+        table.add_row(phase, f"{value / 1e9:.2f} GB", f"{simulated.phases[phase] / 1e9:.2f} GB", f"{ratios[phase]:.2f}")
     Console().print(table)
+    if colocated and plan.hardware.kind == "gpu":
+        Console().print(boundary_table(plan, simulated.phases, planned, engine_first))
+
+
+def boundary_table(plan: Plan, simulated: dict[str, float], planned: dict[str, float], engine_first: bool):
+    """At each boundary of `engine_boundaries`: the learner's bytes (simulated), the engine's, and what is free."""
+    from rich.table import Table
+
+    device = plan.hardware.memory_gb * 1e9
+    util = plan.workload.gpu_memory_utilization
+    table = Table(
+        title=f"the engine beside the learner (simulated; its share {util:g} x {device / 1e9:g} GB)",
+        title_justify="left",
+    )
+    for column in ("boundary", "learner phase", "learner", "engine", "free", "planned free"):
+        table.add_column(column, justify="left" if column in ("boundary", "learner phase") else "right")
+    for sim, plan_b in zip(
+        engine_boundaries(plan, simulated, engine_first), engine_boundaries(plan, planned, engine_first)
+    ):
+        free = sim.free(device)
+        table.add_row(sim.name, sim.phase, f"{sim.learner / 1e9:.1f} GB", f"{sim.engine / 1e9:.1f} GB",
+                      f"{free / 1e9:.1f} GB" + ("" if free >= 0 else " (short)"),
+                      f"{plan_b.free(device) / 1e9:.1f} GB")  # fmt: skip
+    return table

@@ -43,3 +43,52 @@ def test_a_colocated_learner_returns_its_cache_after_attach_and_each_update(
     learner.update(0, exp)
     learner.update(1, learner.prepare(experience(seed=1)))
     assert calls == (["cpu"] * 3 if frees else [])
+
+
+def plan_7b(tmp_path, *overrides: str):
+    """examples/grpo_7b (Qwen2.5-7B's shape, KL on) planned for 8 x H100; `overrides` place it."""
+    from relayrl.build import resolve
+    from relayrl.planner import PROFILES, load_shape, make_plan
+
+    config = resolve(load_config("examples/grpo_7b/config.yaml", list(overrides)))
+    ranks = config.placement.learner_ranks
+    plan = make_plan(
+        config, load_shape(config.model.path), PROFILES["H100-80GB"], learner_ranks=ranks, read_prompts=False
+    )
+    return config, plan
+
+
+COLOCATED_8 = ("placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=8", "placement.engines=8")
+
+
+def test_8_colocated_h100s_leave_the_engine_its_share_at_every_boundary_of_a_7b_step(tmp_path):
+    """The planner's phases (within 15% of the simulation, tests/unit/test_plan_simulate.py; the full-size simulated
+    figures are in docs/gpus.md): the engine's 0.5 x 80 GB fits beside rank 0 when it starts (after the ranks
+    load and return their cache), when it wakes its weights for the push and when it wakes its KV cache; with room
+    to spare for the planner's 15%."""
+    from relayrl.planner.simulate_report import engine_boundaries, engine_fits, planned_phases
+
+    config, plan = plan_7b(tmp_path, *COLOCATED_8)
+    assert config.algorithm.kl.coef > 0 and plan.sleep and not plan.offload  # sharded ranks keep their shards
+    phases = planned_phases(plan, plan.offload)
+    assert engine_fits(plan, phases, engine_first=False) == []
+    boundaries = engine_boundaries(plan, phases, engine_first=False)
+    assert [b.phase for b in boundaries] == ["after_load", "after_update", "after_offload"]
+    assert all(b.free(80e9) > 0.15 * b.learner for b in boundaries)
+    assert boundaries[0].engine == boundaries[2].engine == 40e9
+
+
+def test_a_boundary_the_engine_cannot_take_is_named(tmp_path):
+    """One H100 (placement.mode=local): the engine is built first and the 7B learner loads beside it (fp32 policy and
+    reference, 62 GB): the engine's 40 GB do not fit there. With the engine awake (rollout.sleep=off, set where
+    this CPU cannot resolve it) the learner's passes and update are boundaries too."""
+    from dataclasses import replace
+
+    from relayrl.planner.simulate_report import engine_boundaries, engine_fits, planned_phases
+
+    _, plan = plan_7b(tmp_path)
+    over = engine_fits(plan, planned_phases(plan, plan.offload), engine_first=True)
+    assert over and over[0].startswith("engine starts (load: learner 6") and "over 80 GB" in over[0]
+    awake = replace(plan, sleep=False)
+    phases = [b.phase for b in engine_boundaries(awake, planned_phases(awake, awake.offload), engine_first=True)]
+    assert phases == ["load", "first_pass", "passes", "update", "after_offload"]

@@ -111,8 +111,11 @@ def test_plan_simulate_prints_the_phases(tmp_path, capsys):
     assert main(["plan", f"model.path={model_dir(tmp_path, '0.5B')}", *STEP, "--simulate"]) == 0
     out = capsys.readouterr().out
     assert "learner memory per GPU, simulated" in out
-    for phase in ("load", "first_pass", "passes", "update", "after_update", "after_offload"):
+    for phase in ("load", "after_load", "first_pass", "passes", "update", "after_update", "after_offload"):
         assert phase in out
+    # one process colocated (placement.mode=local): the engine is built first, the learner loads beside it
+    assert "the engine beside the learner (simulated; its share 0.5 x 80 GB)" in out
+    assert "engine starts" in out and "engine wakes KV" in out and "weights (push)" in out
 
 
 @pytest.mark.parametrize(
