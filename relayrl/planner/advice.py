@@ -7,7 +7,8 @@ The memory model (estimate.py) says how many devices each phase needs; this turn
 - otherwise disaggregated: W learner ranks on a GPU each and one engine of T tensor-parallel GPUs.
 W must divide `rollout.prompts_per_step` and the mini-batch (each rank trains whole groups, learner/process_group.py);
 colocated time-sharing (`rollout.sleep`, `learner.offload=between_phases`) is billed as the config resolves on the
-target hardware, and `between_phases` moves a whole learner only (W = 1), so colocated ranks keep their states.
+target hardware; the advice bills an offload at W = 1 only (`auto` offloads one learner; sharded ranks keep their
+states unless `learner.offload=between_phases` is set), so a W it advises fits without moving the shards.
 """
 
 from __future__ import annotations
