@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from relayrl.algorithms.teacher_prompt import teacher_experience
 from relayrl.errors import RoleFailure
 from relayrl.learner.batching import make_experience
+from relayrl.learner.teacher import teacher_experience
 from relayrl.metrics.samples import log_samples, logged_rows
 from relayrl.metrics.step_metrics import step_metrics
 from relayrl.metrics.timer import StepTimer

@@ -6,8 +6,8 @@ The template is a Python format string: `{prompt}` is the student's prompt text 
 does not parse or whose placeholder is not a plain name; `TeacherPrompt.check_prompts` refuses, at data load, a
 placeholder no row column answers, naming `teacher.prompt`, the placeholder and the row.
 
-The teacher's rows are the student's with the prompt's token ids replaced: `teacher_experience` tokenizes the
-rendered template and appends the student's response ids as they are (ids, never text, so the response is token for
+The teacher's rows are the student's with the prompt's token ids replaced: `TeacherPrompt.rollouts` tokenizes the
+rendered template, and relayrl/learner/teacher.py's `teacher_experience` appends the student's response ids as they are (ids, never text, so the response is token for
 token the one the student sampled; multi-turn observations travel with it, masked as before). `align_to_student`
 moves the teacher's per-token log-probs from its rows' columns to the student's: response token k sits at column
 `prompt_length - 1 + k` in each layout. A response that differs between the two rows is a bug, named there.
@@ -70,14 +70,6 @@ class TeacherPrompt:
                 prompts[key] = dataclasses.replace(rollout.prompt, token_ids=ids, engine_token_ids=None)
             out.append(dataclasses.replace(rollout, prompt=prompts[key]))
         return out
-
-
-def teacher_experience(teacher_prompt: TeacherPrompt, rollouts: list[Rollout], pad_id: int) -> Experience:
-    """The rows the teacher scores: its prompt, then the student's response ids (the student's loss mask)."""
-    from relayrl.learner.batching import make_experience
-    from relayrl.types import Score
-
-    return make_experience(teacher_prompt.rollouts(rollouts), [Score(0.0)] * len(rollouts), pad_id)
 
 
 def response_spans(exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:

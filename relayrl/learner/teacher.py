@@ -10,8 +10,8 @@ Several teachers (`teacher.teachers`): `Teachers` holds one `Teacher` per route 
 `Experience.teacher_routes` names (relayrl/algorithms/teacher_routes.py picks them from a dataset column).
 
 With `model.lora`, a teacher whose path is `model.path` is the student's base with its adapter off (self-distillation,
-no second copy). With `teacher.prompt` the teacher scores rows with its own prompt (relayrl/algorithms/teacher_prompt.py makes them
-and aligns the log-probs back; `LearnerRole.score_teacher`).
+no second copy). With `teacher.prompt` the teacher scores rows with its own prompt (`teacher_experience` builds them with
+relayrl/algorithms/teacher_prompt.py, which aligns the log-probs back; `LearnerRole.score_teacher`).
 
 Left out so far (docs/distillation.md): a teacher in a Ray actor of its own or behind vLLM's `prompt_logprobs`, and
 restarting a teacher that died (it dies with the learner's process and is healed with it).
@@ -30,9 +30,10 @@ from relayrl.learner.layout import ForwardLayout
 from relayrl.models.loading import check_model_dir, load_causal_lm, load_tokenizer, set_attention
 
 if TYPE_CHECKING:
+    from relayrl.algorithms.teacher_prompt import TeacherPrompt
     from relayrl.config import RoutedTeacher, TeacherConfig
     from relayrl.learner.policy import PolicyLearner
-    from relayrl.types import Experience
+    from relayrl.types import Experience, Rollout
 
 WEIGHT_FILES = (
     "model.safetensors",
@@ -141,3 +142,11 @@ class Teachers:
                 logp = teacher.logprobs(exp.select(rows))
                 out[rows, : logp.shape[1]] = logp
         return out
+
+
+def teacher_experience(teacher_prompt: TeacherPrompt, rollouts: list[Rollout], pad_id: int) -> Experience:
+    """The rows the teacher scores: its prompt, then the student's response ids (the student's loss mask)."""
+    from relayrl.learner.batching import make_experience
+    from relayrl.types import Score
+
+    return make_experience(teacher_prompt.rollouts(rollouts), [Score(0.0)] * len(rollouts), pad_id)

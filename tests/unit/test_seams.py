@@ -39,7 +39,6 @@ ALLOWED = {
         "planner/simulate.py",
         "tie_weights",
     ): "a torch model built on meta: a transformers model ties its head, others not",
-    ("service/sampling.py", "max_position_embeddings"): "a transformers model config (absent on some)",
     ("learner/layout.py", "decoder_forward"): "a torch model: FSDP2's root carries the sharded decoder's forward",
     ("learner/sharded.py", "base_model_prefix"): "a torch module: a transformers model has one, a critic's body not",
     ("sources/multi_turn.py", "scores"): "a user's agent function: TRL's environment classes mark whether they score",

@@ -5,11 +5,12 @@ teacher's log-probs, aligned back, are exactly those of a direct forward over th
 import pytest
 import torch
 
-from relayrl.algorithms.teacher_prompt import TeacherPrompt, align_to_student, teacher_experience
+from relayrl.algorithms.teacher_prompt import TeacherPrompt, align_to_student
 from relayrl.config import load_config
 from relayrl.errors import ConfigError, DataError
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import LearnerRole
+from relayrl.learner.teacher import teacher_experience
 from relayrl.models.loading import load_tokenizer
 from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Rollout, Score, filled
