@@ -12,7 +12,7 @@ while on the calculator's, which never writes it, its run stops at once, naming 
 The runs share one prepared model (prepare.py's, a short SFT pass on its conversations, cached like the demo's warm
 start), DSPy's its own, and this process; each run starts its own in-process vLLM engine. Measured on the
 shared 2-core machine (2026-12-06, beside other work): 179 s for the file with the SFT pass (~2 min of it) and the
-hand-written run; each library's run 6-10 s; DSPy's warm start 240 s cold, its run 19 s.
+hand-written run; each library's run 6-10 s; DSPy's warm start 144 s cold, its run 19 s.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples/agent_calculator"
 LIBRARIES = ROOT / "examples/agent_libraries"
 SFT_ROWS, SFT_EPOCHS, SFT_LR, PROBLEMS = 1200, 4.0, 3e-3, 64
-DSPY_PROBLEMS = 600  # DSPy's warm start: 2 or 3 calls each
+DSPY_PROBLEMS = 300  # DSPy's warm start: 2 or 3 calls each
 # what each logged sample must share with the hand-written agent's
 SAME = ("step", "sample", "prompt", "completion", "reward", "tokens", "finish_reason")
-DSPY_SFT_EPOCHS, DSPY_SFT_BATCH = 4.0, 32
+DSPY_SFT_EPOCHS, DSPY_SFT_BATCH = 4.0, 16
 TOOL_ERROR = "error: add needs integers a and b"  # the hand-written agent's answer to a call with bad arguments
 
 
@@ -163,10 +163,11 @@ def test_a_library_that_rewrites_the_history_trains_every_call(recipe, calculato
 def dspy_calculator(tmp_path_factory):
     """A warm start that writes DSPy's format (examples/agent_libraries/dspy_prepare.py: DSPy's own calls on
     DSPY_PROBLEMS sums, its fixed text one token each) and the calculator's problems, built once per content hash.
-    Its replies parse (93 of 98 sampled calls on held-out sums at temperature 1) and it calls `add` with the
-    question's numbers, but it does not copy the tool's result into its answer: rewards stay 0 in two steps. Measured
-    cold on the shared 2-core machine (2026-12-06, beside other work): 240 s (674 s at a load of 25-50); the run
-    itself 19 s (50-65 s loaded)."""
+    Its replies parse (at 600 sums and batch 32: 93 of 98 sampled calls on held-out sums at temperature 1; at 300 and
+    batch 16, the same optimizer steps at half the rows, 8 of the run's 32 trajectories end in a parse error, as at
+    600) and it calls `add` with the question's numbers, but it does not copy the tool's result into its answer:
+    rewards stay 0 in two steps. Measured cold on the shared 2-core machine (2026-12-06, beside other work): 144 s
+    (240 s at 600 sums; 200 sums at batch 32 never wrote the format); the run itself 19 s (50-65 s loaded)."""
     from relayrl.learner.sft import SFTSettings, run_sft
     from tests.artifact_cache import cached
 
