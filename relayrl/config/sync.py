@@ -29,7 +29,9 @@ class SyncConfig(Section):
         "that supports it: fp32 would carry bytes the engine drops), fp32 otherwise.",
     )
     checksum: bool = Field(
-        default=True, description="xxh3-64 checksum per bucket, verified by each engine before it loads anything."
+        default=True,
+        description="xxh3-64 checksum per bucket, verified by each engine before it loads anything (skipped, "
+        "and logged, by a broadcast under NCCL: the buckets stay on the GPUs).",
     )
     parity_probe: bool | Literal["auto"] = Field(
         default="auto",

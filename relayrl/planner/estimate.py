@@ -85,7 +85,6 @@ class Workload:
     lora_sync: str | None = None  # "adapter" or "merged" (relayrl/sync/lora.py); None = full fine-tuning
     learner_ranks: int = 1  # placement.learner_ranks (W) or plan.learner_ranks
     mini_batch: int = 0  # train.mini_batch (W must divide it and the groups of a step); 0 = not checked
-    gather_passes: int = 1  # the sync's all-gathers per push: 2 under broadcast with checksums (header first)
     micro_batch_tokens: int | None = None  # train.micro_batch_tokens: micro-batches filled up to this many positions
     checkpointing: bool = False  # learner.activation_checkpointing
     logits_chunk: int = 0  # train.logits_chunk (0: the model's own logits over every position)
@@ -197,11 +196,9 @@ def workload_from_config(
     """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray);
     `prompt_mean_tokens`: the mean prompt read from data.train; `mean_response_tokens`: a response's expected
     length."""
-    broadcast_checks = config.sync.transport == "broadcast" and config.sync.checksum
     return Workload(
         learner_ranks=learner_ranks or config.placement.learner_ranks,
         mini_batch=config.train.mini_batch or 0,  # unset (None: the rollout batch) is 0 here
-        gather_passes=2 if broadcast_checks else 1,
         longest_prompt_tokens=longest_prompt_tokens,
         longest_response_tokens=longest_response_tokens,
         mean_response_tokens=mean_response_tokens,

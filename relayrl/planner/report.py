@@ -89,7 +89,6 @@ def one_rank_fits(plan: Plan) -> bool:
 def _rank_rows(plan: Plan) -> Rows:
     w, m, t, hw = plan.workload, plan.memory, plan.time, plan.hardware
     fits = "fits" if m.rank_trainer <= hw.memory_gb * 1e9 else "does not fit"
-    passes = f"{w.gather_passes} passes (broadcast + checksums) x " if w.gather_passes > 1 else ""
     return [
         ("W", "placement.learner_ranks, or plan.learner_ranks", f"{w.learner_ranks}"),
         ("states per rank", f"(actor + critic + reference) / W={w.learner_ranks}", _gb(m.states / m.ranks)),
@@ -106,7 +105,7 @@ def _rank_rows(plan: Plan) -> Rows:
         ),
         (
             "gather per sync",
-            f"{passes}{vision.trained_params(plan)} x 4 B x (W - 1)/W = {_gb(gathered_bytes(plan.shape, w))} "
+            f"{vision.trained_params(plan)} x 4 B x (W - 1)/W = {_gb(gathered_bytes(plan.shape, w))} "
             f"per rank / {hw.link_gbs:g} GB/s",
             _s(t.gather),
         ),

@@ -9,7 +9,7 @@ cache read) or by FLOPs at the concurrent batch, whichever is slower, plus the e
 optimizer reads and writes every trainable state once per optimizer step (2 x b_train x P bytes). With W
 learner ranks the passes are data-parallel over the W ranks, and a sync first all-gathers every parameter from
 its shards: each rank receives the (W - 1)/W it lacks of P x 4 B (fp32 shards, `full_tensor()`) over the link,
-twice under broadcast with checksums (relayrl/sync/gather.py gathers once for the header's checksums).
+once per push (relayrl/sync/gather.py: a broadcast's checksums follow their buckets).
 Rates (FLOP/s per device) come from a hardware profile (peak x MFU for passes, peak for decode and prefill:
 the seeds' assumptions) or, with plan.measure, from this machine's matmuls at the model's own shapes
 (`probe.py`; the learner's passes through the model's own layers, `pass_probe.py`), which also gives the
@@ -245,5 +245,5 @@ def gathered_bytes(shape: ModelShape, work: Workload) -> float:
 
 
 def gather_time(shape: ModelShape, work: Workload, hardware: Hardware) -> float:
-    """Seconds of the sync's all-gathers: `gathered_bytes` per rank over the link, per gather pass."""
-    return work.gather_passes * gathered_bytes(shape, work) / (hardware.link_gbs * 1e9)
+    """Seconds of the sync's all-gathers: `gathered_bytes` per rank over the link, once per push."""
+    return gathered_bytes(shape, work) / (hardware.link_gbs * 1e9)

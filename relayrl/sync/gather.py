@@ -14,8 +14,7 @@ holds only the gathered bucket.
 
 Every transport takes a whole push in one `send_weights` call, as from one learner: shm and object_store
 publish bucket by bucket (segments, refs); disk writes its safetensors file bucket by bucket; broadcast sends
-its header (the version and every bucket's checksum) first, so with checksums on, the buckets are gathered
-twice: once for the checksums, once to send.
+each bucket's checksum after its bytes (a trailer), so every bucket is gathered once, checksums on or off.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import torch
 
 from relayrl.errors import SyncError
 from relayrl.sync.buckets import BucketLayout, checksum, pack
-from relayrl.sync.group import _broadcast, as_bytes  # the one broadcast with a deadline, as BroadcastSender sends
 from relayrl.sync.transports import BroadcastSender, DiskSender, Manifest, ObjectStoreSender, Sender, make_sender
 
 
@@ -103,12 +101,9 @@ def send_from_shards(
     def gathered(bucket: int) -> list[tuple[str, torch.Tensor]]:
         return [(slot.name, params[slot.name].full_tensor().detach()) for slot in layout.bucket_slots(bucket)]
 
-    # one header carries every bucket's checksum before any bucket: a first pass computes them
-    passes = 2 if plan.transport == "broadcast" and plan.checksum and len(chosen) > 1 else 1
     if sender is None:
-        for _ in range(passes):
-            for bucket in chosen:
-                gathered(bucket)  # this rank's part is the all-gathers
+        for bucket in chosen:
+            gathered(bucket)  # this rank's part is the all-gathers, one per bucket
         return None
 
     def packed(bucket: int) -> torch.Tensor:
@@ -170,11 +165,6 @@ _SAFETENSORS_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16"}
 
 
 def _stream_broadcast(sender, chosen: list[int], packed, version: int, start: float) -> Manifest:
-    """BroadcastSender's protocol (a header of version and checksums, then each bucket), bucket by bucket."""
-    sums = [checksum(packed(i)) for i in chosen] if sender.verify_checksums else []
-    header = torch.tensor([version] + sums, dtype=torch.int64, device=sender.group.device)
-    _broadcast(sender.group, header, sender.timeout_s)
-    for i in chosen:
-        bucket = packed(i)
-        _broadcast(sender.group, as_bytes(bucket), sender.timeout_s)
-    return Manifest(version, sums or None, None, _nbytes(sender, chosen), time.perf_counter() - start, chosen)
+    """BroadcastSender's protocol (the version, then each bucket and its checksum), each bucket gathered once."""
+    sums = sender.stream(version, chosen, packed)
+    return Manifest(version, sums, None, _nbytes(sender, chosen), time.perf_counter() - start, chosen)

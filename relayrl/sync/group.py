@@ -69,6 +69,25 @@ def _broadcast(group: SyncGroup, tensor: torch.Tensor, timeout_s: float) -> None
     group.broadcast(tensor, timeout_s)
 
 
+def send_value(group: SyncGroup, value: int, timeout_s: float) -> int:
+    """Rank 0 sends one int64 (a push's version, a bucket's checksum); returns it."""
+    _broadcast(group, torch.tensor([value], dtype=torch.int64, device=group.device), timeout_s)
+    return value
+
+
+def receive_value(group: SyncGroup, timeout_s: float) -> int:
+    """The int64 rank 0 sent with `send_value`."""
+    received = torch.zeros(1, dtype=torch.int64, device=group.device)
+    _broadcast(group, received, timeout_s)
+    return int(received[0])
+
+
+def checks_over(group: SyncGroup, wanted: bool) -> bool:
+    """Whether a broadcast push over `group` carries checksums: as asked, except under NCCL (the buckets stay on the
+    GPUs; a host hash would copy each one off the device on every end). Both ends decide alike: one backend."""
+    return wanted and group.backend != "nccl"
+
+
 def as_bytes(bucket: torch.Tensor) -> torch.Tensor:
     """A bucket as the bytes a broadcast moves: a bf16 bucket travels as uint8, which every backend takes (it went
     as int16 before, which gloo refuses: "Invalid scalar type", so `sync.wire_dtype=bf16` over gloo failed)."""

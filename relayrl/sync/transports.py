@@ -13,11 +13,15 @@ reaches the engine half-applied.
 - `disk`: one safetensors file, written under a temporary name and renamed into place.
 - `object_store`: Ray's object store, one numpy array per bucket; refs are owned by the sender.
 - `broadcast`: a torch.distributed group of its own (relayrl/sync/group.py: gloo on CPU, nccl on GPU) spanning the sender
-  (rank 0) and every receiver, separate from any group the learner uses, with a timeout on every call.
+  (rank 0) and every receiver, separate from any group the learner uses, with a timeout on every call. A push is
+  a header (the version), then each bucket followed by its checksum (a trailer), so a sharded learner gathers each
+  bucket once. Under NCCL the buckets never leave the GPUs and checksums are off (hashing is a host copy of every
+  bucket on the learner and every worker): both ends skip them, and the sender's log says so.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -33,9 +37,10 @@ import torch
 from relayrl.errors import SyncError
 from relayrl.run.preflight import shm_problem
 from relayrl.sync.buckets import BucketLayout, checksum, pack, unpack, verify
-from relayrl.sync.group import SyncGroup, _broadcast, as_bytes, join_group
+from relayrl.sync.group import SyncGroup, _broadcast, as_bytes, checks_over, join_group, receive_value, send_value
 
 TRANSPORTS = ("shm", "disk", "object_store", "broadcast")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -279,41 +284,65 @@ class ObjectStoreReceiver(Receiver):
 
 
 class BroadcastSender(Sender):
+    """A push: the version, then each bucket and (checksums on) its checksum, so every bucket is packed (a sharded
+    learner: gathered) once and hashed just before it is sent."""
+
     def __init__(self, layout: BucketLayout, verify_checksums: bool, group: SyncGroup, timeout_s: float, buckets=None):
         self.group, self.timeout_s = group, timeout_s  # before the buckets: they are allocated on its device
-        super().__init__(layout, verify_checksums, buckets)
+        if verify_checksums and not checks_over(group, True):
+            log.info("sync.checksum is off for this push: NCCL carries the buckets GPU to GPU, no host copy to hash")
+        super().__init__(layout, checks_over(group, verify_checksums), buckets)
 
     def _allocate(self) -> list[torch.Tensor]:
         return self.layout.empty_buckets(self.group.device)
 
-    def _publish(self, version: int, chosen: list[int]) -> None:
-        sums = [checksum(self.buckets[i]) for i in chosen] if self.verify_checksums else []
-        header = torch.tensor([version] + sums, dtype=torch.int64, device=self.group.device)
-        _broadcast(self.group, header, self.timeout_s)
-        for bucket in (self.buckets[i] for i in chosen):
+    def send(self, named_tensors, version: int, only: list[int] | None = None) -> Manifest:
+        start = time.perf_counter()
+        chosen = list(range(len(self.buckets))) if only is None else only
+        pack(named_tensors, self.layout, self.buckets, None if only is None else set(only))
+        sums = self.stream(version, chosen, lambda i: self.buckets[i])
+        nbytes = sum(self.layout.bucket_sizes[i] for i in chosen) * self.layout.dtype.itemsize
+        return Manifest(version, sums, None, nbytes, time.perf_counter() - start, only)
+
+    def stream(self, version: int, chosen: list[int], bucket_of) -> list[int] | None:
+        """The push of buckets `chosen`, each made by `bucket_of(i)` just before it is sent; the checksums sent."""
+        send_value(self.group, version, self.timeout_s)
+        sums = []
+        for i in chosen:
+            bucket = bucket_of(i)
             _broadcast(self.group, as_bytes(bucket), self.timeout_s)
+            if self.verify_checksums:
+                sums.append(send_value(self.group, self.checksum_of(i, bucket), self.timeout_s))
+        return sums if self.verify_checksums else None
+
+    def checksum_of(self, index: int, bucket: torch.Tensor) -> int:
+        return checksum(bucket)
+
+
+def _receive_version(group: SyncGroup, expected: int, timeout_s: float) -> int:
+    version = receive_value(group, timeout_s)
+    if version != expected:
+        raise SyncError(f"broadcast carried policy version {version}, expected {expected}")
+    return version
 
 
 class BroadcastReceiver(Receiver):
     def __init__(self, layout: BucketLayout, verify_checksums: bool, group, timeout_s: float):
         super().__init__(layout)
-        self.verify_checksums, self.group, self.timeout_s = verify_checksums, group, timeout_s
+        self.verify_checksums, self.group, self.timeout_s = checks_over(group, verify_checksums), group, timeout_s
         self.buckets = layout.empty_buckets(group.device)
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
         chosen = list(range(len(self.buckets))) if manifest.buckets is None else manifest.buckets
-        header = torch.zeros(
-            1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64, device=self.group.device
-        )
-        _broadcast(self.group, header, self.timeout_s)
+        version = _receive_version(self.group, manifest.version, self.timeout_s)
+        sums = []
         for bucket in (self.buckets[i] for i in chosen):
             _broadcast(self.group, as_bytes(bucket), self.timeout_s)
-        version = int(header[0])
-        if version != manifest.version:
-            raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")
+            if self.verify_checksums:
+                sums.append(receive_value(self.group, self.timeout_s))
         fetched = [self.buckets[i] for i in chosen]
         if self.verify_checksums:
-            verify(self.layout, fetched, [int(x) for x in header[1:]], version, chosen)
+            verify(self.layout, fetched, sums, version, chosen)
         return unpack(self.layout, fetched, chosen)
 
 
@@ -328,26 +357,20 @@ class StreamingBroadcastReceiver(Receiver):
 
     def __init__(self, layout: BucketLayout, verify_checksums: bool, group: SyncGroup, timeout_s: float):
         super().__init__(layout)
-        self.verify_checksums, self.group, self.timeout_s = verify_checksums, group, timeout_s
+        self.verify_checksums, self.group, self.timeout_s = checks_over(group, verify_checksums), group, timeout_s
 
     def receive(self, manifest: Manifest) -> Iterator[tuple[str, torch.Tensor]]:
         chosen = list(range(len(self.layout.bucket_sizes))) if manifest.buckets is None else manifest.buckets
-        header = torch.zeros(
-            1 + (len(chosen) if self.verify_checksums else 0), dtype=torch.int64, device=self.group.device
-        )
-        _broadcast(self.group, header, self.timeout_s)
-        version = int(header[0])
-        if version != manifest.version:
-            raise SyncError(f"broadcast carried policy version {version}, expected {manifest.version}")
-        sums, corrupt = [int(x) for x in header[1:]], None
-        for k, index in enumerate(chosen):
+        version, corrupt = _receive_version(self.group, manifest.version, self.timeout_s), None
+        for index in chosen:
             bucket = torch.empty(self.layout.bucket_sizes[index], dtype=self.layout.dtype, device=self.group.device)
             _broadcast(self.group, as_bytes(bucket), self.timeout_s)
+            want = receive_value(self.group, self.timeout_s) if self.verify_checksums else None
             if corrupt is not None:  # received and dropped: the sender's broadcast completes, the push fails here
                 continue
             try:
-                if self.verify_checksums:
-                    verify(self.layout, [bucket], [sums[k]], version, [index])
+                if want is not None:
+                    verify(self.layout, [bucket], [want], version, [index])
             except SyncError as err:
                 corrupt = err
                 continue

@@ -46,11 +46,29 @@ def test_a_broadcast_push_makes_its_header_and_buckets_on_the_groups_device():
     group = SyncGroup(_Recording(), "nccl", torch.device("meta"))
     sender = BroadcastSender(layout, False, group, timeout_s=1)
     assert {b.device for b in sender.buckets} == {torch.device("meta")}
-    sender._publish(3, [0])
+    sender.stream(3, [0], lambda i: sender.buckets[i])  # the version, then the bucket
     receiver = BroadcastReceiver(layout, False, group, timeout_s=1)
     with pytest.raises(RuntimeError, match="meta"):  # meta tensors carry no values to read the version from
         list(receiver.receive(Manifest(3, None)))
-    assert set(group.group.devices) == {torch.device("meta")} and len(group.group.devices) == 4
+    assert set(group.group.devices) == {torch.device("meta")} and len(group.group.devices) == 3
+
+
+def test_an_nccl_push_skips_checksums_on_both_ends_and_says_so(caplog):
+    """Under NCCL a host hash would copy every bucket off the GPU on the learner and on every worker: both ends
+    turn checksums off alike (one backend per group) and the sender's log says why; gloo keeps them."""
+    from relayrl.sync.buckets import make_layout
+    from relayrl.sync.transports import BroadcastReceiver, BroadcastSender, StreamingBroadcastReceiver
+
+    layout = make_layout([("a", (4,))], bucket_mb=64, wire_dtype="fp32")
+    nccl = SyncGroup(_Recording(), "nccl", torch.device("meta"))
+    with caplog.at_level("INFO", logger="relayrl.sync.transports"):
+        sender = BroadcastSender(layout, True, nccl, timeout_s=1)
+    assert "sync.checksum is off for this push: NCCL" in caplog.text
+    ends = [sender, BroadcastReceiver(layout, True, nccl, 1), StreamingBroadcastReceiver(layout, True, nccl, 1)]
+    assert [end.verify_checksums for end in ends] == [False, False, False]
+    assert sender.stream(3, [0], lambda i: sender.buckets[i]) is None and len(nccl.group.devices) == 2  # no trailer
+    gloo = SyncGroup(_Recording(), "gloo", torch.device("meta"))
+    assert BroadcastSender(layout, True, gloo, timeout_s=1).verify_checksums
 
 
 def test_the_learner_group_refuses_a_tensor_off_its_device():

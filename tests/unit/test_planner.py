@@ -424,13 +424,14 @@ def test_learner_ranks_divide_the_states_not_the_activations(ranks):
     assert one.time.gather == 0
 
 
-def test_broadcast_with_checksums_gathers_twice():
+def test_broadcast_gathers_once_with_or_without_checksums():
+    """A broadcast's checksums follow their buckets (relayrl/sync/gather.py): one all-gather pass per push."""
     broadcast = ["placement.mode=ray", "placement.learner_ranks=4", "sync.transport=broadcast"]
     gathers = []
     for checksum in ("true", "false"):
         config = planned(EXAMPLE, [*broadcast, f"sync.checksum={checksum}"])
         gathers.append(make_plan(config, SEVEN_B, PROFILES["H100-80GB"]).time.gather)  # W from the config
-    assert gathers[0] == pytest.approx(2 * gathers[1])
+    assert gathers[0] == pytest.approx(gathers[1]) and gathers[0] > 0
 
 
 def test_two_ranks_of_7b_do_not_fit_80gb_and_four_do():

@@ -265,14 +265,9 @@ def test_a_streaming_receiver_names_a_corrupt_bucket_before_yielding_its_tensors
 
     from relayrl.sync.transports import BroadcastSender, Manifest, StreamingBroadcastReceiver
 
-    class Corrupting(BroadcastSender):  # the bytes of bucket 1 change after they were hashed, as on a bad link
-        def _publish(self, version, chosen):
-            sums = [checksum(b) for b in self.buckets]
-            self.buckets[1][0] += 1.0
-            header = torch.tensor([version] + sums, dtype=torch.int64)
-            self.group.broadcast(header, self.timeout_s)
-            for bucket in self.buckets:
-                self.group.broadcast(bucket, self.timeout_s)
+    class Corrupting(BroadcastSender):  # bucket 1 arrives other than the sender hashed it, as on a bad link
+        def checksum_of(self, index, bucket):
+            return checksum(bucket) ^ (index == 1)
 
     learner, worker = broadcast_pair()
     layout = layout_of(weights(), bucket_mb=0.001, wire_dtype="fp32")
@@ -306,3 +301,58 @@ def test_the_wire_dtype_follows_the_engines_dtype(random_model_dir):
     assert (
         resolve(load_config(None, [f"model.path={random_model_dir}", "sync.wire_dtype=bf16"])).sync.wire_dtype == "bf16"
     )
+
+
+class _Gathered:
+    """A sharded parameter's stand-in: `full_tensor()` (FSDP2's all-gather) returns the whole tensor, counted."""
+
+    def __init__(self, tensor, gathers):
+        self.tensor, self.gathers = tensor, gathers
+
+    def full_tensor(self):
+        self.gathers.append(1)
+        return self.tensor
+
+
+class _Shards:
+    def __init__(self, named, gathers):
+        self.named, self.gathers = named, gathers
+
+    def reshard(self):
+        pass
+
+    def named_parameters(self):
+        return [(name, _Gathered(t, self.gathers)) for name, t in self.named]
+
+
+@pytest.mark.parametrize("checks", [True, False])
+def test_a_sharded_broadcast_push_gathers_each_bucket_once_with_todays_checksums(checks):
+    """The checksums travel after each bucket: every rank all-gathers each parameter once per push (twice before,
+    checksums on: a header of every bucket's sum came first), and the sums are those of the packed buckets, as a
+    whole-model push computes them; the engine's end receives every tensor verified."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from relayrl.sync.gather import SyncPlan, send_from_shards, streaming_sender
+    from relayrl.sync.transports import Manifest, StreamingBroadcastReceiver
+
+    named = list(weights())
+    layout = layout_of(named, bucket_mb=0.0005, wire_dtype="bf16")
+    assert len(layout.bucket_sizes) > 2
+    learner, worker = broadcast_pair()
+    sender = streaming_sender("broadcast", layout, checks, learner, 30.0, None, None)
+    rank0, other = [], []
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(send_from_shards, _Shards(named, rank0), layout, SyncPlan("broadcast", checks), sender, 7)
+        got = [
+            (n, t.clone())
+            for n, t in StreamingBroadcastReceiver(layout, checks, worker, 30.0).receive(Manifest(7, None))
+        ]
+        manifest = sent.result(60)
+    assert send_from_shards(_Shards(named, other), layout, SyncPlan("broadcast", checks), None, 7) is None
+    assert len(rank0) == len(other) == len(named)  # one all-gather per parameter, on every rank
+    whole = layout.empty_buckets()
+    pack(named, layout, whole)
+    assert manifest.checksums == ([checksum(b) for b in whole] if checks else None)
+    assert [n for n, _ in got] == [n for n, _ in named]
+    for (_, a), (_, b) in zip(got, named):
+        assert torch.equal(a, b.to(torch.bfloat16))
