@@ -40,6 +40,7 @@ from relayrl.placement.time_sharing import TimeSharing
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import build_reward_service
 from relayrl.rollout.choice import choose_engine
+from relayrl.rollout.memory import check_shares, colocated, judge_share, resolve_engine_share
 from relayrl.rollout.sleep import resolve_sleep
 from relayrl.rollout.vllm_tp import check_tensor_parallel
 from relayrl.run.checkpoint import checkpoint_root, latest_checkpoint
@@ -73,7 +74,8 @@ def resolve(config: Config, stacklevel: int = 1) -> Config:
     3. `sync.lora: auto` -> adapter or merged (relayrl/sync/lora.py), after the engine is known;
     4. `rollout.sleep: auto` and `learner.offload: auto` -> colocated time-sharing on or off, and an offload as set
        checked against this machine (relayrl/rollout/sleep.py);
-    5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py);
+    5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py); `rollout.
+       gpu_memory_utilization: auto` -> the engine's share of its GPU (relayrl/rollout/memory.py);
     6. `teacher.engine: auto` -> local (relayrl/learner/teacher.py), when there is a teacher;
     7. `sync.parity_probe: auto` -> on under train.schedule=sync (relayrl/config/sync.py).
     Then the settings a choice left without effect are warned about (at the line `stacklevel` frames up: 1 = this
@@ -106,6 +108,10 @@ def _choose(config: Config) -> None:
     choose_time_sharing(config)  # after sync.lora: an adapter push keeps level 1
     if config.sync.wire_dtype == "auto":
         config.choose("sync.wire_dtype", *resolve_wire_dtype(config.rollout.dtype))
+    if config.rollout.gpu_memory_utilization == "auto":
+        judge = judge_share(config.placement, config.reward)
+        config.choose("rollout.gpu_memory_utilization", *resolve_engine_share(colocated(config.placement), judge))
+    check_shares(config.rollout.gpu_memory_utilization, judge_share(config.placement, config.reward))
     if config.teacher.present and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
         config.choose("teacher.engine", *choose_teacher_engine(config.teacher.engine))
     if config.sync.parity_probe == "auto":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -36,7 +36,12 @@ class RolloutConfig(Section):
         description="vLLM prefix caching. `auto`: on unless no sequence can fill one KV block (then it only "
         "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
     )
-    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1, description="vLLM GPU memory fraction (GPU only).")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] = Field(
+        default="auto",
+        description="vLLM's share of its GPU's memory (GPU only): auto = 0.9 where the engine has its GPU alone, 0.5 "
+        "beside a learner rank (what relayrl plan bills), less a judge reward's share on the same GPU; the choice "
+        "is in the run's config dump (relayrl/rollout/memory.py).",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto",
         description="The engine's weights and activations: auto = bfloat16 on a GPU that supports it, float16 on one "

@@ -28,6 +28,7 @@ from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak, weight_copies
 from relayrl.planner.teacher import teacher_forward_params, teacher_params
 from relayrl.planner.vision import frozen_bytes, frozen_tower
+from relayrl.rollout.memory import engine_share
 
 GIB = 2**30
 INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
@@ -218,7 +219,7 @@ def workload_from_config(
         reference=config.algorithm.kl.coef > 0,
         critic=config.algorithm.advantage == "gae",
         kv_cache_gib=config.rollout.kv_cache_gib,
-        gpu_memory_utilization=config.rollout.gpu_memory_utilization,
+        gpu_memory_utilization=engine_share(config.rollout, config.placement, config.reward),
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,

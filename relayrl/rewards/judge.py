@@ -16,6 +16,7 @@ import string
 from typing import Any, Protocol
 
 from relayrl.errors import RewardError
+from relayrl.rollout.memory import JUDGE, JUDGE_ROLE
 
 DEFAULT_TEMPLATE = "Rate the answer to the question from 0 to 10.\nQuestion: {prompt}\nAnswer: {completion}\nRating: "
 DEFAULT_PATTERN = r"-?\d+(?:\.\d+)?"
@@ -90,16 +91,21 @@ def judge(
     default: float | None = None,
     max_tokens: int = 16,
     max_model_len: int = 512,
+    gpu_memory_utilization: float = JUDGE,
     **columns: Any,
 ) -> list[float]:
-    """The `judge` built-in: a judge over a vLLM engine on `model`, built once per process."""
+    """The `judge` built-in: a judge over a vLLM engine on `model`, built once per process, taking
+    `gpu_memory_utilization` of the GPU (beside a rollout engine there, the two shares must add up to at most 1:
+    relayrl/rollout/memory.py)."""
     if model is None:
         raise RewardError("reward 'judge' needs a model: set reward.kwargs.model to an HF model directory")
-    return _judge(model, template, pattern, default, max_tokens, max_model_len).score(prompts, completions, **columns)
+    built = _judge(model, template, pattern, default, max_tokens, max_model_len, gpu_memory_utilization)
+    return built.score(prompts, completions, **columns)
 
 
 @functools.cache
-def _judge(model: str, template: str, pattern: str, default: float | None, max_tokens: int, max_model_len: int):
+def _judge(model: str, template: str, pattern: str, default, max_tokens: int, max_model_len: int, share: float):
     from relayrl.rollout.vllm_engine import VLLMEngine
 
-    return Judge(VLLMEngine(model, max_model_len=max_model_len, seed=0), template, pattern, default, max_tokens)
+    engine = VLLMEngine(model, max_model_len=max_model_len, seed=0, gpu_memory_utilization=share, role=JUDGE_ROLE)
+    return Judge(engine, template, pattern, default, max_tokens)

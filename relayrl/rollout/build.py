@@ -61,6 +61,8 @@ def engine_from_settings(settings: EngineSettings, max_model_len: int, cores: st
     """The run's rollout engine, from its `rollout` section (plus the model and the seed): the one construction
     path, used in the driver (`placement.mode=local`) and in every Ray engine actor, so no `rollout.*` setting
     can reach one and not the other. `cores`: the CPU cores a Ray actor was given (vLLM pins its threads)."""
+    from relayrl.rollout.memory import chosen_share
+
     r = settings.rollout
     return build_engine(
         r.engine,
@@ -68,7 +70,7 @@ def engine_from_settings(settings: EngineSettings, max_model_len: int, cores: st
         max_model_len,
         settings.seed,
         kv_cache_gib=r.kv_cache_gib,
-        gpu_memory_utilization=r.gpu_memory_utilization,
+        gpu_memory_utilization=chosen_share(r.gpu_memory_utilization),
         prefix_caching=r.prefix_caching,
         cores=cores,
         adapter=settings.adapter(),  # sync.lora=adapter: the engine serves LoRA adapters

@@ -28,6 +28,7 @@ from relayrl.data.vision import vision_token_ids
 from relayrl.errors import ConfigError, ModelError, SyncError
 from relayrl.models.adapter_sync import AdapterSpec
 from relayrl.rollout.build import EngineDevice
+from relayrl.rollout.memory import ROLLOUT, claim_gpu
 from relayrl.rollout.seeds import prompt_seeds
 from relayrl.rollout.vllm_adapters import EngineAdapters
 from relayrl.rollout.vllm_tp import engine_args as tp_engine_args
@@ -84,7 +85,9 @@ class VLLMEngine:
         adapter: AdapterSpec | None = None,
         tensor_parallel: int = 1,
         device: EngineDevice | None = None,
+        role: str = ROLLOUT,
     ):
+        """`role`: who this engine serves, as a refusal of its GPU share names it (relayrl/rollout/memory.py)."""
         _configure_environment(kv_cache_gib, cores)
         device = device or EngineDevice.resolve()
         threads = torch.get_num_threads()
@@ -92,6 +95,8 @@ class VLLMEngine:
         from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
+        if tensor_parallel == 1:  # its share of this GPU, checked against the other engines' here and what is free
+            claim_gpu(role, gpu_memory_utilization)
         self.tensor_parallel = tensor_parallel  # T > 1: T rank processes (relayrl/rollout/vllm_tp.py)
         from relayrl.rollout.vllm_transfer import BACKEND  # registers relayrl's weight-transfer engine here
 
