@@ -4,7 +4,8 @@
 non-pad token) and returns one float per sample. It holds nothing but the model and tokenizer, so it can
 run as its own role (a reward worker, or a Ray actor wrapping it). As a reward spec:
 `reward: {fn: reward_model, kwargs: {path: runs/rm}}`; the model is loaded once per process.
-Left out: GPU placement beyond `device=`, and chat-template rendering (the text is prompt + completion).
+On a GPU (`device=cuda`) its weights claim their share of it first (relayrl/rollout/memory.py: refused naming the
+engine beside it when the two do not fit). Left out: GPU placement beyond `device=`, and chat-template rendering (the text is prompt + completion).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from relayrl.errors import RewardError
+from relayrl.rollout.memory import REWARD_MODEL_ROLE, claim_bytes
 
 
 class RewardModel:
@@ -25,7 +27,10 @@ class RewardModel:
         if not (path / "config.json").is_file():
             raise RewardError(f"reward_model: no model at {path} (expected a directory with config.json)")
         self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).to(device).eval()
+        model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+        nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        claim_bytes(REWARD_MODEL_ROLE, device, nbytes)  # on an engine's GPU: refused by name, not an OOM later
+        self.model = model.to(device).eval()
         if self.model.config.num_labels != 1:
             raise RewardError(
                 f"reward_model: {path} has num_labels={self.model.config.num_labels}; a reward model "

@@ -32,6 +32,7 @@ COLOCATED = 0.5
 JUDGE = 0.3
 ROLLOUT = "the rollout engine (rollout.gpu_memory_utilization)"
 JUDGE_ROLE = "the judge reward's engine (reward.kwargs.gpu_memory_utilization)"
+REWARD_MODEL_ROLE = "the reward model (reward.kwargs.device)"
 
 
 def judge_share(placement: PlacementConfig, reward: RewardConfig) -> float | None:
@@ -127,3 +128,16 @@ def claim_gpu(role: str, share: float) -> None:
     free, total = torch.cuda.mem_get_info(device)
     LEDGER.claim(device, role, share, free, total)
     log.info("GPU %d: %s takes %g of its %.1f GiB", device, role, share, total / 2**30)
+
+
+def claim_bytes(role: str, device: str, nbytes: int) -> None:
+    """Claim what a model of `nbytes` takes of GPU `device` (a reward model moved there), as an engine claims its
+    share: refused beside engines whose shares leave too little, or past what the GPU has free (a no-op off GPU)."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    free, total = torch.cuda.mem_get_info(index)
+    LEDGER.claim(index, role, round(nbytes / total, 4), free, total)

@@ -60,3 +60,13 @@ def test_a_share_larger_than_the_free_memory_is_refused_before_vllm_sees_it():
     with pytest.raises(ConfigError, match=r"asks for 0.5 .*what else holds it .* at 0.6.*5.0 GiB asked, 4.0 GiB free"):
         GpuLedger().claim(0, JUDGE_ROLE, 0.5, free_bytes=4 * gib, total_bytes=10 * gib)
     GpuLedger().claim(0, JUDGE_ROLE, 0.4, free_bytes=4 * gib, total_bytes=10 * gib)
+
+
+def test_a_reward_model_moved_onto_an_engines_gpu_is_refused_naming_the_engine():
+    """What `claim_bytes` records for a reward model's weights on GPU 0 beside the rollout engine's 0.9."""
+    from relayrl.rollout.memory import REWARD_MODEL_ROLE
+
+    ledger, gib = GpuLedger(), 2**30
+    ledger.claim(0, ROLLOUT, 0.9)
+    with pytest.raises(ConfigError, match=r"the reward model \(reward.kwargs.device\) asks for 0.2 .* rollout engine"):
+        ledger.claim(0, REWARD_MODEL_ROLE, 16 * gib / (80 * gib), free_bytes=8 * gib, total_bytes=80 * gib)
