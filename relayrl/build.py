@@ -111,7 +111,8 @@ def _choose(config: Config) -> None:
     if config.rollout.gpu_memory_utilization == "auto":
         judge = judge_share(config.placement, config.reward)
         config.choose("rollout.gpu_memory_utilization", *resolve_engine_share(colocated(config.placement), judge))
-    check_shares(config.rollout.gpu_memory_utilization, judge_share(config.placement, config.reward))
+    if config.rollout.engine == "vllm":  # an HF engine takes no share up front
+        check_shares(config.rollout.gpu_memory_utilization, judge_share(config.placement, config.reward))
     if config.teacher.present and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
         config.choose("teacher.engine", *choose_teacher_engine(config.teacher.engine))
     if config.sync.parity_probe == "auto":

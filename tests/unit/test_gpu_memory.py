@@ -9,6 +9,8 @@ from relayrl.config import dump_config, load_config
 from relayrl.errors import ConfigError
 from relayrl.rollout.memory import ALONE, COLOCATED, JUDGE_ROLE, ROLLOUT, GpuLedger, engine_share, resolve_engine_share
 
+JUDGED = ("reward.fn=judge", "reward.kwargs={model: m}")
+
 
 def resolved(model_dir, *overrides):
     return resolve(load_config(None, [f"model.path={model_dir}", *overrides]))
@@ -38,7 +40,8 @@ def test_a_local_run_resolves_auto_records_why_and_leaves_a_judge_its_share(rand
 
 def test_explicit_shares_past_one_on_the_judges_gpu_are_refused_at_resolve(random_model_dir):
     with pytest.raises(ConfigError, match=r"rollout.gpu_memory_utilization=0.8 and the judge reward's reward.kwargs"):
-        resolved(random_model_dir, "rollout.gpu_memory_utilization=0.8", "reward.fn=judge", "reward.kwargs={model: m}")
+        resolved(random_model_dir, "rollout.engine=vllm", "rollout.gpu_memory_utilization=0.8", *JUDGED)
+    assert resolved(random_model_dir, "rollout.engine=hf", "rollout.gpu_memory_utilization=0.8", *JUDGED)  # no share
 
 
 def test_a_judge_whose_share_does_not_fit_beside_the_engine_is_refused_naming_both():
