@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from relayrl.config.section import Section
 
@@ -36,7 +36,7 @@ class RolloutConfig(Section):
         description="vLLM prefix caching. `auto`: on unless no sequence can fill one KV block (then it only "
         "costs hashing: ~15% of a short rollout on CPU, where blocks are 128 tokens).",
     )
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | Literal["auto"] = Field(
+    gpu_memory_utilization: float | Literal["auto"] = Field(
         default="auto",
         description="vLLM's share of its GPU's memory (GPU only): auto = 0.9 where the engine has its GPU alone, 0.5 "
         "beside a learner rank (what relayrl plan bills), less a judge reward's share on the same GPU; the choice "
@@ -73,3 +73,10 @@ class RolloutConfig(Section):
         "T dividing the attention heads, and a core or GPU per rank (under ray an unset placement.engine_cpus "
         "becomes T; engine bundles reserve T GPUs).",
     )
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _a_share(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 < float(value) <= 1:
+            raise ValueError(f"rollout.gpu_memory_utilization={value}: a share of the GPU in (0, 1], or auto")
+        return value

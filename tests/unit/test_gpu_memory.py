@@ -73,3 +73,10 @@ def test_a_reward_model_moved_onto_an_engines_gpu_is_refused_naming_the_engine()
     ledger.claim(0, ROLLOUT, 0.9)
     with pytest.raises(ConfigError, match=r"the reward model \(reward.kwargs.device\) asks for 0.2 .* rollout engine"):
         ledger.claim(0, REWARD_MODEL_ROLE, 16 * gib / (80 * gib), free_bytes=8 * gib, total_bytes=80 * gib)
+
+
+def test_a_share_outside_zero_to_one_is_refused_naming_the_key():
+    with pytest.raises(
+        ConfigError, match=r"rollout.gpu_memory_utilization=1.5: a share of the GPU in \(0, 1\], or auto"
+    ):
+        load_config(None, ["rollout.gpu_memory_utilization=1.5"])
