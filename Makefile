@@ -29,7 +29,7 @@ $(STAMP): $(LOCK) pyproject.toml
 	@$(if $(findstring gpu,$(LOCK)),$(PY) relayrl/run/preflight.py driver $(LOCK))
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) --upgrade pip 2>&1 | $(QUIET)
-	$(PIP) --no-deps --no-compile -r $(LOCK) 2>&1 | $(QUIET)  # modules compile when first imported: a third of the install time
+	$(PIP) --no-deps -r $(LOCK) 2>&1 | $(QUIET)  # byte-compiled here: PYTHONDONTWRITEBYTECODE, where set, stops it later
 	$(PIP) --no-deps --no-build-isolation -e . 2>&1 | $(QUIET)
 	@touch $(STAMP)
 

@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.xdist_group(name))
             elif any(d.scope == "module" for d in fixturedefs):
                 item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    if config.pluginmanager.hasplugin("xdist") and config.getvalue("dist") == "loadgroup":
+    if getattr(config.option, "loadgroup", False):  # set on each worker by xdist under --dist loadgroup
         put_groups_in_node_ids(items)
 
 
