@@ -36,11 +36,14 @@ class ServiceSettings:
         """The engine settings of one base: `rollout.engine: auto` resolved for its size, as training resolves it."""
         from relayrl.rollout.build import EngineSettings
         from relayrl.rollout.choice import choose_engine
+        from relayrl.rollout.memory import resolve_engine_share
 
-        engine = self.rollout.engine
+        engine, share = self.rollout.engine, self.rollout.gpu_memory_utilization
         if engine == "auto":
             engine = choose_engine(base_path, "local").engine
-        rollout = self.rollout.model_copy(update={"engine": engine})
+        if share == "auto":  # as for an engine with its GPU alone: the service places no learner rank beside it
+            share = resolve_engine_share(colocated=False, judge=None)[0]
+        rollout = self.rollout.model_copy(update={"engine": engine, "gpu_memory_utilization": share})
         model = self.model.model_copy(update={"path": base_path, "lora": None})
         return EngineSettings(rollout, model, self.seed, lora_sync="merged", kept_versions=1)
 
