@@ -28,8 +28,7 @@ $(STAMP): $(LOCK) pyproject.toml
 	  "make setup: needs Python 3.11, 3.12 or 3.13 (PY='$(PY)'): install one, or pass PY=/path/to/python3.12" >&2; exit 1; }
 	@$(if $(findstring gpu,$(LOCK)),$(PY) relayrl/run/preflight.py driver $(LOCK))
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) --upgrade pip 2>&1 | $(QUIET)
-	$(PIP) --no-deps -r $(LOCK) 2>&1 | $(QUIET)  # byte-compiled here: PYTHONDONTWRITEBYTECODE, where set, stops it later
+	bash requirements/install.sh $(VENV) $(LOCK)  # uv where it can be had, else pip; byte-compiled (it says why)
 	$(PIP) --no-deps --no-build-isolation -e . 2>&1 | $(QUIET)
 	@touch $(STAMP)
 
