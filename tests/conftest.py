@@ -111,15 +111,15 @@ def ray_address():
 
 @pytest.fixture(scope="session")
 def straight_sync_run(tmp_path_factory, warm_model_dir, toy_task):
-    """A 6-step sync run through vLLM, never interrupted, with checkpoints after steps 1, 3 and 5 (the last two
-    kept): what the kill, signal and corrupt-checkpoint resume tests compare with (`settings` is how each of
-    them runs; read the run, copy it before changing it)."""
+    """A 4-step sync run through vLLM, never interrupted, with checkpoints after steps 1 and 3 (both kept; the
+    pruning of older ones is tests/unit/test_checkpoint.py's): what the kill, signal and corrupt-checkpoint resume
+    tests compare with (`settings` is how each of them runs; read the run, copy it before changing it)."""
     from types import SimpleNamespace
 
     from benchmarks.learning_cases import run_in_process, write_config
 
     settings = [
-        "train.steps=6",
+        "train.steps=4",
         "checkpoint.every=2",
         "checkpoint.keep=2",
         "eval.max_prompts=16",

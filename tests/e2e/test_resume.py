@@ -44,15 +44,15 @@ def test_killed_run_resumes_to_the_same_metrics(tmp_path, warm_model_dir, toy_ta
     straight, settings = straight_sync_run.dir, straight_sync_run.settings
     killed = tmp_path / "killed"
     config = write_config(tmp_path / "b.yaml", warm_model_dir, toy_task, killed, "vllm")
-    kill_after_checkpoint(config, settings, killed, "step_000003")  # somewhere in step 4 (or writing its metrics)
+    kill_after_checkpoint(config, settings, killed, "step_000001")  # somewhere in step 2 (or writing its metrics)
 
     resumed = run_in_process("train", str(config), *settings, "--resume", str(killed))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
-    assert [r["step"] for r in metric_rows(killed)] == list(range(6))
+    assert "resuming from" in resumed.stdout and "step_000001" in resumed.stdout
+    assert [r["step"] for r in metric_rows(killed)] == list(range(4))
     assert_same_metrics(metric_rows(straight), metric_rows(killed))
     assert json.loads((killed / "eval.json").read_text()) == json.loads((straight / "eval.json").read_text())
-    assert sorted(p.name for p in (killed / "checkpoints").glob("step_*")) == ["step_000003", "step_000005"]
+    assert sorted(p.name for p in (killed / "checkpoints").glob("step_*")) == ["step_000001", "step_000003"]
 
 
 def kill_after_checkpoint(config, settings, run_dir, step_dir: str) -> None:
@@ -115,15 +115,15 @@ def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_wo
 
 def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path, straight_sync_run):
     run_dir = tmp_path / "run"
-    shutil.copytree(straight_sync_run.dir, run_dir)  # checkpoints after steps 3 and 5
-    newest = run_dir / "checkpoints" / "step_000005" / "trainer_state.pt"
+    shutil.copytree(straight_sync_run.dir, run_dir)  # checkpoints after steps 1 and 3
+    newest = run_dir / "checkpoints" / "step_000003" / "trainer_state.pt"
     newest.write_bytes(newest.read_bytes()[:100])  # a torn write
     config, settings = straight_sync_run.config, straight_sync_run.settings
     resumed = run_in_process("train", str(config), *settings, "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "step_000005 is unusable (trainer_state.pt does not match its checksum)" in resumed.stdout
-    assert "resuming from" in resumed.stdout and "step_000003" in resumed.stdout
-    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(range(6))
+    assert "step_000003 is unusable (trainer_state.pt does not match its checksum)" in resumed.stdout
+    assert "resuming from" in resumed.stdout and "step_000001" in resumed.stdout
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == list(range(4))
     assert_same_metrics(metric_rows(straight_sync_run.dir), metric_rows(run_dir))
 
 

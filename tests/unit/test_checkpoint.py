@@ -28,6 +28,15 @@ def _disk_full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
 
+def test_only_the_newest_keep_checkpoints_stay(tmp_path, model):
+    """checkpoint.keep: the oldest go as newer ones land (the resume tests' runs keep every checkpoint they make)."""
+    for step in (1, 3, 5):
+        save_checkpoint(tmp_path, step, model, {"step": step}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000003", "step_000005"]
+    newest = latest_checkpoint(tmp_path)
+    assert newest is not None and newest[0] == tmp_path / "checkpoints" / "step_000005" and newest[1] == {"step": 5}
+
+
 def test_a_full_disk_leaves_the_previous_checkpoint_and_names_the_path(tmp_path, model, monkeypatch):
     first = save_checkpoint(tmp_path, 0, model, {"step": 0}, keep=2)
     monkeypatch.setattr(torch, "save", _disk_full)
