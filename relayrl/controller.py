@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relayrl.errors import RoleFailure
 from relayrl.learner.batching import make_experience
@@ -85,6 +85,7 @@ class Trainer:
     # scored by the teacher its route names (relayrl/algorithms/teacher_routes.py); None = no teacher
     teacher_routes: TeacherRoutes | None = None
     teacher_prompt: TeacherPrompt | None = None  # teacher.prompt: the teacher scores after its own prompt
+    teacher: Any = None  # the role that scores (its `score_teacher`): teacher.engine=actor's; None = the learner
     guard: PushGuard = field(default_factory=PushGuard.off)  # a push that did not land stops the run
 
     def step(self, step: int) -> dict[str, float]:
@@ -101,7 +102,7 @@ class Trainer:
         if routes is not None:  # on-policy distillation: the teacher scores the sampled tokens, once per sample
             exp.teacher_routes = teacher_rows
             with timer("teacher"):
-                exp = self.learner.score_teacher(exp, teacher_input)
+                exp = (self.teacher or self.learner).score_teacher(exp, teacher_input)
         with timer("advantage"):
             exp = self.advantages(exp, batch.rollouts)
         with timer("update"):  # with the pre-update log-probs of the rows this step logs to samples.jsonl

@@ -42,10 +42,17 @@ class TeacherConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="The teacher's weights: auto = bf16 on GPU, fp32 on CPU (as the reference)."
     )
-    engine: Literal["auto", "local"] = Field(
+    engine: Literal["auto", "local", "actor"] = Field(
         default="auto",
         description="Where the teacher scores the samples: local = a batched forward pass in the learner's "
-        "process, like the reference's; auto = local (the only engine so far).",
+        "process, like the reference's; actor = the same pass in a Ray actor of its own, in its own bundle "
+        "(and GPU) under placement.mode=ray; auto = local (the run's config dump says why).",
+    )
+    cpus: float = Field(
+        default=1.0,
+        gt=0,
+        description="teacher.engine=actor: the CPUs of the teacher's own bundle (its threads); on a cluster with "
+        "GPUs the bundle also holds one GPU.",
     )
     prompt: str = Field(
         default="",
@@ -93,9 +100,9 @@ class DistillConfig(Section):
     )
 
 
-def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: int) -> None:
+def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: int, mode: str = "local") -> None:
     """The rules across sections a teacher brings (called by `Config`'s validator); a ValueError names the keys.
-    `learner_ranks`: placement.learner_ranks."""
+    `learner_ranks`: placement.learner_ranks; `mode`: placement.mode."""
     check_routes(teacher)
     if teacher.prompt:
         check_template(teacher.prompt)
@@ -115,6 +122,11 @@ def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: 
         raise ValueError(
             f"teacher.path with placement.learner_ranks={learner_ranks}: the teacher runs on one "
             "learner process only so far; set placement.learner_ranks=1"
+        )
+    if teacher.engine == "actor" and mode != "ray":
+        raise ValueError(
+            f"teacher.engine=actor puts the teacher in a Ray actor of its own: it needs placement.mode=ray (got "
+            f"{mode}); use placement.mode=ray, or teacher.engine=local (the teacher in the learner's process)"
         )
 
 

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from relayrl.algorithms.teacher_prompt import align_to_student
 from relayrl.learner.critic import Critic
 from relayrl.learner.distribution import Distribution, OneProcess
 from relayrl.learner.offload import return_cached_blocks
@@ -72,7 +71,8 @@ class LearnerRole(WeightSource):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         gae = settings.algorithm.advantage == "gae"
         self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
-        self.teacher = None if settings.teacher is None else Teachers(settings.teacher, self.policy)
+        teacher = settings.teacher  # teacher.engine=actor: the teacher is a role of its own, not loaded here
+        self.teacher = Teachers.local(teacher, self.policy) if teacher and teacher.engine in ("auto", "local") else None
         self.distribution.attach(self)
         self._colocated_free()  # the load's peak (rank 0 holds whole models until they are sharded)
 
@@ -100,13 +100,8 @@ class LearnerRole(WeightSource):
         `teacher_rows`: with `teacher.prompt`, the same responses after the teacher's prompt
         (relayrl/algorithms/teacher_prompt.py); the teacher scores those, aligned back to `exp`'s columns."""
         if self.teacher is None:
-            raise RuntimeError("score_teacher called on a learner built without teacher.path")
-        if teacher_rows is None:
-            exp.teacher_logprobs = self.teacher.logprobs(exp)
-            return exp
-        teacher_rows.teacher_routes = exp.teacher_routes
-        exp.teacher_logprobs = align_to_student(self.teacher.logprobs(teacher_rows), teacher_rows, exp)
-        return exp
+            raise RuntimeError("score_teacher called on a learner built without teacher.path (or teacher.engine=local)")
+        return self.teacher.score(exp, teacher_rows)
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:
         result = self.distribution.update(self, step, exp, sample_rows)

@@ -38,3 +38,15 @@ class LearnerSettings:
     updates_per_step: int  # optimizer steps per training step
     teacher: TeacherConfig | None = None  # on-policy distillation's teacher (relayrl/learner/teacher.py), if any
     colocated: bool = False  # an engine shares the learner's GPU: cached blocks go back after attach and updates
+
+
+@dataclass(frozen=True)
+class TeacherSettings:
+    """What a teacher in a process of its own reads (`teacher.engine: actor`, relayrl/learner/teacher_role.py): the
+    `teacher` section; of `model`, the student's path (its image tokens), attention kernel and dtype (the forward's
+    autocast); of `train`, the micro-batches, packing and logits chunks; of `rollout`, the sampling temperature."""
+
+    teacher: TeacherConfig
+    model: ModelConfig
+    train: TrainConfig
+    rollout: RolloutConfig

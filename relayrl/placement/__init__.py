@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from relayrl.placement.learner_restarts import LearnerRestarts
 
@@ -29,6 +29,7 @@ class Roles:
     sync: WeightSync
     close: Callable[[], None]  # release actors, shared memory, the placement group
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: a new learner group
+    teacher: Any = None  # teacher.engine=actor: a handle on the teacher's own actor (its `score_teacher`)
 
 
 def build_roles(config: Config, max_len: int) -> Roles:

@@ -1,5 +1,5 @@
-"""Start the roles of a run on Ray: the learner actor (or its sharded ranks), the engine replicas, and the weight
-sync between them."""
+"""Start the roles of a run on Ray: the learner actor (or its sharded ranks), the engine replicas, the teacher's
+own actor (teacher.engine=actor), and the weight sync between them."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import ray
 from relayrl.config import Config, effective_transport
 from relayrl.learner.role import Learner, LearnerRole
 from relayrl.placement import Roles
-from relayrl.placement.cluster import Slot, actor_options, reserve, split_slots
+from relayrl.placement.cluster import Slot, actor_options, reserve, split_slots, teacher_slot
 from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
 from relayrl.placement.learner_restarts import LearnerRestarts
-from relayrl.placement.sections import engine_settings, learner_settings
+from relayrl.placement.sections import engine_settings, learner_settings, teacher_settings
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:
@@ -43,11 +43,14 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
         return RemoteRole(actor, slot.role, timeout)
 
     engines = RayEngineGroup(spawn, placement)
+    teacher = start_teacher(config, group, teacher_slot(slots))
     learner.ping()
     engines.ready()
+    if teacher is not None:
+        teacher.ping()
     sync = RaySync(config.sync, effective_transport(config))
     sync.setup(learner, engines)
-    close = functools.partial(shutdown, learner, learner_actors, engines, group)
+    close = functools.partial(shutdown, learner, learner_actors, engines, group, teacher)
 
     def respawn() -> None:
         """A new learner group in the same bundles, behind the same handle (the loop, the sync and the time sharing
@@ -62,7 +65,18 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
 
     restarts = LearnerRestarts(placement, respawn)
     # both handles forward every Learner method to the actor(s) by name (__getattr__), which a protocol cannot see
-    return Roles(engines, cast(Learner, learner), sync, close=close, learner_restarts=restarts)
+    return Roles(engines, cast(Learner, learner), sync, close=close, learner_restarts=restarts, teacher=teacher)
+
+
+def start_teacher(config: Config, group, slot: Slot | None) -> RemoteRole | None:
+    """teacher.engine=actor: the teachers in an actor of their own, in their own bundle (and GPU); each call with
+    placement.call_timeout_s, and a death reported naming the teacher. None for another engine."""
+    if slot is None:
+        return None
+    from relayrl.learner.teacher_role import TeacherRole
+
+    actor = ray.remote(TeacherRole).options(**actor_options(group, slot)).remote(teacher_settings(config), slot.threads)
+    return RemoteRole(actor, "teacher", config.placement.call_timeout_s)
 
 
 def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole | LearnerRanks, list]:
@@ -79,7 +93,7 @@ def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole 
     return RemoteRole(actor, "learner", config.placement.call_timeout_s), [actor]
 
 
-def shutdown(learner, learner_actors: list, engines, group) -> None:
+def shutdown(learner, learner_actors: list, engines, group, teacher: RemoteRole | None = None) -> None:
     """Release shared memory and the placement group; the actors go with it."""
     from ray.util.placement_group import remove_placement_group
 
@@ -87,6 +101,6 @@ def shutdown(learner, learner_actors: list, engines, group) -> None:
         learner.close()
     for replica in engines.replicas:
         ray.kill(replica._actor, no_restart=True)
-    for actor in learner_actors:
+    for actor in learner_actors + ([teacher._actor] if teacher is not None else []):
         ray.kill(actor, no_restart=True)
     remove_placement_group(group)

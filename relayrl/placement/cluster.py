@@ -56,17 +56,25 @@ class Slot:
 
 
 def plan_slots(
-    placement: PlacementConfig, machine_cores: int, gpus: bool = False, tensor_parallel: int = 1
+    placement: PlacementConfig, machine_cores: int, gpus: bool = False, tensor_parallel: int = 1, teacher: float = 0
 ) -> tuple[list[dict], list[Slot]]:
-    """The bundles to reserve and the slot of each role: the learner's first, then engine 0..N-1.
+    """The bundles to reserve and the slot of each role: the learner's first, then engine 0..N-1, then (`teacher`:
+    its CPUs, teacher.engine=actor) the teacher's bundle of its own, with one GPU of its own on GPUs.
 
     Without GPUs in the cluster, the learner's W ranks share one bundle (`learner`). With GPUs (`gpus`), every
     actor takes its devices from the bundles: disaggregated, each learner rank a bundle with one GPU (so ranks
     may land on different nodes) and each engine a bundle with its `tensor_parallel` GPUs; colocated, learner rank
     i and engine i share bundle i's one GPU (half each, the OpenRLHF way). Which GPU an actor gets is Ray's
     assignment, never a rank modulo a count."""
-    if gpus:
-        return _plan_gpu_slots(placement, tensor_parallel)
+    bundles, slots = _plan_gpu_slots(placement, tensor_parallel) if gpus else _plan_cpu_slots(placement, machine_cores)
+    if teacher:  # its threads, unpinned (as the learner's)
+        bundles.append({"CPU": teacher, **({"GPU": 1.0} if gpus else {})})
+        slots.append(Slot("teacher", len(bundles) - 1, teacher, max(1, math.floor(teacher)), "", float(gpus)))
+    return bundles, slots
+
+
+def _plan_cpu_slots(placement: PlacementConfig, machine_cores: int) -> tuple[list[dict], list[Slot]]:
+    """plan_slots on a cluster without GPUs (see there)."""
     n = placement.engines
     learner_threads, engine_threads = _threads(placement)
     learner_extra, engine_extra = dict(placement.learner_resources), dict(placement.engine_resources)
@@ -124,8 +132,18 @@ def _plan_gpu_slots(placement: PlacementConfig, tensor_parallel: int) -> tuple[l
 
 
 def split_slots(slots: list[Slot]) -> tuple[list[Slot], list[Slot]]:
-    """(the learner's slots: one, or one per rank; the engines' slots, in order)."""
-    return [s for s in slots if s.is_learner], [s for s in slots if not s.is_learner]
+    """(the learner's slots: one, or one per rank; the engines' slots, in order). The teacher's is `teacher_slot`."""
+    return [s for s in slots if s.is_learner], [s for s in slots if s.role.startswith("engine")]
+
+
+def teacher_slot(slots: list[Slot]) -> Slot | None:
+    """The slot of the teacher's own actor (teacher.engine=actor), if the run has one."""
+    return next((s for s in slots if s.role == "teacher"), None)
+
+
+def teacher_cpus(config: Config) -> float:
+    """The CPUs of the teacher's own bundle: teacher.cpus with teacher.engine=actor, else 0 (no bundle)."""
+    return config.teacher.cpus if config.teacher.present and config.teacher.engine == "actor" else 0.0
 
 
 def start_ray(placement: PlacementConfig) -> None:
@@ -207,12 +225,16 @@ def reserve(config: Config):
     placement = config.placement
     if not ray.is_initialized() and not placement.address:  # the cluster we are about to start: its size is known
         cpus = float(placement.num_cpus or os.cpu_count() or 1)
-        bundles, _ = plan_slots(placement, os.cpu_count() or 1, local_gpus() > 0, config.rollout.tensor_parallel)
-        check_fits(placement, bundles, {"CPU": cpus, "GPU": local_gpus()}, {"CPU": cpus, "GPU": local_gpus()})
+        gpus, tp, teacher = local_gpus(), config.rollout.tensor_parallel, teacher_cpus(config)
+        bundles, _ = plan_slots(placement, os.cpu_count() or 1, gpus > 0, tp, teacher)
+        check_fits(placement, bundles, {"CPU": cpus, "GPU": gpus}, {"CPU": cpus, "GPU": gpus}, bool(teacher))
     start_ray(placement)
     total, free = ray.cluster_resources(), ray.available_resources()
-    bundles, slots = plan_slots(placement, os.cpu_count() or 1, total.get("GPU", 0) > 0, config.rollout.tensor_parallel)
-    check_fits(placement, bundles, total, free)
+    teacher = teacher_cpus(config)
+    bundles, slots = plan_slots(
+        placement, os.cpu_count() or 1, total.get("GPU", 0) > 0, config.rollout.tensor_parallel, teacher
+    )
+    check_fits(placement, bundles, total, free, bool(teacher))
     group = placement_group(bundles, strategy=placement.strategy)
     if not group.wait(timeout_seconds=placement.placement_timeout_s):
         remove_placement_group(group)
@@ -239,16 +261,19 @@ def local_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def check_fits(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> None:
+def check_fits(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict, teacher: bool = False) -> None:
     """Raise at once when the bundles ask for more CPUs, or more of a resource, than the cluster has in all:
-    waiting for the placement group could only end at its deadline with the same message."""
+    waiting for the placement group could only end at its deadline with the same message. `teacher`: the last
+    bundle is the teacher's own (teacher.engine=actor)."""
     if sum(b["CPU"] for b in bundles) > total.get("CPU", 0) + 1e-9:
-        raise PlacementError(unplaceable_message(placement, bundles, total, free))
+        raise PlacementError(unplaceable_message(placement, bundles, total, free, teacher))
     if (asked := sum(b.get("GPU", 0) for b in bundles)) > total.get("GPU", 0) + 1e-9:
         raise PlacementError(
-            f"placement.layout={placement.layout} asks for {asked:g} GPUs ({gpu_roles(placement, bundles)}) but the "
+            f"placement.layout={placement.layout} asks for {asked:g} GPUs ({gpu_roles(placement, bundles, teacher)}) but the "
             f"cluster has {total.get('GPU', 0):g} ({free.get('GPU', 0):g} free). Lower placement.learner_ranks, "
-            "placement.engines or rollout.tensor_parallel, or add nodes with GPUs"
+            "placement.engines or rollout.tensor_parallel"
+            + (", use teacher.engine=local" if teacher else "")
+            + ", or add nodes with GPUs"
         )
     for key, extra in (
         ("learner_resources", placement.learner_resources),
@@ -269,7 +294,9 @@ def check_fits(placement: PlacementConfig, bundles: list[dict], total: dict, fre
                 )
 
 
-def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: dict, free: dict) -> str:
+def unplaceable_message(
+    placement: PlacementConfig, bundles: list[dict], total: dict, free: dict, teacher: bool = False
+) -> str:
     asked = sum(b["CPU"] for b in bundles)
     if placement.layout == "colocated":
         roles = f"learner and {placement.engines} engine(s) sharing one bundle of {{CPU: {bundles[0]['CPU']:g}}}"
@@ -278,6 +305,8 @@ def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: 
             f"learner {{CPU: {placement.learner_cpus:g}}} + {placement.engines} engine(s) "
             f"{{CPU: {placement.engine_cpus:g}}} each"
         )
+    if teacher:
+        roles += f" + the teacher {{CPU: {bundles[-1]['CPU']:g}}} (teacher.cpus)"
     if placement.strategy != "PACK" or placement.learner_resources or placement.engine_resources:
         roles += f" (bundles {bundles}, placement.strategy={placement.strategy})"
     return (
@@ -288,13 +317,13 @@ def unplaceable_message(placement: PlacementConfig, bundles: list[dict], total: 
     )
 
 
-def gpu_roles(placement: PlacementConfig, bundles: list[dict]) -> str:
-    """What asks for the GPUs, role by role, for a message: `learner rank 0: 1, ..., engine 0: 2`."""
+def gpu_roles(placement: PlacementConfig, bundles: list[dict], teacher: bool = False) -> str:
+    """What asks for the GPUs, role by role, for a message: `learner rank 0: 1, ..., engine 0: 2, teacher: 1`."""
     ranks = placement.learner_ranks
     names = ["learner"] if ranks == 1 else [f"learner rank {r}" for r in range(ranks)]
     if placement.layout == "colocated":
         names = [f"{name} + engine {r}" for r, name in enumerate(names)]
-    names += [f"engine {i}" for i in range(len(bundles) - len(names))]
+    names += [f"engine {i}" for i in range(len(bundles) - len(names) - teacher)] + ["teacher"] * teacher
     return ", ".join(f"{name}: {b.get('GPU', 0):g}" for name, b in zip(names, bundles))
 
 
@@ -315,7 +344,7 @@ def check_transport_nodes(sync: SyncConfig, slots: list[Slot], nodes: dict[int, 
     node it is shm under Ray, as `effective_transport` says)."""
     transport = "shm" if sync.transport == "auto" else sync.transport
     learner_node = nodes[slots[0].bundle]
-    away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node]
+    away = [slot for slot in slots[1:] if nodes[slot.bundle] != learner_node and slot.role != "teacher"]
     if not away or transport not in ("shm", "disk") or (transport == "disk" and sync.directory):
         return
     if sync.transport == "auto":  # auto: shared memory on one node, broadcast across nodes

@@ -1,7 +1,7 @@
 """On-policy distillation end to end on the demo task: the warm start, distilled from a teacher that knows the carry
 (the warm start fine-tuned on the true sums, benchmarks/distill_gap.py `build_teacher`), raises its held-out greedy
 accuracy with no reward in its advantage; under sync in this process, and under one_step_off on Ray, where the
-teacher scores each batch once, in the learner's actor.
+teacher scores each batch once, in a Ray actor of its own (teacher.engine=actor).
 
 The gains and curves measured over seeds (benchmarks/distill_gap.py) are in docs/distillation.md; each threshold is
 at most half the smallest gain measured there.
@@ -65,6 +65,7 @@ def test_one_step_off_on_ray_distills_too(tmp_path, warm_model_dir, toy_task, te
         "algorithm.advantage=distill",
         "placement.mode=ray",
         f"placement.address={ray_address}",
+        "teacher.engine=actor",  # the teacher in a Ray actor of its own (its own bundle)
         "train.schedule=one_step_off",
         "algorithm.correction.mode=tis_token",
         "train.steps=20",

@@ -1,0 +1,36 @@
+"""The teacher as a role of its own (`teacher.engine: actor`): every teacher of the run loaded in a process apart
+from the learner's (a Ray actor in its own bundle, and GPU, relayrl/placement/build.py), scoring each step's batch
+with the same pass as the `local` engine (relayrl/learner/teacher.py: the policy's micro-batches, packing, logits
+chunks and sampling temperature), so its log-probs are the local engine's. The controller calls `score_teacher` on
+it as on the learner; a handle gives each call `placement.call_timeout_s`, and an actor that dies or hangs stops
+the run with a `RoleFailure` naming the teacher (the learner's restarts do not reach it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from relayrl.learner.teacher import Teachers
+
+if TYPE_CHECKING:
+    from relayrl.learner.settings import TeacherSettings
+    from relayrl.types import Experience
+
+
+class TeacherRole:
+    """The teachers, alone in this process; `threads`: torch's CPU threads (the actor's bundle's)."""
+
+    def __init__(self, settings: TeacherSettings, threads: int = 0):
+        if threads:
+            torch.set_num_threads(threads)
+        self.teachers = Teachers.alone(settings)
+
+    def ping(self) -> int:
+        return torch.get_num_threads()
+
+    def score_teacher(self, exp: Experience, teacher_rows: Experience | None = None) -> Experience:
+        """`exp` with the teacher's log-probs of its response tokens (`teacher_rows`: with `teacher.prompt`, the same
+        responses after the teacher's prompt, aligned back to `exp`), as `LearnerRole.score_teacher`."""
+        return self.teachers.score(exp, teacher_rows)

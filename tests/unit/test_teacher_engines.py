@@ -1,0 +1,93 @@
+"""The teacher's engines other than `local`: `actor` (the teachers in a process of their own, `TeacherRole`) scores
+exactly as the local engine does, is refused without Ray placement, gets a bundle of its own (and a GPU), and a
+teacher actor that dies stops the run naming the teacher."""
+
+import pytest
+import torch
+
+from relayrl.config import load_config
+from relayrl.errors import ConfigError, RoleFailure
+from relayrl.learner.role import LearnerRole
+from relayrl.learner.teacher_role import TeacherRole
+from relayrl.placement.cluster import check_fits, plan_slots, split_slots, teacher_cpus, teacher_slot
+from relayrl.placement.sections import learner_settings, teacher_settings
+from tests.unit.test_learner import _experience
+from tests.unit.test_teacher import other_teacher_dir  # noqa: F401  (a module fixture: a teacher that disagrees)
+
+
+def _config(student, *overrides):
+    return load_config(None, [f"model.path={student}", "rollout.n=4", "rollout.prompts_per_step=4", *overrides])
+
+
+def _local_and_own(config):
+    """The local engine's log-probs and a teacher of its own's, on the same batch."""
+    learner = LearnerRole(
+        learner_settings(config.model_copy(update={"teacher": config.teacher.model_copy(update={"engine": "local"})}))
+    )
+    local = learner.score_teacher(learner.prepare(_experience())).teacher_logprobs
+    own = TeacherRole(teacher_settings(config)).score_teacher(_experience()).teacher_logprobs
+    assert local is not None and own is not None
+    return local, own
+
+
+def test_a_teacher_of_its_own_scores_exactly_as_the_local_engine(random_model_dir, other_teacher_dir):  # noqa: F811
+    config = _config(
+        random_model_dir, f"teacher.path={other_teacher_dir}", "placement.mode=ray", "teacher.engine=actor"
+    )
+    assert LearnerRole(learner_settings(config)).teacher is None  # the learner loads no teacher: it has its own role
+    local, own = _local_and_own(config)
+    assert torch.equal(local, own)
+    assert (own[_experience().loss_mask.bool()] != 0).all()
+
+
+def test_a_lora_self_teacher_of_its_own_is_the_base_with_the_adapter_off(random_model_dir):
+    lora = ("model.lora.rank=4", "model.lora.alpha=8", "train.lr=1e-4", "placement.mode=ray", "teacher.engine=actor")
+    local, own = _local_and_own(_config(random_model_dir, f"teacher.path={random_model_dir}", *lora))
+    assert torch.allclose(local, own, atol=1e-6)
+
+
+def test_a_teacher_actor_without_ray_placement_is_refused_naming_the_keys(random_model_dir):
+    with pytest.raises(ConfigError, match="teacher.engine=actor .* needs placement.mode=ray"):
+        _config(random_model_dir, f"teacher.path={random_model_dir}", "teacher.engine=actor")
+
+
+def test_a_teacher_actor_gets_a_bundle_of_its_own_and_a_gpu_of_its_own(random_model_dir):
+    config = _config(
+        random_model_dir,
+        f"teacher.path={random_model_dir}",
+        "placement.mode=ray",
+        "teacher.engine=actor",
+        "teacher.cpus=2",
+        "placement.engines=2",
+    )
+    for gpus in (False, True):
+        bundles, slots = plan_slots(config.placement, 8, gpus, teacher=teacher_cpus(config))
+        slot = teacher_slot(slots)
+        assert slot is not None and slot.bundle == len(bundles) - 1 and slot.threads == 2
+        assert bundles[-1] == ({"CPU": 2.0, "GPU": 1.0} if gpus else {"CPU": 2.0})
+        assert [s.role for s in split_slots(slots)[1]] == ["engine 0", "engine 1"]  # never taken for an engine
+    with pytest.raises(Exception, match=r"engine 1: 1, teacher: 1\) but the cluster has 3 .* teacher.engine=local"):
+        check_fits(config.placement, bundles, {"CPU": 16, "GPU": 3}, {"CPU": 16, "GPU": 3}, teacher=True)
+    local = config.model_copy(update={"teacher": config.teacher.model_copy(update={"engine": "local"})})
+    assert teacher_slot(plan_slots(local.placement, 8, teacher=teacher_cpus(local))[1]) is None
+
+
+class TeacherActorDies:
+    """The handle on a teacher actor that died, as relayrl/placement/handles.py reports it."""
+
+    def score_teacher(self, exp, teacher_rows=None):
+        raise RoleFailure("teacher (actor 0123abcd) died during score_teacher: killed", "teacher", died=True)
+
+
+def test_a_teacher_actor_that_dies_stops_the_run_naming_it(tmp_path, random_model_dir, toy_task):
+    from relayrl.placement.learner_restarts import LearnerRestarts
+    from tests.unit.test_learner_restarts import run, trainer_for
+
+    teacher = (f"teacher.path={random_model_dir}", "algorithm.advantage=distill")
+    trainer, _ = trainer_for(tmp_path, random_model_dir, toy_task, "run", *teacher)
+    trainer.teacher, respawns = TeacherActorDies(), []
+    placement = load_config(None, []).placement.model_copy(update={"on_learner_failure": "restart"})
+    trainer.learner_restarts = LearnerRestarts(placement, lambda: respawns.append(1))
+    with pytest.raises(RoleFailure, match=r"^teacher \(actor 0123abcd\) died during score_teacher"):
+        run(trainer)
+    assert respawns == []  # the learner's restarts do not reach the teacher: the run stops, naming it
