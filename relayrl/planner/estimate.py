@@ -26,7 +26,7 @@ from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak, weight_copies
-from relayrl.planner.teacher import teacher_forward_params, teacher_params
+from relayrl.planner.teacher import teacher_apart_params, teacher_forward_params, teacher_params
 from relayrl.planner.vision import frozen_bytes, frozen_tower
 from relayrl.rollout.memory import engine_share
 
@@ -92,7 +92,8 @@ class Workload:
     freeze_vision: bool = True  # model.freeze_vision: the policy's vision tower has no grads, no optimizer, no push
     images_per_prompt: float = 0.0  # a vision-language model's images per prompt (relayrl/planner/vision.py)
     image_tokens_per_image: float = 0.0  # the tokens one image becomes in the prompt (counted in its length)
-    teacher_params: int = 0  # T: teacher.path's parameters (relayrl/planner/teacher.py); 0 = no teacher
+    teacher_params: int = 0  # T: teacher.path's parameters in the learner (relayrl/planner/teacher.py); 0 = none
+    teacher_apart_params: int = 0  # teacher.engine=actor: the teachers' parameters on the actor's own GPU
     teacher_forward_params: int = 0  # the largest teacher's (the step's forward, rows split among teachers)
 
     @property
@@ -223,7 +224,8 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
-        teacher_params=teacher_params(config.teacher),
+        teacher_params=teacher_params(config.teacher, config.model),
+        teacher_apart_params=teacher_apart_params(config.teacher),
         teacher_forward_params=teacher_forward_params(config.teacher),
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
@@ -291,6 +293,7 @@ class Memory:
     ranks: int = 1  # learner ranks W: the states below are split W ways, activations and logits are per rank
     learner: LearnerPeak | None = None  # the parts of activations and logits (relayrl/planner/learner_memory.py)
     teacher: float = 0.0  # teacher.path's weights, resident in the learner like the reference (never sharded: W=1)
+    teacher_apart: float = 0.0  # teacher.engine=actor: its weights on the actor's own GPU, apart from the learner's
     gradients: float = 0.0  # of actor and critic: alive from the first backward to the optimizer step only
     copies: float = 0.0  # bf16 copies of the weights an update holds (learner_memory.weight_copies)
 
@@ -370,6 +373,7 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         ranks=work.learner_ranks,
         learner=peak,
         teacher=work.teacher_params * b,  # at the inference bytes, as the reference (teacher.dtype auto)
+        teacher_apart=work.teacher_apart_params * b,
         gradients=gradients,
         copies=weight_copies(shape, work.learner_ranks, precision.activation_bytes, backward=True),
     )

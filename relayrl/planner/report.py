@@ -13,6 +13,7 @@ from relayrl.planner import PROFILES, Plan
 from relayrl.planner import vision_report as vision
 from relayrl.planner.estimate import GIB, adapter_params, reference_bytes
 from relayrl.planner.prompts import PromptLengths
+from relayrl.planner.teacher import memory_row, time_formula
 from relayrl.planner.timing import gathered_bytes
 from relayrl.rollout.choice import HF_BELOW_PARAMS
 
@@ -206,7 +207,7 @@ def _memory_rows(plan: Plan) -> Rows:
         ("actor", vision.actor_formula(plan, trainable), _gb(m.actor)),
         ("critic", trainable if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
         ("reference", "none (LoRA: the base, adapter disabled)" if w.lora_rank else reference, _gb(m.reference)),
-        ("teacher", f"T={w.teacher_params:,} x {b}" if w.teacher_params else "none (no teacher.path)", _gb(m.teacher)),
+        (*memory_row(w, b), _gb(m.teacher_apart or m.teacher)),
         ("engine weights", f"P x {b}", _gb(m.engine_weights)),
         (
             "KV bytes/token",
@@ -393,13 +394,7 @@ def _time_rows(plan: Plan) -> Rows:
             _s(t.old_logprobs),
         ),
         ("ref log-probs", "as old log-probs" if w.reference else "none (kl.coef = 0)", _s(t.ref_logprobs)),
-        (
-            "teacher log-probs",
-            f"forward x T / P = {w.teacher_forward_params / s.params:.3g}"
-            if w.teacher_params
-            else "none (no teacher.path)",
-            _s(t.teacher_logprobs),
-        ),
+        ("teacher log-probs", time_formula(w, s.params), _s(t.teacher_logprobs)),
         ("critic", f"(1 + 3 x {w.epochs}) x forward" if w.critic else "no critic", _s(t.critic)),
         *_update_rows(plan, fwd, dev),
         (

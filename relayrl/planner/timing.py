@@ -209,7 +209,7 @@ def estimate_time(
             math.ceil(work.rollout_batch / replicas),
         ),  # one replica's share
         # else the update's own forward gives them; a teacher's signal needs them before the update
-        old_logprobs=forward if work.optimizer_steps > 1 or work.teacher_params else 0.0,
+        old_logprobs=forward if work.optimizer_steps > 1 or work.teacher_forward_params else 0.0,
         ref_logprobs=forward if work.reference else 0.0,
         critic=forward + update if work.critic else 0.0,
         update=update,

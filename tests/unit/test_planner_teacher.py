@@ -34,3 +34,26 @@ def test_the_report_shows_the_teachers_lines(random_model_dir):
     text = out.getvalue()
     assert "teacher log-probs" in text and "forward x T / P" in text
     assert f"T={load_shape(str(random_model_dir)).params:,} x 2" in text
+
+
+def test_a_lora_self_teacher_is_counted_once_as_the_policys_base(random_model_dir):
+    lora = (f"model.path={random_model_dir}", "model.lora.rank=8", "model.lora.alpha=16", "train.lr=1e-4")
+    plain, taught = _plan(*lora), _plan(*lora, f"teacher.path={random_model_dir}")
+    assert taught.memory.teacher == 0 and taught.memory.trainer == plain.memory.trainer  # no second copy
+    teacher = load_shape(str(random_model_dir)).params
+    assert taught.time.teacher_logprobs == pytest.approx(taught.time.ref_logprobs * teacher / SHAPE.params)  # counted
+    out = io.StringIO()
+    print_plan(taught, Console(file=out, width=250))
+    assert "none (LoRA self-teacher: the policy's base, adapter off)" in out.getvalue()
+
+
+def test_a_teacher_actor_counts_its_weights_on_its_own_gpu(random_model_dir):
+    teacher = load_shape(str(random_model_dir)).params
+    ray = ("placement.mode=ray", f"teacher.path={random_model_dir}")
+    local, actor = _plan(*ray, "teacher.engine=local"), _plan(*ray, "teacher.engine=actor")
+    assert actor.memory.teacher == 0 and actor.memory.teacher_apart == teacher * 2  # bf16, apart from the learner
+    assert actor.memory.trainer == pytest.approx(local.memory.trainer - teacher * 2)
+    assert actor.time.teacher_logprobs == pytest.approx(local.time.teacher_logprobs)
+    out = io.StringIO()
+    print_plan(actor, Console(file=out, width=250))
+    assert "teacher (own GPU)" in out.getvalue() and "on its actor's GPU" in out.getvalue()
