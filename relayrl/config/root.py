@@ -135,5 +135,7 @@ class Config(Section):
             raise ValueError(
                 f"rollout.n must be at least 2 for {self.algorithm.advantage} (advantages are relative within a group)"
             )
-        check_teacher(self.teacher, self.algorithm, self.placement.learner_ranks, self.placement.mode)
+        check_teacher(
+            self.teacher, self.algorithm, self.placement.learner_ranks, self.placement.mode, self.rollout.temperature
+        )
         return self

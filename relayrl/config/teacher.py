@@ -42,17 +42,19 @@ class TeacherConfig(Section):
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description="The teacher's weights: auto = bf16 on GPU, fp32 on CPU (as the reference)."
     )
-    engine: Literal["auto", "local", "actor"] = Field(
+    engine: Literal["auto", "local", "actor", "vllm"] = Field(
         default="auto",
         description="Where the teacher scores the samples: local = a batched forward pass in the learner's "
         "process, like the reference's; actor = the same pass in a Ray actor of its own, in its own bundle "
-        "(and GPU) under placement.mode=ray; auto = local (the run's config dump says why).",
+        "(and GPU) under placement.mode=ray; vllm = a vLLM engine's prompt log-probs (one teacher, "
+        "rollout.temperature=1; its own actor under Ray, in the driver under placement.mode=local on a CPU); "
+        "auto = chosen (the run's config dump says which and why).",
     )
     cpus: float = Field(
         default=1.0,
         gt=0,
-        description="teacher.engine=actor: the CPUs of the teacher's own bundle (its threads); on a cluster with "
-        "GPUs the bundle also holds one GPU.",
+        description="teacher.engine=actor or vllm under placement.mode=ray: the CPUs of the teacher's own bundle "
+        "(its threads); on a cluster with GPUs the bundle also holds one GPU.",
     )
     prompt: str = Field(
         default="",
@@ -100,9 +102,11 @@ class DistillConfig(Section):
     )
 
 
-def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: int, mode: str = "local") -> None:
+def check_teacher(
+    teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: int, mode: str = "local", temperature: float = 1.0
+) -> None:
     """The rules across sections a teacher brings (called by `Config`'s validator); a ValueError names the keys.
-    `learner_ranks`: placement.learner_ranks; `mode`: placement.mode."""
+    `learner_ranks`: placement.learner_ranks; `mode`: placement.mode; `temperature`: rollout.temperature."""
     check_routes(teacher)
     if teacher.prompt:
         check_template(teacher.prompt)
@@ -127,6 +131,24 @@ def check_teacher(teacher: TeacherConfig, algo: AlgorithmConfig, learner_ranks: 
         raise ValueError(
             f"teacher.engine=actor puts the teacher in a Ray actor of its own: it needs placement.mode=ray (got "
             f"{mode}); use placement.mode=ray, or teacher.engine=local (the teacher in the learner's process)"
+        )
+    if teacher.engine == "vllm":
+        check_vllm_teacher(teacher, temperature)
+
+
+def check_vllm_teacher(teacher: TeacherConfig, temperature: float) -> None:
+    """teacher.engine=vllm: one teacher, and the samples drawn at temperature 1 (vLLM's prompt log-probs skip the
+    sampling temperature, so they would score another distribution than the student's)."""
+    if teacher.teachers:
+        raise ValueError(
+            "teacher.engine=vllm serves one teacher (teacher.path); with teacher.teachers use teacher.engine=local "
+            "or actor"
+        )
+    if temperature != 1.0:
+        raise ValueError(
+            f"teacher.engine=vllm with rollout.temperature={temperature:g}: vLLM's prompt log-probs are at "
+            "temperature 1 (they skip the sampling processors); use rollout.temperature=1, or teacher.engine=local "
+            "or actor"
         )
 
 

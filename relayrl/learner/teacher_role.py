@@ -1,7 +1,8 @@
-"""The teacher as a role of its own (`teacher.engine: actor`): every teacher of the run loaded in a process apart
-from the learner's (a Ray actor in its own bundle, and GPU, relayrl/placement/build.py), scoring each step's batch
-with the same pass as the `local` engine (relayrl/learner/teacher.py: the policy's micro-batches, packing, logits
-chunks and sampling temperature), so its log-probs are the local engine's. The controller calls `score_teacher` on
+"""The teacher as a role of its own (`teacher.engine: actor` or `vllm`): the run's teachers loaded apart from the
+learner (a Ray actor in its own bundle, and GPU, relayrl/placement/build.py; `vllm` under placement.mode=local: in
+the driver). `actor` scores each step's batch with the same pass as the `local` engine (relayrl/learner/teacher.py:
+the policy's micro-batches, packing, logits chunks and sampling temperature), so its log-probs are the local
+engine's; `vllm` through a vLLM engine's prompt log-probs (relayrl/learner/teacher_vllm.py). The controller calls `score_teacher` on
 it as on the learner; a handle gives each call `placement.call_timeout_s`, and an actor that dies or hangs stops
 the run with a `RoleFailure` naming the teacher (the learner's restarts do not reach it).
 """
@@ -16,16 +17,24 @@ from relayrl.learner.teacher import Teachers
 
 if TYPE_CHECKING:
     from relayrl.learner.settings import TeacherSettings
+    from relayrl.learner.teacher_vllm import VLLMTeacher
     from relayrl.types import Experience
 
 
 class TeacherRole:
-    """The teachers, alone in this process; `threads`: torch's CPU threads (the actor's bundle's)."""
+    """The teachers, alone in this process; `threads`: torch's CPU threads (the actor's bundle's); `max_model_len`:
+    the longest row a vLLM teacher scores."""
 
-    def __init__(self, settings: TeacherSettings, threads: int = 0):
+    def __init__(self, settings: TeacherSettings, threads: int = 0, max_model_len: int = 0):
         if threads:
             torch.set_num_threads(threads)
-        self.teachers = Teachers.alone(settings)
+        self.teachers: Teachers | VLLMTeacher
+        if settings.teacher.engine == "vllm":
+            from relayrl.learner.teacher_vllm import VLLMTeacher
+
+            self.teachers = VLLMTeacher.start(settings, max_model_len)
+        else:
+            self.teachers = Teachers.alone(settings)
 
     def ping(self) -> int:
         return torch.get_num_threads()

@@ -43,7 +43,7 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
         return RemoteRole(actor, slot.role, timeout)
 
     engines = RayEngineGroup(spawn, placement)
-    teacher = start_teacher(config, group, teacher_slot(slots))
+    teacher = start_teacher(config, group, teacher_slot(slots), max_model_len)
     learner.ping()
     engines.ready()
     if teacher is not None:
@@ -68,14 +68,18 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
     return Roles(engines, cast(Learner, learner), sync, close=close, learner_restarts=restarts, teacher=teacher)
 
 
-def start_teacher(config: Config, group, slot: Slot | None) -> RemoteRole | None:
-    """teacher.engine=actor: the teachers in an actor of their own, in their own bundle (and GPU); each call with
-    placement.call_timeout_s, and a death reported naming the teacher. None for another engine."""
+def start_teacher(config: Config, group, slot: Slot | None, max_model_len: int) -> RemoteRole | None:
+    """teacher.engine=actor or vllm: the teachers in an actor of their own, in their own bundle (and GPU); each call
+    with placement.call_timeout_s, and a death reported naming the teacher. None for the local engine."""
     if slot is None:
         return None
     from relayrl.learner.teacher_role import TeacherRole
 
-    actor = ray.remote(TeacherRole).options(**actor_options(group, slot)).remote(teacher_settings(config), slot.threads)
+    actor = (
+        ray.remote(TeacherRole)
+        .options(**actor_options(group, slot))
+        .remote(teacher_settings(config), slot.threads, max_model_len)
+    )
     return RemoteRole(actor, "teacher", config.placement.call_timeout_s)
 
 

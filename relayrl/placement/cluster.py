@@ -142,8 +142,8 @@ def teacher_slot(slots: list[Slot]) -> Slot | None:
 
 
 def teacher_cpus(config: Config) -> float:
-    """The CPUs of the teacher's own bundle: teacher.cpus with teacher.engine=actor, else 0 (no bundle)."""
-    return config.teacher.cpus if config.teacher.present and config.teacher.engine == "actor" else 0.0
+    """The CPUs of the teacher's own bundle: teacher.cpus with teacher.engine=actor or vllm, else 0 (no bundle)."""
+    return config.teacher.cpus if config.teacher.present and config.teacher.engine in ("actor", "vllm") else 0.0
 
 
 def start_ray(placement: PlacementConfig) -> None:

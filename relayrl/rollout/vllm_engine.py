@@ -321,18 +321,26 @@ class VLLMEngine:
     def prompt_logprobs(self, token_ids: list[int], adapter=None) -> list[float]:
         """Teacher-forced log-probs of tokens 1..N-1 under the engine's current weights (a parity probe), or
         under `adapter` (a vLLM `LoRARequest`)."""
+        return self.prompt_logprobs_batch([token_ids], adapter)[0]
+
+    def prompt_logprobs_batch(self, rows: list[list[int]], adapter=None) -> list[list[float]]:
+        """`prompt_logprobs` of every row, in one call (vLLM batches them): at temperature 1, untruncated (vLLM's
+        prompt log-probs skip the sampling processors)."""
         from vllm import SamplingParams
 
-        out = self.llm.generate(
-            [{"prompt_token_ids": token_ids}],
+        outs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in rows],
             SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0),
             use_tqdm=False,
             lora_request=adapter or self._adapter(),
         )
-        prompt_logprobs = out[0].prompt_logprobs
-        assert prompt_logprobs is not None  # asked for (prompt_logprobs=0)
-        steps = prompt_logprobs[1:]  # the first position has none; vLLM's type keeps every position optional
-        return [step[token].logprob for step, token in zip(steps, token_ids[1:])]  # pyright: ignore[reportOptionalSubscript]
+        scored = []
+        for out, ids in zip(outs, rows):
+            prompt_logprobs = out.prompt_logprobs
+            assert prompt_logprobs is not None  # asked for (prompt_logprobs=0)
+            steps = prompt_logprobs[1:]  # the first position has none; vLLM's type keeps every position optional
+            scored.append([step[token].logprob for step, token in zip(steps, ids[1:])])  # pyright: ignore[reportOptionalSubscript]
+        return scored
 
     def complete(self, texts: list[str], max_tokens: int) -> list[str]:
         """Greedy text completions of plain-text prompts (an LLM judge's call; relayrl/rewards/judge.py)."""

@@ -14,6 +14,7 @@ from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Sampling
 
 pytestmark = pytest.mark.vllm
+VLLM_TEACHER_TOLERANCE = 1e-5  # teacher.engine=vllm vs local, fp32 on CPU: measured 2.4e-7 (2026-12-06)
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +110,28 @@ def test_behaviour_logprobs_match_an_hf_forward(engine, hf_model, prompts, tempe
         expected = hf_logprobs(hf_model, r.prompt.token_ids, r.response_ids, temperature)
         worst = max(worst, (expected - torch.tensor(r.behaviour_logprobs)).abs().max().item())
     assert worst < 1e-3
+
+
+def test_a_vllm_teacher_scores_a_batch_as_the_local_engine_does(engine, random_model_dir, prompts):
+    """teacher.engine=vllm (relayrl/learner/teacher_vllm.py): every row's prompt log-probs in one vLLM call, in the
+    local engine's columns; before any push, the engine holds the teacher (model.path) the local engine loads."""
+    from relayrl.config import load_config
+    from relayrl.learner.batching import make_experience
+    from relayrl.learner.role import LearnerRole
+    from relayrl.learner.teacher_vllm import VLLMTeacher
+    from relayrl.types import Score
+
+    rollouts = engine.generate(prompts, Sampling(n=4, temperature=1.0, max_tokens=8, seed=5), version=0)
+    exp = make_experience(rollouts, [Score(0.0)] * len(rollouts), pad_id=0)
+    config = load_config(None, [f"model.path={random_model_dir}", f"teacher.path={random_model_dir}"])
+    local = LearnerRole(learner_settings(config)).score_teacher(exp.select(torch.arange(len(exp)))).teacher_logprobs
+    served = VLLMTeacher(engine).score(exp).teacher_logprobs
+    assert local is not None and served is not None
+    response = local != 0
+    assert torch.equal(response, served != 0) and response.sum() == sum(len(r.response_ids) for r in rollouts)
+    gap = (local - served).abs().max().item()
+    print(f"vllm teacher vs local: max |log-prob gap| {gap:.2e} over {int(response.sum())} tokens")
+    assert gap < VLLM_TEACHER_TOLERANCE
 
 
 def test_weight_update_changes_logprobs_and_matches_the_new_weights(engine, hf_model, prompts, monkeypatch):
