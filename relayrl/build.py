@@ -76,7 +76,7 @@ def resolve(config: Config, stacklevel: int = 1) -> Config:
        checked against this machine (relayrl/rollout/sleep.py);
     5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py); `rollout.
        gpu_memory_utilization: auto` -> the engine's share of its GPU (relayrl/rollout/memory.py);
-    6. `teacher.engine: auto` -> local (relayrl/learner/teacher.py), when there is a teacher;
+    6. `teacher.engine: auto` -> local or actor (relayrl/learner/teacher.py), when there is a teacher;
     7. `sync.parity_probe: auto` -> on under train.schedule=sync (relayrl/config/sync.py).
     Then the settings a choice left without effect are warned about (at the line `stacklevel` frames up: 1 = this
     caller's). Resolving twice changes nothing; a dump writes `auto` back (so a reload chooses again, on its own
@@ -114,7 +114,7 @@ def _choose(config: Config) -> None:
     if config.rollout.engine == "vllm":  # an HF engine takes no share up front
         check_shares(config.rollout.gpu_memory_utilization, judge_share(config.placement, config.reward))
     if config.teacher.present and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
-        config.choose("teacher.engine", *choose_teacher_engine(config.teacher.engine))
+        config.choose("teacher.engine", *choose_teacher_engine("auto", config.placement.mode))
     if config.sync.parity_probe == "auto":
         config.choose("sync.parity_probe", *resolve_parity_probe(config))
 

@@ -48,7 +48,7 @@ class TeacherConfig(Section):
         "process, like the reference's; actor = the same pass in a Ray actor of its own, in its own bundle "
         "(and GPU) under placement.mode=ray; vllm = a vLLM engine's prompt log-probs (one teacher, "
         "rollout.temperature=1; its own actor under Ray, in the driver under placement.mode=local on a CPU); "
-        "auto = chosen (the run's config dump says which and why).",
+        "auto = actor under placement.mode=ray with a GPU, else local (the config dump says which and why).",
     )
     cpus: float = Field(
         default=1.0,

@@ -45,12 +45,22 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-LOCAL_WHY = "the only teacher engine so far: a batched forward pass in the learner's process, like the reference's"
+LOCAL_WHY = (
+    "a batched forward in the learner's process: no GPU of its own to gain here (benchmarks/teacher_engines.py, CPU: "
+    "an actor's forward costs the same, vLLM's prompt log-probs 1.0-1.1x)"
+)
+ACTOR_WHY = "a Ray actor with a GPU of its own: the teacher's weights leave the learner's GPU, at the same forward"
 
 
-def choose_teacher_engine(engine: str) -> tuple[str, str]:
-    """`teacher.engine` as the run uses it, and why (`auto` resolves to local, the only engine so far)."""
-    return "local", LOCAL_WHY if engine == "auto" else "as set"
+def choose_teacher_engine(engine: str, mode: str = "local", gpu: bool | None = None) -> tuple[str, str]:
+    """`teacher.engine` as the run uses it, and why. `auto`: `actor` under placement.mode=ray with a GPU (`gpu`;
+    default: whether this machine has one), else `local`; never `vllm`, which measured no faster than a forward
+    where it was measured (docs/distillation.md)."""
+    if engine != "auto":
+        return engine, "as set"
+    if gpu is None:
+        gpu = torch.cuda.is_available()
+    return ("actor", ACTOR_WHY) if mode == "ray" and gpu else ("local", LOCAL_WHY)
 
 
 def check_teacher_dir(teacher_path: str, student_path: str, key: str = "teacher.path") -> None:

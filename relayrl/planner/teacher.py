@@ -6,7 +6,7 @@ forward by the ratio of parameters (relayrl/planner/timing.py).
 Where its weights are: resident in the learner beside the policy (`teacher.engine: local`), except a LoRA
 self-teacher (`teacher.path` = `model.path` under `model.lora`: the student's base with its adapter off, no second
 copy, counted once, as the policy's base); or on the teacher actor's own GPU (`teacher.engine: actor`, where a LoRA
-self-teacher is a copy of the base). Several teachers (`teacher.teachers`): the sum of theirs for memory (all
+self-teacher is a copy of the base; `vllm`: its engine's weights, the KV cache not counted). Several teachers (`teacher.teachers`): the sum of theirs for memory (all
 resident) and the largest one's for time (a step's rows split among them, so the batch's forward costs at most the
 largest teacher's over every row: the bound the plan counts).
 """
@@ -41,8 +41,8 @@ def teacher_forward_params(teacher: TeacherConfig) -> int:
 
 
 def apart(teacher: TeacherConfig) -> bool:
-    """Whether the teachers live apart from the learner (teacher.engine=actor)."""
-    return teacher.present and teacher.engine == "actor"
+    """Whether the teachers live apart from the learner (teacher.engine=actor, or vllm: a vLLM engine's)."""
+    return teacher.present and teacher.engine in ("actor", "vllm")
 
 
 def memory_row(work: Workload, infer_bytes: int) -> tuple[str, str]:

@@ -72,7 +72,7 @@ def test_distill_settings_without_a_teacher_are_warned_about_by_name(random_mode
 def test_auto_engine_resolves_to_local_and_the_dump_says_why(random_model_dir):
     config = resolve(_config(random_model_dir, f"teacher.path={random_model_dir}", "rollout.engine=hf"))
     assert config.teacher.engine == "local"
-    assert "engine: auto  # auto chose local: the only teacher engine so far" in dump_config(config)
+    assert "engine: auto  # auto chose local: a batched forward in the learner's process" in dump_config(config)
 
 
 # ---------------------------------------------------------------------------- refusals at start

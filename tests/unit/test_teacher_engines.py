@@ -1,6 +1,7 @@
 """The teacher's engines other than `local`: `actor` (the teachers in a process of their own, `TeacherRole`) scores
 exactly as the local engine does, is refused without Ray placement, gets a bundle of its own (and a GPU), and a
-teacher actor that dies stops the run naming the teacher."""
+teacher actor that dies stops the run naming the teacher; `vllm`'s refusals (its scoring against the local engine's
+is tests/integration/test_vllm_engine.py); what `auto` chooses."""
 
 import pytest
 import torch
@@ -91,3 +92,24 @@ def test_a_teacher_actor_that_dies_stops_the_run_naming_it(tmp_path, random_mode
     with pytest.raises(RoleFailure, match=r"^teacher \(actor 0123abcd\) died during score_teacher"):
         run(trainer)
     assert respawns == []  # the learner's restarts do not reach the teacher: the run stops, naming it
+
+
+def test_a_vllm_teacher_is_refused_beside_another_temperature_or_several_teachers(random_model_dir):
+    vllm = (f"teacher.path={random_model_dir}", "teacher.engine=vllm")
+    with pytest.raises(ConfigError, match="teacher.engine=vllm with rollout.temperature=0.7: .* temperature 1"):
+        _config(random_model_dir, *vllm, "rollout.temperature=0.7")
+    routed = f"teacher.teachers=[{{route: a, path: {random_model_dir}}}]"
+    with pytest.raises(
+        ConfigError, match="teacher.engine=vllm serves one teacher .* use teacher.engine=local or actor"
+    ):
+        _config(random_model_dir, "teacher.engine=vllm", "teacher.route_by=task", routed)
+    assert _config(random_model_dir, *vllm).teacher.engine == "vllm"  # placement.mode=local: in the driver
+
+
+def test_auto_chooses_an_actor_on_ray_with_a_gpu_and_the_local_engine_elsewhere():
+    from relayrl.learner.teacher import choose_teacher_engine
+
+    assert choose_teacher_engine("auto", "ray", gpu=True)[0] == "actor"
+    assert choose_teacher_engine("auto", "ray", gpu=False)[0] == "local"
+    assert choose_teacher_engine("auto", "local", gpu=True)[0] == "local"
+    assert choose_teacher_engine("vllm", "local") == ("vllm", "as set")
