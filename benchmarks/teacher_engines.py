@@ -31,8 +31,9 @@ from relayrl.algorithms.stage import advantage_stage
 from relayrl.config import load_config
 from relayrl.learner.batching import make_experience
 from relayrl.learner.role import LearnerRole
+from relayrl.learner.settings import TeacherSettings
 from relayrl.learner.teacher_role import TeacherRole
-from relayrl.placement.sections import learner_settings, teacher_settings
+from relayrl.placement.sections import learner_settings
 from relayrl.types import Rollout, Score
 
 ENGINES = {  # case: (teacher.engine, in a Ray actor)
@@ -48,11 +49,15 @@ def scorer(config, in_actor: bool, max_len: int, learner: LearnerRole):
     if config.teacher.engine == "local":
         return learner.score_teacher
     if not in_actor:
-        return TeacherRole(teacher_settings(config), max_model_len=max_len).score_teacher
+        return TeacherRole(TeacherSettings.of(learner_settings(config)), max_model_len=max_len).score_teacher
     import ray
 
     threads = torch.get_num_threads()
-    actor = ray.remote(TeacherRole).options(num_cpus=1).remote(teacher_settings(config), threads, max_len)
+    actor = (
+        ray.remote(TeacherRole)
+        .options(num_cpus=1)
+        .remote(TeacherSettings.of(learner_settings(config)), threads, max_len)
+    )
     return lambda exp: ray.get(actor.score_teacher.remote(exp))
 
 

@@ -50,3 +50,9 @@ class TeacherSettings:
     model: ModelConfig
     train: TrainConfig
     rollout: RolloutConfig
+
+    @classmethod
+    def of(cls, learner: LearnerSettings) -> TeacherSettings:
+        """The teacher's sections of the learner's settings (which hold the teacher the learner would load)."""
+        assert learner.teacher is not None, "a teacher's settings need teacher.path"
+        return cls(learner.teacher, learner.model, learner.train, learner.rollout)

@@ -221,7 +221,7 @@ class Teachers:
             load_teacher_model(entry, attention, device, key)
             for entry, key in zip(settings.teacher.models(), teacher_keys(settings.teacher))
         ]
-        forward = TeacherPass.alone(settings, getattr(models[0].config, "_attn_implementation", None))
+        forward = TeacherPass.alone(settings, models[0].config._attn_implementation)
         return cls([Teacher(model, forward) for model in models])
 
     def logprobs(self, exp: Experience) -> torch.Tensor:

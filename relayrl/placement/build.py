@@ -17,10 +17,11 @@ from relayrl.placement.engine_worker import EngineWorker
 from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
 from relayrl.placement.learner_restarts import LearnerRestarts
-from relayrl.placement.sections import engine_settings, learner_settings, teacher_settings
+from relayrl.placement.sections import engine_settings, learner_settings
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:
+    from relayrl.learner.settings import LearnerSettings
     from relayrl.placement.learner_ranks import LearnerRanks
 
 
@@ -43,7 +44,8 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
         return RemoteRole(actor, slot.role, timeout)
 
     engines = RayEngineGroup(spawn, placement)
-    teacher = start_teacher(config, group, teacher_slot(slots), max_model_len)
+    slot = teacher_slot(slots)  # teacher.engine=actor or vllm: the teachers' own actor
+    teacher = None if slot is None else start_teacher(learner_settings(config), timeout, group, slot, max_model_len)
     learner.ping()
     engines.ready()
     if teacher is not None:
@@ -68,19 +70,15 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
     return Roles(engines, cast(Learner, learner), sync, close=close, learner_restarts=restarts, teacher=teacher)
 
 
-def start_teacher(config: Config, group, slot: Slot | None, max_model_len: int) -> RemoteRole | None:
+def start_teacher(learner: LearnerSettings, timeout_s: float, group, slot: Slot, max_model_len: int) -> RemoteRole:
     """teacher.engine=actor or vllm: the teachers in an actor of their own, in their own bundle (and GPU); each call
-    with placement.call_timeout_s, and a death reported naming the teacher. None for the local engine."""
-    if slot is None:
-        return None
+    with placement.call_timeout_s (`timeout_s`), and a death reported naming the teacher."""
+    from relayrl.learner.settings import TeacherSettings
     from relayrl.learner.teacher_role import TeacherRole
 
-    actor = (
-        ray.remote(TeacherRole)
-        .options(**actor_options(group, slot))
-        .remote(teacher_settings(config), slot.threads, max_model_len)
-    )
-    return RemoteRole(actor, "teacher", config.placement.call_timeout_s)
+    settings = TeacherSettings.of(learner)
+    actor = ray.remote(TeacherRole).options(**actor_options(group, slot)).remote(settings, slot.threads, max_model_len)
+    return RemoteRole(actor, "teacher", timeout_s)
 
 
 def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole | LearnerRanks, list]:

@@ -22,7 +22,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from relayrl.config import Config, PlacementConfig, SyncConfig
+from relayrl.config import Config, PlacementConfig, SyncConfig, TeacherConfig
 from relayrl.errors import PlacementError
 from relayrl.placement.node_paths import check_node_paths, shared_paths
 from relayrl.run.preflight import forwarded_env
@@ -141,9 +141,9 @@ def teacher_slot(slots: list[Slot]) -> Slot | None:
     return next((s for s in slots if s.role == "teacher"), None)
 
 
-def teacher_cpus(config: Config) -> float:
+def teacher_cpus(teacher: TeacherConfig) -> float:
     """The CPUs of the teacher's own bundle: teacher.cpus with teacher.engine=actor or vllm, else 0 (no bundle)."""
-    return config.teacher.cpus if config.teacher.present and config.teacher.engine in ("actor", "vllm") else 0.0
+    return teacher.cpus if teacher.present and teacher.engine in ("actor", "vllm") else 0.0
 
 
 def start_ray(placement: PlacementConfig) -> None:
@@ -225,12 +225,12 @@ def reserve(config: Config):
     placement = config.placement
     if not ray.is_initialized() and not placement.address:  # the cluster we are about to start: its size is known
         cpus = float(placement.num_cpus or os.cpu_count() or 1)
-        gpus, tp, teacher = local_gpus(), config.rollout.tensor_parallel, teacher_cpus(config)
+        gpus, tp, teacher = local_gpus(), config.rollout.tensor_parallel, teacher_cpus(config.teacher)
         bundles, _ = plan_slots(placement, os.cpu_count() or 1, gpus > 0, tp, teacher)
         check_fits(placement, bundles, {"CPU": cpus, "GPU": gpus}, {"CPU": cpus, "GPU": gpus}, bool(teacher))
     start_ray(placement)
     total, free = ray.cluster_resources(), ray.available_resources()
-    teacher = teacher_cpus(config)
+    teacher = teacher_cpus(config.teacher)
     bundles, slots = plan_slots(
         placement, os.cpu_count() or 1, total.get("GPU", 0) > 0, config.rollout.tensor_parallel, teacher
     )

@@ -11,7 +11,7 @@ import time
 from relayrl.config import Config
 from relayrl.learner.role import LearnerRole
 from relayrl.placement import Roles
-from relayrl.placement.sections import engine_settings, learner_settings, teacher_settings
+from relayrl.placement.sections import engine_settings, learner_settings
 from relayrl.rollout.build import engine_from_settings
 from relayrl.rollout.local_group import LocalEngineGroup
 from relayrl.sync.inprocess import InProcessSync
@@ -21,10 +21,10 @@ def build_local_roles(config: Config, max_len: int) -> Roles:
     start = time.perf_counter()
     engine = engine_from_settings(engine_settings(config), max_len)
     engines = LocalEngineGroup(engine, start_s=time.perf_counter() - start)
-    teacher = None
-    if config.teacher.present and config.teacher.engine == "vllm":  # a vLLM engine of its own, beside the rollout's
+    settings, teacher = learner_settings(config), None
+    if settings.teacher is not None and settings.teacher.engine == "vllm":  # its own vLLM engine, beside the rollout's
+        from relayrl.learner.settings import TeacherSettings
         from relayrl.learner.teacher_role import TeacherRole
 
-        teacher = TeacherRole(teacher_settings(config), max_model_len=max_len)
-    learner = LearnerRole(learner_settings(config))
-    return Roles(engines, learner, InProcessSync(), close=lambda: None, teacher=teacher)
+        teacher = TeacherRole(TeacherSettings.of(settings), max_model_len=max_len)
+    return Roles(engines, LearnerRole(settings), InProcessSync(), close=lambda: None, teacher=teacher)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from relayrl.learner.settings import LearnerSettings, TeacherSettings
+from relayrl.learner.settings import LearnerSettings
 from relayrl.models.adapter_sync import kept_versions
 from relayrl.rollout.build import EngineSettings
 from relayrl.rollout.sleep import Colocation
@@ -37,11 +37,6 @@ def learner_settings(config: Config) -> LearnerSettings:
         teacher=config.teacher if config.teacher.present else None,
         colocated=colocation(config).colocated,
     )
-
-
-def teacher_settings(config: Config) -> TeacherSettings:
-    """What a teacher of its own is built from (teacher.engine=actor, relayrl/learner/teacher_role.py)."""
-    return TeacherSettings(teacher=config.teacher, model=config.model, train=config.train, rollout=config.rollout)
 
 
 def colocation(config: Config, as_asked: bool = False) -> Colocation:

@@ -9,9 +9,10 @@ import torch
 from relayrl.config import load_config
 from relayrl.errors import ConfigError, RoleFailure
 from relayrl.learner.role import LearnerRole
+from relayrl.learner.settings import TeacherSettings
 from relayrl.learner.teacher_role import TeacherRole
 from relayrl.placement.cluster import check_fits, plan_slots, split_slots, teacher_cpus, teacher_slot
-from relayrl.placement.sections import learner_settings, teacher_settings
+from relayrl.placement.sections import learner_settings
 from tests.unit.test_learner import _experience
 from tests.unit.test_teacher import other_teacher_dir  # noqa: F401  (a module fixture: a teacher that disagrees)
 
@@ -26,7 +27,7 @@ def _local_and_own(config):
         learner_settings(config.model_copy(update={"teacher": config.teacher.model_copy(update={"engine": "local"})}))
     )
     local = learner.score_teacher(learner.prepare(_experience())).teacher_logprobs
-    own = TeacherRole(teacher_settings(config)).score_teacher(_experience()).teacher_logprobs
+    own = TeacherRole(TeacherSettings.of(learner_settings(config))).score_teacher(_experience()).teacher_logprobs
     assert local is not None and own is not None
     return local, own
 
@@ -62,7 +63,7 @@ def test_a_teacher_actor_gets_a_bundle_of_its_own_and_a_gpu_of_its_own(random_mo
         "placement.engines=2",
     )
     for gpus in (False, True):
-        bundles, slots = plan_slots(config.placement, 8, gpus, teacher=teacher_cpus(config))
+        bundles, slots = plan_slots(config.placement, 8, gpus, teacher=teacher_cpus(config.teacher))
         slot = teacher_slot(slots)
         assert slot is not None and slot.bundle == len(bundles) - 1 and slot.threads == 2
         assert bundles[-1] == ({"CPU": 2.0, "GPU": 1.0} if gpus else {"CPU": 2.0})
@@ -70,7 +71,7 @@ def test_a_teacher_actor_gets_a_bundle_of_its_own_and_a_gpu_of_its_own(random_mo
     with pytest.raises(Exception, match=r"engine 1: 1, teacher: 1\) but the cluster has 3 .* teacher.engine=local"):
         check_fits(config.placement, bundles, {"CPU": 16, "GPU": 3}, {"CPU": 16, "GPU": 3}, teacher=True)
     local = config.model_copy(update={"teacher": config.teacher.model_copy(update={"engine": "local"})})
-    assert teacher_slot(plan_slots(local.placement, 8, teacher=teacher_cpus(local))[1]) is None
+    assert teacher_slot(plan_slots(local.placement, 8, teacher=teacher_cpus(local.teacher))[1]) is None
 
 
 class TeacherActorDies:
