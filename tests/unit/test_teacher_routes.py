@@ -116,17 +116,17 @@ def test_the_metrics_are_per_teacher(random_model_dir):
 def test_the_plan_counts_every_teachers_memory_and_the_largest_forward(random_model_dir, warm_model_dir):
     from relayrl.planner.teacher import teacher_forward_params, teacher_params
 
-    one = _config(random_model_dir, f"teacher.path={random_model_dir}").teacher
-    two = _routed(random_model_dir, random_model_dir, warm_model_dir).teacher
-    assert teacher_params(two) == teacher_params(one) + teacher_params(
-        _config(random_model_dir, f"teacher.path={warm_model_dir}").teacher
+    def resident(config):  # the teachers' parameters in the learner
+        return teacher_params(config.teacher, config.model)
+
+    one, two = (
+        _config(random_model_dir, f"teacher.path={random_model_dir}"),
+        _routed(random_model_dir, random_model_dir, warm_model_dir),
     )
-    assert teacher_forward_params(two) == max(teacher_params(one), teacher_params(two) - teacher_params(one))
-    assert (
-        teacher_params(_config(random_model_dir).teacher)
-        == teacher_forward_params(_config(random_model_dir).teacher)
-        == 0
-    )
+    assert resident(two) == resident(one) + resident(_config(random_model_dir, f"teacher.path={warm_model_dir}"))
+    assert teacher_forward_params(two.teacher) == max(resident(one), resident(two) - resident(one))
+    none = _config(random_model_dir)
+    assert resident(none) == teacher_forward_params(none.teacher) == 0
 
 
 def test_a_routed_teacher_that_does_not_load_is_named_by_its_key(random_model_dir, tmp_path):
