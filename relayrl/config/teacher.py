@@ -170,6 +170,8 @@ def check_routes(teacher: TeacherConfig) -> None:
 def warn_teacher(teacher: TeacherConfig, distill: DistillConfig) -> None:
     """Name the distillation settings that cannot take effect without a teacher (a `ConfigWarning` each)."""
     if teacher.present:
+        if "cpus" in teacher.model_fields_set and teacher.engine == "local":
+            warn("teacher.cpus has no effect with teacher.engine=local (the teacher runs in the learner's process)")
         return
     if idle := sorted(teacher.model_fields_set - {"path"}):
         warn(f"teacher.{', teacher.'.join(idle)} has no effect without teacher.path")

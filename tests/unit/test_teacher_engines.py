@@ -114,3 +114,10 @@ def test_auto_chooses_an_actor_on_ray_with_a_gpu_and_the_local_engine_elsewhere(
     assert choose_teacher_engine("auto", "ray", gpu=False)[0] == "local"
     assert choose_teacher_engine("auto", "local", gpu=True)[0] == "local"
     assert choose_teacher_engine("vllm", "local") == ("vllm", "as set")
+
+
+def test_teacher_cpus_beside_the_local_engine_is_warned_about(random_model_dir):
+    from relayrl.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning, match="teacher.cpus has no effect with teacher.engine=local"):
+        _config(random_model_dir, f"teacher.path={random_model_dir}", "teacher.engine=local", "teacher.cpus=2")
