@@ -37,7 +37,7 @@ class VLLMTeacher:
     @classmethod
     def start(cls, settings: TeacherSettings, max_model_len: int, cores: str | None = None) -> VLLMTeacher:
         """The teacher's own vLLM engine (`teacher.dtype`; the rollout section's KV cache, prefix caching, eager
-        mode and model runner), on `OWN_GPU_SHARE` of its GPU."""
+        mode and model runner), on `OWN_GPU_SHARE` of its GPU; `max_model_len`: the longest row it scores."""
         from relayrl.rollout.build import EngineDevice
         from relayrl.rollout.vllm_engine import VLLMEngine
 
@@ -45,7 +45,7 @@ class VLLMTeacher:
         rollout = settings.rollout
         engine = VLLMEngine(
             entry.path,
-            max_model_len,
+            max_model_len + 1,  # the one token vLLM generates after a scored row of max_model_len
             settings.train.seed,
             kv_cache_gib=rollout.kv_cache_gib,
             gpu_memory_utilization=OWN_GPU_SHARE,
