@@ -180,7 +180,7 @@ def build_trainer(config: Config, resume_step: int | None = None, overwrite: boo
         timeline=Timeline(run_dir / "timeline.jsonl"),
         teacher_routes=teacher_routes,
         teacher_prompt=teacher_prompt,
-        teacher=roles.teacher,  # teacher.engine=actor: its own actor; else the learner scores
+        teacher=roles.teacher,  # teacher.engine=actor or vllm: its own role; else the learner scores
         guard=PushGuard(config.sync.max_mismatch, probe_ids),
     )
 

@@ -85,7 +85,7 @@ class Trainer:
     # scored by the teacher its route names (relayrl/algorithms/teacher_routes.py); None = no teacher
     teacher_routes: TeacherRoutes | None = None
     teacher_prompt: TeacherPrompt | None = None  # teacher.prompt: the teacher scores after its own prompt
-    teacher: Any = None  # the role that scores (its `score_teacher`): teacher.engine=actor's; None = the learner
+    teacher: Any = None  # what scores (its `score_teacher`): teacher.engine=actor or vllm's role; None = the learner
     guard: PushGuard = field(default_factory=PushGuard.off)  # a push that did not land stops the run
 
     def step(self, step: int) -> dict[str, float]:

@@ -71,7 +71,7 @@ class LearnerRole(WeightSource):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         gae = settings.algorithm.advantage == "gae"
         self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
-        teacher = settings.teacher  # teacher.engine=actor: the teacher is a role of its own, not loaded here
+        teacher = settings.teacher  # teacher.engine=actor or vllm: the teacher is a role of its own, not loaded here
         self.teacher = Teachers.local(teacher, self.policy) if teacher and teacher.engine in ("auto", "local") else None
         self.distribution.attach(self)
         self._colocated_free()  # the load's peak (rank 0 holds whole models until they are sharded)
@@ -100,7 +100,10 @@ class LearnerRole(WeightSource):
         `teacher_rows`: with `teacher.prompt`, the same responses after the teacher's prompt
         (relayrl/algorithms/teacher_prompt.py); the teacher scores those, aligned back to `exp`'s columns."""
         if self.teacher is None:
-            raise RuntimeError("score_teacher called on a learner built without teacher.path (or teacher.engine=local)")
+            raise RuntimeError(
+                "score_teacher called on a learner built without teacher.path, or whose teacher is a role of its own "
+                "(teacher.engine=actor or vllm)"
+            )
         return self.teacher.score(exp, teacher_rows)
 
     def update(self, step: int, exp: Experience, sample_rows: int = 0) -> UpdateResult:

@@ -29,7 +29,7 @@ class Roles:
     sync: WeightSync
     close: Callable[[], None]  # release actors, shared memory, the placement group
     learner_restarts: LearnerRestarts = field(default_factory=LearnerRestarts.off)  # ray: a new learner group
-    teacher: Any = None  # teacher.engine=actor: a handle on the teacher's own actor (its `score_teacher`)
+    teacher: Any = None  # teacher.engine=actor or vllm: the teacher's own role, or a handle on its actor
 
 
 def build_roles(config: Config, max_len: int) -> Roles:

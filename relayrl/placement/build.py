@@ -1,5 +1,5 @@
 """Start the roles of a run on Ray: the learner actor (or its sharded ranks), the engine replicas, the teacher's
-own actor (teacher.engine=actor), and the weight sync between them."""
+own actor (teacher.engine=actor or vllm), and the weight sync between them."""
 
 from __future__ import annotations
 
