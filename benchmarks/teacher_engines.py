@@ -6,8 +6,9 @@ The student and a larger teacher (hidden 256, 4 layers) with the student's token
 benchmarks/distill_teacher_share.py, and its synthetic batch (`--groups` x `--n` rows, prompt 16 and response
 `--response` tokens). Per engine: the learner's phases of a distillation step (`prepare`, the teacher's scoring, the
 advantage stage, `update`), best of `--repeats` after a warm-up; printed: each phase's seconds, the teacher's share of
-the step, and the teacher's time against the local engine's measured in the same run (`vs local`). Every engine's
-log-probs are compared with the local engine's on the same batch (`max gap`).
+the step, the teacher's time against the local engine's measured in the same run (`vs local`) and against the
+student's forward of the same case (`T/logp`: steadier on a shared machine, whose load moves between cases). Every
+engine's log-probs are compared with the local engine's on the same batch (`max gap`).
 
 Simplifications, stated: no rollout engine (the share is of the learner's phases only), CPU fp32 on shared cores
 (the load average is printed), tiny models where fixed per-call costs (a Ray round trip, vLLM's scheduler) weigh
@@ -105,7 +106,7 @@ def main() -> None:
             print(f"{len(rollouts)} rows, prompt 16 + response {args.response}; load {os.getloadavg()[0]:.2f}")
             print(
                 f"{'engine':20} {'logprobs':>9} {'teacher':>9} {'update':>9} {'share':>7} {'vs local':>8} "
-                f"{'max gap':>8}"
+                f"{'T/logp':>7} {'max gap':>8}"
             )
             local = None
             for name, (engine, in_actor) in ENGINES.items():
@@ -114,7 +115,8 @@ def main() -> None:
                 gap = float((logp - local[1]).abs().max())
                 print(
                     f"{name:20} {t['logprobs']:9.4f} {t['teacher']:9.4f} {t['update']:9.4f} "
-                    f"{t['teacher'] / sum(t.values()):7.1%} {t['teacher'] / local[0]:8.2f} {gap:8.1e}"
+                    f"{t['teacher'] / sum(t.values()):7.1%} {t['teacher'] / local[0]:8.2f} "
+                    f"{t['teacher'] / t['logprobs']:7.2f} {gap:8.1e}"
                 )
     finally:
         ray.shutdown()
