@@ -46,16 +46,16 @@ WEIGHT_FILES = (
     "pytorch_model.bin.index.json",
 )
 LOCAL_WHY = (
-    "a batched forward in the learner's process: no GPU of its own to gain here (benchmarks/teacher_engines.py, CPU: "
-    "an actor's forward costs the same, vLLM's prompt log-probs 1.0-1.1x)"
+    "a batched forward in the learner's process: no GPU of its own to gain here, and on CPU the fastest "
+    "(benchmarks/teacher_engines.py: an actor 1.3x, vLLM's prompt log-probs 1.2-1.5x)"
 )
-ACTOR_WHY = "a Ray actor with a GPU of its own: the teacher's weights leave the learner's GPU, at the same forward"
+ACTOR_WHY = "a Ray actor with a GPU of its own: the teacher's weights and forward leave the learner's GPU"
 
 
 def choose_teacher_engine(engine: str, mode: str = "local", gpu: bool | None = None) -> tuple[str, str]:
     """`teacher.engine` as the run uses it, and why. `auto`: `actor` under placement.mode=ray with a GPU (`gpu`;
-    default: whether this machine has one), else `local`; never `vllm`, which measured no faster than a forward
-    where it was measured (docs/distillation.md)."""
+    default: whether this machine has one), else `local`; never `vllm`, which measured slower than the forward where
+    it was measured (CPU, docs/distillation.md)."""
     if engine != "auto":
         return engine, "as set"
     if gpu is None:
