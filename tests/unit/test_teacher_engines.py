@@ -121,3 +121,28 @@ def test_teacher_cpus_beside_the_local_engine_is_warned_about(random_model_dir):
 
     with pytest.warns(ConfigWarning, match="teacher.cpus has no effect with teacher.engine=local"):
         _config(random_model_dir, f"teacher.path={random_model_dir}", "teacher.engine=local", "teacher.cpus=2")
+
+
+def test_a_teacher_of_its_own_scores_after_its_own_prompt_as_the_local_engine(random_model_dir, other_teacher_dir):  # noqa: F811
+    from relayrl.algorithms.teacher_prompt import TeacherPrompt
+    from relayrl.learner.batching import make_experience
+    from relayrl.learner.teacher import teacher_experience
+    from relayrl.models.loading import load_tokenizer
+    from relayrl.types import Score
+    from tests.unit.test_teacher_prompt import _rollouts
+
+    tokenizer = load_tokenizer(random_model_dir)
+    rollouts, template = _rollouts(tokenizer, observation=True), TeacherPrompt("2+2=4 {prompt}{answer}", tokenizer)
+    config = _config(
+        random_model_dir, f"teacher.path={other_teacher_dir}", "placement.mode=ray", "teacher.engine=actor"
+    )
+    local_config = config.model_copy(update={"teacher": config.teacher.model_copy(update={"engine": "local"})})
+    scored = []
+    for role in (
+        LearnerRole(learner_settings(local_config)),
+        TeacherRole(TeacherSettings.of(learner_settings(config))),
+    ):
+        student = make_experience(rollouts, [Score(0.0)] * len(rollouts), pad_id=0)
+        scored.append(role.score_teacher(student, teacher_experience(template, rollouts, pad_id=0)).teacher_logprobs)
+    local, own = scored
+    assert local is not None and own is not None and torch.equal(local, own) and local.abs().sum() > 0
