@@ -37,6 +37,8 @@ from relayrl.models.loading import check_model_dir, load_tokenizer, pad_token_id
 from relayrl.placement import build_roles
 from relayrl.placement.sections import colocation
 from relayrl.placement.time_sharing import TimeSharing
+from relayrl.planner.checkpointing import choose_checkpointing
+from relayrl.planner.estimate import workload_from_config
 from relayrl.rewards import load_reward
 from relayrl.rewards.service import build_reward_service
 from relayrl.rollout.choice import choose_engine
@@ -76,7 +78,9 @@ def resolve(config: Config, stacklevel: int = 1) -> Config:
        checked against this machine (relayrl/rollout/sleep.py);
     5. `sync.wire_dtype: auto` -> bf16 or fp32, the engine's dtype (relayrl/sync/buckets.py); `rollout.
        gpu_memory_utilization: auto` -> the engine's share of its GPU (relayrl/rollout/memory.py);
-    6. `teacher.engine: auto` -> local or actor (relayrl/learner/teacher.py), when there is a teacher;
+    6. `learner.activation_checkpointing: auto` -> on where a colocated GPU run's update would not fit beside the
+       engine's share without it (relayrl/planner/checkpointing.py);
+       `teacher.engine: auto` -> local or actor (relayrl/learner/teacher.py), when there is a teacher;
     7. `sync.parity_probe: auto` -> on under train.schedule=sync (relayrl/config/sync.py).
     Then the settings a choice left without effect are warned about (at the line `stacklevel` frames up: 1 = this
     caller's). Resolving twice changes nothing; a dump writes `auto` back (so a reload chooses again, on its own
@@ -113,6 +117,10 @@ def _choose(config: Config) -> None:
         config.choose("rollout.gpu_memory_utilization", *resolve_engine_share(colocated(config.placement), judge))
     if config.rollout.engine == "vllm":  # an HF engine takes no share up front
         check_shares(config.rollout.gpu_memory_utilization, judge_share(config.placement, config.reward))
+    if config.learner.activation_checkpointing == "auto":  # after the engine's share: the room it leaves
+        work = functools.partial(workload_from_config, config, checkpointing=False)
+        chosen = choose_checkpointing(config.model.path, work, colocated(config.placement))
+        config.choose("learner.activation_checkpointing", *chosen)
     if config.teacher.present and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
         config.choose("teacher.engine", *choose_teacher_engine("auto", config.placement.mode))
     if config.sync.parity_probe == "auto":

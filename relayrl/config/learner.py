@@ -6,7 +6,9 @@ switch that turns activation checkpointing on is relayrl/learner/activation_chec
 
 - `learner.activation_checkpointing`: every decoder layer's activations are recomputed in the backward
   instead of kept (HF's `gradient_checkpointing_enable`, non-reentrant `torch.utils.checkpoint`), for the
-  policy and the critic. It changes neither the loss nor the gradients.
+  policy and the critic. It changes neither the loss nor the gradients. `auto` is chosen when the config is
+  resolved (relayrl/planner/checkpointing.py): on for a colocated GPU run whose update would not fit beside the
+  engine's share without it, off otherwise (always off on CPU).
 - `learner.return_freed_memory`: a CPU learner's process returns freed blocks to the system at once
   (relayrl/learner/malloc.py), so its peak RSS is its live tensors, at a time cost measured there.
 - `learner.offload=params`: FSDP2's `CPUOffloadPolicy` on every `fully_shard` of the learner ranks:
@@ -27,10 +29,12 @@ from relayrl.config.section import Section
 class LearnerConfig(Section):
     """`learner`: memory and speed options of the policy and critic learners."""
 
-    activation_checkpointing: bool = Field(
-        default=False,
+    activation_checkpointing: bool | Literal["auto"] = Field(
+        default="auto",
         description="Recompute each decoder layer's activations in the backward instead of keeping them "
-        "(policy and critic): activation memory of one layer instead of all, for about one more forward.",
+        "(policy and critic): activation memory of one layer instead of all, for about one more forward. auto = on "
+        "for a colocated GPU run whose planned update (checkpointing off) exceeds what the engine's "
+        "rollout.gpu_memory_utilization leaves the learner of its GPU; off otherwise, and always off on CPU.",
     )
     return_freed_memory: bool = Field(
         default=False,

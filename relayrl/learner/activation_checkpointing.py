@@ -1,10 +1,31 @@
-"""`learner.activation_checkpointing`: every decoder layer's activations recomputed in the backward instead of kept.
+"""`learner.activation_checkpointing`: every decoder layer's activations recomputed in the backward instead of kept,
+and whether a learner turns it on (`checkpointing_on`).
 
 HF's `gradient_checkpointing_enable` (non-reentrant `torch.utils.checkpoint`) for the policy and the critic; it
 changes neither the loss nor the gradients. It touches the model it is given, nothing else.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from relayrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from relayrl.config import LearnerConfig
+
+
+def checkpointing_on(learner: LearnerConfig, device: str) -> bool:
+    """learner.activation_checkpointing for a learner on `device`: true/false as set; `auto` is chosen when the
+    config is resolved (relayrl/planner/checkpointing.py), and is off on CPU without asking (a learner built from an
+    unresolved config there, as the tests do); on a GPU an unresolved auto is refused."""
+    value = learner.activation_checkpointing
+    if value != "auto":
+        return bool(value)
+    if device == "cpu":
+        return False
+    raise ConfigError(f"learner.activation_checkpointing is still auto where the {device} learner is built: resolve "
+                      "the config first (relayrl.build.resolve chooses it from the plan)")  # fmt: skip
 
 
 def enable_activation_checkpointing(model) -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from relayrl.learner import malloc
-from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
+from relayrl.learner.activation_checkpointing import checkpointing_on, enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher
 from relayrl.learner.layout import image_inputs
 from relayrl.learner.optim import build_optimizer
@@ -96,7 +96,7 @@ class Critic:
         model = ValueModel(path, self.lora, meta, freeze_tower=settings.model.freeze_vision)
         self.model = (model if meta else model.to(device)).eval()  # eval: no dropout, as for the policy
         self.normaliser = token_count
-        if settings.learner.activation_checkpointing:
+        if checkpointing_on(settings.learner, device):
             body = self.model.body
             enable_activation_checkpointing(body.get_base_model() if self.lora is not None else body)
         malloc.apply(settings.learner, device)  # learner.return_freed_memory

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from relayrl.data.vision import vision_token_ids
 from relayrl.learner import malloc
-from relayrl.learner.activation_checkpointing import enable_activation_checkpointing
+from relayrl.learner.activation_checkpointing import checkpointing_on, enable_activation_checkpointing
 from relayrl.learner.batching import MicroBatcher, packs_groups
 from relayrl.learner.compile import compile_decoder_layers
 from relayrl.learner.layout import ForwardLayout, Sampled
@@ -64,7 +64,7 @@ class PolicyLearner:
         self.model.config.use_cache = False
         # the HF model the forward passes run (with LoRA: peft's layers inside it, switched by disable_adapter)
         self.network = self.model.get_base_model() if settings.model.lora is not None else self.model
-        if settings.learner.activation_checkpointing:  # before any FSDP2 wrap (sharded.py shards the built model)
+        if checkpointing_on(settings.learner, self.device):  # before any FSDP2 wrap (sharded.py shards the built model)
             enable_activation_checkpointing(self.network)
         if settings.learner.compile:
             compile_decoder_layers(self.network)

@@ -15,6 +15,8 @@ from relayrl.config import Config
 from relayrl.models.shape import ModelShape, count_params, load_shape
 from relayrl.placement.sections import colocation
 from relayrl.planner.advice import Advice, advise
+from relayrl.planner.checkpointing import KEY as CHECKPOINTING
+from relayrl.planner.checkpointing import plan_checkpointing
 from relayrl.planner.estimate import (
     Memory,
     Precision,
@@ -84,8 +86,13 @@ def make_plan(
         learner_ranks,
         prompts.mean if read else None,
         mean_response_tokens,
+        checkpointing=False,
     )
     work = replace(work, **vision_workload(shape, prompts))  # images per prompt and their tokens (a VLM)
+    # learner.activation_checkpointing as set, or what auto chooses on this plan's hardware
+    asked = "auto" if CHECKPOINTING in config._auto else config.learner.activation_checkpointing
+    colocated = colocation(config, as_asked=True).colocated
+    work = replace(work, checkpointing=plan_checkpointing(asked, shape, work, hardware, colocated))
     precision = precision_for(hardware, fp32_master, infer_dtype)
     memory = estimate_memory(shape, work, hardware, precision)
     sleep, offloads = time_sharing_on(colocation(config, as_asked=True), hardware.kind != "cpu")

@@ -194,10 +194,15 @@ def workload_from_config(
     learner_ranks: int | None = None,
     prompt_mean_tokens: float | None = None,
     mean_response_tokens: float | None = None,
+    checkpointing: bool | None = None,
 ) -> Workload:
     """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray);
     `prompt_mean_tokens`: the mean prompt read from data.train; `mean_response_tokens`: a response's expected
-    length."""
+    length; `checkpointing`: in place of learner.activation_checkpointing. What `auto` chooses depends on the
+    hardware (relayrl/planner/checkpointing.py): an unresolved auto counts as off here, and `make_plan` replaces
+    it with its hardware's choice."""
+    if checkpointing is None:
+        checkpointing = config.learner.activation_checkpointing is True
     return Workload(
         learner_ranks=learner_ranks or config.placement.learner_ranks,
         mini_batch=config.train.mini_batch or 0,  # unset (None: the rollout batch) is 0 here
@@ -212,7 +217,7 @@ def workload_from_config(
             config.train, config.mini_batch, config.data.max_prompt_tokens + config.rollout.max_tokens
         ),  # from train.micro_batch_tokens when set
         micro_batch_tokens=config.train.micro_batch_tokens,
-        checkpointing=config.learner.activation_checkpointing,
+        checkpointing=bool(checkpointing),
         logits_chunk=config.train.logits_chunk,
         freeze_vision=config.model.freeze_vision,
         optimizer_steps=config.updates_per_step,

@@ -237,6 +237,7 @@ def simulate(settings: LearnerSettings, work: Workload, offload: bool, rows: int
     from relayrl.learner.role import LearnerRole
 
     start = time.perf_counter()
+    settings = with_checkpointing(settings, work.checkpointing)  # the plan's choice for its GPU (auto resolved there)
     world, rows = work.learner_ranks, rows or work.micro_batch
     fake, tracker, phases = FakeTensorMode(allow_non_fake_inputs=True), DeviceTracker(), {}
     # whole groups where the planner expects the learner to pack them, else rows of distinct groups (shuffled
@@ -256,6 +257,13 @@ def simulate(settings: LearnerSettings, work: Workload, offload: bool, rows: int
         phases["after_offload"] = phases["after_update"] - (offloaded_bytes(role) if offload else 0.0)
     return SimulatedMemory(world, rows, rows * (work.prompt_tokens + work.response_tokens), phases,
                            time.perf_counter() - start)  # fmt: skip
+
+
+def with_checkpointing(settings: LearnerSettings, on: bool) -> LearnerSettings:
+    """`settings` with learner.activation_checkpointing as the plan has it (this CPU machine resolved auto to off)."""
+    from dataclasses import replace
+
+    return replace(settings, learner=settings.learner.model_copy(update={"activation_checkpointing": on}))
 
 
 def measured(tracker: DeviceTracker, phases: dict[str, float], phase: str, run, exp: Experience):

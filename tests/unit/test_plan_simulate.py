@@ -60,8 +60,9 @@ def offloads(config, ranks: int) -> bool:
     return time_sharing_on(colocation(config, as_asked=True), True)[1]
 
 
-def simulate_config(config, ranks: int, offload: bool = False):
-    work = workload_from_config(config, learner_ranks=ranks)
+def simulate_config(config, ranks: int, offload: bool = False, checkpointing: bool = False):
+    """`checkpointing`: learner.activation_checkpointing as the plan chose it for its GPU (auto is off here)."""
+    work = workload_from_config(config, learner_ranks=ranks, checkpointing=checkpointing)
     return simulate(learner_settings(config), work, offload or offloads(config, ranks))
 
 
@@ -70,7 +71,8 @@ def simulated_and_planned(config, ranks: int, offload: bool = False):
     CPU machine refuses to resolve), else as the config resolves on a GPU."""
     plan = make_plan(config, load_shape(config.model.path), PROFILES["H100-80GB"], learner_ranks=ranks,
                      read_prompts=False, offload=offload)  # fmt: skip
-    return simulate_config(config, ranks, offload), planned_phases(plan, plan.offload), plan
+    simulated = simulate_config(config, ranks, offload, plan.workload.checkpointing)
+    return simulated, planned_phases(plan, plan.offload), plan
 
 
 def check_agreement(tmp_path: Path, shape: str, ranks: int, layout: str, offload: bool = False) -> None:

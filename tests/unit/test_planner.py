@@ -65,7 +65,7 @@ def test_example_7b_shape_is_qwen2_5_7b():
 
 
 def _plan_7b(hardware="H100-80GB", **kwargs):
-    config = planned(EXAMPLE, ["algorithm.kl.coef=0.001"])
+    config = planned(EXAMPLE, ["algorithm.kl.coef=0.001", "learner.activation_checkpointing=false"])  # all kept
     shape = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
     return make_plan(config, shape, PROFILES[hardware], **kwargs)
 
@@ -443,7 +443,8 @@ def test_two_ranks_of_7b_do_not_fit_80gb_and_four_do():
 
 def test_cli_plan_prints_the_smallest_learner_ranks_per_profile(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert main(["plan", "examples/grpo_7b/config.yaml", "plan.hardware=H100-80GB", "plan.learner_ranks=1"]) == 0
+    whole = "learner.activation_checkpointing=false"  # every layer's activations kept (auto checkpoints on a GPU)
+    assert main(["plan", "examples/grpo_7b/config.yaml", whole, "plan.hardware=H100-80GB", "plan.learner_ranks=1"]) == 0
     out = capsys.readouterr().out
     assert "smallest W that fits" in out
     rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in out.splitlines() if "least W" in line}
@@ -462,17 +463,18 @@ def test_the_recommendation_is_a_placement_the_code_expresses_with_its_overrides
     from relayrl.planner import get_profile, load_shape, make_plan
 
     example = "examples/grpo_7b/config.yaml"
-    config = planned(example)
+    kept = ["learner.activation_checkpointing=false"]  # awake, a checkpointed update fits beside it on 8 pairs
+    config = planned(example, kept)
     hardware = get_profile("H100-80GB")
     shared = make_plan(config, load_shape(config.model.path), hardware, read_prompts=False)
     assert shared.sleep and shared.advice.overrides == (
         "placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=4", "placement.engines=4"
     )  # fmt: skip
-    awake = planned(example, ["rollout.sleep=off"])
+    awake = planned(example, [*kept, "rollout.sleep=off"])
     apart = make_plan(awake, load_shape(awake.model.path), hardware, read_prompts=False).advice
     assert apart.text.startswith("disaggregated") and "placement.layout=disaggregated" in apart.overrides
     for overrides in (shared.advice.overrides, apart.overrides):
-        placed = planned(example, list(overrides)).placement
+        placed = planned(example, [*kept, *overrides]).placement
         assert placed.mode == "ray" and placed.learner_ranks in (4, 5, 8)
 
 
