@@ -87,14 +87,16 @@ def token_count(mask: torch.Tensor) -> float:
 
 
 class Critic:
-    def __init__(self, settings: LearnerSettings, device: str, meta: bool = False):
+    def __init__(self, settings: LearnerSettings, device: str, meta: bool = False, on_host: bool = False):
+        """`meta`: built without weights (sharded ranks other than 0); `on_host`: loaded into CPU memory and left
+        there (sharded rank 0: `attach` shards it onto `device`)."""
         critic = settings.critic
         path = critic.path or settings.model.path
         check_model_dir(path, "critic.path" if critic.path else "model.path")
         self.settings, self.device = settings, device
         self.lora = settings.model.lora
         model = ValueModel(path, self.lora, meta, freeze_tower=settings.model.freeze_vision)
-        self.model = (model if meta else model.to(device)).eval()  # eval: no dropout, as for the policy
+        self.model = (model if meta or on_host else model.to(device)).eval()  # eval: no dropout, as for the policy
         self.normaliser = token_count
         if checkpointing_on(settings.learner, device):
             body = self.model.body

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 class Distribution(Protocol):
     empty_models: bool  # build the models on the meta device: their weights arrive from rank 0 in `attach`
+    host_models: bool  # read the weights into CPU memory (sharded rank 0): `attach` shards them onto the device
 
     def share(self, settings: LearnerSettings) -> LearnerSettings:
         """The settings this process trains with (a rank's share of each step's prompts and mini-batches)."""
@@ -77,6 +78,7 @@ class OneProcess:
     """The whole learner in this process (see the module docstring)."""
 
     empty_models = False
+    host_models = False
 
     def share(self, settings: LearnerSettings) -> LearnerSettings:
         return settings

@@ -57,24 +57,26 @@ class Learner(LearnerWeights, Protocol):
 class LearnerRole(WeightSource):
     def __init__(self, settings: LearnerSettings, threads: int = 0, distribution: Distribution | None = None):
         """`distribution`: how the models are spread (default: whole, in this process). Sharded ranks other than
-        0 build their models on the meta device, without reading weights; `attach` fills their shards."""
+        0 build their models on the meta device, without reading weights, rank 0 reads them into CPU memory;
+        `attach` shards them and fills every rank's shards from rank 0."""
         if threads:
             torch.set_num_threads(threads)
         self.distribution = distribution or OneProcess()
         self.settings = settings = self.distribution.share(settings)
-        if self.distribution.empty_models:
-            from relayrl.learner.sharded_init import empty_causal_lm
+        empty, host = self.distribution.empty_models, self.distribution.host_models
+        if empty or host:
+            from relayrl.learner.sharded_init import empty_causal_lm, load_on_host
 
-            self.policy = PolicyLearner(settings, empty_causal_lm)
+            self.policy = PolicyLearner(settings, empty_causal_lm if empty else load_on_host)
         else:
             self.policy = PolicyLearner(settings)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         gae = settings.algorithm.advantage == "gae"
-        self.critic = Critic(settings, device, self.distribution.empty_models) if gae else None
+        self.critic = Critic(settings, device, empty, on_host=host) if gae else None
         teacher = settings.teacher  # teacher.engine=actor or vllm: the teacher is a role of its own, not loaded here
         self.teacher = Teachers.local(teacher, self.policy) if teacher and teacher.engine in ("auto", "local") else None
         self.distribution.attach(self)
-        self._colocated_free()  # the load's peak (rank 0 holds whole models until they are sharded)
+        self._colocated_free()  # the load's peak (one process: whole models; W ranks: a full tensor in flight)
 
     def _colocated_free(self) -> None:
         """An engine shares this GPU: the allocator's cached blocks go back (relayrl/learner/offload.py)."""

@@ -2,8 +2,8 @@
 
 Each rank joins the learner group (process_group.py) and wraps the policy, the reference and the critic with
 `fully_shard`, per decoder layer and then the root, so it holds 1/W of the parameters, gradients and AdamW
-state. Only rank 0 reads the weights; the other ranks build the models on the meta device and receive their
-shards from rank 0 (sharded_init.py), so their peak at start is their share, not the model. On GPU, FSDP2's
+state. Only rank 0 reads the weights, into CPU memory; every rank shards a model on the meta device and receives
+its shards from rank 0 (sharded_init.py), so no rank's device holds the whole model: its peak at start is its share. On GPU, FSDP2's
 mixed-precision policy runs the passes in bf16 over fp32 master shards (sharded_init.mixed_precision).
 
 The update is `PolicyLearner.update` unchanged, run by every rank on its share of the batch (whole groups, the
@@ -153,7 +153,8 @@ class ShardedRanks:
     def __init__(self, group: RankGroup):
         join_learner_group(group.rank, group.world, group.address, group.port, group.timeout_s, group.cpu_collectives)
         self.rank, self.world = group.rank, group.world
-        self.empty_models = group.rank > 0  # only rank 0 reads the weights
+        self.empty_models = group.rank > 0  # only rank 0 reads the weights,
+        self.host_models = group.rank == 0  # into CPU memory: its device gets its shards only
         self.tokens = 0.0  # the rank's trained tokens this update: the KL controller's weight
         self.padding = 0  # the rank's padding rows this update
         self.layout: BucketLayout | None = None
@@ -176,12 +177,13 @@ class ShardedRanks:
         policy.objective.kl_controller = _GlobalKL(policy.objective.kl_controller, self)  # pyright: ignore[reportAttributeAccessIssue] - the same two members
 
     def _shard(self, learner: LearnerRole, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        """Shard one model (built on rank 0, empty elsewhere), fill every rank's shards from rank 0, and point
-        its optimizer at them. offload=params on CPU is refused by relayrl/config/learner.py."""
-        full = full_state_on_rank0(model, self.rank)
+        """Shard one model (loaded into rank 0's CPU memory, empty elsewhere), fill every rank's shards from rank 0,
+        and point its optimizer at them. offload=params on CPU is refused by relayrl/config/learner.py."""
+        held = full_state_on_rank0(model, self.rank)  # rank 0's model is on meta now, as the others'
         device, offload = learner.policy.device, learner.settings.learner.offload == "params"
         shard_model(model, offload=offload, precision=mixed_precision(learner.settings.model, device))
-        fill_from_rank0(model, full, device, offload)
+        fill_from_rank0(model, held, device, offload)
+        del held  # rank 0's host copy goes
         if optimizer is not None:
             _rebind_optimizer(optimizer, learner.policy.model if optimizer is learner.policy.optimizer else model)
 

@@ -7,7 +7,8 @@ How (the recipe of torchtitan's scripts/estimate/estimation.py, adapted to run t
   with `to_empty` inside a `FakeTensorMode`, on the CPU device (a CPU build of torch cannot make fake `cuda`
   tensors; the bytes are the same);
 - W > 1: the process joins torch's `fake` process group as rank 0 of W (collectives return at once), so
-  `fully_shard` splits every model as on W GPUs; rank 0 is simulated because it alone holds the full model at load;
+  `fully_shard` splits every model as on W GPUs; rank 0 is simulated because it alone reads the models (into host
+  memory: fake tensors on the meta device, not counted) and copies each full tensor to its device to broadcast it;
 - the GPU's numerics are set where the learner reads them from the device: bf16 autocast for the passes, the
   reference cast to bf16 (before it is sharded at W > 1), FSDP2's bf16 mixed-precision policy at W > 1
   (sharded_init.mixed_precision);
@@ -163,34 +164,47 @@ class SimulatedProcess(OneProcess):
 
 
 class SimulatedRanks(ShardedRanks):
-    """Rank 0 of W FSDP2 ranks in torch's fake process group: it loads each model whole (fake), then `ShardedRanks`
-    shards and fills it as on GPU (bf16 mixed precision)."""
+    """Rank 0 of W FSDP2 ranks in torch's fake process group: it loads each model whole into host memory (fake
+    tensors on the meta device, which the tracker does not count), then `ShardedRanks` shards it and fills the
+    shards on the device from that host copy, one full tensor in flight at a time, as on GPU (bf16 mixed
+    precision)."""
 
     def __init__(self, world: int, fake: FakeTensorMode, tracker: DeviceTracker):
         super().__init__(RankGroup(0, world, "fake", 0, 0.0))
-        self.empty_models = True  # built on meta; `_shard` gives rank 0 its whole model first, as loading does
+        self.empty_models = True  # built on meta; `attach` gives rank 0 its whole host copy first, as loading does
         self.fake, self.tracker = fake, tracker
 
     def attach(self, learner: LearnerRole) -> None:
         policy, critic = learner.policy, learner.critic
-        materialize(policy.model, self.fake, self.tracker)  # rank 0 builds every model whole before any is sharded
+        on_host(policy.model, self.fake)  # rank 0 loads every model whole, in CPU memory, before any is sharded
         if policy.reference is not None:
-            materialize(policy.reference, self.fake, self.tracker)
+            on_host(policy.reference, self.fake)
             if learner.settings.model.dtype in ("auto", "bfloat16"):
                 cast_frozen(policy.reference, torch.bfloat16)  # PolicyLearner's cast on GPU, before sharding
         if critic is not None:
-            materialize(critic.model, self.fake, self.tracker)
+            on_host(critic.model, self.fake)
         super().attach(learner)
         gpu_numerics(learner)
 
     def _shard(self, learner: LearnerRole, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
-        full = full_state_on_rank0(model, self.rank)
+        held = full_state_on_rank0(model, self.rank)
         offload = learner.settings.learner.offload == "params"
         shard_model(model, offload=offload, precision=mixed_precision(learner.settings.model, "cuda"))
-        fill_from_rank0(model, full, "cpu", offload)
-        del full
+        materialize(model, self.fake, self.tracker)  # the shards' storage on the device (fill_from_rank0's to_empty)
+        fill_from_rank0(model, held, "cpu", offload)  # each full tensor copied to the device, sliced, freed
+        del held
         if optimizer is not None:
             _rebind_optimizer(optimizer, learner.policy.model if optimizer is learner.policy.optimizer else model)
+
+
+def on_host(model: torch.nn.Module, fake: FakeTensorMode) -> None:
+    """Fake storage on the meta device for a meta-built model: rank 0's host copy (sharded_init.load_on_host), not
+    counted on the device; copying one of its tensors to the device (`.to("cpu")` here) makes a counted one."""
+    with fake:
+        model.to_empty(device="meta")
+    tie = getattr(model, "tie_weights", None)
+    if callable(tie):
+        tie()
 
 
 @contextmanager

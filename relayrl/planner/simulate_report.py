@@ -4,9 +4,11 @@ GPU whether the engine's share fits beside the learner at each phase boundary (`
 
 The planned phases (one rank of W, in bytes), from the planner's memory table (estimate.py) and its formulas
 (learner_memory.py):
-- load: every model the learner builds, whole and in fp32 as `load_causal_lm` reads it (policy, reference when
-  kl.coef > 0 without LoRA, critic under GAE); the reference is then cast to bf16 (its largest tensor, the
-  embeddings, briefly in both); sharded rank 0 then adds the policy's shards before its whole copy goes;
+- load: one process: every model the learner builds, whole and in fp32 as `load_causal_lm` reads it (policy,
+  reference when kl.coef > 0 without LoRA, critic under GAE); the reference is then cast to bf16 (its largest
+  tensor, the embeddings, briefly in both). W ranks: rank 0 reads the models into CPU memory and every rank's
+  device gets its shards only, filled one full tensor at a time (relayrl/learner/sharded_init.py): the peak is the
+  shards filled so far and the model's largest tensor (the embeddings) in flight (`sharded_load`);
 - after_load: the weights (no optimizer state yet), what a colocated learner keeps once it returns its cache;
 - first_pass: the weights, their bf16 copies (`weight_copies`) and the layout's one-time check (`check_logits`);
 - passes: the resident states, the copies and a no-grad pass (`pass_logits`);
@@ -36,9 +38,7 @@ def planned_phases(plan: Plan, offload: bool) -> dict[str, float]:
     full = shape.params * 4 * (1 + w.critic + (w.reference and not w.lora_rank))
     weights = (m.states - m.gradients) / ranks - optimizer_state(plan) / ranks  # the states before any step
     cast = shape.vocab * shape.hidden * vb if m.reference and vb < 4 else 0.0  # the reference's embeddings, twice
-    load = full + cast
-    if ranks > 1:  # after the cast, the policy's first shards beside its whole copy
-        load = max(load, full - (shape.params * 4 - m.reference if m.reference else 0.0) + shape.params * 4 / ranks)
+    load = full + cast if ranks == 1 else sharded_load(plan, weights)
     copies = weight_copies(shape, ranks, vb, backward=False, reference=m.reference > 0)
     resident = m.resident / ranks
     return {
@@ -50,6 +50,22 @@ def planned_phases(plan: Plan, offload: bool) -> dict[str, float]:
         "after_update": resident,
         "after_offload": 0.0 if offload else resident,
     }
+
+
+def sharded_load(plan: Plan, weights: float) -> float:
+    """One rank's device at load, W ranks: the models are filled in turn (policy, reference, critic), each from
+    rank 0's host copy one full tensor at a time, so the peak is the shards filled so far and the largest tensor
+    (the embeddings: fp32, the reference's in its bf16) in flight. `weights`: every shard, once filled."""
+    m, shape, ranks = plan.memory, plan.shape, plan.memory.ranks
+    largest = shape.vocab * shape.hidden
+    reference, critic = m.reference / ranks, (shape.params * 4 / ranks if plan.workload.critic else 0.0)
+    policy = weights - reference - critic
+    stages = [policy + largest * 4]
+    if m.reference:
+        stages.append(policy + reference + largest * m.reference / shape.params)
+    if critic:
+        stages.append(weights + largest * 4)
+    return max(stages)
 
 
 def optimizer_state(plan: Plan) -> float:

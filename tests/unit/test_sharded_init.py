@@ -1,8 +1,10 @@
-"""Sharded learner ranks built without loading the model on ranks > 0, the critic's global normaliser, and
-FSDP2's mixed-precision policy, and LoRA on sharded ranks (CPU/gloo, a tiny fp32 model).
+"""Sharded learner ranks built without loading the model on ranks > 0 (rank 0 reads it into CPU memory and
+broadcasts the shards), the critic's global normaliser, FSDP2's mixed-precision policy, and LoRA on sharded ranks
+(CPU/gloo, a tiny fp32 model).
 
 Two ranks are spawned once and, in one process group: build a GAE learner with a KL reference (policy,
-reference and critic all sharded) while rank 1 cannot read any weights file; gather its weights; take one
+reference and critic all sharded) while rank 1 cannot read any weights file (and every rank counts the weights
+files it opens); gather its weights; take one
 step; then take a step with bf16 parameters in the passes (FSDP2's MixedPrecisionPolicy over gloo); then LoRA
 learners (the base and adapter sharded, the reference the base with the adapter disabled) resume a W=1
 checkpoint (1 -> 2) and their own sharded one (2 -> 2) and push what sync.lora sends. Rank 0 writes the
@@ -43,6 +45,33 @@ def full_weights(learner) -> dict[str, dict[str, torch.Tensor]]:
     return out
 
 
+def count_safetensors_opens() -> list[str]:
+    """Every weights file this process opens from now on: transformers reads a checkpoint only through
+    safetensors' `safe_open` (transformers.modeling_utils), so each call is counted with its file."""
+    import safetensors
+    from transformers import modeling_utils
+
+    opened: list[str] = []
+    real = modeling_utils.safe_open
+
+    def counted(filename, *args, **kwargs):
+        opened.append(str(filename))
+        return real(filename, *args, **kwargs)
+
+    modeling_utils.safe_open = counted
+    safetensors.safe_open = counted
+    return opened
+
+
+def local_shares(learner) -> dict[str, float]:
+    """policy, reference and critic: the elements this rank holds over the model's (1/W when sharded evenly)."""
+    models = {"policy": learner.policy.model, "reference": learner.policy.reference, "critic": learner.critic.model}
+    return {
+        role: sum(p.to_local().numel() for p in model.parameters()) / sum(p.numel() for p in model.parameters())
+        for role, model in models.items()
+    }
+
+
 def step(learner, exp) -> dict[str, float]:
     return learner.update(0, learner.prepare(exp)).metrics
 
@@ -54,6 +83,7 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
     from relayrl.learner.process_group import all_reduce_sum, leave_learner_group, split_by_groups
 
     torch.set_num_threads(1)
+    opened = count_safetensors_opens()
     if rank > 0:  # a rank other than 0 must build its models without reading the weights
 
         def refuse(cls, *args, **kwargs):
@@ -65,6 +95,9 @@ def rank_main(rank, port, model_dir, lora_checkpoint, out_dir, results):
         learner_settings(config(model_dir, GAE)), rank, WORLD, "127.0.0.1", port, timeout_s=60
     )
     found = {"loaded": full_weights(learner), "tokens": all_reduce_sum(rank * float(part.loss_mask.sum()))}
+    found["opened"] = [int(all_reduce_sum(float(len(opened)) if r == rank else 0.0)) for r in range(WORLD)]
+    found["opened_files"] = sorted({Path(name).name for name in opened})
+    found["local_share"] = local_shares(learner)
     stats = step(learner, part)
     found["loss"] = all_reduce_sum(stats["loss/policy"])  # each rank's loss is its part of the global sum
     found["critic"] = (stats["critic/value_loss"], stats["critic/grad_norm"], full_weights(learner)["critic"])
@@ -117,6 +150,7 @@ def lora_scenarios(sharded, rank, port, model_dir, checkpoint, out_dir) -> dict:
 
     found = {"1->2": resumed(checkpoint)}
     first = learner()
+    found["loaded"] = {n: p.full_tensor().detach().clone() for n, p in first.policy.model.named_parameters()}
     lora_step(first, split_by_groups(experience(seed=0), WORLD)[rank])
     found["path"] = first.checkpoint(f"{out_dir}/lora_run", 0, {"version": 1}, keep=1)
     found["2->2"] = resumed(found["path"])
@@ -183,6 +217,30 @@ def test_ranks_hold_the_single_learners_weights_without_loading_them(found, sing
         for name, tensor in tensors.items():
             assert torch.equal(found["loaded"][role][name], tensor), f"{role} {name}"
     assert found["loss"] == pytest.approx(stats["loss/policy"], abs=1e-6)
+
+
+def test_only_rank_0_opens_the_weights_and_every_rank_keeps_only_its_shards(found, random_model_dir):
+    """Counted at safetensors' `safe_open`, the one way transformers reads a checkpoint: rank 0 opened the model's
+    weights file for its policy, reference and critic (read into CPU memory, sharded_init.load_on_host), rank 1
+    never did; every model on rank 0 holds half of its elements once sharded (no whole copy left)."""
+    weights = sorted(p.name for p in Path(random_model_dir).glob("*.safetensors"))
+    rank0, rank1 = found["opened"]
+    assert rank1 == 0 and rank0 >= 3 and found["opened_files"] == weights  # policy, reference, critic
+    for role, share in found["local_share"].items():
+        assert share == pytest.approx(0.5, abs=0.01), role
+
+
+def test_lora_ranks_start_from_the_single_learners_weights(found, random_model_dir):
+    """The base and the freshly initialised adapter, read and initialised on rank 0's host and broadcast, are W=1's
+    bit for bit (the adapter's init draws from the seeded generator as at W=1)."""
+    from relayrl.learner.role import LearnerRole
+
+    single = LearnerRole(learner_settings(config(random_model_dir, LORA))).policy.model
+    want = {n: p.detach() for n, p in single.named_parameters()}
+    got = found["lora"]["loaded"]
+    assert got.keys() == want.keys() and any(".lora_A." in n for n in want)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
 
 
 def test_critic_update_does_not_depend_on_the_number_of_ranks(found, single):
