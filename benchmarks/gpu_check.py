@@ -10,6 +10,8 @@ Steps (the shell runs each in its own process with its own timeout; docs in gpu_
   hf_engine   HFEngine generates; its behaviour log-probs vs the learner's on the same tokens (mismatch/*)
   cuda_ipc    weights handed between two processes by CUDA IPC handle, against a copy in one process
   colocated   free memory per phase of a colocated step whose learner states leave the device while it generates
+  colocated_memory  a colocated learner's peak device memory per phase, measured, beside relayrl plan's and the
+              fake-tensor simulation's figures (gpu_check_memory.py)
   step_0p5b   one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
   learner_speed  a 1.5B shape's update with relayrl's GPU defaults, then each speed option one at a time: warm
               seconds, MFU, peak memory, the same gradient norm (gpu_check_speed.py)
@@ -61,6 +63,7 @@ STEPS = (
     "hf_engine",
     "cuda_ipc",
     "colocated",
+    "colocated_memory",
     "step_0p5b",
     "vllm",
     "ray",
@@ -448,6 +451,12 @@ def step_colocated(work: Path) -> dict:
     return run_colocated(work)
 
 
+def step_colocated_memory(work: Path) -> dict:
+    from gpu_check_memory import run_colocated_memory
+
+    return run_colocated_memory(work)
+
+
 RUNNERS = {
     "learner": step_learner,
     "flex": step_flex,
@@ -455,13 +464,24 @@ RUNNERS = {
     "hf_engine": step_hf_engine,
     "cuda_ipc": step_cuda_ipc,
     "colocated": step_colocated,
+    "colocated_memory": step_colocated_memory,
     "step_0p5b": step_0p5b,
     "vllm": step_vllm,
     "ray": step_ray,
     "two_gpus": step_two_gpus,
     "learner_speed": step_learner_speed,
 }
-NEEDS_RELAYRL = {"learner", "flex", "fsdp", "hf_engine", "colocated", "step_0p5b", "vllm", "two_gpus"}
+NEEDS_RELAYRL = {
+    "learner",
+    "flex",
+    "fsdp",
+    "hf_engine",
+    "colocated",
+    "colocated_memory",
+    "step_0p5b",
+    "vllm",
+    "two_gpus",
+}
 
 
 def run_step(name: str, work: Path) -> int:

@@ -15,7 +15,9 @@
 #                 full_tensor gathers, against the one-process learner
 #   4. hf_engine  relayrl's HF engine generates on CUDA; its behaviour log-probs vs the learner's (mismatch/*)
 #   5. cuda_ipc   1 GiB of bf16 weights handed between two processes by CUDA IPC handle, vs a copy in one process
-#   6. colocated  torch.cuda.mem_get_info per phase of a colocated step whose learner states leave the device
+#   6. colocated  torch.cuda.mem_get_info per phase of a colocated step whose learner states leave the device;
+#      colocated_memory  the colocated learner's peak allocated bytes per phase (load, passes, update, after the
+#                 offload) beside relayrl plan's and the fake-tensor simulation's figures (gpu_check_memory.py)
 #   7. step_0p5b  one RL step of a random 0.5B-shaped model: generate / update / sync seconds, the update's bf16 MFU
 #   8. vllm, ray, two_gpus: skipped by name ("skipped: needs vLLM (not installed)") unless present: vLLM's CUDA
 #                 build (generate, mismatch, a push through the weight-update session; with a second GPU, a NCCL
@@ -114,10 +116,10 @@ echo "gpu_check: $WHEEL_NOTE; python $PY; logs in $OUT"
 
 if [ "$GPU_CHECK_REHEARSE" = "1" ] && [ "$DEVICES" = "0" ]; then
   BUDGET="${GPU_CHECK_BUDGET:-420}"
-  LIMITS=(learner=120 flex=90 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 step_0p5b=150 vllm=60 ray=60 two_gpus=60 learner_speed=120)
+  LIMITS=(learner=120 flex=90 fsdp=120 hf_engine=90 cuda_ipc=90 colocated=120 colocated_memory=60 step_0p5b=150 vllm=60 ray=60 two_gpus=60 learner_speed=120)
 else
   BUDGET="${GPU_CHECK_BUDGET:-540}"
-  LIMITS=(learner=60 flex=120 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 step_0p5b=150 vllm=120 ray=60 two_gpus=120 learner_speed=240)
+  LIMITS=(learner=60 flex=120 fsdp=90 hf_engine=60 cuda_ipc=60 colocated=90 colocated_memory=60 step_0p5b=150 vllm=120 ray=60 two_gpus=120 learner_speed=240)
 fi
 RESERVE=15  # seconds kept for the table (and a killed step's 10 s grace)
 : >"$OUT/steps.tsv"

@@ -23,7 +23,8 @@ def test_the_gpu_check_rehearsal_passes_and_prints_one_table(tmp_path):
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     table = run.stdout
-    for step in ("learner", "flex", "fsdp", "hf_engine", "cuda_ipc", "colocated", "step_0p5b", "learner_speed"):
+    steps = ("learner", "flex", "fsdp", "hf_engine", "cuda_ipc", "colocated", "colocated_memory", "step_0p5b")
+    for step in (*steps, "learner_speed"):
         assert any(line.split("|")[1:3] and step in line and "| ok" in line for line in table.splitlines()), step
     for skipped in ("vllm", "ray", "two_gpus"):
         assert any(skipped in line and "skipped: needs" in line for line in table.splitlines()), skipped

@@ -60,8 +60,9 @@ def offloads(config, ranks: int) -> bool:
     return time_sharing_on(colocation(config, as_asked=True), True)[1]
 
 
-def simulate_config(config, ranks: int, offload: bool = False, checkpointing: bool = False):
-    """`checkpointing`: learner.activation_checkpointing as the plan chose it for its GPU (auto is off here)."""
+def simulate_config(config, ranks: int, offload: bool = False, checkpointing: bool | None = None):
+    """`checkpointing`: learner.activation_checkpointing as the plan chose it for its GPU (None: as the config
+    resolved it here, where auto is off)."""
     work = workload_from_config(config, learner_ranks=ranks, checkpointing=checkpointing)
     return simulate(learner_settings(config), work, offload or offloads(config, ranks))
 
