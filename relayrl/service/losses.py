@@ -15,8 +15,12 @@
 absent, as the docs' examples set them; the hosted defaults are not published). `dro`'s `beta` has no published
 default, so a request must name it. `ppo` and `gspo` are relayrl's own `ppo_clip_loss`
 (relayrl/algorithms/losses.py) summed over the datum; gspo hands it the token-form sequence log-ratio.
-`stable_reinforce` is not served: its objective is not public (the docs describe only its inputs: sequences
-sampled with `record_stability_info` and provenance spans naming them).
+`stable_reinforce` is not served: its objective is not public. What SDK 0.38.0 and cookbook 0.6.1 say of it is
+its inputs and one setting, never its formula: sequences sampled with `record_stability_info` (the server records
+"stability information" per sequence, types/sample_request.py), each datum naming them by provenance spans
+(`Datum.with_provenance`, `loss_fn_input_spans`; rl/train.py's `_check_provenance`, rl_loop.py's
+`with_sampled_provenance`), and a `kl_coeff` constructor argument (`loss_fn_config_v2`'s example,
+{"kl_coeff": 0.01}); the cookbook only adds that it "stays stable on off-policy data".
 Every datum's inputs are checked first (the key present, one value per input token), so a bad request fails
 before any gradient is added.
 """
@@ -38,7 +42,10 @@ NEEDS = {
     "dro": RL_INPUTS,
     "gspo": (*RL_INPUTS, "sequence_ratio_mask"),
 }
-NOT_PUBLIC = {"stable_reinforce": "its objective is not public (Tinker's docs give only its inputs)"}
+NOT_PUBLIC = {
+    "stable_reinforce": "its objective is not public (the SDK gives only its inputs: recorded stability info, "
+    "provenance spans, kl_coeff)"
+}
 
 
 def check_inputs(loss_fn: str, index: int, tokens: list[int], inputs: dict[str, np.ndarray], vocab: int) -> None:
