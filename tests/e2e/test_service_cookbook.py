@@ -3,7 +3,8 @@ against `relayrl serve` on the tiny random model and a local conversation file (
 `FromConversationFileBuilder`, `role_colon` renderer): it trains 3 epochs, lowers its own train NLL, and saves its
 final state and sampler checkpoints through the service. Its math RL recipe (`recipes/math_rl/train.py
 env=arithmetic`, as a user runs it) completes its steps through the service with `loss_fn=importance_sampling`
-(its default, `stable_reinforce`, is not served yet); the accuracy gain on a warm start is issue 48's still-open part."""
+(its default, `stable_reinforce`, is not served); the accuracy gain on a warm start is issue 48's still-open
+part, measured by benchmarks/service_math_rl.py (figures in docs/tinker.md)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,185 @@
+"""The cookbook's math RL recipe through `relayrl serve`: held-out accuracy before and after, over seeds.
+
+Issue 48's open done-when: `python -m tinker_cookbook.recipes.math_rl.train env=arithmetic ...`, unchanged, raises
+the held-out accuracy of a tiny warm start by at least 15 points. This measures it, so that the test can set its
+threshold from figures (at most half the smallest gain):
+
+1. The warm start: the demo's (`runs/demo/warmstart`, `make demo`), with a tokenizer that maps role_colon's text
+   onto the demo's format (`User: What is 58 + 67?\n\nAssistant:` reads as `58+67=`, the few-shot answer's end as
+   the end-of-sequence token), then a short SFT (`--sft-steps` of 64) on the demo's own warm-start problems in the
+   environment's format: the few-shot example before each problem, which the demo's model never saw, confuses it
+   until then. `--teacher sloppy` keeps the demo teacher's answers (the carry dropped on 60% of carry problems);
+   `minus` writes the true sum with a stray minus sign on 55%.
+2. Per seed, a service (`train.seed=SEED`), greedy accuracy on 100 held-out problems (none drawn by the recipe's
+   first 50 batches; the demo's warm-start set covers about half of all problems, so some were seen there, with
+   the teacher's answers), graded by the recipe's own ArithmeticEnv; the recipe's run; greedy accuracy of its
+   final sampler weights.
+
+Usage: python benchmarks/service_math_rl.py [--warm-start runs/demo/warmstart] [--seeds 3] [--steps 8]
+       [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 150]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HELD_OUT = 100
+GROUPS, GROUP_SIZE = 8, 4
+
+
+def question(x: int, y: int) -> str:
+    """role_colon's rendering of the recipe's few-shot example and one problem (the renderer adds nothing else)."""
+    return f"User: What is 4 + 5?\n\nAssistant: 9\n\nUser: What is {x} + {y}?\n\nAssistant:"
+
+
+def mapped_warm_start(warm: Path, out: Path) -> None:
+    """The demo's weights with a tokenizer reading role_colon's text as the demo's format (and `-` added)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    vocab = json.loads((warm / "tokenizer.json").read_text())["model"]["vocab"]
+    vocab.setdefault("-", len(vocab))
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    drop = [("User:", ""), ("Assistant:", "="), ("What is", ""), ("?\n\n", ""), ("\n\n", "</s>"), (" ", "")]
+    core.normalizer = normalizers.Sequence([normalizers.Replace(a, b) for a, b in drop])
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("</s>|."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    model = AutoModelForCausalLM.from_pretrained(warm)
+    model.resize_token_embeddings(len(vocab), mean_resizing=False)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def build_warm_start(warm: Path, out: Path, teacher: str, sft_steps: int) -> Path:
+    """The mapped demo warm start after `sft_steps` of SFT on the demo's own warm-start problems (toy seed 0), in
+    the environment's format: `sloppy` keeps the demo teacher's answers, `minus` writes the true sum, negated on
+    55% of them."""
+    from relayrl.data.toy import write_toy_task
+    from relayrl.learner.sft import SFTSettings, run_sft
+
+    mapped_warm_start(warm, out / "init")
+    pairs = [json.loads(line) for line in write_toy_task(out / "toy", seed=0)["sft"].read_text().splitlines()]
+    rng, rows = random.Random(0), []
+    for pair in pairs[: 64 * sft_steps]:
+        x, y = (int(n) for n in pair["prompt"].removesuffix("=").split("+"))
+        answer = pair["completion"] if teacher == "sloppy" else f"{'-' if rng.random() < 0.55 else ''}{x + y}"
+        rows.append({"prompt": question(x, y), "completion": f" {answer}"})
+    (out / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    settings = SFTSettings(epochs=1.0, lr=2e-3, batch_size=64, warmup_steps=5)
+    return run_sft(
+        out / "sft.jsonl", out / "model", model_path=str(out / "init"), settings=settings, log=lambda *_: None
+    )
+
+
+def held_out_problems() -> list[tuple[int, int]]:
+    """Problems of the environment's range (0-100 each) that no batch of a 50-step run draws."""
+    import numpy as np
+
+    trained = set()
+    for index in range(50):  # ArithmeticDataset.get_batch seeds numpy with the batch's index
+        rng = np.random.RandomState(index)
+        trained |= {(int(rng.randint(0, 101)), int(rng.randint(0, 101))) for _ in range(GROUPS)}
+    pool = [(x, y) for x in range(101) for y in range(101) if (x, y) not in trained]
+    return random.Random(1).sample(pool, HELD_OUT)
+
+
+def held_out_accuracy(running, model: str, model_path: str | None = None) -> float:
+    """Greedy accuracy on held_out_problems() through the service, graded by the recipe's ArithmeticEnv."""
+    import tinker
+    from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
+    from tinker_cookbook.renderers import get_renderer
+    from tinker_cookbook.tokenizer_utils import get_tokenizer
+
+    service = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    sampler = service.create_sampling_client(model_path=model_path, base_model=None if model_path else model).result()
+    renderer = get_renderer("role_colon", get_tokenizer(model))
+    fewshot = ArithmeticEnv.standard_fewshot_prefix()
+    envs = [ArithmeticEnv(x, y, renderer, convo_prefix=fewshot) for x, y in held_out_problems()]
+
+    async def observe():
+        return [await env.initial_observation() for env in envs]
+
+    async def grade(samples) -> float:
+        return sum([(await env.step(tokens)).metrics["correct"] for env, tokens in zip(envs, samples)]) / len(envs)
+
+    try:
+        greedy = [
+            (prompt, tinker.SamplingParams(max_tokens=5, temperature=0.0, stop=stop))
+            for prompt, stop in asyncio.run(observe())
+        ]
+        futures = [sampler.sample(prompt, 1, params) for prompt, params in greedy]
+        return asyncio.run(grade([future.result().sequences[0].tokens for future in futures]))
+    finally:
+        service.close("success").result()
+
+
+def run_recipe(running, model: str, log_path: Path, args) -> subprocess.CompletedProcess:
+    """The recipe as a user runs it against the service."""
+    flags = [f"model_name={model}", "renderer_name=role_colon", f"base_url={running.url}", f"log_path={log_path}"]
+    flags += ["env=arithmetic", f"group_size={GROUP_SIZE}", f"groups_per_batch={GROUPS}", f"max_steps={args.steps}"]
+    flags += ["loss_fn=importance_sampling", f"learning_rate={args.lr}", f"temperature={args.temperature}"]
+    flags += ["lora_rank=8", "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete"]
+    env = {**os.environ, "TINKER_API_KEY": running.api_key}
+    command = [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", *flags]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def one_seed(model: Path, seed: int, root: Path, args) -> dict:
+    from relayrl.config import load_config
+    from relayrl.service import server
+    from relayrl.service.settings import service_settings
+
+    settings = service_settings(load_config(None, [f"train.seed={seed}"]))
+    running = server.start({str(model): str(model)}, root / f"state-{seed}", settings=settings)
+    try:
+        before, start = held_out_accuracy(running, str(model)), time.perf_counter()
+        done = run_recipe(running, str(model), root / f"run-{seed}", args)
+        if done.returncode:
+            raise SystemExit(done.stderr[-3000:])
+        seconds = time.perf_counter() - start
+        saved = (root / f"run-{seed}/checkpoints.jsonl").read_text().splitlines()
+        after = held_out_accuracy(running, str(model), json.loads(saved[-1])["sampler_path"])
+    finally:
+        running.stop()
+    return {"seed": seed, "before": before, "after": after, "gain": after - before, "recipe_s": seconds}
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--warm-start", default="runs/demo/warmstart")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--teacher", choices=("sloppy", "minus"), default="sloppy")
+    parser.add_argument("--sft-steps", type=int, default=150)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="service-math-rl-"))
+    try:
+        start = time.perf_counter()
+        model = build_warm_start(Path(args.warm_start), root / "warm", args.teacher, args.sft_steps)
+        print(f"warm start built in {time.perf_counter() - start:.0f}s", flush=True)
+        results = [one_seed(model, seed, root, args) for seed in range(args.seeds)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for r in results:
+        print(
+            f"seed {r['seed']}: held-out greedy {r['before']:.2f} -> {r['after']:.2f} ({r['gain']:+.2f}), recipe {r['recipe_s']:.0f}s"
+        )
+    print(f"smallest gain {min(r['gain'] for r in results):+.2f}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
