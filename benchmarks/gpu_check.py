@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_check.py <step> --work DIR     # a step; its last stdout line is {"step", "status", ...}
     python benchmarks/gpu_check.py table --out DIR       # the table of $OUT/steps.tsv and $OUT/<step>.log
+    python benchmarks/gpu_check.py rehearse --work DIR --out DIR   # the CPU rehearsal: every step, one process
 
 Steps (the shell runs each in its own process with its own timeout; docs in gpu_check.sh's header):
   learner     PolicyLearner on the device: pass/master dtypes, one update, activation checkpointing, packed vs padded
@@ -27,6 +28,7 @@ what the machine lacks raises `Missing` and reads `skipped: needs <what>`. On a 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -574,14 +576,34 @@ def table(out: Path) -> int:
     return 1 if failed else 0
 
 
+def rehearse(work: Path, out: Path) -> int:
+    """The CPU rehearsal's steps one after another in this one process (GPU_CHECK_STEPS picks them, as for the
+    shell): each step's output to $OUT/<step>.log and its row to $OUT/steps.tsv, as the shell writes them. Its
+    own process per step costs the rehearsal ~5 s of imports a step on two cores, and on a CPU there is no device
+    state for a process to isolate; on a GPU the shell gives every step its own process and timeout."""
+    chosen = set(filter(None, os.environ.get("GPU_CHECK_STEPS", "").split(",")))
+    failed = 0
+    for name in (step for step in STEPS if not chosen or step in chosen):
+        start = time.perf_counter()
+        with open(out / f"{name}.log", "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            rc = run_step(name, work)
+        with open(out / "steps.tsv", "a") as rows:
+            rows.write(f"{name}\t{rc}\t{round(time.perf_counter() - start)}\t\n")
+        print(f"  {name}: exit {rc}, {time.perf_counter() - start:.0f} s (in the rehearsal's one process)", flush=True)
+        failed |= rc
+    return failed
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=(*STEPS, "table"))
+    parser.add_argument("step", choices=(*STEPS, "table", "rehearse"))
     parser.add_argument("--work", type=Path, default=Path("runs/gpu_check_work"), help="models are built here")
     parser.add_argument("--out", type=Path, default=Path("runs/gpu_check"), help="table: where the logs are")
     args = parser.parse_args()
     if args.step == "table":
         return table(args.out)
+    if args.step == "rehearse":
+        return rehearse(args.work, args.out)
     return run_step(args.step, args.work)
 
 

@@ -27,8 +27,8 @@
 #                 speed option one at a time (full logits, FlexAttention packing, learner.compile, no activation
 #                 checkpointing): warm seconds, MFU, peak memory, the same gradient norm (gpu_check_speed.py); last,
 #                 so the cheaper checks never wait on it
-# Each step is `python benchmarks/gpu_check.py <step>` in its own process with its own timeout; its full output is
-# $OUT/<step>.log, whose last line is the JSON the table reads. What each step proves: benchmarks/gpu_check.py.
+# On a GPU each step is `python benchmarks/gpu_check.py <step>` in its own process with its own timeout; its output
+# is $OUT/<step>.log, whose last line is the JSON the table reads. What each step proves: benchmarks/gpu_check.py.
 #
 # What travels with the command (nothing is downloaded on the box): the source tree, and runs/gpu_wheels (2.8 MB:
 # pydantic 2.14.4, pydantic_core 2.50.5 cp312 manylinux, annotated-types, typing-inspection, typing_extensions;
@@ -43,6 +43,8 @@
 # Rehearsal on a CPU machine, every CUDA part by its stand-in (gloo and offload=none, shared-memory CPU tensors and
 # memcpy, RssAnon for free memory, fp32, smaller shapes, one torch thread; ~70 s on 2 loaded cores, budget 420 s):
 #            GPU_CHECK_REHEARSE=1 bash benchmarks/gpu_check.sh /tmp/gpu_check
+#            The rehearsal runs every step in one process (`gpu_check.py rehearse`: a process per step costs ~5 s
+#            of imports each here); GPU_CHECK_EACH=1 gives each step its own process and timeout, as on a GPU.
 # GPU_CHECK_STEPS=learner,fsdp runs only those steps (a rerun); GPU_CHECK_THREADS sets torch's CPU threads.
 # Exit codes: 0 = every step ok or skipped by name, or no CUDA device ("no CUDA device; nothing to check");
 #             1 = a step failed, timed out or found no time left, or pydantic was missing (the table says which;
@@ -123,6 +125,11 @@ else
 fi
 RESERVE=15  # seconds kept for the table (and a killed step's 10 s grace)
 : >"$OUT/steps.tsv"
+if [ "$GPU_CHECK_REHEARSE" = "1" ] && [ "$DEVICES" = "0" ] && [ "${GPU_CHECK_EACH:-0}" != "1" ]; then
+  # the rehearsal: every step in one process under the whole budget (gpu_check.py rehearse says why)
+  timeout -k 10 "$((BUDGET - SECONDS - RESERVE))" "$PY" benchmarks/gpu_check.py rehearse --work "$WORK" --out "$OUT"
+  LIMITS=()
+fi
 for entry in "${LIMITS[@]}"; do
   name="${entry%%=*}"
   limit="${entry#*=}"
