@@ -81,7 +81,7 @@ def test_a_killed_async_run_resumed_trains_every_prompt_the_uninterrupted_run_wo
     from relayrl.data.source import PromptSampler, load_prompts
     from relayrl.models.loading import load_tokenizer
 
-    steps, groups, n = 6, 8, 4
+    steps, groups, n = 4, 8, 4
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "e.yaml", warm_model_dir, toy_task, run_dir, "vllm")
     settings = [
@@ -138,7 +138,7 @@ def test_a_killed_agent_run_resumes_to_the_same_metrics_and_samples(tmp_path, wa
     mid-step and resumed gives the uninterrupted run's metrics and every one of its samples."""
     settings = [
         *AGENT_RETRY,
-        *("train.steps=5", "checkpoint.every=2", "checkpoint.keep=2", "rollout.prompts_per_step=8"),
+        *("train.steps=3", "checkpoint.every=2", "checkpoint.keep=2", "rollout.prompts_per_step=8"),
         *("eval.max_prompts=16", "log.save_model=false", "log.progress=false", "log.samples.every=1"),
     ]
     runs = {}
