@@ -66,14 +66,24 @@ def conversation(a: int, b: int, rng: random.Random) -> dict:
 
 
 def build_model(out: Path, rows: list[dict]) -> None:
+    """The calculator's tokenizer and tiny model (save_tiny_model) over the rows' text, the template and the tool."""
+    texts = [m["content"] for r in rows for m in r["messages"]] + [TEMPLATE, json.dumps(ADD)]
+    save_tiny_model(out, texts)
+
+
+def save_tiny_model(out: Path, texts: list[str], whole_tokens: list[str] | None = None) -> None:
+    """A character tokenizer over `texts` (which should hold TEMPLATE), SPECIAL as special tokens, `whole_tokens`
+    (e.g. dspy_prepare.py's fixed text) one token each, TEMPLATE as its chat template, and a tiny model sized for it
+    (MAX_POSITIONS positions), both saved to `out`. Shared with examples/agent_libraries/dspy_prepare.py."""
     from tokenizers import Regex, pre_tokenizers
 
     from relayrl.models.tiny import build_tiny_model, train_char_tokenizer
 
-    texts = [m["content"] for r in rows for m in r["messages"]] + [TEMPLATE, json.dumps(ADD)]
     tokenizer = train_char_tokenizer(texts)
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL})
+    if whole_tokens:
+        tokenizer.add_tokens(whole_tokens)
     tokenizer.eos_token = "<|im_end|>"
     tokenizer.chat_template = TEMPLATE
     model = build_tiny_model(

@@ -97,27 +97,10 @@ def fixed_pieces(rows: list[dict]) -> list[str]:
 
 
 def build_model(out: Path, rows: list[dict]) -> None:
-    """prepare.py's character tokenizer over the rows' text, DSPy's fixed text (fixed_pieces) one token each, and a
-    tiny model for it."""
-    from tokenizers import Regex, pre_tokenizers
-
-    from relayrl.models.tiny import build_tiny_model, train_char_tokenizer
-
-    tokenizer = train_char_tokenizer([m["content"] for r in rows for m in r["messages"]] + [prepare.TEMPLATE])
-    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
-    tokenizer.add_special_tokens({"additional_special_tokens": prepare.SPECIAL})
-    tokenizer.add_tokens(fixed_pieces(rows))
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = prepare.TEMPLATE
-    model = build_tiny_model(
-        vocab_size=len(tokenizer),
-        max_positions=prepare.MAX_POSITIONS,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    """prepare.py's tokenizer and tiny model (prepare.save_tiny_model) over the rows' text, with DSPy's fixed text
+    (fixed_pieces) one token each."""
+    texts = [m["content"] for r in rows for m in r["messages"]] + [prepare.TEMPLATE]
+    prepare.save_tiny_model(out, texts, whole_tokens=fixed_pieces(rows))
 
 
 def main() -> None:
