@@ -47,6 +47,15 @@ def _load(path: Path):
     return module
 
 
+def write_data(data: Path, sft: list[dict], problems: list[tuple[int, int]]) -> Path:
+    """A warm start's rows as `data`/sft.jsonl and `problems` (sums) as `data`/train.jsonl's prompts and answers."""
+    data.mkdir(parents=True)
+    (data / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sft))
+    train = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in problems]
+    (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+    return data
+
+
 @pytest.fixture(scope="module")
 def calculator(tmp_path_factory):
     """The calculator's warm start and its problems: prepare.py's tokenizer and model (4,096 positions), one short
@@ -65,11 +74,7 @@ def calculator(tmp_path_factory):
         rng = random.Random(0)
         pairs = [(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(SFT_ROWS + PROBLEMS)]
         sft = [prepare.conversation(a, b, rng) for a, b in pairs[:SFT_ROWS]]
-        data = out / "data"
-        data.mkdir(parents=True)
-        (data / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sft))
-        train = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs[SFT_ROWS:]]
-        (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+        data = write_data(out / "data", sft, pairs[SFT_ROWS:])
         prepare.build_model(out / "init", sft)
         run_sft(data / "sft.jsonl", out / "model", model_path=str(out / "init"), settings=settings, log=lambda *_: None)
 
@@ -181,11 +186,7 @@ def dspy_calculator(tmp_path_factory):
         rng = random.Random(0)
         pairs = [(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(DSPY_PROBLEMS + PROBLEMS)]
         sft = [row for a, b in pairs[:DSPY_PROBLEMS] for row in dspy_prepare.conversations(a, b, rng)]
-        data = out / "data"
-        data.mkdir(parents=True)
-        (data / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in sft))
-        train = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in pairs[DSPY_PROBLEMS:]]
-        (data / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in train))
+        data = write_data(out / "data", sft, pairs[DSPY_PROBLEMS:])
         dspy_prepare.build_model(out / "init", sft)
         run_sft(data / "sft.jsonl", out / "model", model_path=str(out / "init"), settings=settings, log=lambda *_: None)
         shutil.rmtree(out / "init")
