@@ -8,7 +8,7 @@ from rich.console import Console
 
 from relayrl.planner import PROFILES, ModelShape, load_shape, make_plan
 from relayrl.planner.report import print_plan
-from tests.unit.test_planner import EXAMPLE, planned
+from tests.unit.planner_helpers import EXAMPLE, planned
 
 SHAPE = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
 
