@@ -14,21 +14,12 @@ import pytest
 import tinker
 from tinker import types
 
+from tests.unit import service_fixtures
+from tests.unit.service_fixtures import datum
+
+client, service = service_fixtures.client, service_fixtures.service  # this module's own service (module-scoped)
+
 RANK = 4
-
-
-@pytest.fixture(scope="module")
-def service(random_model_dir, tmp_path_factory):
-    from relayrl.service import server
-
-    running = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("service_state"))
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def client(service):
-    return tinker.ServiceClient(base_url=service.url, api_key=service.api_key)
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +30,6 @@ def trainer(client):
 @pytest.fixture(scope="module")
 def tokens(trainer):
     return trainer.get_tokenizer().encode("3+4=7")
-
-
-def datum(tokens, **inputs) -> types.Datum:
-    n = len(tokens) - 1
-    fields = {"target_tokens": tokens[1:], "weights": [1.0] * n, **inputs}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=fields)
 
 
 def forward_logprobs(trainer, tokens) -> np.ndarray:

@@ -9,8 +9,9 @@ import asyncio
 
 import numpy as np
 import pytest
-import tinker
 from tinker import types
+
+from tests.unit.service_fixtures import datum, sdk_client
 
 TOKENS = [5, 6, 7, 8, 9, 10]
 
@@ -21,22 +22,17 @@ def client(random_model_dir, tmp_path_factory):
 
     bases = {"student": str(random_model_dir), "teacher": str(random_model_dir)}
     running = server.start(bases, tmp_path_factory.mktemp("service_state"))
-    yield tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    yield sdk_client(running)
     running.stop()
 
 
-def datum(tokens=TOKENS) -> types.Datum:
-    inputs = {"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)}
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
-
-
 def forward(trainer) -> np.ndarray:
-    return trainer.forward([datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    return trainer.forward([datum(TOKENS)], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
 
 
 def train(trainer, steps: int = 2) -> None:
     for _ in range(steps):
-        trainer.forward_backward([datum()], "cross_entropy").result()
+        trainer.forward_backward([datum(TOKENS)], "cross_entropy").result()
         trainer.optim_step(types.AdamParams(learning_rate=1e-2)).result()
 
 
@@ -73,7 +69,7 @@ def test_async_use_and_eight_samples_in_flight_match_one_at_a_time(client):
     trainer = client.create_lora_training_client(base_model="student", rank=4).result()
 
     async def loop():
-        fwd = await trainer.forward_backward([datum()], "cross_entropy")
+        fwd = await trainer.forward_backward([datum(TOKENS)], "cross_entropy")
         await trainer.optim_step(types.AdamParams(learning_rate=1e-2))
         sampler = await trainer.save_weights_and_get_sampling_client()
         prompt = types.ModelInput.from_ints(TOKENS[:2])
@@ -92,9 +88,7 @@ def test_a_restarted_service_resumes_from_save_state_on_the_same_state_dir(rando
     from relayrl.service import server
 
     first = server.start({"student": str(random_model_dir)}, tmp_path)
-    trainer = tinker.ServiceClient(base_url=first.url, api_key=first.api_key).create_lora_training_client(
-        base_model="student", rank=4
-    )
+    trainer = sdk_client(first).create_lora_training_client(base_model="student", rank=4)
     trainer = trainer.result()
     train(trainer)
     path = trainer.save_state("before-restart").result().path
@@ -102,7 +96,7 @@ def test_a_restarted_service_resumes_from_save_state_on_the_same_state_dir(rando
     first.stop()  # the process that held the model is gone
     second = server.start({"student": str(random_model_dir)}, tmp_path)
     try:
-        client = tinker.ServiceClient(base_url=second.url, api_key=second.api_key)
+        client = sdk_client(second)
         resumed = client.create_training_client_from_state_with_optimizer(path).result()
         np.testing.assert_array_equal(forward(resumed), saved)
         assert resumed.get_info().model_id != first_id  # its own saves cannot overwrite the first's checkpoints

@@ -8,19 +8,9 @@ import pytest
 import tinker
 from tinker import types
 
+from tests.unit import service_fixtures
 
-@pytest.fixture(scope="module")
-def service(random_model_dir, tmp_path_factory):
-    from relayrl.service import server
-
-    running = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("service_state"))
-    yield running
-    running.stop()
-
-
-@pytest.fixture(scope="module")
-def client(service):
-    return tinker.ServiceClient(base_url=service.url, api_key=service.api_key)
+client, service = service_fixtures.client, service_fixtures.service  # this module's own service (module-scoped)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Future
 
-import tinker
 from tinker import types
+
+from tests.unit.service_fixtures import sdk_client
 
 
 def done(result=None, cancelled: bool = False) -> Future:
@@ -56,7 +57,7 @@ def test_the_sdk_waits_on_the_sessions_poller_for_its_samples(random_model_dir, 
 
     running.service.completions.retrieve = spy
     try:
-        client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+        client = sdk_client(running)
         sampler = client.create_sampling_client(base_model="tiny").result()
         params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=0)
         out = sampler.sample(types.ModelInput.from_ints([5, 6]), 2, params).result()

@@ -10,8 +10,9 @@ import warnings
 
 import numpy as np
 import pytest
-import tinker
 from tinker import types
+
+from tests.unit.service_fixtures import sdk_client
 
 PROMPT = [5, 6, 7]
 
@@ -27,7 +28,7 @@ def session(random_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("service_run")
     settings = service_settings(load_config(None, [f"log.dir={run_dir}", "log.backends=[tensorboard]"]))
     running = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("state"), settings=settings)
-    client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    client = sdk_client(running)
     trainer = client.create_lora_training_client(base_model="tiny", rank=4, seed=0).result()
     sampler = trainer.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=5, temperature=1.0, seed=1)

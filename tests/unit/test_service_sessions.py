@@ -12,47 +12,38 @@ import pytest
 import tinker
 from tinker import types
 
+from tests.unit import service_fixtures
+from tests.unit.service_fixtures import datum, sdk_client
+
+service = service_fixtures.service  # this module's own service (module-scoped)
+
 TOKENS = [5, 6, 7, 8, 9]
 
 
-@pytest.fixture(scope="module")
-def running(random_model_dir, tmp_path_factory):
-    from relayrl.service import server
-
-    service = server.start({"tiny": str(random_model_dir)}, tmp_path_factory.mktemp("service_state"))
-    yield service
-    service.stop()
-
-
-def datum() -> types.Datum:
-    inputs = {"target_tokens": TOKENS[1:], "weights": [1.0] * 4}
-    return types.Datum(model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs=inputs)
-
-
-def test_a_session_without_heartbeats_is_freed_but_its_named_weights_stay(running):
+def test_a_session_without_heartbeats_is_freed_but_its_named_weights_stay(service):
     from relayrl.service.errors import UserError
     from relayrl.service.state import SESSION_TIMEOUT_S
 
-    gone_client = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    gone_client = sdk_client(service)
     trainer = gone_client.create_lora_training_client(base_model="tiny", rank=2).result()
     trainer.save_weights_and_get_sampling_client().result()
     named = trainer.save_weights_for_sampler("kept").result().path
     session_id = gone_client.holder.get_session_id()
-    service = running.service
-    assert any(key.startswith(f"{session_id}:") for key in service.models)
+    served = service.service
+    assert any(key.startswith(f"{session_id}:") for key in served.models)
 
     later = time.time() + SESSION_TIMEOUT_S + 1  # as if the client had stopped beating that long ago
-    assert service.expire_sessions(now=later) == [session_id]
-    service.futures.run(lambda: None).result()  # the freeing runs on the worker, after what was queued
-    assert not [key for key in (*service.models, *service.samplers) if key.startswith(f"{session_id}:")]
-    assert [key for key in service.snapshots if key.startswith(f"tinker://{session_id}:")] == [named]
+    assert served.expire_sessions(now=later) == [session_id]
+    served.futures.run(lambda: None).result()  # the freeing runs on the worker, after what was queued
+    assert not [key for key in (*served.models, *served.samplers) if key.startswith(f"{session_id}:")]
+    assert [key for key in served.snapshots if key.startswith(f"tinker://{session_id}:")] == [named]
     with pytest.raises(tinker.NotFoundError, match="no such model"):
-        trainer.forward([datum()], "cross_entropy").result()
+        trainer.forward([datum(TOKENS)], "cross_entropy").result()
     with pytest.raises(UserError, match="ended .no heartbeat for 120 s") as late:
-        service.heartbeat(session_id)
+        served.heartbeat(session_id)
     assert late.value.status == 410  # the SDK's heartbeat loop stops on 410
 
-    other = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+    other = sdk_client(service)
     sampler = other.create_sampling_client(model_path=named).result()
     assert len(sampler.compute_logprobs(types.ModelInput.from_ints(TOKENS)).result()) == len(TOKENS)
 
@@ -76,12 +67,12 @@ def test_cancelling_a_sessions_requests_spares_the_running_one_and_other_session
     futures.close()
 
 
-def test_a_closed_service_client_ends_its_session(running):
-    closing = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
+def test_a_closed_service_client_ends_its_session(service):
+    closing = sdk_client(service)
     closing.create_lora_training_client(base_model="tiny", rank=2).result()
     session_id = closing.holder.get_session_id()
     closing.close("success").result()  # the SDK posts /sessions/{id}/finish
-    running.service.futures.run(lambda: None).result()
-    assert session_id not in running.service.sessions
-    assert running.service.expired[session_id] == "finished by its client"
-    assert not [key for key in running.service.models if key.startswith(f"{session_id}:")]
+    service.service.futures.run(lambda: None).result()
+    assert session_id not in service.service.sessions
+    assert service.service.expired[session_id] == "finished by its client"
+    assert not [key for key in service.service.models if key.startswith(f"{session_id}:")]
