@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -90,6 +91,8 @@ def test_on_gpu_each_engine_bundle_reserves_a_gpu_per_rank(tmp_path, monkeypatch
     monkeypatch.setattr(vllm_tp.torch.cuda, "is_available", lambda: True)  # sync.lora: auto asks torch
     monkeypatch.setattr(vllm_tp.torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(vllm_tp.torch.cuda, "is_bf16_supported", lambda: True)  # sync.wire_dtype: auto asks it
+    gpu = SimpleNamespace(name="H100", total_memory=80e9)  # learner.activation_checkpointing: auto asks its memory
+    monkeypatch.setattr(vllm_tp.torch.cuda, "get_device_properties", lambda index: gpu)
     model = write_model(tmp_path / "m", heads=8, kv_heads=8)
     config = load(model, "rollout.tensor_parallel=2", "placement.mode=ray")
     assert config.sync.wire_dtype == "bf16"  # the engine serves bf16 on this (pretended) GPU
