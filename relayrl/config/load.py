@@ -279,13 +279,36 @@ def _suggest(path: str, key: str, model: type[BaseModel]) -> str:
     return f"; did you mean '{close[0]}'?" if close else f"; known keys here: {', '.join(model.model_fields)}"
 
 
+# pydantic's tag for one member of a union (`float | Literal["auto"]`): the last part of each member's error location
+_UNION_MEMBER = re.compile(r"^(bool|int|float|str|none|literal\[.*\])$")
+_MEMBER_WORDS = {
+    "bool": "a boolean (true/false)",
+    "int": "an integer",
+    "float": "a number",
+    "str": "a string",
+    "none": "null",
+}
+
+
 def _describe(err: ValidationError, source: str, prefix: str = "") -> str:
-    lines = []
+    lines: list[str] = []
+    unions: dict[str, tuple[list[str], Any]] = {}  # key -> (what each member takes, the value given)
     for item in err.errors():
         if not item["loc"]:  # a cross-section check (model validator): its message names the keys
             lines.append(item["msg"].removeprefix("Value error, "))
             continue
+        *parts, last = (str(part) for part in item["loc"])
+        if parts and _UNION_MEMBER.match(last) and item["type"] != "value_error":
+            # a value no member of the key's union takes: one line for the key, not one per member
+            key = prefix + ".".join(parts)
+            if key not in unions:
+                unions[key] = ([], item.get("input"))
+                lines.append(key)  # replaced below, keeping the order
+            unions[key][0].append(_MEMBER_WORDS.get(last, last.removeprefix("literal[").removesuffix("]")))
+            continue
         key = prefix + ".".join(str(part) for part in item["loc"])
         got = "" if item["type"] == "missing" or "input" not in item else f" (got {item['input']!r})"
         lines.append(f"{key}: {item['msg']}{got}")
+    for key, (members, value) in unions.items():
+        lines[lines.index(key)] = f"{key}: should be {' or '.join(members)} (got {value!r})"
     return f"invalid config ({source}):\n  " + "\n  ".join(lines)

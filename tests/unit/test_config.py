@@ -159,6 +159,25 @@ def test_type_error_names_the_key_and_value():
     assert "overrides" in message  # where the bad value came from
 
 
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "learner.activation_checkpointing=maybe",
+            "learner.activation_checkpointing: should be a boolean (true/false) or 'auto' (got 'maybe')",
+        ),
+        (
+            "rollout.gpu_memory_utilization=most",
+            "rollout.gpu_memory_utilization: should be a number or 'auto' (got 'most')",
+        ),
+    ],
+)
+def test_a_value_no_member_of_a_union_takes_is_one_line_naming_what_each_takes(override, line):
+    """`bool | Literal["auto"]`: pydantic reports one error per member; the key gets one line."""
+    message = config_error(None, [override])
+    assert message.splitlines()[1:] == [f"  {line}"], message
+
+
 def test_type_error_in_file_names_the_file(tmp_path):
     path = write(tmp_path, "rollout:\n  temperature: hot\n")
     message = config_error(path)
