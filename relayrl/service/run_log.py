@@ -7,10 +7,9 @@ one plot: `forward_backward/{tokens,loss_sum,time}` (`forward/...` for a forward
 `sample/{prompt_tokens,tokens,time}` (`compute_logprobs` too), and `time/step`, the request's own time, again
 as the training phase it stands for (`time/generate` for a sample, `time/logprobs` for a forward, `time/update`
 for a forward_backward or an optim_step), which the report's phase plot draws. A `forward_backward` whose data
-carry the sampler's `logprobs` (importance_sampling, ppo, cispo, ...) adds relayrl's train-inference mismatch:
-`mismatch/logprob_abs_{mean,max}` between them and the trainer's log-probs, over the tokens with a sampled log-prob
-(non-zero; the cookbook sends 0 for prompt tokens), which the report plots and the log warns about past
-MISMATCH_WARN. A timeline row's role is the model (or sampler) id, its phase the route.
+carry the sampler's `logprobs` (importance_sampling, ppo, cispo, ...) adds relayrl's train-inference mismatch
+(relayrl/service/mismatch.py: `mismatch/logprob_abs_{mean,max}`, each datum against the trainer's log-probs at the
+settings its sample was drawn at), which the report plots. A timeline row's role is the model (or sampler) id, its phase the route.
 
 The rows go through relayrl's trackers (relayrl/metrics/trackers.py): metrics.jsonl always, and `log.backends`
 (TensorBoard, MLflow, W&B offline) under the run directory as for a training run.
@@ -19,7 +18,6 @@ Leaves out: samples.jsonl (the SDK sends no rewards), eval.json, the progress ba
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger("relayrl.service")
-MISMATCH_WARN = 0.1  # a mean |trainer - sampler| log-prob gap past this is logged: the sampler served other weights
+from relayrl.service.mismatch import mismatch_figures
+
 # the training loop's phase each route's time adds to (`time/<phase>`), so the report's phase plot reads a service
 PHASE_OF_ROUTE = {"sample": "generate", "forward": "logprobs", "forward_backward": "update", "optim_step": "update"}
 
@@ -77,28 +75,11 @@ class RunLog:
             self.trackers.close()
 
 
-def forward_backward_figures(call, outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> dict:
-    """tokens, loss_sum and, when the data carry the sampler's log-probs, the mismatch against the trainer's."""
+def forward_backward_figures(call, outputs: list[dict[str, np.ndarray]], metrics: dict[str, float], samples) -> dict:
+    """tokens, loss_sum and, when the data carry the sampler's log-probs, the mismatch against the trainer's
+    (`samples`: the service's `mismatch.Samples`, the settings each datum was sampled at)."""
     figures = {"tokens": float(sum(len(ex.tokens) for ex in call.examples)), "loss_sum": metrics["loss:sum"]}
-    gaps = [
-        np.abs(out["logprobs"] - ex.inputs["logprobs"])[ex.inputs["logprobs"] != 0]
-        for ex, out in zip(call.examples, outputs)
-        if "logprobs" in ex.inputs
-    ]
-    gaps = np.concatenate(gaps) if gaps else np.zeros(0)
-    if gaps.size:
-        figures["mismatch/logprob_abs_mean"] = float(gaps.mean())
-        figures["mismatch/logprob_abs_max"] = float(gaps.max())
-        if gaps.mean() > MISMATCH_WARN:
-            log.warning(
-                "%s: sampler vs trainer log-prob gap %.3f (mean over %d tokens) past %.2f: the samples came from "
-                "other weights than the trainer holds",
-                call.model_id,
-                gaps.mean(),
-                gaps.size,
-                MISMATCH_WARN,
-            )
-    return figures
+    return figures | mismatch_figures(call.model_id, call.examples, outputs, samples)
 
 
 def timed(run_log: RunLog, route: str, owner: str, work: Callable[[dict], object]) -> Callable[[], object]:

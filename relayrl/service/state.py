@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from relayrl.service import sampling, wire
+from relayrl.service import mismatch, sampling, wire
 from relayrl.service.errors import UserError
 from relayrl.service.futures import Completions, Futures
 from relayrl.service.run_log import RunLog, forward_backward_figures, timed
@@ -45,6 +45,7 @@ class Service:
         self.snapshot_base: dict[str, str] = {}
         self.samplers: dict[str, sampling.Sampler] = {}
         self.engines = sampling.Engines(bases, settings)
+        self.samples = mismatch.Samples()  # the settings each sequence was sampled at, for the mismatch
         self.run_log = RunLog(settings.run_dir, settings.config_yaml, settings.backends, settings.params)
         self.instance = secrets.token_hex(
             4
@@ -153,9 +154,9 @@ class Service:
         model = self.model(call.model_id)
 
         def run(figures: dict) -> bytes:
-            outputs, metrics = model.forward_backward(call)
-            figures |= forward_backward_figures(call, outputs, metrics)
-            return wire.forward_backward_output(outputs, metrics)
+            outputs, metrics = model.forward_backward(call, [self.samples.to_score(ex) for ex in call.examples])
+            figures |= forward_backward_figures(call, outputs, metrics, self.samples)
+            return wire.forward_backward_output([{"logprobs": out["logprobs"]} for out in outputs], metrics)
 
         route = "forward" if call.forward_only else "forward_backward"
         return self.submit(call.model_id, timed(self.run_log, route, call.model_id, run))
@@ -234,6 +235,7 @@ class Service:
                 )
             served = self.engines.serving(sampler, self.snapshots)
             sequences, prompt_logprobs = sampling.sample(served, request)
+            self.samples.add(request.prompt.to_ints(), sequences, mismatch.SampledAt.of(request.sampling_params))
             figures["prompt_tokens"] = float(len(request.prompt.to_ints()))
             figures["tokens"] = float(sum(len(seq.tokens) for seq in sequences))
             return wire.sample_response(sequences, prompt_logprobs)

@@ -1,7 +1,8 @@
 """One training client's model: the base loaded from its local directory, with a relayrl LoRA adapter
 (relayrl/models/lora.py; B = 0, so it starts equal to the base) or all weights trainable, and its AdamW.
 
-`forward_backward` adds the summed loss's gradient (chunks of one batch accumulate); `optim_step` takes the
+`forward_backward` adds the summed loss's gradient (chunks of one batch accumulate) and, for the mismatch, scores a
+datum sampled at a temperature or truncation at those (relayrl/service/mismatch.py); `optim_step` takes the
 SDK's Adam parameters per call and clears the gradient; `sampler_weights` is the merged copy a sampler serves;
 `save_state`/`load_state` write and read a checkpoint directory atomically (adapter or weights, optimizer,
 meta.json).
@@ -20,6 +21,7 @@ import torch
 
 from relayrl.service import losses
 from relayrl.service.errors import UserError
+from relayrl.service.mismatch import AS_SAMPLED, SampledAt
 from relayrl.service.wire import ForwardBackwardCall
 
 LORA_ALPHA = 32  # the hosted service's alpha; the adapter's scale is alpha / rank
@@ -63,27 +65,38 @@ class TrainedModel:
         self.optimizer = torch.optim.AdamW(self.trainable, lr=1e-4)
         self.steps = 0
 
-    def forward_backward(self, call: ForwardBackwardCall) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
-        """Per datum: the target tokens' log-probs (and the loss's gradient added unless `forward_only`)."""
+    def forward_backward(
+        self, call: ForwardBackwardCall, to_score: list[SampledAt | None] | None = None
+    ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+        """Per datum: the target tokens' log-probs (and the loss's gradient added unless `forward_only`), and where
+        `to_score` names the settings its sample was drawn at, its log-probs at them too (mismatch.AS_SAMPLED)."""
         for i, ex in enumerate(call.examples):
             losses.check_inputs(call.loss_fn, i, ex.tokens, ex.inputs, self.vocab)
         losses.check_config(call.loss_fn, call.config)
         outputs, total = [], 0.0
         with torch.set_grad_enabled(not call.forward_only):
-            for ex in call.examples:
-                logp = self.target_logprobs(ex.tokens, ex.inputs["target_tokens"])
+            for ex, at in zip(call.examples, to_score or [None] * len(call.examples)):
+                logits, targets = self.logits(ex.tokens), self.targets(ex.inputs["target_tokens"])
+                logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
                 loss = losses.datum_loss(call.loss_fn, logp, ex.inputs, call.config)
                 if not call.forward_only:
                     loss.backward()
                 total += float(loss.detach())
                 outputs.append({"logprobs": logp.detach().cpu().numpy().astype(np.float32)})
+                if at is not None:
+                    outputs[-1][AS_SAMPLED] = at.logprobs(logits.detach(), targets)
         return outputs, {"loss:sum": total}
 
     def target_logprobs(self, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
-        ids = torch.tensor([tokens], device=self.device)
-        logits = self.model(input_ids=ids).logits[0].float()
-        picked = torch.from_numpy(targets).long().to(self.device)[:, None]
-        return torch.log_softmax(logits, -1).gather(-1, picked).squeeze(-1)
+        picked = self.targets(targets)
+        return torch.log_softmax(self.logits(tokens), -1).gather(-1, picked[:, None]).squeeze(-1)
+
+    def logits(self, tokens: list[int]) -> torch.Tensor:
+        """The model's logits [T, V] (fp32) at each of `tokens`."""
+        return self.model(input_ids=torch.tensor([tokens], device=self.device)).logits[0].float()
+
+    def targets(self, targets: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(targets).long().to(self.device)
 
     def optim_step(self, params) -> dict[str, float]:
         """One AdamW step with the SDK's `AdamParams` (learning_rate, beta1, beta2, eps, weight_decay, grad_clip_norm)."""
