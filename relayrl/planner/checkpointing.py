@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from relayrl.planner.estimate import Workload
 
 KEY = "learner.activation_checkpointing"
+DISAGGREGATED = "placement.layout=disaggregated: the learner has its GPUs to itself"
 
 
 def needs_checkpointing(shape: ModelShape, work: Workload, hardware: Hardware, colocated: bool) -> tuple[bool, str]:
@@ -33,7 +34,7 @@ def needs_checkpointing(shape: ModelShape, work: Workload, hardware: Hardware, c
     if hardware.kind == "cpu":
         return False, "no GPU: the learner's memory is the host's"
     if not colocated:
-        return False, "placement.layout=disaggregated: the learner has its GPUs to itself"
+        return False, DISAGGREGATED
     share = work.gpu_memory_utilization
     memory = estimate_memory(shape, replace(work, checkpointing=False), hardware, precision_for(hardware))
     update, room = memory.rank_trainer, (1 - share) * hardware.memory_gb * 1e9
@@ -60,10 +61,13 @@ def choose_checkpointing(
 ) -> tuple[bool, str]:
     """`learner.activation_checkpointing: auto` for this machine, once the engine and its share are chosen:
     `work` makes the config's workload (estimate.workload_from_config), `colocated`: an engine shares the learner's
-    GPU, `gpu`: this machine's GPU profile, None without one (default `this_gpu`). A config the planner cannot size
-    (no config.json, a KV cache too small for one sequence) keeps it off, saying why."""
+    GPU, `gpu`: this machine's GPU profile, None without one (default `this_gpu`). Engines on GPUs of their own
+    decide it before the GPU is asked (its memory cannot matter). A config the planner cannot size (no config.json,
+    a KV cache too small for one sequence) keeps it off, saying why."""
     from relayrl.models.shape import load_shape
 
+    if not colocated:
+        return False, DISAGGREGATED
     hardware = (gpu or this_gpu)()
     if hardware is None:
         return False, "no GPU here: the learner's memory is the host's"

@@ -13,12 +13,12 @@ from relayrl.build import resolve
 from relayrl.config import dump_config, load_config
 from relayrl.errors import ConfigError
 from relayrl.planner import PROFILES, load_shape, make_plan
-from relayrl.planner.checkpointing import KEY, choose_checkpointing
+from relayrl.planner.checkpointing import DISAGGREGATED, KEY, choose_checkpointing
 from relayrl.planner.estimate import workload_from_config
 
 SEVEN_B = "examples/grpo_7b/config.yaml"  # Qwen2.5-7B's shape, KL on, gpu_memory_utilization 0.5, micro_batch 4
 COLOCATED_8 = ["placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=8", "placement.engines=8"]
-DISAGGREGATED = [
+DISAGGREGATED_4 = [
     "placement.mode=ray",
     "placement.layout=disaggregated",
     "placement.learner_ranks=4",
@@ -65,10 +65,24 @@ def test_disaggregated_engines_and_cpu_keep_it_off(monkeypatch):
         False,
         "no GPU here: the learner's memory is the host's",
     )
-    assert resolved_on_h100(monkeypatch, SEVEN_B, DISAGGREGATED)._auto[KEY] == (
-        False,
-        "placement.layout=disaggregated: the learner has its GPUs to itself",
-    )
+    assert resolved_on_h100(monkeypatch, SEVEN_B, DISAGGREGATED_4)._auto[KEY] == (False, DISAGGREGATED)
+
+
+def test_disaggregated_engines_decide_it_without_asking_the_gpu_or_sizing_the_update():
+    """The learner has its GPUs to itself whatever their memory: neither this machine's GPU (torch's
+    get_device_properties) nor the workload nor the model's shape is asked."""
+    asked = []
+
+    def gpu():
+        asked.append("gpu")
+        return h100()
+
+    def work():
+        asked.append("work")
+        raise AssertionError("the workload is not needed")
+
+    assert choose_checkpointing("no/model/here", work, False, gpu) == (False, DISAGGREGATED)
+    assert asked == []
 
 
 def test_a_value_set_is_kept_and_not_noted(monkeypatch):
