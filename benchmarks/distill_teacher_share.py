@@ -23,6 +23,8 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -38,6 +40,8 @@ from relayrl.placement.sections import learner_settings
 from relayrl.types import Prompt, Rollout, Score
 
 LARGE = {"hidden": 256, "layers": 4, "heads": 4, "intermediate": 1024}
+VOCAB = 40  # the student's char tokenizer's size: the batch's token ids stay below it
+DISTILL = ["algorithm.advantage=distill", "rollout.n=4", "train.lr=1e-5"]  # the step both benchmarks time
 
 
 def build_models(root: Path) -> tuple[Path, Path]:
@@ -63,41 +67,61 @@ def batch(groups: int, n: int, response: int, vocab: int) -> list[Rollout]:
     return rollouts
 
 
-def measure(overrides: list[str], rollouts: list[Rollout], repeats: int) -> dict[str, float]:
-    """Best-of-`repeats` seconds of each learner phase of one distillation step (after a warm-up)."""
-    config = load_config(None, ["algorithm.advantage=distill", "rollout.n=4", "train.lr=1e-5", *overrides])
-    role, stage = LearnerRole(learner_settings(config)), advantage_stage(config.algorithm, teacher=True)
-    routes = TeacherRoutes.of(config.teacher)
-    assert routes is not None
+def learner_step_times(learner: LearnerRole, score, stage, rollouts: list[Rollout], repeats: int, routes=None):
+    """(best-of-`repeats` seconds of each learner phase of one distillation step after a warm-up, the last pass's
+    experience): `prepare` (logprobs), `score` (teacher), the advantage `stage`, `update`. `routes`: the
+    TeacherRoutes that split the rows between teachers (None: one teacher). teacher_engines.py times its engines
+    with it too."""
     best: dict[str, float] = {}
     for _ in range(repeats + 1):
         times, exp = {}, make_experience(rollouts, [Score(1.0)] * len(rollouts), pad_id=0)
-        exp.teacher_routes = routes.rows(rollouts)
+        if routes is not None:
+            exp.teacher_routes = routes.rows(rollouts)
         for phase, run in (
-            ("logprobs", role.prepare),
-            ("teacher", role.score_teacher),
+            ("logprobs", learner.prepare),
+            ("teacher", score),
             ("advantage", lambda e: stage(e, rollouts)),
-            ("update", lambda e: (role.update(0, e), e)[1]),
+            ("update", lambda e: (learner.update(0, e), e)[1]),
         ):
             start = time.perf_counter()
             exp = run(exp)
             times[phase] = time.perf_counter() - start
         best = times if not best else {k: min(best[k], times[k]) for k in times}  # the first pass is the warm-up
-    return best
+    return best, exp
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def measure(overrides: list[str], rollouts: list[Rollout], repeats: int) -> dict[str, float]:
+    """Best-of-`repeats` seconds of each learner phase of one distillation step (after a warm-up)."""
+    config = load_config(None, [*DISTILL, *overrides])
+    role, stage = LearnerRole(learner_settings(config)), advantage_stage(config.algorithm, teacher=True)
+    routes = TeacherRoutes.of(config.teacher)
+    assert routes is not None
+    return learner_step_times(role, role.score_teacher, stage, rollouts, repeats, routes)[0]
+
+
+def batch_arguments(description: str) -> argparse.Namespace:
+    """The batch's size and the repeats, the arguments both teacher benchmarks take."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--n", type=int, default=4)
     parser.add_argument("--response", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+@contextmanager
+def models_and_batch(args: argparse.Namespace) -> Iterator[tuple[Path, Path, list[Rollout]]]:
+    """(the student, the larger teacher, the synthetic batch), the models in a scratch directory while in use."""
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
         student, large = build_models(Path(scratch))
+        yield student, large, batch(args.groups, args.n, args.response, VOCAB)
+
+
+def main() -> None:
+    args = batch_arguments(__doc__.split("\n")[0])
+    with models_and_batch(args) as (student, large, rollouts):
         p, t_large = load_shape(str(student)).params, load_shape(str(large)).params
-        rollouts = batch(args.groups, args.n, args.response, 40)
         two = f"teacher.teachers=[{{route: a, path: {student}}}, {{route: b, path: {student}}}]"
         cases = {
             "same size (T=P)": ([f"teacher.path={student}"], 1.0),

@@ -2,10 +2,10 @@
 `actor` (the same forward in a Ray actor of its own: each batch travels to it and back), and `vllm` (a vLLM engine's
 prompt log-probs: in this process, as placement.mode=local runs it, and in a Ray actor, as placement.mode=ray does).
 
-The student and a larger teacher (hidden 256, 4 layers) with the student's tokenizer, built here as in
-benchmarks/distill_teacher_share.py, and its synthetic batch (`--groups` x `--n` rows, prompt 16 and response
-`--response` tokens). Per engine: the learner's phases of a distillation step (`prepare`, the teacher's scoring, the
-advantage stage, `update`), best of `--repeats` after a warm-up; printed: each phase's seconds, the teacher's share of
+The student and a larger teacher (hidden 256, 4 layers) with the student's tokenizer, the synthetic batch
+(`--groups` x `--n` rows, prompt 16 and response `--response` tokens) and the timing of the learner's phases of a
+distillation step (`prepare`, the teacher's scoring, the advantage stage, `update`; best of `--repeats` after a
+warm-up) are benchmarks/distill_teacher_share.py's. Per engine, printed: each phase's seconds, the teacher's share of
 the step, the teacher's time against the local engine's measured in the same run (`vs local`) and against the
 student's forward of the same case (`T/logp`: steadier on a shared machine, whose load moves between cases). Every
 engine's log-probs are compared with the local engine's on the same batch (`max gap`).
@@ -19,23 +19,22 @@ Run: .venv/bin/python benchmarks/teacher_engines.py [--groups 8 --n 4 --response
 
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
-import time
+import sys
 from pathlib import Path
 
 import torch
 
-from benchmarks.distill_teacher_share import batch, build_models
-from relayrl.algorithms.stage import advantage_stage
-from relayrl.config import load_config
-from relayrl.learner.batching import make_experience
-from relayrl.learner.role import LearnerRole
-from relayrl.learner.settings import TeacherSettings
-from relayrl.learner.teacher_role import TeacherRole
-from relayrl.placement.sections import learner_settings
-from relayrl.types import Rollout, Score
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling below, run as a script or a module
+from distill_teacher_share import DISTILL, batch_arguments, learner_step_times, models_and_batch  # noqa: E402
+
+from relayrl.algorithms.stage import advantage_stage  # noqa: E402
+from relayrl.config import load_config  # noqa: E402
+from relayrl.learner.role import LearnerRole  # noqa: E402
+from relayrl.learner.settings import TeacherSettings  # noqa: E402
+from relayrl.learner.teacher_role import TeacherRole  # noqa: E402
+from relayrl.placement.sections import learner_settings  # noqa: E402
+from relayrl.types import Rollout  # noqa: E402
 
 ENGINES = {  # case: (teacher.engine, in a Ray actor)
     "local": ("local", False),
@@ -68,41 +67,21 @@ def measure(engine: str, in_actor: bool, student: Path, teacher: Path, rollouts:
     config = load_config(
         None,
         [f"model.path={student}", f"teacher.path={teacher}", f"teacher.engine={engine}", f"placement.mode={mode}"]
-        + ["algorithm.advantage=distill", "rollout.n=4", "train.lr=1e-5"],
+        + DISTILL,
     )
     learner, stage = LearnerRole(learner_settings(config)), advantage_stage(config.algorithm, teacher=True)
     score = scorer(config, in_actor, 16 + max(len(r.response_ids) for r in rollouts) + 1, learner)
-    best: dict[str, float] = {}
-    for _ in range(repeats + 1):
-        times, exp = {}, make_experience(rollouts, [Score(1.0)] * len(rollouts), pad_id=0)
-        for phase, run in (
-            ("logprobs", learner.prepare),
-            ("teacher", score),
-            ("advantage", lambda e: stage(e, rollouts)),
-            ("update", lambda e: (learner.update(0, e), e)[1]),
-        ):
-            start = time.perf_counter()
-            exp = run(exp)
-            times[phase] = time.perf_counter() - start
-        best = times if not best else {k: min(best[k], times[k]) for k in times}  # the first pass is the warm-up
+    best, exp = learner_step_times(learner, score, stage, rollouts, repeats)
     return best, exp.teacher_logprobs
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--groups", type=int, default=8)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--response", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    torch.manual_seed(0)
+    args = batch_arguments(__doc__.split("\n")[0])
     import ray
 
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
-        with tempfile.TemporaryDirectory() as scratch:
-            student, large = build_models(Path(scratch))
-            rollouts = batch(args.groups, args.n, args.response, 40)
+        with models_and_batch(args) as (student, large, rollouts):
             print(f"{len(rollouts)} rows, prompt 16 + response {args.response}; load {os.getloadavg()[0]:.2f}")
             print(
                 f"{'engine':20} {'logprobs':>9} {'teacher':>9} {'update':>9} {'share':>7} {'vs local':>8} "
