@@ -61,21 +61,28 @@ def test_reference_memory_is_zero_without_kl():
     assert plan.memory.reference == 0 and plan.time.ref_logprobs == 0
 
 
-def test_colocated_is_a_max_and_disaggregated_a_sum():
-    gb = 1e9  # made-up roles on a 10 GB CPU-kind device: engine 1 + 2, actor 4, reference 1, activations 3
-    memory = Memory(
-        actor=4 * gb,
+def made_up_memory(actor: float, reference: float, engine_weights: float, kv_capacity: float, activations: float):
+    """A planner Memory of made-up role sizes in GB: one engine device, no critic, no logits, token counts of 1-2
+    (what the placement tests add up is the sizes)."""
+    gb = 1e9
+    return Memory(
+        actor=actor * gb,
         critic=0.0,
-        reference=1 * gb,
-        engine_weights=1 * gb,
+        reference=reference * gb,
+        engine_weights=engine_weights * gb,
         kv_bytes_per_token=1,
         engine_devices=1,
-        kv_capacity=2 * gb,
+        kv_capacity=kv_capacity * gb,
         kv_tokens=2,
         concurrent=1,
-        activations=3 * gb,
+        activations=activations * gb,
         logits=0.0,
     )
+
+
+def test_colocated_is_a_max_and_disaggregated_a_sum():
+    gb = 1e9  # made-up roles on a 10 GB CPU-kind device: engine 1 + 2, actor 4, reference 1, activations 3
+    memory = made_up_memory(actor=4, reference=1, engine_weights=1, kv_capacity=2, activations=3)
     device = PROFILES["cpu"].__class__(**{**PROFILES["cpu"].__dict__, "memory_gb": 10})
     placement = place(memory, device, gpu_memory_utilization=0.5)
     assert placement.generate_phase == (1 + 2 + 4 + 1) * gb  # engine + resident actor and reference
@@ -90,19 +97,7 @@ def test_time_sharing_bills_the_engines_weights_beside_the_learners_states_at_th
     """rollout.sleep pushes before the learner offloads (relayrl/placement/time_sharing.py): an 80 GB GPU that
     holds each phase alone (generate 40 GB, update 65 GB) cannot hold the push's 30 + 60 GB."""
     gb = 1e9
-    memory = Memory(
-        actor=50 * gb,
-        critic=0.0,
-        reference=10 * gb,
-        engine_weights=30 * gb,
-        kv_bytes_per_token=1,
-        engine_devices=1,
-        kv_capacity=10 * gb,
-        kv_tokens=2,
-        concurrent=1,
-        activations=5 * gb,
-        logits=0.0,
-    )
+    memory = made_up_memory(actor=50, reference=10, engine_weights=30, kv_capacity=10, activations=5)
     h100 = PROFILES["H100-80GB"]
     placed = place(memory, h100, 0.5, offload=True, sleep=True)
     assert (placed.generate_phase, placed.train_phase, placed.push_phase) == (40 * gb, 65 * gb, 90 * gb)
