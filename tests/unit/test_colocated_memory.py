@@ -9,6 +9,7 @@ import torch
 from relayrl.config import load_config
 from relayrl.learner import offload
 from relayrl.placement.sections import learner_settings
+from tests.unit.planner_helpers import example_7b
 from tests.unit.test_sharded_scenarios import experience
 
 
@@ -45,30 +46,17 @@ def test_a_colocated_learner_returns_its_cache_after_attach_and_each_update(
     assert calls == (["cpu"] * 3 if frees else [])
 
 
-def plan_7b(tmp_path, *overrides: str):
-    """examples/grpo_7b (Qwen2.5-7B's shape, KL on) planned for 8 x H100; `overrides` place it."""
-    from relayrl.build import resolve
-    from relayrl.planner import PROFILES, load_shape, make_plan
-
-    config = resolve(load_config("examples/grpo_7b/config.yaml", list(overrides)))
-    ranks = config.placement.learner_ranks
-    plan = make_plan(
-        config, load_shape(config.model.path), PROFILES["H100-80GB"], learner_ranks=ranks, read_prompts=False
-    )
-    return config, plan
-
-
 COLOCATED_8 = ("placement.mode=ray", "placement.layout=colocated", "placement.learner_ranks=8", "placement.engines=8")
 
 
-def test_8_colocated_h100s_leave_the_engine_its_share_at_every_boundary_of_a_7b_step(tmp_path):
+def test_8_colocated_h100s_leave_the_engine_its_share_at_every_boundary_of_a_7b_step():
     """The planner's phases (within 15% of the simulation, tests/unit/test_plan_simulate.py; the full-size simulated
     figures are in docs/gpus.md): the engine's 0.5 x 80 GB fits beside rank 0 when it starts (after the ranks
     load and return their cache), when it wakes its weights for the push and when it wakes its KV cache; with room
     to spare for the planner's 15%."""
     from relayrl.planner.simulate_report import engine_boundaries, engine_fits, planned_phases
 
-    config, plan = plan_7b(tmp_path, *COLOCATED_8)
+    config, plan = example_7b(*COLOCATED_8, read_prompts=False)
     assert config.algorithm.kl.coef > 0 and plan.sleep and not plan.offload  # sharded ranks keep their shards
     phases = planned_phases(plan, plan.offload)
     assert engine_fits(plan, phases, engine_first=False) == []
@@ -78,7 +66,7 @@ def test_8_colocated_h100s_leave_the_engine_its_share_at_every_boundary_of_a_7b_
     assert boundaries[0].engine == boundaries[2].engine == 40e9
 
 
-def test_a_boundary_the_engine_cannot_take_is_named(tmp_path):
+def test_a_boundary_the_engine_cannot_take_is_named():
     """One H100 (placement.mode=local): the engine is built first and the 7B learner loads beside it (fp32 policy and
     reference, 62 GB): the engine's 40 GB do not fit there. With the engine awake (rollout.sleep=off, set where
     this CPU cannot resolve it) the learner's passes and update are boundaries too."""
@@ -86,7 +74,7 @@ def test_a_boundary_the_engine_cannot_take_is_named(tmp_path):
 
     from relayrl.planner.simulate_report import engine_boundaries, engine_fits, planned_phases
 
-    _, plan = plan_7b(tmp_path)
+    _, plan = example_7b(read_prompts=False)
     over = engine_fits(plan, planned_phases(plan, plan.offload), engine_first=True)
     assert over and over[0].startswith("engine starts (load: learner 6") and "over 80 GB" in over[0]
     awake = replace(plan, sleep=False)

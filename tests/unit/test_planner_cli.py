@@ -7,7 +7,7 @@ import pytest
 
 from relayrl.cli import main
 from relayrl.planner import PROFILES, ModelShape, load_shape, make_plan
-from tests.unit.planner_helpers import ROOT, planned
+from tests.unit.planner_helpers import ROOT, SEVEN_B_KEYS, planned
 
 
 def test_cli_plan_prints_the_memory_lines(capsys, monkeypatch):
@@ -29,8 +29,7 @@ def test_cli_plan_prints_the_memory_lines(capsys, monkeypatch):
 def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text("rollout: {n: 4, prompts_per_step: 2, max_tokens: 8}\n")
-    keys = ["plan.params=7e9", "plan.layers=28", "plan.hidden=3584", "plan.kv_heads=4", "plan.head_dim=128"]
-    assert main(["plan", str(config), "plan.hardware=A100-80GB", *keys, "plan.vocab=152064"]) == 0
+    assert main(["plan", str(config), "plan.hardware=A100-80GB", *SEVEN_B_KEYS]) == 0
     assert "112.00 GB" in capsys.readouterr().out
     assert main(["plan", str(config)]) == 2  # no model.path and no flags: one line naming model.path
     assert "model.path" in capsys.readouterr().err
@@ -54,8 +53,7 @@ def test_cli_plan_with_shape_flags_and_no_model(capsys, tmp_path):
 def test_cli_plan_refuses_impossible_lengths_naming_the_key(capsys, tmp_path, lengths, message):
     config = tmp_path / "c.yaml"
     config.write_text("rollout: {n: 4, prompts_per_step: 2, max_tokens: 8}\n")
-    shape = ["plan.params=7e9", "plan.layers=28", "plan.hidden=3584", "plan.kv_heads=4", "plan.head_dim=128"]
-    assert main(["plan", str(config), *shape, "plan.vocab=152064", *lengths]) == 2
+    assert main(["plan", str(config), *SEVEN_B_KEYS, *lengths]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -6,15 +6,13 @@ import io
 import pytest
 from rich.console import Console
 
-from relayrl.planner import PROFILES, ModelShape, load_shape, make_plan
+from relayrl.planner import load_shape
 from relayrl.planner.report import print_plan
-from tests.unit.planner_helpers import EXAMPLE, planned
-
-SHAPE = ModelShape(params=int(7e9), layers=28, hidden=3584, kv_heads=4, head_dim=128, vocab=152064)
+from tests.unit.planner_helpers import KL, SEVEN_B, example_7b
 
 
 def _plan(*overrides):
-    return make_plan(planned(EXAMPLE, ["algorithm.kl.coef=0.001", *overrides]), SHAPE, PROFILES["H100-80GB"])
+    return example_7b(KL, *overrides, shape=SEVEN_B)[1]
 
 
 def test_a_teacher_costs_its_weights_and_a_forward_like_the_reference(random_model_dir):
@@ -23,7 +21,7 @@ def test_a_teacher_costs_its_weights_and_a_forward_like_the_reference(random_mod
     assert plain.memory.teacher == 0 and plain.time.teacher_logprobs == 0
     assert taught.memory.teacher == teacher * 2  # bf16 on a GPU, as the reference (P x 2)
     assert taught.memory.trainer == pytest.approx(plain.memory.trainer + teacher * 2)
-    assert taught.time.teacher_logprobs == pytest.approx(taught.time.ref_logprobs * teacher / SHAPE.params)
+    assert taught.time.teacher_logprobs == pytest.approx(taught.time.ref_logprobs * teacher / SEVEN_B.params)
     assert taught.time.total > plain.time.total
     assert taught.time.old_logprobs == taught.time.ref_logprobs  # the signal needs the pre-update log-probs
 
@@ -41,7 +39,7 @@ def test_a_lora_self_teacher_is_counted_once_as_the_policys_base(random_model_di
     plain, taught = _plan(*lora), _plan(*lora, f"teacher.path={random_model_dir}")
     assert taught.memory.teacher == 0 and taught.memory.trainer == plain.memory.trainer  # no second copy
     teacher = load_shape(str(random_model_dir)).params
-    assert taught.time.teacher_logprobs == pytest.approx(taught.time.ref_logprobs * teacher / SHAPE.params)  # counted
+    assert taught.time.teacher_logprobs == pytest.approx(taught.time.ref_logprobs * teacher / SEVEN_B.params)  # counted
     out = io.StringIO()
     print_plan(taught, Console(file=out, width=250))
     assert "none (LoRA self-teacher: the policy's base, adapter off)" in out.getvalue()
