@@ -133,7 +133,7 @@ def _guard(command: list[str]) -> int:
 
 
 def reap(session: int, raylet_pid: int) -> None:
-    from relayrl.sync.transports import sweep_segments
+    from relayrl.sync.segments import sweep_segments
 
     doomed = set(session_processes(session)) if session else set()
     doomed |= set(raylet_processes(raylet_pid)) if raylet_pid else set()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import tempfile
 import time
 import uuid
@@ -38,6 +37,7 @@ from relayrl.errors import SyncError
 from relayrl.run.preflight import shm_problem
 from relayrl.sync.buckets import BucketLayout, checksum, pack, unpack, verify
 from relayrl.sync.group import SyncGroup, _broadcast, as_bytes, checks_over, join_group, receive_value, send_value
+from relayrl.sync.segments import SHM_DIR, sweep_segments
 
 TRANSPORTS = ("shm", "disk", "object_store", "broadcast")
 log = logging.getLogger(__name__)
@@ -116,32 +116,6 @@ class Receiver:
 
 
 # ---------------------------------------------------------------------------- shared memory
-
-
-SHM_DIR = Path("/dev/shm")
-_SEGMENT = re.compile(r"relayrl_(\d+)_(\d+)_[0-9a-f]+-\d+|relayrl-(\d+)-[0-9a-f]+-\d+")  # (and the older naming)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
-def sweep_segments(directory: Path = SHM_DIR) -> list[str]:
-    """Unlink the relayrl segments whose owner or creator process is gone (a run killed before it could clean
-    up); the names removed."""
-    removed = []
-    for path in directory.glob("relayrl[-_]*") if directory.is_dir() else ():
-        match = _SEGMENT.fullmatch(path.name)
-        if match and not all(pid_alive(int(pid)) for pid in match.groups() if pid):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
-    return removed
 
 
 def _shm_buckets(prefix: str, layout: BucketLayout) -> list[torch.Tensor]:

@@ -201,7 +201,7 @@ def test_sweep_removes_segments_whose_owner_or_creator_is_dead(tmp_path):
     import subprocess
     import sys
 
-    from relayrl.sync.transports import sweep_segments
+    from relayrl.sync.segments import sweep_segments
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
