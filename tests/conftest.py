@@ -16,6 +16,10 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(worker % (os.cpu_count() or 1))  # over the Makefile's 0-1
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The tests' own Ray clusters (ray.init, simulated nodes) start no idle workers either, as a run's head does not
+# (relayrl/placement/ray_head.py NO_PRESTART: each would cost ~0.7 s of CPU and be left unused).
+for key, value in {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}.items():
+    os.environ.setdefault(key, value)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -11,10 +11,12 @@ as the run would, naming the roles, what they ask for and what the cluster has.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 
 from relayrl.config import Config, effective_transport
 from relayrl.errors import ConfigError
+from relayrl.placement.ray_head import NO_PRESTART
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ def _start(simulated: SimulatedCluster):
 
     simulated.check()
     cpus, gpus = simulated.cpus_per_node, simulated.gpus_per_node
+    os.environ.update(NO_PRESTART)  # read by each node's raylet as it starts (ray_head.py says why)
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": cpus, "num_gpus": gpus, "include_dashboard": False}
     )

@@ -30,6 +30,10 @@ from relayrl.placement.reaper import raylet_of, session_processes, start_guarded
 LOOPBACK = "127.0.0.1"  # the driver reaches its own head here: on this machine, this run's alone (other nodes join a
 # cluster of the user's, `placement.address`, never this one; the head's node IP is Ray's to pick)
 START_TIMEOUT_S = 300
+# The raylet starts an idle worker per CPU when the first driver connects; relayrl's actors never take them (they
+# start their own, with the job's runtime env), so on a 2-core machine 3 idle workers cost 2 s of CPU a run, and a
+# 128-core node would start 128 Python processes for nothing.
+NO_PRESTART = {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
 STOP_GRACE_S = 2  # SIGTERM first: workers and agents leave within ~1 s; GCS and raylet linger 10 s+, so SIGKILL
 
 
@@ -83,8 +87,9 @@ def start_head(num_cpus: int) -> Head:
                 f"--num-cpus={num_cpus}",
                 "--include-dashboard=false",
                 "--disable-usage-stats",
+                "--no-monitor",  # the autoscaler's monitor: a fixed private cluster has nothing to scale
             ]
-            guard, output, status = start_guarded(command, START_TIMEOUT_S)
+            guard, output, status = start_guarded(command, START_TIMEOUT_S, NO_PRESTART)
             if status == 0:
                 return Head(f"{LOOPBACK}:{port}", guard.pid, watch(guard.pid, raylet_of(guard.pid)), guard)
             end_session(guard.pid, 0)
@@ -142,7 +147,9 @@ def free_port() -> int:
 
 
 def end_session(session: int, grace_s: float) -> None:
-    """SIGTERM every process of the session, wait up to `grace_s` for them to leave, SIGKILL the rest."""
+    """SIGTERM every process of the session, wait up to `grace_s` for them to leave, SIGKILL the rest. GCS, the
+    raylet and at times its agents linger 10 s+ on a SIGTERM (the workers leave within ~0.2 s): once only they are
+    left, they get the SIGKILL at once, not after the whole grace (2 s of every run's end)."""
     steps = [(signal.SIGTERM, grace_s)] if grace_s else []
     for signum, wait_s in steps + [(signal.SIGKILL, 5.0)]:
         left = session_processes(session)
@@ -153,5 +160,18 @@ def end_session(session: int, grace_s: float) -> None:
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
             left = session_processes(session)
+            if signum == signal.SIGTERM and all(_lingers(pid) for pid in left):
+                break
         if not left:
             return
+
+
+LINGERING = ("gcs_server", "raylet", "ray::RuntimeEnv", "ray::DashboardA")  # process names, as the kernel cuts them
+
+
+def _lingers(pid: int) -> bool:
+    """Whether `pid` is Ray's GCS server, raylet or one of its agents (or gone already): none holds a run's state."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() in LINGERING
+    except OSError:
+        return True

@@ -90,16 +90,20 @@ def raylet_of(session: int) -> int | None:
     return None
 
 
-def start_guarded(command: list[str], timeout_s: float) -> tuple[subprocess.Popen, str, int | None]:
+def start_guarded(
+    command: list[str], timeout_s: float, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str, int | None]:
     """Run `command` (`ray start --head ...`) in a new session under a guard: (the guard, the command's output, its
     exit status; None when it did not finish within `timeout_s` or the guard died first). When the status is 0 the
-    guard stays, the session's leader, until the driver closes its stdin (or dies); the caller keeps it."""
+    guard stays, the session's leader, until the driver closes its stdin (or dies); the caller keeps it. `env`: set
+    for the command (and what it starts) over this process's environment."""
     guard = subprocess.Popen(
         [sys.executable, "-m", "relayrl.placement.reaper", "guard", *command],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
+        env={**os.environ, **(env or {})},
     )
     assert guard.stdout is not None
     chunks, deadline = [], time.monotonic() + timeout_s
