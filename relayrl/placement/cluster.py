@@ -247,7 +247,7 @@ def reserve(config: Config):
         check_broadcast_devices(config.sync.transport, asked, slots, nodes)
         roles = {slot.bundle: [s.role for s in slots if s.bundle == slot.bundle] for slot in slots}
         paths = shared_paths(config.model.path, config.log.dir)
-        check_node_paths(group, roles, nodes, paths, placement.placement_timeout_s)
+        check_node_paths(group, roles, nodes, paths, placement.placement_timeout_s, driver_node())
     except PlacementError:
         remove_placement_group(group)
         raise
@@ -334,7 +334,19 @@ def bundle_nodes(group) -> dict[int, str]:
 
     ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
     placed = placement_group_table(group)["bundles_to_node_id"]
-    return {int(index): f"node {node[:12]} ({ips.get(node, '?')})" for index, node in placed.items()}
+    return {int(index): node_label(node, ips) for index, node in placed.items()}
+
+
+def node_label(node: str, ips: dict[str, str]) -> str:
+    return f"node {node[:12]} ({ips.get(node, '?')})"
+
+
+def driver_node() -> str:
+    """This driver's node, labelled as bundle_nodes labels a bundle's."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    return node_label(here, {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()})
 
 
 def check_transport_nodes(sync: SyncConfig, slots: list[Slot], nodes: dict[int, str]) -> None:

@@ -26,18 +26,20 @@ def shared_paths(model_path: str, log_dir: str) -> dict[str, str]:
 
 
 def check_node_paths(group, roles_by_bundle: dict[int, list[str]], nodes: dict[int, str], paths: dict[str, str],
-                     timeout_s: float) -> list[str]:  # fmt: skip
+                     timeout_s: float, driver_node: str = "") -> list[str]:  # fmt: skip
     """Ask every node holding a bundle whether it has `paths`; raise naming the first node that lacks one.
     `roles_by_bundle`: the roles in each bundle; `nodes`: bundle -> `node 1a2b.. (ip)` (cluster.bundle_nodes).
-    Returns the nodes asked."""
+    `driver_node` (labelled alike) is not asked: `paths` are those the driver has. Returns the nodes asked (none on
+    one node: no task, no worker started for it)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if not paths:
-        return []
     first: dict[str, int] = {}
     for bundle in sorted(roles_by_bundle):
-        first.setdefault(nodes[bundle], bundle)
+        if nodes[bundle] != driver_node:
+            first.setdefault(nodes[bundle], bundle)
+    if not paths or not first:
+        return []
     probe = ray.remote(num_cpus=0)(missing_here)
     refs = [
         probe.options(

@@ -111,6 +111,8 @@ def test_every_node_is_asked_for_model_path_and_log_dir_and_one_that_lacks_one_i
         assert sorted(check_node_paths(group, roles, nodes, {"model.path": str(tmp_path)}, 60)) == sorted(
             nodes.values()
         )  # both nodes asked, both have it
+        assert check_node_paths(group, roles, nodes, {"model.path": str(tmp_path)}, 60, nodes[0]) == [nodes[1]]
+        # the driver's own node is not asked: the paths are the driver's
         with pytest.raises(PlacementError) as refused:
             check_node_paths(group, roles, nodes, {"log.dir": str(tmp_path / "absent")}, 60)
         assert str(refused.value).startswith(f"log.dir {tmp_path / 'absent'}: not a directory on {nodes[0]}, where "
