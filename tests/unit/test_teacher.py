@@ -154,7 +154,16 @@ def test_score_teacher_without_a_teacher_is_a_bug_named(random_model_dir):
         role.score_teacher(_experience())
 
 
-def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(random_model_dir, other_teacher_dir):
+@pytest.mark.parametrize(
+    "placement",
+    [("algorithm.advantage=distill",), ("algorithm.distill.coef=1",), ("algorithm.distill.mode=reward",)],
+    ids=["distill alone", "beside GRPO's advantage", "in GRPO's reward"],
+)
+def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(
+    random_model_dir, other_teacher_dir, placement
+):
+    """Alone or beside a reward, the teacher's signal reaches the policy's tokens only: the advantages with the
+    teacher minus those without it are 0 on the observation an environment wrote (and on the prompt)."""
     from relayrl.algorithms.distill import distill_metrics
     from relayrl.algorithms.stage import advantage_stage
     from relayrl.learner.batching import make_experience
@@ -166,17 +175,29 @@ def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(rando
         Rollout(prompt, i, [8, 9, 10, 11, 12, 13, 14], "", [-1.0] * 7, "stop", [0] * 7, loss_mask=turns)
         for i in range(4)
     ]
-    config = _config(random_model_dir, f"teacher.path={other_teacher_dir}", "algorithm.advantage=distill")
+    config = _config(random_model_dir, f"teacher.path={other_teacher_dir}", *placement)
     role = LearnerRole(learner_settings(config))
-    exp = role.score_teacher(role.prepare(make_experience(rollouts, [Score(1.0)] * 4, pad_id=0)))
+    rewards = [Score(1.0), Score(0.0), Score(1.0), Score(0.0)]  # a reward advantage of its own beside the teacher's
+    exp = role.score_teacher(role.prepare(make_experience(rollouts, rewards, pad_id=0)))
+    without = torch.zeros_like(exp.loss_mask)
+    if config.algorithm.advantage != "distill":
+        plain = advantage_stage(config.algorithm, teacher=False)(_copy(exp), rollouts)
+        without = plain.advantages
     exp = advantage_stage(config.algorithm, teacher=True)(exp, rollouts)
+    teachers_part = exp.advantages - without
     observation = (exp.loss_mask == 0) & (exp.attention_mask[:, 1:] == 1)
     assert observation.sum() == 4 * (3 + 2)  # the prompt's predicted tokens and the observation's
-    assert (exp.advantages[observation] == 0).all()
-    assert (exp.advantages[exp.loss_mask.bool()] != 0).all()
+    assert (teachers_part[observation] == 0).all()
+    assert (teachers_part[exp.loss_mask.bool()] != 0).any()
     policy = exp.loss_mask.bool()
     expected = float((exp.old_logprobs - exp.teacher_logprobs)[policy].mean())
     assert distill_metrics(exp.old_logprobs, exp.teacher_logprobs, exp.loss_mask)["distill/reverse_kl"] == expected
+
+
+def _copy(exp):
+    import copy
+
+    return copy.deepcopy(exp)
 
 
 # ---------------------------------------------------------------------------- a teacher that dies mid-run
