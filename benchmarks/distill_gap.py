@@ -13,6 +13,7 @@ the reward alone; held-out success and the discounted greedy score before and af
 
     python -m benchmarks.distill_gap WARM_START_DIR OUT_DIR --seeds 3 [--steps 20 --every 5 --runs distill,grpo]
     python -m benchmarks.distill_gap WARM_START_DIR OUT_DIR --env retry --seeds 3 [--steps 15]
+        [--extra rollout.engine=vllm --extra placement.mode=ray --extra train.schedule=one_step_off ...]
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=5, help="eval.every: a point of the curve each this many steps")
     parser.add_argument("--runs", default="", help="comma-separated run names to do (default: all of --env's)")
     parser.add_argument("--env", choices=("", "retry"), default="", help="retry: the multi-turn case")
+    parser.add_argument("--extra", action="append", default=[], help="an override for every run (repeatable)")
     args = parser.parse_args()
     from relayrl.data.toy import write_toy_task
 
@@ -97,7 +99,7 @@ def main() -> None:
         for name in names:
             run_dir = args.out / f"{name}_{seed}"
             config = write_config(args.out / f"{name}_{seed}.yaml", args.warm, task, run_dir, engine)
-            result = run_in_process("train", str(config), *runs[name], *steps, f"train.seed={seed}")
+            result = run_in_process("train", str(config), *runs[name], *steps, f"train.seed={seed}", *args.extra)
             assert result.returncode == 0, result.stderr[-3000:]
             scores = json.loads((run_dir / "eval.json").read_text())
             print(json.dumps({"run": name, "seed": seed, "curve": curve(run_dir), "eval": scores}), flush=True)
