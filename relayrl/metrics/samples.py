@@ -3,7 +3,8 @@
 One row per logged sample: `step`, `sample` (`<prompt id>#<index in its group>`), `prompt` and `completion`
 text, `reward` and its `components`, `advantage`, `versions` (the policy versions that produced its tokens,
 ascending; more than one when a partial rollout spans pushes), `finish_reason` and `tokens` (response length), `segments` (the trajectory turn by turn, with the
-learner-vs-engine log-prob gap per sampled token: relayrl/metrics/trajectories.py),
+learner-vs-engine log-prob gap per sampled token and, in a run with a teacher, the student-minus-teacher one:
+relayrl/metrics/trajectories.py),
 `images` for a prompt with pictures (PNG thumbnails: relayrl/metrics/sample_images.py), and `reward_error` for a sample whose reward failed and was scored 0 (`reward.on_error=zero`: which sample, what
 was raised or returned). `advantage` is the mean of the sample's per-token advantages over its trained response tokens (outcome
 estimators such as GRPO give every token the same value; GAE does not), `null` when none of its tokens is
@@ -61,7 +62,8 @@ def sample_rows(
 ) -> list[dict]:
     """The rows of one step: its first `max_per_step` samples; `exp` must hold the step's advantages. With a
     tokenizer's `decode`, each row also has its `segments` (relayrl/metrics/trajectories.py), their gaps from
-    `learner_logprobs` (the learner's pre-update log-probs of the first rows, [row][target column])."""
+    `learner_logprobs` (the learner's pre-update log-probs of the first rows, [row][target column]) and, when the
+    teacher scored the step, `exp.teacher_logprobs`."""
     from relayrl.types import filled  # here, not at the top: the report reads samples.jsonl without torch
 
     count = min(max_per_step, len(rollouts))
@@ -93,12 +95,13 @@ def sample_rows(
 
 
 def _segments(rollout: Rollout, exp: Experience, index: int, decode: Callable, learner_rows) -> list[dict]:
-    """Row `index`'s segments: its learner log-probs and loss mask cut to its response tokens (the target column
-    of response token k is prompt length - 1 + k, relayrl/learner/batching.py)."""
+    """Row `index`'s segments: its learner and teacher log-probs and loss mask cut to its response tokens (the
+    target column of response token k is prompt length - 1 + k, relayrl/learner/batching.py)."""
     first = len(rollout.prompt.token_ids) - 1
     columns = slice(first, first + len(rollout.response_ids))
     learner = learner_rows[index][columns] if learner_rows is not None and index < len(learner_rows) else None
-    return segments(rollout, learner, exp.loss_mask[index, columns].tolist(), decode)
+    teacher = exp.teacher_logprobs[index, columns].tolist() if exp.teacher_logprobs is not None else None
+    return segments(rollout, learner, exp.loss_mask[index, columns].tolist(), decode, teacher)
 
 
 def log_samples(
