@@ -222,12 +222,12 @@ class TeacherDiesOnce:
 
 @pytest.mark.parametrize("heal", [True, False])
 def test_a_teacher_that_dies_mid_run_is_healed_with_the_learner_or_stops_the_run_naming_it(
-    tmp_path, random_model_dir, toy_task, heal
+    tmp_path, random_model_dir, other_teacher_dir, toy_task, heal
 ):
     from relayrl.placement.learner_restarts import LearnerRestarts
     from tests.unit.test_learner_restarts import STEPS, run, trainer_for
 
-    teacher = (f"teacher.path={random_model_dir}", "algorithm.advantage=distill")
+    teacher = (f"teacher.path={other_teacher_dir}", "algorithm.advantage=distill")
     trainer, _ = trainer_for(tmp_path, random_model_dir, toy_task, "run", *teacher, "checkpoint.every=2")
     handle = TeacherDiesOnce(trainer.learner)  # pyright: ignore[reportArgumentType]
     trainer.learner, respawns = handle, []  # pyright: ignore[reportAttributeAccessIssue]
@@ -244,10 +244,27 @@ def test_a_teacher_that_dies_mid_run_is_healed_with_the_learner_or_stops_the_run
         rows = run(trainer)
         assert [row["step"] for row in rows] == list(range(STEPS)) and respawns == [1]
         assert all("distill/reverse_kl" in row for row in rows)
+        _assert_samples_carry_teacher_gaps(trainer.run_dir, rows)
         return
     with pytest.raises(RoleFailure, match=r"died during score_teacher: killed \(placement.on_learner_failure=stop\)"):
         run(trainer)
     assert respawns == []
+
+
+def _assert_samples_carry_teacher_gaps(run_dir, metrics: list[dict]) -> None:
+    """samples.jsonl's policy tokens carry the student-minus-teacher gap (the report's trajectory view colours by
+    it): null exactly where the engine gap is (untrained), and over a step whose every sample is logged, their mean
+    is the step's distill/reverse_kl."""
+    import json
+
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    for step in {row["step"] for row in samples}:
+        policy = [seg for row in samples if row["step"] == step for seg in row["segments"] if seg["by"] == "policy"]
+        assert all([g is None for g in seg["teacher_gap"]] == [g is None for g in seg["gap"]] for seg in policy)
+        gaps = [g for seg in policy for g in seg["teacher_gap"] if g is not None]
+        assert len([row for row in samples if row["step"] == step]) == 8  # the whole batch: 4 prompts x 2
+        assert sum(gaps) / len(gaps) == pytest.approx(metrics[step]["distill/reverse_kl"], rel=1e-2, abs=1e-3)
+        assert any(abs(g) > 1e-2 for g in gaps)  # a teacher that disagrees: not a gap of the student with itself
 
 
 def test_under_lora_a_teacher_at_model_path_is_the_base_with_the_adapter_off(random_model_dir):

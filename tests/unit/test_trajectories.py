@@ -1,5 +1,6 @@
 """The trajectory view's data and page: a logged sample cut into policy and env segments with the learner-vs-engine
-gap per sampled token (relayrl/metrics/trajectories.py), and the report's rendering of the best and worst."""
+gap per sampled token and, with a teacher, the student-minus-teacher gap (relayrl/metrics/trajectories.py), and the
+report's rendering of the best and worst, coloured by the one or the other."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from relayrl.learner.batching import make_experience
 from relayrl.metrics.report import write_report
 from relayrl.metrics.samples import sample_rows
-from relayrl.metrics.trajectories import gap_colour, trajectories_section
+from relayrl.metrics.trajectories import gap_colour, teacher_colour, trajectories_section
 from relayrl.types import Prompt, Rollout, Score
 
 WORDS = {1: "Q", 2: "x", 3: "y", 4: "<obs>", 5: "z", 6: "w", 7: "<s>"}
@@ -82,6 +83,38 @@ def test_a_single_turn_sample_is_one_segment_and_without_a_decoder_no_segments_a
     assert "segments" not in sample_rows(0, [rollout], [Score(1.0)], exp, 4)[0]
 
 
+def test_with_a_teacher_each_policy_token_carries_the_student_minus_teacher_gap():
+    rollout, exp, learner = _batch()  # the student (pre-update learner): -0.49, -1.002, (obs), 0.1, -0.0999
+    teacher = [-1.0, -0.5, -9.0, -0.5, -0.1]  # per response token; the observation's is never shown
+    exp.teacher_logprobs = torch.tensor([[0.0, *teacher]])  # column 1+k: response token k
+    exp.loss_mask[0, 5] = 0.0  # the last token not trained
+    (row,) = sample_rows(0, [rollout], [Score(1.0)], exp, 4, decode, learner)
+    first, env, second = row["segments"]
+    # x: the student more sure than the teacher (+), y: less sure (-)
+    assert first["teacher_gap"] == [pytest.approx(0.51), pytest.approx(-0.502)]
+    assert second["teacher_gap"] == [pytest.approx(0.6), None] and second["gap"][-1] is None
+    assert "teacher_gap" not in env
+    assert first["gap"] == [pytest.approx(0.01), pytest.approx(-0.002)]  # the engine gap beside it, unchanged
+    exp.teacher_logprobs = None  # a run without a teacher: no key at all
+    (plain,) = sample_rows(0, [rollout], [Score(1.0)], exp, 4, decode, learner)
+    assert not any("teacher_gap" in segment for segment in plain["segments"])
+
+
+def test_the_teacher_colour_is_orange_above_blue_below_deeper_on_a_log_scale():
+    def rgb(colour):
+        return tuple(int(c) for c in re.match(r"rgb\((\d+),(\d+),(\d+)\)", colour).groups())
+
+    assert teacher_colour(1e-3) == teacher_colour(-0.01) == teacher_colour(0.0) == "rgb(255,255,255)"
+    assert teacher_colour(None) == "transparent"
+    assert teacher_colour(3.5) == teacher_colour(50.0) == "rgb(255,127,14)"  # full orange: student more confident
+    assert teacher_colour(-3.5) == "rgb(31,119,180)"  # full blue: the teacher more confident
+    above = [rgb(teacher_colour(gap)) for gap in (0.03, 0.1, 0.3, 1.0)]
+    below = [rgb(teacher_colour(-gap)) for gap in (0.03, 0.1, 0.3, 1.0)]
+    assert all(r > b for r, _, b in above) and all(b > r for r, _, b in below)
+    blues = [b for _, _, b in above]  # orange deepens: less and less blue
+    assert blues == sorted(blues, reverse=True) and len(set(blues)) == 4
+
+
 def test_the_gap_colour_runs_from_white_to_red_on_a_log_scale():
     reds = [gap_colour(gap) for gap in (1e-9, 1e-6, 1e-4, -1e-2, 0.1, 3.0)]
     assert reds[0] == reds[1] == "rgb(255,255,255)" and reds[-1] == reds[-2] == "rgb(214,39,40)"
@@ -107,7 +140,20 @@ def test_the_view_shows_the_best_and_worst_of_the_last_step_escaped():
     assert "old#0" not in page and "<b>" not in page and "&lt;b&gt;" in page
     assert "&lt;tool_response&gt;4&lt;/tool_response&gt;" in page and "turn reward 5" in page
     assert f'style="background:{gap_colour(0.05)}" title="gap +0.05"' in page and 'title="gap not trained"' in page
+    assert "teacher" not in page  # a run without a teacher: the engine-gap view alone
     assert trajectories_section([{"step": 0, "reward": 1.0}]) == ""  # rows logged before segments existed
+
+
+def test_with_teacher_gaps_the_view_colours_by_them_and_shows_both_gaps():
+    rows = [_row(f"p#{i}", float(i)) for i in range(4)]
+    for row in rows:
+        row["segments"][0]["teacher_gap"] = [0.8]
+        row["segments"][2]["teacher_gap"] = [None]
+    page = trajectories_section(rows)
+    assert f'style="background:{teacher_colour(0.8)}" title="teacher gap +0.8 · gap +0.05"' in page
+    assert 'style="background:transparent" title="teacher gap not trained · gap not trained"' in page
+    assert f"background:{gap_colour(0.05)}" not in page  # not the engine-gap colours
+    assert "teacher-student gap" in page and "distill/reverse_kl" in page  # the legend says what the colour is
 
 
 def test_the_report_page_holds_the_trajectory_view(tmp_path):
