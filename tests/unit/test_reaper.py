@@ -65,6 +65,30 @@ def test_ending_a_session_spares_the_callers_and_others():
             process.wait()
 
 
+def test_gcs_deaf_to_sigterm_is_killed_once_only_it_is_left_and_a_worker_gets_its_grace(tmp_path):
+    """GCS and the raylet linger 10 s+ on a SIGTERM: once only they are left they get the SIGKILL at once, not after
+    the grace; any other process that ignores the SIGTERM (a worker) still gets the whole grace. Stand-ins: Python
+    under the names the kernel shows (a process's name is its executable's file name)."""
+    import time
+
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(120)"
+    ended = {}
+    for name, grace_s in (("gcs_server", 5.0), ("worker", 1.5)):
+        (tmp_path / name).symlink_to(sys.executable)
+        process = subprocess.Popen([tmp_path / name, "-c", deaf], start_new_session=True, stdout=subprocess.PIPE)
+        try:
+            assert process.stdout is not None and process.stdout.readline() == b"\n"  # its SIGTERM is ignored now
+            start = time.monotonic()
+            end_session(process.pid, grace_s)
+            ended[name] = time.monotonic() - start
+            assert process.wait(10) == -9 and session_processes(process.pid) == []
+        finally:
+            process.kill()
+            process.wait()
+    assert ended["gcs_server"] < 2.5  # not the 5 s grace
+    assert ended["worker"] >= 1.5  # the grace, then SIGKILL
+
+
 # a stand-in for `ray start --head`: leaves a daemon in its session (output closed, as Ray's are) and exits 0
 FAKE_RAY_START = [
     sys.executable,
