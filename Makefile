@@ -18,6 +18,9 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_CPU_OMP_THREADS_BIND ?= 0-1
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE := 1
+# Modules compile on their first import, into the environment (requirements/install.sh says why): these machines set
+# PYTHONDONTWRITEBYTECODE, under which every process would compile torch, vLLM and Ray from source.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test test-fast lint browser bench clean
 
@@ -28,7 +31,7 @@ $(STAMP): $(LOCK) pyproject.toml
 	  "make setup: needs Python 3.11, 3.12 or 3.13 (PY='$(PY)'): install one, or pass PY=/path/to/python3.12" >&2; exit 1; }
 	@$(if $(findstring gpu,$(LOCK)),$(PY) relayrl/run/preflight.py driver $(LOCK))
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	bash requirements/install.sh $(VENV) $(LOCK)  # uv where it can be had, else pip; byte-compiled (it says why)
+	bash requirements/install.sh $(VENV) $(LOCK)  # uv where it can be had, else pip
 	$(PIP) --no-deps --no-build-isolation -e . 2>&1 | $(QUIET)
 	@touch $(STAMP)
 

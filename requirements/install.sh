@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Installs a lock into a virtual environment: exactly its pins (--no-deps), byte-compiled. `make setup` runs it.
+# Installs a lock into a virtual environment: exactly its pins (--no-deps). `make setup` runs it.
 #
 #   bash requirements/install.sh VENV LOCK
 #
-# uv installs the lock in about half pip's time on a 2-core machine: it unpacks and byte-compiles on every core, where
-# pip does both on one (a fresh clone's `make test` pays it each time). pip fetches uv, pinned, into VENV/uv (not into
+# uv installs the lock in about half pip's time on a 2-core machine: it unpacks on every core, where pip uses one (a
+# fresh clone's `make test` pays it each time). pip fetches uv, pinned, into VENV/uv (not into
 # the environment itself, whose packages are the lock's), and uv is handed pip's own indexes and find-links, read from
 # `pip config list` (the PIP_* environment included), because uv reads none of pip's configuration. Where uv cannot
 # be had, or fails, pip installs the lock as it always did, and says so.
 #
-# Byte-compiled at install either way: where PYTHONDONTWRITEBYTECODE is set (as on these machines), nothing compiles
-# later, and every process would compile torch, vLLM and Ray from source on each import.
+# Not byte-compiled by uv: the environment holds ~35,000 modules and relayrl's processes import ~3,000 of them, so
+# compiling all at install cost ~36 s of a 2-core machine's set-up where compiling the imported ones costs ~10 s of
+# CPU. Each module compiles on its first import instead: the Makefile unexports PYTHONDONTWRITEBYTECODE (set on these
+# machines), so `make demo` and `make test` write the bytecode their imports need into the environment, and later
+# processes, `relayrl` run by hand included, read it.
 set -euo pipefail
 VENV="$1"
 LOCK="$2"
@@ -47,7 +50,7 @@ if ! [ -x "$UV" ]; then
   exit 0
 fi
 # shellcheck disable=SC2046  # the sources are words: flag, URL or folder, flag, ...
-if ! "$UV" pip install -q --python "$PY" --no-deps --compile-bytecode --index-strategy unsafe-best-match \
+if ! "$UV" pip install -q --python "$PY" --no-deps --index-strategy unsafe-best-match \
   $(pip_sources) -r "$LOCK" 2>"$VENV/uv.log"; then
   echo "install.sh: uv failed to install $LOCK ($(tail -1 "$VENV/uv.log")): pip installs it"
   with_pip
