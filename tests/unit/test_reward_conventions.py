@@ -13,7 +13,12 @@ from relayrl.rewards import load_reward, score_rollouts
 from relayrl.rewards.service import build_reward_service
 from relayrl.types import Prompt, Rollout, Score
 
-trl_rewards = pytest.importorskip("trl.rewards")
+
+@pytest.fixture
+def trl_rewards():
+    """TRL's reward functions, imported by the tests that call them (not at collection, on every worker)."""
+    return pytest.importorskip("trl.rewards")
+
 
 MESSAGES = [{"role": "system", "content": "Think, then answer."}, {"role": "user", "content": "What is 1/3?"}]
 COMPLETIONS = [
@@ -50,7 +55,7 @@ def rewards(scores):
     return [s.reward for s in scores]
 
 
-def test_trl_accuracy_reward_on_messages_rows_equals_trl_called_directly():
+def test_trl_accuracy_reward_on_messages_rows_equals_trl_called_directly(trl_rewards):
     fn = load_reward("trl.rewards:accuracy_reward")
     scores, errors = score_rollouts(fn, chat_batch())
     direct = trl_rewards.accuracy_reward(as_trl_completions(), SOLUTIONS)
@@ -69,7 +74,7 @@ def test_trl_none_contributes_nothing_to_a_combined_reward():
     assert scores[3] is not None and scores[3].components == {"accuracy_reward": 0.0, "think_format_reward": 0.0}
 
 
-def test_trl_think_format_reward_equals_trl_called_directly():
+def test_trl_think_format_reward_equals_trl_called_directly(trl_rewards):
     scores, _ = score_rollouts(load_reward("trl.rewards:think_format_reward"), chat_batch())
     assert rewards(scores) == trl_rewards.think_format_reward(as_trl_completions()) == [1.0, 0.0, 0.0, 0.0]
 
@@ -106,7 +111,7 @@ def test_trl_continued_assistant_turn_prefixes_the_completion(tmp_path, monkeypa
     assert [([messages[:1]], [[{"role": "assistant", "content": "It is 4"}]])] == sys.modules["trl_seen"].SEEN
 
 
-def test_trl_factory_with_kwargs_equals_trl_called_directly():
+def test_trl_factory_with_kwargs_equals_trl_called_directly(trl_rewards):
     kwargs = {"max_completion_len": 10, "soft_punish_cache": 4}
     fn = load_reward("trl.rewards:get_soft_overlong_punishment", kwargs)
     ids = [[7] * 5, [7] * 8, [7] * 12]
