@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.learning_cases import MULTITURN_RETRY, run_in_process, write_config
@@ -30,14 +31,19 @@ RETRY_ENV = tuple(o for o in MULTITURN_RETRY if o.startswith("env.") and not o.s
 RETRY_EVAL = ("rollout.max_tokens=6", *RETRY_ENV, "eval.max_prompts=100")  # the multi-turn run's held-out set
 
 
-def build_teacher(warm: str | Path, sft_rows: Path, out: Path) -> Path:
-    """The warm start after two epochs of SFT on `sft_rows`' prompts with their true sums as completions."""
+def true_sum(a: int, b: int) -> int:
+    return a + b
+
+
+def build_teacher(warm: str | Path, sft_rows: Path, out: Path, answer: Callable[[int, int], int] = true_sum) -> Path:
+    """The warm start after two epochs of SFT on `sft_rows`' prompts with `answer(a, b)` (the true sums) as
+    completions."""
     import tempfile
 
     from relayrl.learner.sft import SFTSettings, run_sft
 
     rows = [json.loads(line) for line in sft_rows.read_text().splitlines()]
-    unique = {row["prompt"]: str(sum(int(x) for x in row["prompt"][:-1].split("+"))) for row in rows}
+    unique = {row["prompt"]: str(answer(*(int(x) for x in row["prompt"][:-1].split("+")))) for row in rows}
     settings = SFTSettings(epochs=2.0, batch_size=128, lr=1e-3, warmup_steps=5)
     with tempfile.TemporaryDirectory() as scratch:
         clean = Path(scratch) / "true_sums.jsonl"
