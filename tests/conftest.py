@@ -99,6 +99,34 @@ def warm_model_dir(tmp_path_factory, toy_task):
     return cached("warm_model", recipe, build, tmp_path_factory.mktemp("warm_model"))
 
 
+@pytest.fixture(scope="module")  # module scope: its users' module stays on one xdist worker, as with a run fixture
+def teacher_dir(tmp_path_factory, warm_model_dir, toy_task):
+    """The distillation teacher: the warm start after two epochs of SFT on the true sums of its own problems
+    (benchmarks/distill_gap.py `build_teacher`, ~40 s; kept across suites)."""
+    from benchmarks.distill_gap import build_teacher
+    from tests.artifact_cache import cached
+
+    def build(out):
+        build_teacher(warm_model_dir, toy_task["sft"], out)
+
+    recipe = {"warm": str(warm_model_dir), "teacher": "true sums, 2 epochs"}
+    return cached("distill_teacher", recipe, build, tmp_path_factory.mktemp("teacher") / "model")
+
+
+@pytest.fixture(scope="module")
+def dropcarry_teacher_dir(tmp_path_factory, warm_model_dir, toy_task):
+    """The second routed teacher: the warm start after two epochs of SFT on its own problems answered without the
+    carry into the tens (benchmarks/distill_routes.py `build_dropcarry_teacher`, ~40 s; kept across suites)."""
+    from benchmarks.distill_routes import build_dropcarry_teacher
+    from tests.artifact_cache import cached
+
+    def build(out):
+        build_dropcarry_teacher(warm_model_dir, toy_task["sft"], out)
+
+    recipe = {"warm": str(warm_model_dir), "teacher": "dropped-carry sums, 2 epochs"}
+    return cached("dropcarry_teacher", recipe, build, tmp_path_factory.mktemp("dropcarry_teacher") / "model")
+
+
 @pytest.fixture(scope="session")
 def ray_address():
     """One Ray head for the e2e runs that only need a cluster to place on, joined with `placement.address` (the

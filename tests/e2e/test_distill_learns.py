@@ -13,7 +13,6 @@ import json
 
 import pytest
 
-from benchmarks.distill_gap import build_teacher
 from benchmarks.learning_cases import MULTITURN_RETRY, gain, run_in_process, write_config
 
 pytestmark = pytest.mark.slow
@@ -26,18 +25,6 @@ MIN_GAIN_ONE_STEP_OFF = 0.09
 # 0.20 (min / mean / max; 0.16 on seed 0 in four runs more); the threshold is half the smallest
 MULTITURN_STEPS = "train.steps=8"
 MIN_SUCCESS_GAIN_MULTITURN = 0.08
-
-
-@pytest.fixture(scope="module")
-def teacher_dir(tmp_path_factory, warm_model_dir, toy_task):
-    """The warm start after two epochs of SFT on the true sums of its own problems (~40 s; kept across suites)."""
-    from tests.artifact_cache import cached
-
-    def build(out):
-        build_teacher(warm_model_dir, toy_task["sft"], out)
-
-    recipe = {"warm": str(warm_model_dir), "teacher": "true sums, 2 epochs"}
-    return cached("distill_teacher", recipe, build, tmp_path_factory.mktemp("teacher") / "model")
 
 
 def _rows(run_dir):
