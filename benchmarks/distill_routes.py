@@ -16,7 +16,7 @@ domain's answers, greedy and sampled (16 answers a prompt at temperature 1, the 
 distillation moves), the same measure before and after, so the saved policy (`<run>/model`) is compared with the warm
 start directly.
 
-    python -m benchmarks.distill_routes WARM_START_DIR OUT_DIR --seeds 3 [--steps 8 --runs routed,sum,dropcarry]
+    python -m benchmarks.distill_routes WARM_START_DIR OUT_DIR --seeds 3 [--steps 10 --runs routed,sum,dropcarry]
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("warm", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--runs", default="routed,sum,dropcarry", help="routed, or one route's teacher for every row")
     parser.add_argument("--extra", action="append", default=[], help="an override for every run (repeatable)")
     args = parser.parse_args()
