@@ -120,8 +120,6 @@ def check_teacher(
             "algorithm.advantage=distill has none: use algorithm.distill.mode=advantage, or a reward estimator "
             "(grpo, rloo, ...)"
         )
-    if algo.advantage == "gae":
-        raise ValueError("teacher.path with algorithm.advantage=gae is not supported yet (no critic for the signal)")
     if learner_ranks > 1:
         raise ValueError(
             f"teacher.path with placement.learner_ranks={learner_ranks}: the teacher runs on one "

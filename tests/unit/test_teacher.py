@@ -57,11 +57,6 @@ def test_a_teacher_with_sharded_learner_ranks_is_refused(random_model_dir):
         _config(random_model_dir, f"teacher.path={random_model_dir}", "placement.mode=ray", "placement.learner_ranks=2")
 
 
-def test_a_teacher_beside_gae_is_refused(random_model_dir):
-    with pytest.raises(ConfigError, match="teacher.path with algorithm.advantage=gae"):
-        _config(random_model_dir, f"teacher.path={random_model_dir}", "algorithm.advantage=gae")
-
-
 def test_distill_settings_without_a_teacher_are_warned_about_by_name(random_model_dir):
     with pytest.warns(ConfigWarning, match="algorithm.distill.coef has no effect without teacher.path"):
         _config(random_model_dir, "algorithm.distill.coef=0.5")
@@ -156,8 +151,14 @@ def test_score_teacher_without_a_teacher_is_a_bug_named(random_model_dir):
 
 @pytest.mark.parametrize(
     "placement",
-    [("algorithm.advantage=distill",), ("algorithm.distill.coef=1",), ("algorithm.distill.mode=reward",)],
-    ids=["distill alone", "beside GRPO's advantage", "in GRPO's reward"],
+    [
+        ("algorithm.advantage=distill",),
+        ("algorithm.distill.coef=1",),
+        ("algorithm.distill.mode=reward",),
+        ("algorithm.advantage=gae", "algorithm.distill.coef=1"),
+        ("algorithm.advantage=gae", "algorithm.distill.mode=reward"),
+    ],
+    ids=["distill alone", "beside GRPO's advantage", "in GRPO's reward", "beside GAE's advantage", "in GAE's reward"],
 )
 def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(
     random_model_dir, other_teacher_dir, placement
@@ -179,6 +180,7 @@ def test_a_multi_turn_trajectorys_observation_tokens_get_no_teacher_signal(
     role = LearnerRole(learner_settings(config))
     rewards = [Score(1.0), Score(0.0), Score(1.0), Score(0.0)]  # a reward advantage of its own beside the teacher's
     exp = role.score_teacher(role.prepare(make_experience(rollouts, rewards, pad_id=0)))
+    assert (exp.values is not None) == (config.algorithm.advantage == "gae")  # PPO's critic beside the teacher
     without = torch.zeros_like(exp.loss_mask)
     if config.algorithm.advantage != "distill":
         plain = advantage_stage(config.algorithm, teacher=False)(_copy(exp), rollouts)
