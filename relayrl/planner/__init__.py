@@ -29,6 +29,7 @@ from relayrl.planner.estimate import (
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
 from relayrl.planner.placement import Placement, place
 from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
+from relayrl.planner.teacher import teacher_workload
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 from relayrl.planner.vision import vision_workload
 from relayrl.rollout.sleep import time_sharing_on
@@ -89,6 +90,7 @@ def make_plan(
         checkpointing=False,
     )
     work = replace(work, **vision_workload(shape, prompts))  # images per prompt and their tokens (a VLM)
+    work = replace(work, **teacher_workload(config, hardware.kind != "cpu"))  # teacher.engine auto for this hardware
     # learner.activation_checkpointing as set, or what auto chooses on this plan's hardware
     asked = "auto" if CHECKPOINTING in config._auto else config.learner.activation_checkpointing
     colocated = colocation(config, as_asked=True).colocated

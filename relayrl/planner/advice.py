@@ -5,6 +5,7 @@ The memory model (estimate.py) says how many devices each phase needs; this turn
 - colocated on more: W learner ranks and W engines, learner rank i and engine i sharing GPU i
   (`placement.layout=colocated`, placement/cluster.py), the least W that fits;
 - otherwise disaggregated: W learner ranks on a GPU each and one engine of T tensor-parallel GPUs.
+A teacher in its own actor (teacher.engine=actor or vllm) adds its own GPU(s) to each (relayrl/planner/teacher.py).
 W must divide `rollout.prompts_per_step` and the mini-batch (each rank trains whole groups, learner/process_group.py);
 colocated time-sharing (`rollout.sleep`, `learner.offload=between_phases`) is billed as the config resolves on the
 target hardware; the advice bills an offload at W = 1 only (`auto` offloads one learner; sharded ranks keep their
@@ -40,9 +41,11 @@ def advise(shape, work: Workload, hardware: Hardware, precision, memory: Memory,
         sharded = replace(work, learner_ranks=ranks)
         per_rank = estimate_memory(shape, sharded, hardware, precision)
         placed = place(per_rank, hardware, util, offload and ranks == 1, sleep)
-        if placed.colocated and placed.colocated_devices <= ranks and per_rank.engine_devices == 1:
+        teacher = placed.teacher_devices  # a teacher's own actor holds GPU(s) of its own in every layout
+        if placed.colocated and placed.colocated_devices <= ranks + teacher and per_rank.engine_devices == 1:
             return Advice(
-                f"colocated on {ranks} devices: learner rank i and engine i share GPU i",
+                f"colocated on {ranks + teacher} devices: learner rank i and engine i share GPU i"
+                + (f", the teacher's actor has {teacher} of its own" if teacher else ""),
                 ("placement.mode=ray", "placement.layout=colocated", f"placement.learner_ranks={ranks}",
                  f"placement.engines={ranks}"),
             )  # fmt: skip
@@ -56,9 +59,11 @@ def _disaggregated(shape, work: Workload, hardware: Hardware, precision, memory:
         if per_rank.rank_trainer <= hardware.memory_gb * 1e9:
             overrides = ["placement.mode=ray", "placement.layout=disaggregated", f"placement.learner_ranks={ranks}"]
             overrides += ["placement.engines=1"] + ([f"rollout.tensor_parallel={tp}"] if tp > 1 else [])
-            nodes = -(-(ranks + tp) // hardware.devices_per_node)
+            devices = ranks + tp + memory.teacher_devices
+            nodes = -(-devices // hardware.devices_per_node)
+            teacher = f" + the teacher's actor's {memory.teacher_devices}" if memory.teacher_devices else ""
             return Advice(
-                f"disaggregated: {ranks} learner rank(s) + one engine of {tp} GPU(s) = {ranks + tp} devices "
+                f"disaggregated: {ranks} learner rank(s) + one engine of {tp} GPU(s){teacher} = {devices} devices "
                 f"({nodes} node(s) of {hardware.devices_per_node})",
                 tuple(overrides),
             )

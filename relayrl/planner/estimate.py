@@ -26,7 +26,7 @@ from relayrl.errors import ConfigError
 from relayrl.models.shape import ModelShape
 from relayrl.planner.hardware import Hardware
 from relayrl.planner.learner_memory import LearnerPeak, intermediate_size, learner_peak, weight_copies
-from relayrl.planner.teacher import teacher_apart_params, teacher_forward_params, teacher_params
+from relayrl.planner.teacher import apart_memory, teacher_workload
 from relayrl.planner.vision import frozen_bytes, frozen_tower
 from relayrl.rollout.memory import engine_share
 
@@ -95,6 +95,7 @@ class Workload:
     teacher_params: int = 0  # T: teacher.path's parameters in the learner (relayrl/planner/teacher.py); 0 = none
     teacher_apart_params: int = 0  # teacher.engine=actor: the teachers' parameters on the actor's own GPU
     teacher_forward_params: int = 0  # the largest teacher's (the step's forward, rows split among teachers)
+    teacher_engine: str = ""  # teacher.engine as the run chooses it (local, actor, vllm); "" = no teacher
 
     @property
     def packed(self) -> bool:
@@ -229,9 +230,7 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
-        teacher_params=teacher_params(config.teacher, config.model),
-        teacher_apart_params=teacher_apart_params(config.teacher),
-        teacher_forward_params=teacher_forward_params(config.teacher),
+        **teacher_workload(config, None),  # teacher.engine auto as this machine chooses it; make_plan re-chooses
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 
@@ -298,7 +297,9 @@ class Memory:
     ranks: int = 1  # learner ranks W: the states below are split W ways, activations and logits are per rank
     learner: LearnerPeak | None = None  # the parts of activations and logits (relayrl/planner/learner_memory.py)
     teacher: float = 0.0  # teacher.path's weights, resident in the learner like the reference (never sharded: W=1)
-    teacher_apart: float = 0.0  # teacher.engine=actor: its weights on the actor's own GPU, apart from the learner's
+    teacher_apart: float = 0.0  # teacher.engine=actor or vllm: its weights in its own actor, apart from the learner's
+    teacher_kv: float = 0.0  # teacher.engine=vllm: its engine's KV cache (relayrl/planner/teacher.py apart_memory)
+    teacher_devices: int = 0  # the GPU(s) of the teacher's own actor, added to every layout's count; 0 on a CPU
     gradients: float = 0.0  # of actor and critic: alive from the first backward to the optimizer step only
     copies: float = 0.0  # bf16 copies of the weights an update holds (learner_memory.weight_copies)
 
@@ -363,6 +364,7 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         adapter_params(shape, work.lora_rank, work.lora_targets) if work.lora_rank else P - frozen_tower(shape, work)
     )
     gradients = trained * sum(b for name, b in precision.train_terms if "grad" in name) * (2 if work.critic else 1)
+    teacher_kv, teacher_devices = apart_memory(work, hardware, work.teacher_apart_params * b)
     return Memory(
         actor=trainable - untrained,
         critic=trainable if work.critic else 0.0,
@@ -379,6 +381,8 @@ def estimate_memory(shape: ModelShape, work: Workload, hardware: Hardware, preci
         learner=peak,
         teacher=work.teacher_params * b,  # at the inference bytes, as the reference (teacher.dtype auto)
         teacher_apart=work.teacher_apart_params * b,
+        teacher_kv=teacher_kv,
+        teacher_devices=teacher_devices,
         gradients=gradients,
         copies=weight_copies(shape, work.learner_ranks, precision.activation_bytes, backward=True),
     )

@@ -5,7 +5,7 @@ phase, and whether the colocated layout fits one node. What the code can express
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from relayrl.planner.estimate import Memory
 from relayrl.planner.hardware import Hardware
@@ -25,6 +25,7 @@ class Placement:
     ranks: int = 1  # learner ranks W; with W > 1 the phases above are per device (one rank each)
     rank_fits: bool = True  # W > 1: one rank's update phase fits its device
     push_phase: float = 0.0  # time-sharing: the engine's woken weights + the learner's states, at the push
+    teacher_devices: int = 0  # the teacher's own actor's GPU(s) (teacher.engine=actor or vllm), in both counts
 
     @property
     def recommendation(self) -> str:
@@ -38,10 +39,21 @@ class Placement:
                 f"colocated on {self.colocated_devices} device(s): the colocated peak "
                 f"{self.colocated_peak / 1e9:.1f} GB fits one node of {self.group_devices}"
             )
+        teacher = f" + teacher {self.teacher_devices}" if self.teacher_devices else ""
         return (
-            f"disaggregated: trainer {self.trainer_devices} + rollout {self.rollout_devices} device(s); colocated "
-            f"needs {self.colocated_devices} > {self.group_devices} devices of one node"
+            f"disaggregated: trainer {self.trainer_devices} + rollout {self.rollout_devices}{teacher} device(s); "
+            f"colocated needs {self.colocated_devices} > {self.group_devices} devices of one node"
         )
+
+    @property
+    def disaggregated_devices(self) -> int:
+        return self.trainer_devices + self.rollout_devices + self.teacher_devices
+
+    @property
+    def device_sum(self) -> str:
+        """The disaggregated count as the plan prints it: trainer + rollout (+ teacher) = total."""
+        teacher = f" + {self.teacher_devices}" if self.teacher_devices else ""
+        return f"{self.trainer_devices} + {self.rollout_devices}{teacher} = {self.disaggregated_devices}"
 
 
 def place(
@@ -57,7 +69,44 @@ def place(
     device then (`push_phase`)."""
     resident = 0.0 if offload else memory.resident
     if memory.ranks > 1:
-        return place_ranks(memory, hardware, gpu_memory_utilization, resident, sleep)
+        return with_teacher(place_ranks(memory, hardware, gpu_memory_utilization, resident, sleep), memory, hardware)
+    return with_teacher(place_one(memory, hardware, gpu_memory_utilization, resident, sleep), memory, hardware)
+
+
+def with_teacher(placed: Placement, memory: Memory, hardware: Hardware) -> Placement:
+    """A teacher in its own actor (relayrl/planner/teacher.py): on GPUs its own device(s) join every layout's
+    count (its Ray bundle holds a GPU of its own, colocated or not) and its bytes the disaggregated sum; on a CPU
+    its weights (and a vLLM teacher's KV cache) share the host with every phase."""
+    own = memory.teacher_apart + memory.teacher_kv
+    if not own:
+        return placed
+    if not memory.teacher_devices:
+        generate, train = placed.generate_phase + own, placed.train_phase + own
+        peak = max(generate, train, placed.push_phase)
+        devices = math.ceil(peak / (hardware.memory_gb * 1e9))
+        return replace(
+            placed,
+            generate_phase=generate,
+            train_phase=train,
+            colocated_peak=peak,
+            disaggregated=placed.disaggregated + own,
+            colocated_devices=max(placed.colocated_devices, devices),
+            colocated=placed.colocated and devices <= hardware.devices_per_node,
+        )
+    devices = placed.colocated_devices + memory.teacher_devices
+    return replace(
+        placed,
+        disaggregated=placed.disaggregated + own,
+        colocated_devices=devices,
+        colocated=placed.colocated and devices <= hardware.devices_per_node,
+        teacher_devices=memory.teacher_devices,
+    )
+
+
+def place_one(
+    memory: Memory, hardware: Hardware, gpu_memory_utilization: float, resident: float, sleep: bool
+) -> Placement:
+    """One learner process: the phases and device counts of `place`, before a teacher's own actor."""
     generate, train = memory.engine + resident, memory.trainer
     push = memory.engine_weights + memory.states if sleep else 0.0
     per_device = hardware.memory_gb * 1e9

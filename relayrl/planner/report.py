@@ -13,7 +13,7 @@ from relayrl.planner import PROFILES, Plan
 from relayrl.planner import vision_report as vision
 from relayrl.planner.estimate import GIB, adapter_params, reference_bytes
 from relayrl.planner.prompts import PromptLengths
-from relayrl.planner.teacher import memory_row, time_formula
+from relayrl.planner.teacher import memory_row, placement_row, time_formula
 from relayrl.planner.timing import gathered_bytes
 from relayrl.rollout.choice import HF_BELOW_PARAMS
 
@@ -207,7 +207,7 @@ def _memory_rows(plan: Plan) -> Rows:
         ("actor", vision.actor_formula(plan, trainable), _gb(m.actor)),
         ("critic", trainable if w.critic else "no critic (advantage != gae)", _gb(m.critic)),
         ("reference", "none (LoRA: the base, adapter disabled)" if w.lora_rank else reference, _gb(m.reference)),
-        (*memory_row(w, b), _gb(m.teacher_apart or m.teacher)),
+        (*memory_row(w, b, m), _gb(m.teacher_apart + m.teacher_kv or m.teacher)),
         ("engine weights", f"P x {b}", _gb(m.engine_weights)),
         (
             "KV bytes/token",
@@ -269,18 +269,21 @@ def _placement_rows(plan: Plan) -> Rows:
             f"{w.gpu_memory_utilization:g}) x M)), engine devices {m.engine_devices})"
         )
         rollout_rule = "engine devices"
+    colocated_rule += " + teacher" if pl.teacher_devices else ""
+    host = " + teacher's actor" if m.teacher_apart and not pl.teacher_devices else ""  # on a CPU: the host's memory
     placement = [
-        ("generate phase", f"engine weights + KV + {resident}", _gb(pl.generate_phase)),
-        ("train phase", "actor + critic + reference + teacher + activations + logits", _gb(pl.train_phase)),
+        ("generate phase", f"engine weights + KV + {resident}{host}", _gb(pl.generate_phase)),
+        ("train phase", f"actor + critic + reference + teacher + activations + logits{host}", _gb(pl.train_phase)),
         ("push phase", "rollout.sleep: engine weights + the states, before the offload", _gb(pl.push_phase)),
         ("colocated peak", "max(generate, train, push)", _gb(pl.colocated_peak)),
         ("colocated devices", colocated_rule, f"{pl.colocated_devices}"),
         ("disaggregated", "engine + trainer", _gb(pl.disaggregated)),
         (
             "disaggregated devices",
-            f"trainer ceil(train / M) + rollout {rollout_rule}",
-            f"{pl.trainer_devices} + {pl.rollout_devices} = {pl.trainer_devices + pl.rollout_devices}",
+            f"trainer ceil(train / M) + rollout {rollout_rule}" + (" + teacher" if pl.teacher_devices else ""),
+            pl.device_sum,
         ),
+        *placement_row(m, pl.teacher_devices),
     ]
     return placement
 
@@ -304,11 +307,7 @@ def _rank_placement_rows(plan: Plan) -> Rows:
         ("push phase", f"rollout.sleep: engine weights / {pl.rollout_devices} + states / W (<= M)", _gb(pl.push_phase)),
         ("colocated devices", f"max(W, engine devices {pl.rollout_devices})", f"{pl.colocated_devices}"),
         ("disaggregated", "engine + W x train phase", _gb(pl.disaggregated)),
-        (
-            "disaggregated devices",
-            "W ranks + rollout engine devices",
-            f"{pl.trainer_devices} + {pl.rollout_devices} = {pl.trainer_devices + pl.rollout_devices}",
-        ),
+        ("disaggregated devices", "W ranks + rollout engine devices", pl.device_sum),
     ]
 
 

@@ -6,19 +6,65 @@ forward by the ratio of parameters (relayrl/planner/timing.py).
 Where its weights are: resident in the learner beside the policy (`teacher.engine: local`), except a LoRA
 self-teacher (`teacher.path` = `model.path` under `model.lora`: the student's base with its adapter off, no second
 copy, counted once, as the policy's base); or on the teacher actor's own GPU (`teacher.engine: actor`, where a LoRA
-self-teacher is a copy of the base; `vllm`: its engine's weights, the KV cache not counted). Several teachers (`teacher.teachers`): the sum of theirs for memory (all
+self-teacher is a copy of the base; `vllm`: its engine's weights and KV cache, `OWN_GPU_SHARE` of that GPU as
+relayrl/learner/teacher_vllm.py takes it, or `rollout.kv_cache_gib` on a CPU). A teacher apart holds a device of its
+own in every Ray layout (its bundle's GPU, relayrl/placement/cluster.py): the plan adds it to the colocated and the
+disaggregated device counts (relayrl/planner/placement.py); on a CPU its bytes share the host with every phase.
+`teacher.engine: auto` is chosen for the plan's hardware, as the run would choose it there (actor under
+placement.mode=ray with a GPU). Several teachers (`teacher.teachers`): the sum of theirs for memory (all
 resident) and the largest one's for time (a step's rows split among them, so the batch's forward costs at most the
 largest teacher's over every row: the bound the plan counts).
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relayrl.config import ModelConfig, TeacherConfig
-    from relayrl.planner.estimate import Workload
+    from relayrl.config import Config, ModelConfig, TeacherConfig
+    from relayrl.planner.estimate import Memory, Workload
+    from relayrl.planner.hardware import Hardware
+
+GIB = 2**30
+
+
+def teacher_workload(config: Config, gpu: bool | None) -> dict:
+    """The Workload's teacher fields, with `teacher.engine: auto` chosen for the plan's hardware (`gpu`) as the run
+    would choose it there (relayrl/learner/teacher.py), not for the machine that loaded the config (None: this
+    machine's, as the run's own `auto` choices see it)."""
+    from relayrl.learner.teacher import choose_teacher_engine
+
+    teacher = config.teacher
+    if not teacher.present:
+        return {}
+    asked = "auto" if "teacher.engine" in config._auto else teacher.engine
+    engine = choose_teacher_engine(asked, config.placement.mode, gpu)[0]
+    teacher = teacher.model_copy(update={"engine": engine})
+    return {
+        "teacher_engine": engine,
+        "teacher_params": teacher_params(teacher, config.model),
+        "teacher_apart_params": teacher_apart_params(teacher),
+        "teacher_forward_params": teacher_forward_params(teacher),
+    }
+
+
+def apart_memory(work: Workload, hardware: Hardware, weights: float) -> tuple[float, int]:
+    """(a vLLM teacher's KV cache, the devices the teacher's own actor holds) for a teacher apart whose weights are
+    `weights` bytes; (0, 0) for one in the learner. On a GPU the actor's bundle holds a GPU of its own (one; more if
+    its weights outgrow it: the plan then says so, relayrl gives it one); a vLLM teacher takes `OWN_GPU_SHARE` of
+    it (weights + KV). On a CPU: no device of its own (0), a vLLM teacher's KV cache is `rollout.kv_cache_gib`."""
+    from relayrl.learner.teacher_vllm import OWN_GPU_SHARE
+
+    if not work.teacher_apart_params:
+        return 0.0, 0
+    vllm = work.teacher_engine == "vllm"
+    if hardware.kind == "cpu":
+        return (work.kv_cache_gib * GIB if vllm else 0.0), 0
+    budget = hardware.memory_gb * 1e9 * (OWN_GPU_SHARE if vllm else 1.0)
+    devices = max(1, math.ceil(weights / budget))
+    return (devices * budget - weights if vllm else 0.0), devices
 
 
 def teacher_params(teacher: TeacherConfig, model: ModelConfig) -> int:
@@ -40,18 +86,30 @@ def teacher_forward_params(teacher: TeacherConfig) -> int:
     return max(_params(teacher), default=0)
 
 
+def placement_row(memory: Memory, placed_devices: int) -> list[tuple[str, str, str]]:
+    """The plan's placement row for a teacher in its own actor: the device(s) it adds to every layout's count."""
+    if not memory.teacher_devices:
+        return []
+    size = f"weights + KV {(memory.teacher_apart + memory.teacher_kv) / 1e9:.1f} GB"
+    return [("teacher devices", f"its actor's own GPU(s), added to each layout ({size})", f"{placed_devices}")]
+
+
 def apart(teacher: TeacherConfig) -> bool:
     """Whether the teachers live apart from the learner (teacher.engine=actor, or vllm: a vLLM engine's)."""
     return teacher.present and teacher.engine in ("actor", "vllm")
 
 
-def memory_row(work: Workload, infer_bytes: int) -> tuple[str, str]:
+def memory_row(work: Workload, infer_bytes: int, memory: Memory) -> tuple[str, str]:
     """(the teacher's label, its formula) in the plan's memory table."""
     if work.teacher_apart_params:
-        return (
-            "teacher (own GPU)",
-            f"T={work.teacher_apart_params:,} x {infer_bytes}, its actor's GPU (teacher.engine=actor)",
-        )
+        where = f"{memory.teacher_devices} GPU(s) of its own" if memory.teacher_devices else "the host's memory"
+        weights = f"T={work.teacher_apart_params:,} x {infer_bytes}"
+        if work.teacher_engine == "vllm":
+            from relayrl.learner.teacher_vllm import OWN_GPU_SHARE
+
+            kv = f"{OWN_GPU_SHARE:g} x M - weights" if memory.teacher_devices else f"kv_cache_gib {work.kv_cache_gib:g}"
+            return "teacher (own actor, vLLM)", f"{weights} + KV cache ({kv}), {where} (teacher.engine=vllm)"
+        return "teacher (own actor)", f"{weights}, {where} (teacher.engine=actor)"
     if work.teacher_params:
         return "teacher", f"T={work.teacher_params:,} x {infer_bytes}"
     if work.teacher_forward_params:

@@ -165,7 +165,7 @@ def estimate_time(
     """Phases run one after another (a synchronous step) on the recommended placement: the rollout batch is
     split over the engine replicas, and training is data-parallel over the trainer devices at ideal scaling."""
     if placement.colocated:  # it fits one node, so its device count is finite
-        rollout_devices = train_devices = int(placement.colocated_devices)
+        rollout_devices = train_devices = int(placement.colocated_devices) - placement.teacher_devices
     else:
         rollout_devices, train_devices = placement.rollout_devices, placement.trainer_devices
     if work.learner_ranks > 1:

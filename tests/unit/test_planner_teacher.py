@@ -54,4 +54,57 @@ def test_a_teacher_actor_counts_its_weights_on_its_own_gpu(random_model_dir):
     assert actor.time.teacher_logprobs == pytest.approx(local.time.teacher_logprobs)
     out = io.StringIO()
     print_plan(actor, Console(file=out, width=250))
-    assert "teacher (own GPU)" in out.getvalue() and "on its actor's GPU" in out.getvalue()
+    assert "teacher (own actor)" in out.getvalue() and "1 GPU(s) of its own" in out.getvalue()
+
+
+def test_a_teacher_actor_adds_its_own_gpu_to_every_layouts_device_count(random_model_dir):
+    ray = ("placement.mode=ray", f"teacher.path={random_model_dir}")
+    local, actor = _plan(*ray, "teacher.engine=local"), _plan(*ray, "teacher.engine=actor")
+    assert local.memory.teacher_devices == 0 and local.placement.teacher_devices == 0
+    assert actor.memory.teacher_devices == 1 and actor.placement.teacher_devices == 1
+    lp, ap = local.placement, actor.placement
+    assert ap.disaggregated_devices == ap.trainer_devices + ap.rollout_devices + 1
+    assert ap.colocated_devices == lp.colocated_devices + 1  # its bundle's GPU, colocated or not
+    assert ap.disaggregated == pytest.approx(lp.disaggregated)  # the same bytes, moved out of the learner
+    out = io.StringIO()
+    print_plan(actor, Console(file=out, width=250))
+    text = out.getvalue()
+    assert "teacher devices" in text and "+ teacher" in text
+    assert f"{ap.trainer_devices} + {ap.rollout_devices} + 1 = {ap.disaggregated_devices}" in text
+
+
+def test_teacher_engine_auto_is_chosen_for_the_plans_hardware(random_model_dir):
+    ray = ("placement.mode=ray", f"teacher.path={random_model_dir}")  # auto: local on this CPU machine
+    on_gpu, on_cpu = _plan(*ray), example_7b(KL, *ray, hardware="cpu", shape=SEVEN_B)[1]
+    assert on_gpu.workload.teacher_engine == "actor" and on_gpu.placement.teacher_devices == 1
+    assert on_cpu.workload.teacher_engine == "local" and on_cpu.memory.teacher_apart == 0
+
+
+def test_a_vllm_teacher_counts_its_kv_cache_on_its_own_gpu(random_model_dir):
+    from relayrl.learner.teacher_vllm import OWN_GPU_SHARE
+
+    ray = ("placement.mode=ray", f"teacher.path={random_model_dir}", "rollout.temperature=1")
+    actor, vllm = _plan(*ray, "teacher.engine=actor"), _plan(*ray, "teacher.engine=vllm")
+    weights = load_shape(str(random_model_dir)).params * 2
+    assert actor.memory.teacher_kv == 0
+    assert vllm.memory.teacher_apart == weights and vllm.memory.teacher_devices == 1
+    assert vllm.memory.teacher_kv == pytest.approx(OWN_GPU_SHARE * 80e9 - weights)  # H100-80GB: its engine's share
+    assert vllm.placement.disaggregated == pytest.approx(actor.placement.disaggregated + vllm.memory.teacher_kv)
+    assert vllm.placement.disaggregated_devices == actor.placement.disaggregated_devices
+    out = io.StringIO()
+    print_plan(vllm, Console(file=out, width=250))
+    assert (
+        "teacher (own actor, vLLM)" in out.getvalue()
+        and f"KV cache ({OWN_GPU_SHARE:g} x M - weights)" in out.getvalue()
+    )
+
+
+def test_a_vllm_teacher_on_a_cpu_shares_the_hosts_memory_with_every_phase(random_model_dir):
+    ray = ("placement.mode=ray", f"teacher.path={random_model_dir}", "rollout.temperature=1")
+    plan = lambda engine: example_7b(KL, *ray, f"teacher.engine={engine}", hardware="cpu", shape=SEVEN_B)[1]  # noqa: E731
+    local, vllm = plan("local"), plan("vllm")
+    own = vllm.memory.teacher_apart + vllm.memory.teacher_kv
+    assert vllm.memory.teacher_devices == 0 and vllm.memory.teacher_kv == vllm.workload.kv_cache_gib * 2**30
+    moved = local.memory.teacher - own  # out of the learner's states, into the teacher's actor on the same host
+    assert vllm.placement.generate_phase == pytest.approx(local.placement.generate_phase - moved)
+    assert vllm.placement.train_phase == pytest.approx(local.placement.train_phase - moved)
