@@ -29,7 +29,6 @@ from relayrl.planner.estimate import (
 from relayrl.planner.hardware import PROFILES, Hardware, get_profile
 from relayrl.planner.placement import Placement, place
 from relayrl.planner.prompts import PromptLengths, sample_prompt_lengths
-from relayrl.planner.teacher import teacher_workload
 from relayrl.planner.timing import Rates, StepTime, estimate_time, measured_rates, profile_rates
 from relayrl.planner.vision import vision_workload
 from relayrl.rollout.sleep import time_sharing_on
@@ -69,12 +68,11 @@ def make_plan(
     read_prompts: bool = True,
     mean_response_tokens: float | None = None,
 ) -> Plan:
-    """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs on this
-    machine (starts the engine with a null model: ~15 s) instead of the profile's peak x MFU. `learner_ranks`:
-    W sharded learner ranks in place of the config's placement.learner_ranks. `read_prompts`: sample data.train
-    for its prompt lengths (the expected longest of a batch sizes the learner's width unless
-    `longest_prompt_tokens` is given; the mean sizes prefill). `mean_response_tokens`: a response's expected
-    length (default the longest), which compute-bound decode and the engine's per-token costs scale with."""
+    """`measure`: time the model's matmuls at this plan's shapes and the rollout engine's fixed costs here (starts
+    the engine with a null model: ~15 s) instead of the profile's peak x MFU. `learner_ranks`: W sharded ranks in
+    place of placement.learner_ranks. `read_prompts`: sample data.train for its prompt lengths (the expected longest
+    of a batch sizes the learner's width unless `longest_prompt_tokens` is given; the mean sizes prefill).
+    `mean_response_tokens`: a response's expected length (default the longest), as decode's costs scale with."""
     batch = config.rollout.prompts_per_step
     prompts = sample_prompt_lengths(config.data, config.model.path, batch) if read_prompts else "not asked to"
     read = isinstance(prompts, PromptLengths)
@@ -88,9 +86,9 @@ def make_plan(
         prompts.mean if read else None,
         mean_response_tokens,
         checkpointing=False,
+        gpu=hardware.kind != "cpu",  # teacher.engine auto, chosen for this plan's hardware
     )
     work = replace(work, **vision_workload(shape, prompts))  # images per prompt and their tokens (a VLM)
-    work = replace(work, **teacher_workload(config, hardware.kind != "cpu"))  # teacher.engine auto for this hardware
     # learner.activation_checkpointing as set, or what auto chooses on this plan's hardware
     asked = "auto" if CHECKPOINTING in config._auto else config.learner.activation_checkpointing
     colocated = colocation(config, as_asked=True).colocated

@@ -31,6 +31,7 @@ from relayrl.planner.vision import frozen_bytes, frozen_tower
 from relayrl.rollout.memory import engine_share
 
 GIB = 2**30
+TEACHER = "teacher.engine"  # an auto key, chosen again for the planned hardware (relayrl/planner/teacher.py)
 INFER_BYTES = {"bf16": 2, "fp8": 1, "fp32": 4}
 
 
@@ -196,12 +197,14 @@ def workload_from_config(
     prompt_mean_tokens: float | None = None,
     mean_response_tokens: float | None = None,
     checkpointing: bool | None = None,
+    gpu: bool | None = None,
 ) -> Workload:
     """`learner_ranks`: W in place of placement.learner_ranks (a plan needs no placement.mode=ray);
     `prompt_mean_tokens`: the mean prompt read from data.train; `mean_response_tokens`: a response's expected
     length; `checkpointing`: in place of learner.activation_checkpointing. What `auto` chooses depends on the
     hardware (relayrl/planner/checkpointing.py): an unresolved auto counts as off here, and `make_plan` replaces
-    it with its hardware's choice."""
+    it with its hardware's choice. `gpu`: whether the run's hardware has GPUs, for `teacher.engine: auto` (None:
+    this machine's, as the run chooses it)."""
     if checkpointing is None:
         checkpointing = config.learner.activation_checkpointing is True
     return Workload(
@@ -230,7 +233,7 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
-        **teacher_workload(config, None),  # teacher.engine auto as this machine chooses it; make_plan re-chooses
+        **teacher_workload(config.teacher, config.model, config.placement.mode, gpu, TEACHER in config._auto),
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 

@@ -23,28 +23,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from relayrl.config import Config, ModelConfig, TeacherConfig
+    from relayrl.config import ModelConfig, TeacherConfig
     from relayrl.planner.estimate import Memory, Workload
     from relayrl.planner.hardware import Hardware
 
 GIB = 2**30
 
 
-def teacher_workload(config: Config, gpu: bool | None) -> dict:
-    """The Workload's teacher fields, with `teacher.engine: auto` chosen for the plan's hardware (`gpu`) as the run
-    would choose it there (relayrl/learner/teacher.py), not for the machine that loaded the config (None: this
-    machine's, as the run's own `auto` choices see it)."""
+def teacher_workload(teacher: TeacherConfig, model: ModelConfig, mode: str, gpu: bool | None, auto: bool) -> dict:
+    """The Workload's teacher fields, with `teacher.engine: auto` (`auto`: the config asked for it, whatever its
+    load chose) chosen under placement.mode `mode` for the plan's hardware (`gpu`) as the run would choose it there
+    (relayrl/learner/teacher.py), not for the machine that loaded the config (None: this machine's, as the run's own
+    `auto` choices see it)."""
     from relayrl.learner.teacher import choose_teacher_engine
 
-    teacher = config.teacher
     if not teacher.present:
         return {}
-    asked = "auto" if "teacher.engine" in config._auto else teacher.engine
-    engine = choose_teacher_engine(asked, config.placement.mode, gpu)[0]
+    engine = choose_teacher_engine("auto" if auto else teacher.engine, mode, gpu)[0]
     teacher = teacher.model_copy(update={"engine": engine})
     return {
         "teacher_engine": engine,
-        "teacher_params": teacher_params(teacher, config.model),
+        "teacher_params": teacher_params(teacher, model),
         "teacher_apart_params": teacher_apart_params(teacher),
         "teacher_forward_params": teacher_forward_params(teacher),
     }
