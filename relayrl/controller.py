@@ -24,6 +24,7 @@ from relayrl.metrics.step_metrics import step_metrics
 from relayrl.metrics.timer import StepTimer
 from relayrl.metrics.trackers import build_trackers
 from relayrl.placement.learner_restarts import LearnerRestarts
+from relayrl.placement.teacher_actor import TeacherActor
 from relayrl.placement.time_sharing import TimeSharing
 from relayrl.run.checkpoint import latest_checkpoint
 from relayrl.run.jsonl import truncate_after
@@ -118,7 +119,7 @@ class Trainer:
         with timer("probe"):  # its engine side: did the push land?
             self.guard.after_push(self.engines, self.sync)
         schedule.published(self.sync.version)
-        roles = {**self.engines.metrics(), **self.learner_restarts.metrics()}
+        roles = {**self.engines.metrics(), **self.learner_restarts.metrics(), **self.teacher_metrics()}
         metrics = step_metrics(
             self.loop.updates_per_step,
             self.loop.train.epochs,
@@ -134,6 +135,11 @@ class Trainer:
             metrics.update(routes.metrics(exp))  # distill/reverse_kl/<route>, several teachers
         self.record(step, batch, exp, update.sample_logprobs)
         return metrics
+
+    def teacher_metrics(self) -> dict[str, float]:
+        """The teacher's own actor's restarts (relayrl/placement/teacher_actor.py); none for a teacher that cannot
+        fail apart from the run (in the learner, or in the driver)."""
+        return self.teacher.metrics() if isinstance(self.teacher, TeacherActor) else {}
 
     def teacher_input(self, rollouts: list[Rollout]) -> Experience | None:
         """With teacher.prompt: the step's responses after the teacher's prompt (None: the teacher sees the

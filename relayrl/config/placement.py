@@ -61,10 +61,14 @@ class PlacementConfig(Section):
     on_engine_failure: Literal["restart", "stop", "fail"] = Field(
         default="restart",
         description="ray: when an engine actor dies, start a new one, re-sync weights and retry, or stop "
-        "(`fail`, the old spelling, is read as stop).",
+        "(`fail`, the old spelling, is read as stop). The teacher's own actor (teacher.engine=actor or vllm) "
+        "too: a new one scores the batch again.",
     )
     max_engine_restarts: int = Field(
-        default=3, ge=0, description="ray: engine restarts allowed per run before giving up."
+        default=3,
+        ge=0,
+        description="ray: engine restarts allowed per run before giving up; the teacher's own actor has as many, "
+        "counted apart (placement/teacher_restarts).",
     )
     on_learner_failure: Literal["restart", "stop"] = Field(
         default="restart",

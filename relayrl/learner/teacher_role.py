@@ -3,8 +3,9 @@ learner (a Ray actor in its own bundle, and GPU, relayrl/placement/build.py; `vl
 the driver). `actor` scores each step's batch with the same pass as the `local` engine (relayrl/learner/teacher.py:
 the policy's micro-batches, packing, logits chunks and sampling temperature), so its log-probs are the local
 engine's; `vllm` through a vLLM engine's prompt log-probs (relayrl/learner/teacher_vllm.py). The controller calls `score_teacher` on
-it as on the learner; a handle gives each call `placement.call_timeout_s`, and an actor that dies or hangs stops
-the run with a `RoleFailure` naming the teacher (the learner's restarts do not reach it).
+it as on the learner; a handle gives each call `placement.call_timeout_s`, and an actor that dies or hangs is
+restarted as an engine is and scores its batch again (relayrl/placement/teacher_actor.py), or stops the run with a
+`RoleFailure` naming the teacher when restarts are off or spent.
 """
 
 from __future__ import annotations

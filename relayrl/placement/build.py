@@ -18,9 +18,11 @@ from relayrl.placement.engines import RayEngineGroup
 from relayrl.placement.handles import RemoteRole
 from relayrl.placement.learner_restarts import LearnerRestarts
 from relayrl.placement.sections import engine_settings, learner_settings
+from relayrl.placement.teacher_actor import TeacherActor
 from relayrl.sync.remote import RaySync
 
 if TYPE_CHECKING:
+    from relayrl.config import PlacementConfig
     from relayrl.learner.settings import LearnerSettings
     from relayrl.placement.learner_ranks import LearnerRanks
 
@@ -45,7 +47,7 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
 
     engines = RayEngineGroup(spawn, placement)
     slot = teacher_slot(slots)  # teacher.engine=actor or vllm: the teachers' own actor
-    teacher = None if slot is None else start_teacher(learner_settings(config), timeout, group, slot, max_model_len)
+    teacher = None if slot is None else start_teacher(learner_settings(config), placement, group, slot, max_model_len)
     learner.ping()
     engines.ready()
     if teacher is not None:
@@ -70,15 +72,22 @@ def build_ray_roles(config: Config, max_model_len: int) -> Roles:
     return Roles(engines, cast(Learner, learner), sync, close=close, learner_restarts=restarts, teacher=teacher)
 
 
-def start_teacher(learner: LearnerSettings, timeout_s: float, group, slot: Slot, max_model_len: int) -> RemoteRole:
+def start_teacher(
+    learner: LearnerSettings, placement: PlacementConfig, group, slot: Slot, max_model_len: int
+) -> TeacherActor:
     """teacher.engine=actor or vllm: the teachers in an actor of their own, in their own bundle (and GPU); each call
-    with placement.call_timeout_s (`timeout_s`), and a death reported naming the teacher."""
+    with placement.call_timeout_s, a death reported naming the teacher and the actor restarted as an engine is
+    (relayrl/placement/teacher_actor.py)."""
     from relayrl.learner.settings import TeacherSettings
     from relayrl.learner.teacher_role import TeacherRole
 
     settings = TeacherSettings.of(learner)
-    actor = ray.remote(TeacherRole).options(**actor_options(group, slot)).remote(settings, slot.threads, max_model_len)
-    return RemoteRole(actor, "teacher", timeout_s)
+
+    def spawn() -> RemoteRole:
+        actor = ray.remote(TeacherRole).options(**actor_options(group, slot))
+        return RemoteRole(actor.remote(settings, slot.threads, max_model_len), "teacher", placement.call_timeout_s)
+
+    return TeacherActor(spawn, placement)
 
 
 def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole | LearnerRanks, list]:
@@ -95,7 +104,7 @@ def start_learner(config: Config, group, slots: list[Slot]) -> tuple[RemoteRole 
     return RemoteRole(actor, "learner", config.placement.call_timeout_s), [actor]
 
 
-def shutdown(learner, learner_actors: list, engines, group, teacher: RemoteRole | None = None) -> None:
+def shutdown(learner, learner_actors: list, engines, group, teacher: TeacherActor | None = None) -> None:
     """Release shared memory and the placement group; the actors go with it."""
     from ray.util.placement_group import remove_placement_group
 
@@ -103,6 +112,6 @@ def shutdown(learner, learner_actors: list, engines, group, teacher: RemoteRole 
         learner.close()
     for replica in engines.replicas:
         ray.kill(replica._actor, no_restart=True)
-    for actor in learner_actors + ([teacher._actor] if teacher is not None else []):
+    for actor in learner_actors + ([teacher.actor] if teacher is not None else []):
         ray.kill(actor, no_restart=True)
     remove_placement_group(group)

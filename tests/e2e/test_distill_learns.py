@@ -1,7 +1,8 @@
 """On-policy distillation end to end on the demo task: the warm start, distilled from a teacher that knows the carry
 (the warm start fine-tuned on the true sums, benchmarks/distill_gap.py `build_teacher`), raises its held-out greedy
 accuracy with no reward in its advantage; under sync in this process, and under one_step_off on Ray, where the
-teacher scores each batch once, in a Ray actor of its own (teacher.engine=actor). And beside the reward on a
+teacher scores each batch once, in a Ray actor of its own (teacher.engine=actor), whose process is killed once mid-run
+and restarted as an engine is (the batch it was scoring scored again). And beside the reward on a
 multi-turn environment (the multi-turn e2e's `retry` run, tests/e2e/test_multiturn_learns.py): the same teacher
 scores the policy's tokens of each trajectory, never the observations, and held-out success rises.
 
@@ -10,6 +11,9 @@ at most half the smallest gain measured there.
 """
 
 import json
+import os
+import signal
+import threading
 
 import pytest
 
@@ -48,9 +52,35 @@ def test_distilling_from_a_better_teacher_raises_held_out_accuracy(tmp_path, war
     assert sorted({row["step"] for row in timeline if row["role"] == "teacher"}) == list(range(20))
 
 
+def kill_teacher_once(run_dir, after_rows: int) -> tuple[threading.Event, list[int]]:
+    """A thread that SIGKILLs the process of the run's teacher actor once `after_rows` steps are logged, as a crash
+    would (its pid from the GCS this process is joined to: the one live TeacherRole on the shared head); (the event
+    that ends the watch when the run ends first, the pids it killed, once the event is set)."""
+    from ray._private import state  # the GCS's actor table, with pids: no dashboard on the shared head
+
+    killed: list[int] = []
+    ended = threading.Event()
+
+    def watch() -> None:
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= after_rows):
+            if ended.wait(0.1):
+                return
+        actors = state.actors().values()
+        pids = [a["Pid"] for a in actors if a["ActorClassName"] == "TeacherRole" and a["State"] == "ALIVE"]
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed.extend(pids)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return ended, killed
+
+
 def test_one_step_off_on_ray_distills_too(tmp_path, warm_model_dir, toy_task, teacher_dir, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
+    watcher, killed = kill_teacher_once(run_dir, after_rows=5)  # the teacher dies once mid-run: it is restarted
     result = run_in_process(
         "train",
         str(config),
@@ -65,7 +95,11 @@ def test_one_step_off_on_ray_distills_too(tmp_path, warm_model_dir, toy_task, te
         "log.save_model=false",
         "log.progress=false",
     )
+    watcher.set()
     assert result.returncode == 0, result.stderr[-3000:]
+    assert len(killed) == 1, killed
+    assert "restarting the teacher and scoring its batch again (restart 1 of 3)" in result.stderr
+    assert _rows(run_dir)[-1]["placement/teacher_restarts"] == 1
     scores = json.loads((run_dir / "eval.json").read_text())
     print("distill one_step_off", scores)
     assert gain(scores) >= MIN_GAIN_ONE_STEP_OFF, scores

@@ -1,7 +1,11 @@
 """The teacher's engines other than `local`: `actor` (the teachers in a process of their own, `TeacherRole`) scores
 exactly as the local engine does, is refused without Ray placement, gets a bundle of its own (and a GPU), and a
-teacher actor that dies stops the run naming the teacher; `vllm`'s refusals (its scoring against the local engine's
+teacher actor that dies stops the run naming the teacher when restarts are off or spent (the restart itself:
+tests/e2e/test_distill_learns.py); `vllm`'s refusals (its scoring against the local engine's
 is tests/integration/test_vllm_engine.py); what `auto` chooses."""
+
+from collections.abc import Callable
+from typing import cast
 
 import pytest
 import torch
@@ -12,6 +16,7 @@ from relayrl.learner.role import LearnerRole
 from relayrl.learner.settings import TeacherSettings
 from relayrl.learner.teacher_role import TeacherRole
 from relayrl.placement.cluster import check_fits, plan_slots, split_slots, teacher_cpus, teacher_slot
+from relayrl.placement.handles import RemoteRole
 from relayrl.placement.sections import learner_settings
 from tests.unit.test_learner import _experience
 from tests.unit.test_teacher import other_teacher_dir  # noqa: F401  (a module fixture: a teacher that disagrees)
@@ -146,3 +151,49 @@ def test_a_teacher_of_its_own_scores_after_its_own_prompt_as_the_local_engine(ra
         scored.append(role.score_teacher(student, teacher_experience(template, rollouts, pad_id=0)).teacher_logprobs)
     local, own = scored
     assert local is not None and own is not None and torch.equal(local, own) and local.abs().sum() > 0
+
+
+def _spawner(handle: type, spawned: list) -> Callable[[], RemoteRole]:
+    """A `TeacherActor` spawn that hands out stand-ins for the actor's handle, counting each start in `spawned`."""
+
+    def spawn() -> RemoteRole:
+        spawned.append(1)
+        return cast(RemoteRole, handle())
+
+    return spawn
+
+
+@pytest.mark.parametrize(
+    ("setting", "why"),
+    [
+        ("placement.on_engine_failure=stop", r" \(placement.on_engine_failure=stop\)$"),
+        ("placement.max_engine_restarts=0", r"; placement.max_engine_restarts=0 already used$"),
+    ],
+)
+def test_a_dead_teacher_actor_with_restarts_off_or_spent_stops_naming_it_and_the_setting(setting, why):
+    """relayrl/placement/teacher_actor.py before any Ray call: no actor is started again. (The restart itself, of a
+    killed actor's process, is tests/e2e/test_distill_learns.py's one_step_off run on Ray.)"""
+    from relayrl.placement.teacher_actor import TeacherActor
+
+    spawned = []
+    teacher = TeacherActor(
+        _spawner(TeacherActorDies, spawned), load_config(None, ["placement.mode=ray", setting]).placement
+    )
+    with pytest.raises(RoleFailure, match=r"^teacher \(actor 0123abcd\) died during score_teacher: killed" + why):
+        teacher.score_teacher(_experience())
+    assert spawned == [1] and teacher.metrics() == {"placement/teacher_restarts": 0.0}
+
+
+def test_an_error_raised_inside_the_teacher_actor_is_not_a_death_and_is_not_retried():
+    from relayrl.errors import PlacementError
+    from relayrl.placement.teacher_actor import TeacherActor
+
+    class TeacherRaises:
+        def score_teacher(self, exp, teacher_rows=None):
+            raise PlacementError("teacher (actor 0123abcd) raised during score_teacher: ValueError: a bad row")
+
+    spawned = []
+    teacher = TeacherActor(_spawner(TeacherRaises, spawned), load_config(None, ["placement.mode=ray"]).placement)
+    with pytest.raises(PlacementError, match="a bad row"):
+        teacher.score_teacher(_experience())
+    assert spawned == [1]  # a restart would meet the same error
