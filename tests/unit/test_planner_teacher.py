@@ -108,3 +108,14 @@ def test_a_vllm_teacher_on_a_cpu_shares_the_hosts_memory_with_every_phase(random
     moved = local.memory.teacher - own  # out of the learner's states, into the teacher's actor on the same host
     assert vllm.placement.generate_phase == pytest.approx(local.placement.generate_phase - moved)
     assert vllm.placement.train_phase == pytest.approx(local.placement.train_phase - moved)
+
+
+def test_the_advice_beside_a_teacher_keeps_one_learner_rank_and_counts_the_teachers_gpu(random_model_dir):
+    ray, teacher = "placement.mode=ray", (f"teacher.path={random_model_dir}", "teacher.engine=actor")
+    assert "placement.learner_ranks=4" in _plan(ray).advice.overrides  # the 7B example alone: W=4, disaggregated
+    big = _plan(ray, *teacher).advice  # W=1 does not hold the 7B update, and a teacher refuses W > 1
+    assert big.overrides == () and big.text.endswith("(a teacher runs with W=1)"), big.line
+    tiny = example_7b(ray, *teacher, shape=load_shape(str(random_model_dir)))[1]  # fits one GPU beside its engine
+    assert tiny.advice.text.startswith("colocated on 2 devices"), tiny.advice.line
+    assert "the teacher's actor has 1 of its own" in tiny.advice.text
+    assert "placement.learner_ranks=1" in tiny.advice.overrides
