@@ -122,7 +122,8 @@ def _choose(config: Config) -> None:
         chosen = choose_checkpointing(config.model.path, work, colocated(config.placement))
         config.choose("learner.activation_checkpointing", *chosen)
     if config.teacher.present and config.teacher.engine == "auto":  # on-policy distillation (learner/teacher.py)
-        config.choose("teacher.engine", *choose_teacher_engine("auto", config.placement.mode))
+        placement = config.placement
+        config.choose("teacher.engine", *choose_teacher_engine("auto", placement.mode, None, placement.learner_ranks))
     if config.sync.parity_probe == "auto":
         config.choose("sync.parity_probe", *resolve_parity_probe(config))
 

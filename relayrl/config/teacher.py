@@ -48,7 +48,8 @@ class TeacherConfig(Section):
         "process, like the reference's; actor = the same pass in a Ray actor of its own, in its own bundle "
         "(and GPU) under placement.mode=ray; vllm = a vLLM engine's prompt log-probs (one teacher, "
         "rollout.temperature=1; its own actor under Ray, in the driver under placement.mode=local on a CPU); "
-        "auto = actor under placement.mode=ray with a GPU, else local (the config dump says which and why).",
+        "auto = actor under placement.mode=ray with a GPU or with placement.learner_ranks > 1 (local is refused "
+        "beside sharded ranks), else local (the config dump says which and why).",
     )
     cpus: float = Field(
         default=1.0,
@@ -120,10 +121,10 @@ def check_teacher(
             "algorithm.advantage=distill has none: use algorithm.distill.mode=advantage, or a reward estimator "
             "(grpo, rloo, ...)"
         )
-    if learner_ranks > 1:
+    if learner_ranks > 1 and teacher.engine == "local":
         raise ValueError(
-            f"teacher.path with placement.learner_ranks={learner_ranks}: the teacher runs on one "
-            "learner process only so far; set placement.learner_ranks=1"
+            f"teacher.engine=local with placement.learner_ranks={learner_ranks}: the teacher in the learner's process "
+            "is not sharded; use teacher.engine=actor (or auto: an actor of its own beside sharded ranks)"
         )
     if teacher.engine == "actor" and mode != "ray":
         raise ValueError(

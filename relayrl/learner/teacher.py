@@ -50,14 +50,19 @@ LOCAL_WHY = (
     "(benchmarks/teacher_engines.py: an actor 1.3x, vLLM's prompt log-probs 1.2-1.5x)"
 )
 ACTOR_WHY = "a Ray actor with a GPU of its own: the teacher's weights and forward leave the learner's GPU"
+RANKS_WHY = "a Ray actor of its own: placement.learner_ranks > 1 shards the learner, and the teacher is not sharded"
 
 
-def choose_teacher_engine(engine: str, mode: str = "local", gpu: bool | None = None) -> tuple[str, str]:
+def choose_teacher_engine(
+    engine: str, mode: str = "local", gpu: bool | None = None, learner_ranks: int = 1
+) -> tuple[str, str]:
     """`teacher.engine` as the run uses it, and why. `auto`: `actor` under placement.mode=ray with a GPU (`gpu`;
-    default: whether this machine has one), else `local`; never `vllm`, which measured slower than the forward where
-    it was measured (CPU, docs/distillation.md)."""
+    default: whether this machine has one) or with sharded learner ranks, else `local`; never `vllm`, which
+    measured slower than the forward where it was measured (CPU, docs/distillation.md)."""
     if engine != "auto":
         return engine, "as set"
+    if mode == "ray" and learner_ranks > 1:
+        return "actor", RANKS_WHY
     if gpu is None:
         gpu = torch.cuda.is_available()
     return ("actor", ACTOR_WHY) if mode == "ray" and gpu else ("local", LOCAL_WHY)

@@ -67,16 +67,20 @@ def _disaggregated(shape, work: Workload, hardware: Hardware, precision, memory:
                 f"({nodes} node(s) of {hardware.devices_per_node})",
                 tuple(overrides),
             )
-    if work.teacher_forward_params:
-        return Advice("no placement fits: one learner rank cannot hold its update phase (a teacher runs with W=1)", ())
+    if work.teacher_engine == "local":
+        return Advice(
+            "no placement fits: one learner rank cannot hold its update phase (a teacher in the learner's process "
+            "runs with W=1; teacher.engine=actor gives it an actor of its own beside sharded ranks)",
+            (),
+        )
     return Advice("no placement fits: even one learner rank per device cannot hold its update phase", ())
 
 
 def _rank_counts(work: Workload, most: int):
     """W = 1, 2, ... up to `most`, keeping those that divide the step's groups and the mini-batch; W = 1 only with a
-    teacher (relayrl/config/teacher.py refuses placement.learner_ranks > 1 beside one)."""
+    teacher in the learner's process (relayrl/config/teacher.py refuses placement.learner_ranks > 1 beside one)."""
     groups = work.rollout_batch // max(1, work.group_size)
     mini_batch = work.mini_batch or work.rollout_batch
-    for ranks in range(1, 1 + (1 if work.teacher_forward_params else most)):
+    for ranks in range(1, 1 + (1 if work.teacher_engine == "local" else most)):
         if groups % ranks == 0 and mini_batch % ranks == 0:
             yield ranks

@@ -233,7 +233,14 @@ def workload_from_config(
         group_size=config.rollout.n,
         packing=config.train.packing,
         engine=config.rollout.engine,
-        **teacher_workload(config.teacher, config.model, config.placement.mode, gpu, TEACHER in config._auto),
+        **teacher_workload(
+            config.teacher,
+            config.model,
+            config.placement.mode,
+            gpu,
+            TEACHER in config._auto,
+            config.placement.learner_ranks,
+        ),
         **lora_workload(config.model.lora, config.sync.lora, config.rollout.engine),
     )
 

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
-def teacher_workload(teacher: TeacherConfig, model: ModelConfig, mode: str, gpu: bool | None, auto: bool) -> dict:
+def teacher_workload(
+    teacher: TeacherConfig, model: ModelConfig, mode: str, gpu: bool | None, auto: bool, learner_ranks: int = 1
+) -> dict:
     """The Workload's teacher fields, with `teacher.engine: auto` (`auto`: the config asked for it, whatever its
     load chose) chosen under placement.mode `mode` for the plan's hardware (`gpu`) as the run would choose it there
     (relayrl/learner/teacher.py), not for the machine that loaded the config (None: this machine's, as the run's own
@@ -39,7 +41,7 @@ def teacher_workload(teacher: TeacherConfig, model: ModelConfig, mode: str, gpu:
 
     if not teacher.present:
         return {}
-    engine = choose_teacher_engine("auto" if auto else teacher.engine, mode, gpu)[0]
+    engine = choose_teacher_engine("auto" if auto else teacher.engine, mode, gpu, learner_ranks)[0]
     teacher = teacher.model_copy(update={"engine": engine})
     return {
         "teacher_engine": engine,

@@ -52,13 +52,15 @@ def test_distilling_from_a_better_teacher_raises_held_out_accuracy(tmp_path, war
     assert sorted({row["step"] for row in timeline if row["role"] == "teacher"}) == list(range(20))
 
 
-def kill_teacher_once(run_dir, after_rows: int) -> tuple[threading.Event, list[int]]:
+def kill_teacher_once(run_dir, after_rows: int) -> tuple[threading.Event, list[int], list[str]]:
     """A thread that SIGKILLs the process of the run's teacher actor once `after_rows` steps are logged, as a crash
-    would (its pid from the GCS this process is joined to: the one live TeacherRole on the shared head); (the event
-    that ends the watch when the run ends first, the pids it killed, once the event is set)."""
+    would (its pid from the GCS this process is joined to: the live TeacherRole of this run's job on the shared head); (the event
+    that ends the watch when the run ends first, the pids it killed and the run's live actors' classes then, once the
+    event is set)."""
     from ray._private import state  # the GCS's actor table, with pids: no dashboard on the shared head
 
     killed: list[int] = []
+    classes: list[str] = []
     ended = threading.Event()
 
     def watch() -> None:
@@ -66,21 +68,26 @@ def kill_teacher_once(run_dir, after_rows: int) -> tuple[threading.Event, list[i
         while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= after_rows):
             if ended.wait(0.1):
                 return
-        actors = state.actors().values()
-        pids = [a["Pid"] for a in actors if a["ActorClassName"] == "TeacherRole" and a["State"] == "ALIVE"]
+        import ray
+
+        job = ray.get_runtime_context().get_job_id()  # this run's (run_in_process: this process is its driver)
+        actors = [a for a in state.actors().values() if a["State"] == "ALIVE" and a["JobID"] == job]
+        classes.extend(a["ActorClassName"] for a in actors)
+        pids = [a["Pid"] for a in actors if a["ActorClassName"] == "TeacherRole"]
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
         killed.extend(pids)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
-    return ended, killed
+    return ended, killed, classes
 
 
 def test_one_step_off_on_ray_distills_too(tmp_path, warm_model_dir, toy_task, teacher_dir, ray_address):
     run_dir = tmp_path / "run"
     config = write_config(tmp_path / "cfg.yaml", warm_model_dir, toy_task, run_dir, "vllm")
-    watcher, killed = kill_teacher_once(run_dir, after_rows=5)  # the teacher dies once mid-run: it is restarted
+    # the teacher dies once mid-run: it is restarted
+    watcher, killed, classes = kill_teacher_once(run_dir, after_rows=5)
     result = run_in_process(
         "train",
         str(config),
@@ -89,6 +96,7 @@ def test_one_step_off_on_ray_distills_too(tmp_path, warm_model_dir, toy_task, te
         "placement.mode=ray",
         f"placement.address={ray_address}",
         "teacher.engine=actor",  # the teacher in a Ray actor of its own (its own bundle)
+        "placement.learner_ranks=2",  # beside sharded learner ranks, which split the batch the teacher scored whole
         "train.schedule=one_step_off",
         "algorithm.correction.mode=tis_token",
         "train.steps=20",
@@ -98,6 +106,7 @@ def test_one_step_off_on_ray_distills_too(tmp_path, warm_model_dir, toy_task, te
     watcher.set()
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(killed) == 1, killed
+    assert classes.count("LearnerRank") == 2, classes  # the learner was sharded while the teacher scored apart
     assert "restarting the teacher and scoring its batch again (restart 1 of 3)" in result.stderr
     assert _rows(run_dir)[-1]["placement/teacher_restarts"] == 1
     scores = json.loads((run_dir / "eval.json").read_text())

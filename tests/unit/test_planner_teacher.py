@@ -110,11 +110,13 @@ def test_a_vllm_teacher_on_a_cpu_shares_the_hosts_memory_with_every_phase(random
     assert vllm.placement.train_phase == pytest.approx(local.placement.train_phase - moved)
 
 
-def test_the_advice_beside_a_teacher_keeps_one_learner_rank_and_counts_the_teachers_gpu(random_model_dir):
+def test_the_advice_shards_the_learner_beside_a_teacher_actor_not_beside_a_local_one(random_model_dir):
     ray, teacher = "placement.mode=ray", (f"teacher.path={random_model_dir}", "teacher.engine=actor")
     assert "placement.learner_ranks=4" in _plan(ray).advice.overrides  # the 7B example alone: W=4, disaggregated
-    big = _plan(ray, *teacher).advice  # W=1 does not hold the 7B update, and a teacher refuses W > 1
-    assert big.overrides == () and big.text.endswith("(a teacher runs with W=1)"), big.line
+    apart = _plan(ray, *teacher).advice  # the teacher in its own actor: the same W=4, and the actor's GPU
+    assert "placement.learner_ranks=4" in apart.overrides and "the teacher's actor's 1" in apart.text, apart.line
+    local = _plan(ray, f"teacher.path={random_model_dir}", "teacher.engine=local").advice  # W=1 only: too small
+    assert local.overrides == () and "teacher.engine=actor gives it an actor of its own" in local.text, local.line
     tiny = example_7b(ray, *teacher, shape=load_shape(str(random_model_dir)))[1]  # fits one GPU beside its engine
     assert tiny.advice.text.startswith("colocated on 2 devices"), tiny.advice.line
     assert "the teacher's actor has 1 of its own" in tiny.advice.text

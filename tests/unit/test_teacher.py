@@ -52,9 +52,26 @@ def test_distill_in_the_reward_needs_a_reward_estimator(random_model_dir):
         )
 
 
-def test_a_teacher_with_sharded_learner_ranks_is_refused(random_model_dir):
-    with pytest.raises(ConfigError, match="placement.learner_ranks=2"):
-        _config(random_model_dir, f"teacher.path={random_model_dir}", "placement.mode=ray", "placement.learner_ranks=2")
+def test_a_teacher_in_the_learners_process_beside_sharded_ranks_is_refused(random_model_dir):
+    with pytest.raises(
+        ConfigError, match="teacher.engine=local with placement.learner_ranks=2: .* use teacher.engine=actor"
+    ):
+        _config(
+            random_model_dir,
+            f"teacher.path={random_model_dir}",
+            "teacher.engine=local",
+            "placement.mode=ray",
+            "placement.learner_ranks=2",
+        )
+
+
+def test_auto_engine_beside_sharded_ranks_is_an_actor_of_its_own(random_model_dir):
+    sharded = ("placement.mode=ray", "placement.learner_ranks=2", "rollout.engine=vllm")
+    config = resolve(_config(random_model_dir, f"teacher.path={random_model_dir}", *sharded))
+    assert config.teacher.engine == "actor"  # even on a CPU, where one rank would keep it local
+    assert "engine: auto  # auto chose actor: a Ray actor of its own: placement.learner_ranks > 1" in dump_config(
+        config
+    )
 
 
 def test_distill_settings_without_a_teacher_are_warned_about_by_name(random_model_dir):
