@@ -36,20 +36,27 @@ def toy_batches(root: Path, steps: int) -> tuple[dict, list[list[dict]]]:
     return task, [rows[i * PROMPTS : (i + 1) * PROMPTS] for i in range(steps)]
 
 
-def service_rl_steps(model: str, batches: list[list[dict]], root: Path) -> list[float]:
+def service_rl_steps(model: str, batches: list[list[dict]], root: Path) -> tuple[list[float], list[dict]]:
+    """The steps' times and, per step, each phase's seconds as the client waited for it (`<phase>`) and as the
+    service's run log timed its work (`<route>/work`); the difference is the wire, the futures' polling and the
+    queue."""
+    import dataclasses
+
     import tinker
     from tinker import types
 
     from relayrl.service import server
+    from relayrl.service.settings import service_settings
 
-    running = server.start({model: model}, root / "state")
+    settings = dataclasses.replace(service_settings(), run_dir=root / "service-run")
+    running = server.start({model: model}, root / "state", settings=settings)
     try:
         service = tinker.ServiceClient(base_url=running.url, api_key=running.api_key)
         trainer = service.create_lora_training_client(base_model=model, rank=8).result()
         tokenizer = trainer.get_tokenizer()
         sampler = trainer.save_weights_and_get_sampling_client().result()
         params = types.SamplingParams(max_tokens=MAX_TOKENS, temperature=1.0)
-        times = []
+        times, phases, logged = [], [], 0
         for batch in batches:
             start = time.perf_counter()
             prompts = [tokenizer.encode(row["prompt"]) for row in batch]
@@ -68,14 +75,39 @@ def service_rl_steps(model: str, batches: list[list[dict]], root: Path) -> list[
                         "advantages": pad + [reward - mean] * len(sequence.tokens),
                     }
                     data.append(types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs=inputs))
+            marks = [time.perf_counter()]
             trainer.forward_backward(data, "importance_sampling").result()
+            marks.append(time.perf_counter())
             trainer.optim_step(types.AdamParams(learning_rate=1e-4)).result()
+            marks.append(time.perf_counter())
             sampler = trainer.save_weights_and_get_sampling_client().result()
-            times.append(time.perf_counter() - start)
+            marks.append(time.perf_counter())
+            times.append(marks[-1] - start)
+            rows = metrics_rows(root / "service-run")
+            phases.append(
+                {"sample": marks[0] - start, "forward_backward": marks[1] - marks[0], "optim_step": marks[2] - marks[1]}
+                | {"save_weights_and_get_sampling_client": marks[3] - marks[2]}
+                | route_work(rows[logged:])
+            )
+            logged = len(rows)
         service.close("success").result()
-        return times
+        return times, phases
     finally:
         running.stop()
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def route_work(rows: list[dict]) -> dict[str, float]:
+    """Seconds of work per route in the service's run-log rows (`<route>/time`)."""
+    work: dict[str, float] = {}
+    for row in rows:
+        for key, value in row.items():
+            if key.endswith("/time"):
+                work[f"{key.removesuffix('/time')}/work"] = work.get(f"{key.removesuffix('/time')}/work", 0.0) + value
+    return work
 
 
 def train_rl_steps(model: str, task: dict, steps: int, root: Path) -> list[float]:
@@ -128,26 +160,34 @@ def main(argv=None) -> dict:
     parser.add_argument("--model", default="runs/demo/warmstart")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument("--no-rps", action="store_true", help="only the RL step")
     args = parser.parse_args(argv)
     from relayrl.models.tiny import build_tiny
 
     root = Path(tempfile.mkdtemp(prefix="service-overhead-"))
     task, batches = toy_batches(root, args.steps)
-    service = service_rl_steps(args.model, batches, root)[1:]
+    service, phases = service_rl_steps(args.model, batches, root)
+    service, phases = service[1:], phases[1:]
     train = train_rl_steps(args.model, task, args.steps, root)[1:]
-    build_tiny([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], root / "random", hidden=64, layers=2)
-    rps = {n: samples_per_second(str(root / "random"), args.requests, n, root) for n in (1, 8)}
+    rps = {1: float("nan"), 8: float("nan")}
+    if not args.no_rps:
+        build_tiny([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], root / "random", hidden=64, layers=2)
+        rps = {n: samples_per_second(str(root / "random"), args.requests, n, root) for n in (1, 8)}
     figures = {
         "service_step_s": statistics.median(service),
         "train_step_s": statistics.median(train),
         "ratio": statistics.median(service) / statistics.median(train),
         "sample_rps_1_client": rps[1],
         "sample_rps_8_clients": rps[8],
+        "phases": {
+            name: statistics.median(p.get(name, 0.0) for p in phases) for name in {k for p in phases for k in p}
+        },
     }
     print(
         f"RL step, median of {len(service)}: service {figures['service_step_s']:.2f}s, relayrl train "
         f"{figures['train_step_s']:.2f}s: {figures['ratio']:.2f}x"
     )
+    print("per phase, median s: " + ", ".join(f"{k} {v:.3f}" for k, v in figures["phases"].items()))
     print(f"sample, {args.requests} requests of 16 tokens: 1 client {rps[1]:.1f}/s, 8 clients {rps[8]:.1f}/s")
     return figures
 
