@@ -1,8 +1,10 @@
 """One training client's model: the base loaded from its local directory, with a relayrl LoRA adapter
 (relayrl/models/lora.py; B = 0, so it starts equal to the base) or all weights trainable, and its AdamW.
 
-`forward_backward` adds the summed loss's gradient (chunks of one batch accumulate) and, for the mismatch, scores a
-datum sampled at a temperature or truncation at those (relayrl/service/mismatch.py); `optim_step` takes the
+`forward_backward` adds the summed loss's gradient (chunks of one batch accumulate), its data through the model in
+padded batches, one forward and one backward each (one per datum made a cookbook RL step of 32 data 7.0-7.7x
+`relayrl train`'s, now 3.4-3.8x: benchmarks/service_overhead.py), and, for the mismatch, scores a datum sampled at
+a temperature or truncation at those (relayrl/service/mismatch.py); `optim_step` takes the
 SDK's Adam parameters per call and clears the gradient; `sampler_weights` is the merged copy a sampler serves;
 `save_state`/`load_state` write and read a checkpoint directory atomically (adapter or weights, optimizer,
 meta.json).
@@ -27,6 +29,7 @@ from relayrl.service.wire import ForwardBackwardCall
 LORA_ALPHA = 32  # the hosted service's alpha; the adapter's scale is alpha / rank
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+BATCH_LOGITS = 2**25  # values of fp32 logits one forward_backward batch holds (128 MiB; 200 tokens of a 150k vocab)
 
 
 @dataclass
@@ -69,22 +72,28 @@ class TrainedModel:
         self, call: ForwardBackwardCall, to_score: list[SampledAt | None] | None = None
     ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
         """Per datum: the target tokens' log-probs (and the loss's gradient added unless `forward_only`), and where
-        `to_score` names the settings its sample was drawn at, its log-probs at them too (mismatch.AS_SAMPLED)."""
+        `to_score` names the settings its sample was drawn at, its log-probs at them too (mismatch.AS_SAMPLED).
+        The data go through the model in batches (`batches`), each one forward and one backward."""
         for i, ex in enumerate(call.examples):
             losses.check_inputs(call.loss_fn, i, ex.tokens, ex.inputs, self.vocab)
         losses.check_config(call.loss_fn, call.config)
+        scored = to_score or [None] * len(call.examples)
         outputs, total = [], 0.0
         with torch.set_grad_enabled(not call.forward_only):
-            for ex, at in zip(call.examples, to_score or [None] * len(call.examples)):
-                logits, targets = self.logits(ex.tokens), self.targets(ex.inputs["target_tokens"])
-                logp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
-                loss = losses.datum_loss(call.loss_fn, logp, ex.inputs, call.config)
+            for batch in batches([len(ex.tokens) for ex in call.examples], self.vocab):
+                examples = [call.examples[i] for i in batch]
+                logits = self.batch_logits([ex.tokens for ex in examples])  # [B, T, V]
+                batch_loss = torch.zeros((), device=self.device)
+                for row, (i, ex) in enumerate(zip(batch, examples)):
+                    row_logits, targets = logits[row, : len(ex.tokens)], self.targets(ex.inputs["target_tokens"])
+                    logp = torch.log_softmax(row_logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+                    batch_loss = batch_loss + losses.datum_loss(call.loss_fn, logp, ex.inputs, call.config)
+                    outputs.append({"logprobs": logp.detach().cpu().numpy().astype(np.float32)})
+                    if scored[i] is not None:
+                        outputs[-1][AS_SAMPLED] = scored[i].logprobs(row_logits.detach(), targets)
                 if not call.forward_only:
-                    loss.backward()
-                total += float(loss.detach())
-                outputs.append({"logprobs": logp.detach().cpu().numpy().astype(np.float32)})
-                if at is not None:
-                    outputs[-1][AS_SAMPLED] = at.logprobs(logits.detach(), targets)
+                    batch_loss.backward()
+                total += float(batch_loss.detach())
         return outputs, {"loss:sum": total}
 
     def target_logprobs(self, tokens: list[int], targets: np.ndarray) -> torch.Tensor:
@@ -94,6 +103,13 @@ class TrainedModel:
     def logits(self, tokens: list[int]) -> torch.Tensor:
         """The model's logits [T, V] (fp32) at each of `tokens`."""
         return self.model(input_ids=torch.tensor([tokens], device=self.device)).logits[0].float()
+
+    def batch_logits(self, rows: list[list[int]]) -> torch.Tensor:
+        """The model's logits [B, T, V] (fp32) at each of `rows`' tokens, right-padded to the longest: a token
+        attends only to those before it, so a row's logits do not depend on its padding."""
+        width = max(len(tokens) for tokens in rows)
+        padded = [tokens + [0] * (width - len(tokens)) for tokens in rows]
+        return self.model(input_ids=torch.tensor(padded, device=self.device)).logits.float()
 
     def targets(self, targets: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(targets).long().to(self.device)
@@ -163,6 +179,21 @@ class TrainedModel:
         if optimizer:
             self.optimizer.load_state_dict(torch.load(path / "optimizer.pt"))
         self.steps = json.loads((path / "meta.json").read_text())["steps"]
+
+
+def batches(lengths: list[int], vocab: int) -> list[list[int]]:
+    """The data's indices in batches of consecutive data whose padded logits stay within BATCH_LOGITS values (a
+    datum longer than that is a batch of its own)."""
+    out: list[list[int]] = []
+    width = 0
+    for i, length in enumerate(lengths):
+        if out and (len(out[-1]) + 1) * max(width, length) * vocab <= BATCH_LOGITS:
+            out[-1].append(i)
+            width = max(width, length)
+        else:
+            out.append([i])
+            width = length
+    return out
 
 
 def read_meta(path: Path) -> dict:

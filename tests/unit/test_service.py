@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 import tinker
+import torch
 from tinker import types
 
 from tests.unit import service_fixtures
@@ -230,3 +231,43 @@ def test_full_weight_training_steps_and_its_state_round_trips(random_model_dir, 
     model.load_state(tmp_path / "ckpt", optimizer=True)
     assert (model.target_logprobs(ids[:-1], np.array(ids[1:])).detach() == saved).all()
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["meta.json", "model.safetensors", "optimizer.pt"]
+
+
+def test_a_batched_forward_backward_equals_one_call_per_datum(random_model_dir):
+    """Data of different lengths go through the model padded in one batch: each datum's log-probs, the summed loss
+    and the gradient equal those of one call per datum."""
+    from relayrl.service.training import TrainedModel, lora_settings
+    from relayrl.service.wire import Example, ForwardBackwardCall
+
+    model = TrainedModel("m", "tiny", str(random_model_dir), lora_settings(4), seed=0)
+    rows = [[5, 6, 7, 8], [9, 5], [4, 4, 6, 7, 8, 9, 5]]
+    advantages = [0.5, -1.0, 2.0]
+    examples = [
+        Example(ids[:-1], {"target_tokens": np.array(ids[1:]), "logprobs": np.full(len(ids) - 1, -2.0, np.float32)})
+        for ids in rows
+    ]
+    for example, advantage in zip(examples, advantages):
+        example.inputs["advantages"] = np.full(len(example.tokens), advantage, np.float32)
+
+    def run(data: list) -> tuple[list, float, list]:
+        outputs, metrics = model.forward_backward(ForwardBackwardCall("m", "importance_sampling", {}, False, data))
+        grads = [p.grad.clone() for p in model.trainable]
+        model.optimizer.zero_grad(set_to_none=True)
+        return [out["logprobs"] for out in outputs], metrics["loss:sum"], grads
+
+    batched = run(examples)
+    singles = [run([example]) for example in examples]
+    for logprobs, single in zip(batched[0], singles):
+        np.testing.assert_allclose(logprobs, single[0][0], atol=1e-5)
+    assert batched[1] == pytest.approx(sum(single[1] for single in singles), rel=1e-5)
+    for i, grad in enumerate(batched[2]):
+        torch.testing.assert_close(grad, sum(single[2][i] for single in singles), atol=1e-5, rtol=1e-4)
+
+
+def test_forward_backward_batches_hold_consecutive_data_within_the_logits_budget():
+    from relayrl.service.training import BATCH_LOGITS, batches
+
+    vocab = BATCH_LOGITS // 100  # 100 padded tokens per batch
+    assert batches([10, 20, 30], vocab) == [[0, 1, 2]]  # 3 x 30 = 90
+    assert batches([30, 40, 10], vocab) == [[0, 1], [2]]  # 3 x 40 = 120: the third starts a batch
+    assert batches([150, 10], vocab) == [[0], [1]]  # over the budget alone: a batch of its own
