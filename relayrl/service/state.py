@@ -44,6 +44,7 @@ class Service:
         self.snapshots: dict[str, dict[str, torch.Tensor]] = {}  # sampler path -> merged weights
         self.snapshot_base: dict[str, str] = {}
         self.samplers: dict[str, sampling.Sampler] = {}
+        self.sample_queue = sampling.SampleQueue()  # sample requests on the worker, sharing engine calls
         self.engines = sampling.Engines(bases, settings)
         self.samples = mismatch.Samples()  # the settings each sequence was sampled at, for the mismatch
         self.run_log = RunLog(settings.run_dir, settings.config_yaml, settings.backends, settings.params)
@@ -96,6 +97,7 @@ class Service:
             for key in [key for key in table if key.startswith(prefix)]:
                 del table[key]
         self.completions.drop_session(prefix)
+        self.sample_queue.drop_session(prefix)
         unnamed = f"{PREFIX}{prefix}"
         for key in [key for key in self.snapshots if key.startswith(unnamed) and "/ephemeral-" in key]:
             del self.snapshots[key]
@@ -224,30 +226,57 @@ class Service:
         return self.samplers[sampler_id]
 
     def sample(self, request) -> tuple[str, list[str]]:
-        sampler = self.sampler(request.sampling_session_id)
+        sampler_id = request.sampling_session_id
+        queued = self.sample_queue.add(sampler_id or "", self.sampler(sampler_id), request)
 
         def run(figures: dict) -> bytes:
-            if sampler.weights_key is not None and sampler.weights_key not in self.snapshots:
-                raise UserError(
-                    f"sampling_session_id={request.sampling_session_id!r}: its weights were dropped (the service keeps "
-                    f"the newest {KEEP_EPHEMERAL} unnamed sampler weights per model; save_weights_for_sampler(name) "
-                    "keeps them)"
-                )
-            served = self.engines.serving(sampler, self.snapshots)
-            sequences, prompt_logprobs = sampling.sample(served, request)
-            self.samples.add(request.prompt.to_ints(), sequences, mismatch.SampledAt.of(request.sampling_params))
+            self.run_samples(self.sample_queue.take(queued))
+            sequences, prompt_logprobs = queued.answer()
             figures["prompt_tokens"] = float(len(request.prompt.to_ints()))
             figures["tokens"] = float(sum(len(seq.tokens) for seq in sequences))
             return wire.sample_response(sequences, prompt_logprobs)
 
-        owner = request.sampling_session_id or ""
-        request_id = self.submit(request.sampling_session_id, timed(self.run_log, "sample", owner, run))
+        owner = sampler_id or ""
+        request_id = self.submit(sampler_id, timed(self.run_log, "sample", owner, run))
         clone = (
             request.seq_id or 0
         ) // 1_000_000_000  # the SDK numbers a cloned SamplingClient's requests from clone * 1e9
         self.completions.watch(self.futures, (owner, clone), request_id)
         n = 0 if request.sampling_params.max_tokens == 0 else request.num_samples
         return request_id, [f"{request_id}:{i}" for i in range(n)]
+
+    def run_samples(self, batch: list[sampling.Queued]) -> None:
+        """Sample the queued requests `batch` (one sampler's weights) in the fewest engine calls, each its outcome."""
+        if not batch:
+            return
+        sampler = batch[0].sampler
+        try:
+            if sampler.weights_key is not None and sampler.weights_key not in self.snapshots:
+                raise UserError(
+                    f"sampling_session_id={batch[0].sampler_id!r}: its weights were dropped (the service keeps the "
+                    f"newest {KEEP_EPHEMERAL} unnamed sampler weights per model; save_weights_for_sampler(name) "
+                    "keeps them)"
+                )
+            served = self.engines.serving(sampler, self.snapshots)
+        except Exception as err:  # noqa: BLE001 - each request answers it
+            for queued in batch:
+                queued.outcome = err
+            return
+        asks = []
+        for queued in batch:
+            try:
+                asks.append((queued, sampling.checked(served, queued.request)))
+            except UserError as err:
+                queued.outcome = err
+        try:
+            outcomes = sampling.sample(served, [ask for _, ask in asks])
+        except Exception as err:  # noqa: BLE001 - each request answers it
+            outcomes = [err] * len(asks)
+        for (queued, ask), outcome in zip(asks, outcomes):
+            queued.outcome = outcome
+            if not isinstance(outcome, Exception):
+                at = mismatch.SampledAt.of(queued.request.sampling_params)  # pyright: ignore[reportAttributeAccessIssue]
+                self.samples.add(ask.tokens, outcome[0], at)
 
     # checkpoints ---------------------------------------------------------------------------------------------
     def save_state(self, request) -> str:

@@ -89,8 +89,8 @@ class TrainedModel:
                     logp = torch.log_softmax(row_logits, -1).gather(-1, targets[:, None]).squeeze(-1)
                     batch_loss = batch_loss + losses.datum_loss(call.loss_fn, logp, ex.inputs, call.config)
                     outputs.append({"logprobs": logp.detach().cpu().numpy().astype(np.float32)})
-                    if scored[i] is not None:
-                        outputs[-1][AS_SAMPLED] = scored[i].logprobs(row_logits.detach(), targets)
+                    if (at := scored[i]) is not None:
+                        outputs[-1][AS_SAMPLED] = at.logprobs(row_logits.detach(), targets)
                 if not call.forward_only:
                     batch_loss.backward()
                 total += float(batch_loss.detach())

@@ -251,7 +251,7 @@ def test_a_batched_forward_backward_equals_one_call_per_datum(random_model_dir):
 
     def run(data: list) -> tuple[list, float, list]:
         outputs, metrics = model.forward_backward(ForwardBackwardCall("m", "importance_sampling", {}, False, data))
-        grads = [p.grad.clone() for p in model.trainable]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.trainable]
         model.optimizer.zero_grad(set_to_none=True)
         return [out["logprobs"] for out in outputs], metrics["loss:sum"], grads
 

@@ -104,3 +104,48 @@ def test_a_restarted_service_resumes_from_save_state_on_the_same_state_dir(rando
         assert not np.array_equal(forward(resumed), saved)
     finally:
         second.stop()
+
+
+def test_sample_requests_queued_together_share_an_engine_call_and_each_gets_what_it_gets_alone(
+    random_model_dir, tmp_path
+):
+    """The cookbook sends a step's prompts as one request each: those waiting on the worker together run in one
+    engine call per sampling (their prompts of different lengths, each request's seed and stops its own), and each
+    answers what it answers alone; one with other settings (max_tokens) gets a call of its own."""
+    import threading
+    import time
+
+    from relayrl.service import server
+
+    running = server.start({"student": str(random_model_dir)}, tmp_path)
+    try:
+        sampler = sdk_client(running).create_sampling_client(base_model="student").result()
+        prompts = [[5, 6], [7, 8, 9, 10], [11], [5, 6]]
+        params = [types.SamplingParams(max_tokens=6, temperature=1.0, seed=s, stop=[]) for s in range(4)]
+        params[1] = types.SamplingParams(max_tokens=6, temperature=1.0, seed=1, stop=[9])
+        params.append(types.SamplingParams(max_tokens=3, temperature=1.0, seed=9, stop=[]))
+        prompts.append([6, 7])
+        asks = [(types.ModelInput.from_ints(p), 2, q) for p, q in zip(prompts, params)]
+        alone = [sampler.sample(*ask).result() for ask in asks]  # the engine is built by the first
+        engine, calls = running.service.engines.served["student"].engine, []
+        generate = engine.generate
+        spy = lambda prompts, *rest: calls.append(len(prompts)) or generate(prompts, *rest)  # noqa: E731
+        engine.generate = spy  # pyright: ignore[reportAttributeAccessIssue]
+        gate = threading.Event()
+        running.service.futures.run(gate.wait)  # the worker waits while the requests queue behind it
+        futures = [sampler.sample(*ask) for ask in asks]
+        deadline = time.monotonic() + 30
+        while len(running.service.sample_queue.waiting) < len(asks) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gate.set()
+        together = [future.result() for future in futures]
+    finally:
+        running.stop()
+    assert sorted(calls) == [1, 4]  # max_tokens=3 alone; the other four in one call
+    assert [[(s.tokens, s.stop_reason) for s in r.sequences] for r in together] == [
+        [(s.tokens, s.stop_reason) for s in r.sequences] for r in alone
+    ]
+    for shared, single in zip(together, alone):
+        for a, b in zip(shared.sequences, single.sequences):
+            np.testing.assert_allclose(a.logprobs or [], b.logprobs or [], atol=1e-5)
+    assert len({tuple(r.sequences[0].tokens) for r in alone}) > 1
