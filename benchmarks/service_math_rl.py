@@ -11,12 +11,15 @@ threshold from figures (at most half the smallest gain):
    until then. `--teacher sloppy` keeps the demo teacher's answers (the carry dropped on 60% of carry problems);
    `minus` writes the true sum with a stray minus sign on 55%.
 2. Per seed, a service (`train.seed=SEED`), greedy accuracy on 100 held-out problems (none drawn by the recipe's
-   first 50 batches; the demo's warm-start set covers about half of all problems, so some were seen there, with
+   first 50 batches of up to 64 groups; the demo's warm-start set covers about half of all problems, so some were seen there, with
    the teacher's answers), graded by the recipe's own ArithmeticEnv; the recipe's run; greedy accuracy of its
-   final sampler weights.
+   final sampler weights, and the recipe's own sampled accuracy on each step's batch (`env/all/correct`).
+   The recipe's settings are a user's CLI arguments: `--groups` (groups_per_batch), `--group-size`, `--lr`,
+   `--lora-rank`, `--temperature`, `--steps` (max_steps).
 
 Usage: python benchmarks/service_math_rl.py [--warm-start runs/demo/warmstart] [--seeds 3] [--steps 8]
-       [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 150]
+       [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 150] [--groups 8] [--group-size 4]
+       [--lora-rank 8]
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import time
 from pathlib import Path
 
 HELD_OUT = 100
-GROUPS, GROUP_SIZE = 8, 4
+MOST_GROUPS = 64  # the held-out problems are drawn by no batch of up to this many groups in a 50-step run
 
 
 def question(x: int, y: int) -> str:
@@ -89,7 +92,7 @@ def held_out_problems() -> list[tuple[int, int]]:
     trained = set()
     for index in range(50):  # ArithmeticDataset.get_batch seeds numpy with the batch's index
         rng = np.random.RandomState(index)
-        trained |= {(int(rng.randint(0, 101)), int(rng.randint(0, 101))) for _ in range(GROUPS)}
+        trained |= {(int(rng.randint(0, 101)), int(rng.randint(0, 101))) for _ in range(MOST_GROUPS)}
     pool = [(x, y) for x in range(101) for y in range(101) if (x, y) not in trained]
     return random.Random(1).sample(pool, HELD_OUT)
 
@@ -127,9 +130,10 @@ def held_out_accuracy(running, model: str, model_path: str | None = None) -> flo
 def run_recipe(running, model: str, log_path: Path, args) -> subprocess.CompletedProcess:
     """The recipe as a user runs it against the service."""
     flags = [f"model_name={model}", "renderer_name=role_colon", f"base_url={running.url}", f"log_path={log_path}"]
-    flags += ["env=arithmetic", f"group_size={GROUP_SIZE}", f"groups_per_batch={GROUPS}", f"max_steps={args.steps}"]
-    flags += ["loss_fn=importance_sampling", f"learning_rate={args.lr}", f"temperature={args.temperature}"]
-    flags += ["lora_rank=8", "eval_every=0", "save_every=0", "behavior_if_log_dir_exists=delete"]
+    flags += ["env=arithmetic", f"group_size={args.group_size}", f"groups_per_batch={args.groups}"]
+    flags += [f"max_steps={args.steps}", "loss_fn=importance_sampling", f"learning_rate={args.lr}"]
+    flags += [f"temperature={args.temperature}", f"lora_rank={args.lora_rank}", "eval_every=0", "save_every=0"]
+    flags += ["behavior_if_log_dir_exists=delete"]
     env = {**os.environ, "TINKER_API_KEY": running.api_key}
     command = [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", *flags]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
@@ -149,10 +153,19 @@ def one_seed(model: Path, seed: int, root: Path, args) -> dict:
             raise SystemExit(done.stderr[-3000:])
         seconds = time.perf_counter() - start
         saved = (root / f"run-{seed}/checkpoints.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in (root / f"run-{seed}/metrics.jsonl").read_text().splitlines()]
+        sampled = [row["env/all/correct"] for row in rows if "env/all/correct" in row]
         after = held_out_accuracy(running, str(model), json.loads(saved[-1])["sampler_path"])
     finally:
         running.stop()
-    return {"seed": seed, "before": before, "after": after, "gain": after - before, "recipe_s": seconds}
+    return {
+        "seed": seed,
+        "before": before,
+        "after": after,
+        "gain": after - before,
+        "recipe_s": seconds,
+        "sampled": sampled,  # the recipe's own batches' accuracy at its temperature, per step
+    }
 
 
 def main(argv=None) -> list[dict]:
@@ -164,6 +177,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--teacher", choices=("sloppy", "minus"), default="sloppy")
     parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--groups", type=int, default=8, help="the recipe's groups_per_batch (at most 64)")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--lora-rank", type=int, default=8)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="service-math-rl-"))
     try:
@@ -175,7 +191,8 @@ def main(argv=None) -> list[dict]:
         shutil.rmtree(root, ignore_errors=True)
     for r in results:
         print(
-            f"seed {r['seed']}: held-out greedy {r['before']:.2f} -> {r['after']:.2f} ({r['gain']:+.2f}), recipe {r['recipe_s']:.0f}s"
+            f"seed {r['seed']}: held-out greedy {r['before']:.2f} -> {r['after']:.2f} ({r['gain']:+.2f}), recipe "
+            f"{r['recipe_s']:.0f}s, its batches' sampled accuracy {' '.join(f'{a:.2f}' for a in r['sampled'])}"
         )
     print(f"smallest gain {min(r['gain'] for r in results):+.2f}")
     return results
