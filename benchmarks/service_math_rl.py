@@ -17,9 +17,11 @@ threshold from figures (at most half the smallest gain):
    The recipe's settings are a user's CLI arguments: `--groups` (groups_per_batch), `--group-size`, `--lr`,
    `--lora-rank`, `--temperature`, `--steps` (max_steps).
 
-Usage: python benchmarks/service_math_rl.py [--warm-start runs/demo/warmstart] [--seeds 3] [--steps 8]
-       [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 150] [--groups 8] [--group-size 4]
+Usage: python benchmarks/service_math_rl.py [--warm-start runs/demo/warmstart] [--seeds 3] [--steps 10]
+       [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 300] [--groups 32] [--group-size 8]
        [--lora-rank 8]
+The defaults are the measured setting that raises held-out greedy accuracy by 0.17-0.19 on seeds 0-2
+(docs/tinker.md): a warm start that samples 0.35-0.45 right at temperature 1, so a group's advantages carry signal.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def question(x: int, y: int) -> str:
 
 def mapped_warm_start(warm: Path, out: Path) -> None:
     """The demo's weights with a tokenizer reading role_colon's text as the demo's format (and `-` added)."""
+    import torch
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -59,6 +62,7 @@ def mapped_warm_start(warm: Path, out: Path) -> None:
     core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
     model = AutoModelForCausalLM.from_pretrained(warm)
+    torch.manual_seed(0)  # the added `-` row's initial values: unseeded, the warm start differed run to run
     model.resize_token_embeddings(len(vocab), mean_resizing=False)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -172,13 +176,13 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm-start", default="runs/demo/warmstart")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--teacher", choices=("sloppy", "minus"), default="sloppy")
-    parser.add_argument("--sft-steps", type=int, default=150)
-    parser.add_argument("--groups", type=int, default=8, help="the recipe's groups_per_batch (at most 64)")
-    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--groups", type=int, default=32, help="the recipe's groups_per_batch (at most 64)")
+    parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lora-rank", type=int, default=8)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="service-math-rl-"))
