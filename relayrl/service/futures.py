@@ -1,6 +1,7 @@
 """The SDK's futures: a queued request gets an id at once (`UntypedAPIFuture`), runs on the service's one worker
 thread in submission order (a training client's forward_backward, optim_step and save follow each other as it
-sent them; torch work never overlaps), and `/api/v1/retrieve_future` answers its result, or `try_again` while it
+sent them; torch work never overlaps; sample requests on the same weights waiting together share one engine
+call, relayrl/service/sampling.py's SampleQueue), and `/api/v1/retrieve_future` answers its result, or `try_again` while it
 is still queued or running (the SDK polls again).
 
 A result is JSON (a dict) or bytes (a proto: `ForwardBackwardOutput`, `SampleResponse`). A failed request
