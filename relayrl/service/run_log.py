@@ -6,7 +6,8 @@ A row's `step` counts the requests the service ran. Its figures are named by rou
 one plot: `forward_backward/{tokens,loss_sum,time}` (`forward/...` for a forward-only call), `optim_step/{grad_norm,time}`,
 `sample/{prompt_tokens,tokens,time}` (`compute_logprobs` too), and `time/step`, the request's own time, again
 as the training phase it stands for (`time/generate` for a sample, `time/logprobs` for a forward, `time/update`
-for a forward_backward or an optim_step), which the report's phase plot draws. A `forward_backward` whose data
+for a forward_backward or an optim_step), which the report's phase plot draws. A `sample` whose engine call also
+served the requests queued behind it (relayrl/service/sampling.py's SampleQueue) holds their time; theirs is ~0. A `forward_backward` whose data
 carry the sampler's `logprobs` (importance_sampling, ppo, cispo, ...) adds relayrl's train-inference mismatch
 (relayrl/service/mismatch.py: `mismatch/logprob_abs_{mean,max}`, each datum against the trainer's log-probs at the
 settings its sample was drawn at), which the report plots. A timeline row's role is the model (or sampler) id, its phase the route.

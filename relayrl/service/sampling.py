@@ -4,8 +4,8 @@ service's `rollout` section says (relayrl/service/settings.py), whose weights ar
 engine holds.
 
 A sampler's weights are a `save_weights_for_sampler` copy (the trained model merged, relayrl/service/training.py)
-or the base's own. `sample` maps the SDK's `SamplingParams` onto relayrl's `Sampling` and samples with the engine's
-own loop (one seeded stream per sample, so a sample does not depend on the requests beside it); a stop token id
+or the base's own. `checked` maps the SDK's `SamplingParams` onto relayrl's `Sampling`, and `sample` samples with the
+engine's own loop (one seeded stream per sample, so a sample does not depend on the requests beside it); a stop token id
 cuts a sequence after the first one it samples, a stop string after the token that completes it in the decoded
 text (transformers' stop-string criteria cannot take strings outside a tokenizer's vocabulary, such as
 role_colon's "\n\nUser:" on a character tokenizer). EOS always stops, as in the engine.

@@ -250,13 +250,15 @@ class Service:
         if not batch:
             return
         sampler = batch[0].sampler
-        try:
-            if sampler.weights_key is not None and sampler.weights_key not in self.snapshots:
-                raise UserError(
-                    f"sampling_session_id={batch[0].sampler_id!r}: its weights were dropped (the service keeps the "
+        if sampler.weights_key is not None and sampler.weights_key not in self.snapshots:
+            for queued in batch:
+                queued.outcome = UserError(
+                    f"sampling_session_id={queued.sampler_id!r}: its weights were dropped (the service keeps the "
                     f"newest {KEEP_EPHEMERAL} unnamed sampler weights per model; save_weights_for_sampler(name) "
                     "keeps them)"
                 )
+            return
+        try:
             served = self.engines.serving(sampler, self.snapshots)
         except Exception as err:  # noqa: BLE001 - each request answers it
             for queued in batch:
