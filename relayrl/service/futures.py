@@ -14,21 +14,23 @@ its own.
 `Completions` is the SDK's batch poller (`/api/v1/retrieve_futures`, on since `client/config` answers
 `sample_use_retrieve_futures`): one poll per sampling session (and clone of it) instead of one `retrieve_future`
 per sample. Each sample's request, once done, is an event numbered by a cursor; a poll answers the events after
-its `prev_cursor` (those at or before it are trimmed), waiting up to WAIT_S for one, and the SDK then fetches each
+its `prev_cursor` (those at or before it are trimmed), waiting up to WAIT_S for one (woken by it, not polling
+a clock), and the SDK then fetches each
 finished result through `retrieve_future`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
-import time
 import traceback
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 from relayrl.service.errors import UserError
 
@@ -88,6 +90,7 @@ class Completions:
         self.events: dict[tuple[str, int], list[tuple[int, dict]]] = {}  # (session, clone) -> (cursor, completion)
         self.cursors = itertools.count(1)
         self.lock = threading.Lock()
+        self.waiting: dict[tuple[str, int], list[Waiter]] = {}  # polls waiting for a target's next completion
 
     def watch(self, futures: Futures, target: tuple[str, int], request_id: str) -> None:
         """Queue `request_id`'s completion for `target`'s poller once it is done (finished, failed or cancelled)."""
@@ -98,6 +101,9 @@ class Completions:
         completion = {"state": "failed" if failed else "finished", "request_id": request_id}
         with self.lock:
             self.events.setdefault(target, []).append((next(self.cursors), completion))
+            waiting = self.waiting.pop(target, [])
+        for waiter in waiting:
+            waiter.wake()
 
     def drop_session(self, prefix: str) -> None:
         """Forget the queues of an ended session's samplers (ids starting with `prefix`)."""
@@ -107,16 +113,39 @@ class Completions:
 
     async def retrieve(self, target: tuple[str, int], prev_cursor: int, timeout: float | None) -> dict:
         """The completions after `prev_cursor` (those up to it trimmed), waiting up to WAIT_S for one unless
-        `timeout` is 0 (the SDK's acknowledgement-only poll)."""
-        deadline = time.monotonic() + (WAIT_S if timeout is None else min(timeout, WAIT_S))
-        while True:
+        `timeout` is 0 (the SDK's acknowledgement-only poll). A completion wakes the wait at once."""
+        wait_s = WAIT_S if timeout is None else min(timeout, WAIT_S)
+        waiter = Waiter(asyncio.get_running_loop(), asyncio.Event())
+        with self.lock:
+            events = self.after(target, prev_cursor)
+            if not events and wait_s > 0:
+                self.waiting.setdefault(target, []).append(waiter)
+        if not events and wait_s > 0:
+            with contextlib.suppress(TimeoutError):  # none came in time: an empty answer
+                await asyncio.wait_for(waiter.event.wait(), wait_s)
             with self.lock:
-                events = self.events[target] = [e for e in self.events.get(target, []) if e[0] > prev_cursor]
-            if events or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.01)
+                if waiter in self.waiting.get(target, []):
+                    self.waiting[target].remove(waiter)
+                events = self.after(target, prev_cursor)
         cursor = events[-1][0] if events else prev_cursor
         return {"completions": [completion for _, completion in events], "cursor": cursor}
+
+    def after(self, target: tuple[str, int], prev_cursor: int) -> list[tuple[int, dict]]:
+        """`target`'s completions after `prev_cursor`, those up to it trimmed (the caller holds the lock)."""
+        events = self.events[target] = [e for e in self.events.get(target, []) if e[0] > prev_cursor]
+        return events
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A poll waiting on the service's event loop; a completion, on the worker thread, wakes it through the loop."""
+
+    loop: asyncio.AbstractEventLoop
+    event: asyncio.Event
+
+    def wake(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed (the service stopped): nobody waits any more
+            self.loop.call_soon_threadsafe(self.event.set)
 
 
 def _answer(fn: Callable[[], dict | bytes]) -> dict | bytes:

@@ -1,6 +1,6 @@
 """The SDK's batch poller (`/api/v1/retrieve_futures`, relayrl/service/futures.py `Completions`): the service turns
 it on, the unchanged SDK waits on it for each sample, and a poll answers the sampling session's finished, failed
-and cancelled requests after its cursor, trimming those before it."""
+and cancelled requests after its cursor, trimming those before it; a waiting poll is woken by the completion."""
 
 from __future__ import annotations
 
@@ -42,6 +42,30 @@ def test_a_poll_answers_the_targets_completions_after_its_cursor():
     completions.add(other, "req-5", done(b"proto"))
     completions.drop_session("s-1:")  # the session ended: its samplers' queues go
     assert completions.events == {}
+
+
+def test_a_waiting_poll_is_woken_by_the_completion_instead_of_waiting_out_its_time():
+    """A completion added on another thread (the worker's) wakes the poll waiting for it; a poll nothing comes for
+    answers empty after its timeout and leaves no waiter behind."""
+    import threading
+    import time
+
+    from relayrl.service.futures import WAIT_S, Completions
+
+    completions, target = Completions(), ("s-1:sample:0", 0)
+
+    async def poll() -> tuple[dict, float]:
+        worker = threading.Thread(target=completions.add, args=(target, "req-1", done(b"proto")))
+        asyncio.get_running_loop().call_later(0.05, worker.start)
+        start = time.monotonic()
+        answer = await completions.retrieve(target, 0, timeout=None)
+        return answer, time.monotonic() - start
+
+    answer, waited = asyncio.run(poll())
+    assert [c["request_id"] for c in answer["completions"]] == ["req-1"]
+    assert waited < WAIT_S  # woken, not timed out
+    assert asyncio.run(completions.retrieve(target, answer["cursor"], timeout=0.1)) == {"completions": [], "cursor": 1}
+    assert not completions.waiting.get(target)
 
 
 def test_the_sdk_waits_on_the_sessions_poller_for_its_samples(random_model_dir, tmp_path):
