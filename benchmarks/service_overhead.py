@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -165,14 +166,17 @@ def main(argv=None) -> dict:
     from relayrl.models.tiny import build_tiny
 
     root = Path(tempfile.mkdtemp(prefix="service-overhead-"))
-    task, batches = toy_batches(root, args.steps)
-    service, phases = service_rl_steps(args.model, batches, root)
-    service, phases = service[1:], phases[1:]
-    train = train_rl_steps(args.model, task, args.steps, root)[1:]
-    rps = {1: float("nan"), 8: float("nan")}
-    if not args.no_rps:
-        build_tiny([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], root / "random", hidden=64, layers=2)
-        rps = {n: samples_per_second(str(root / "random"), args.requests, n, root) for n in (1, 8)}
+    try:
+        task, batches = toy_batches(root, args.steps)
+        service, phases = service_rl_steps(args.model, batches, root)
+        service, phases = service[1:], phases[1:]
+        train = train_rl_steps(args.model, task, args.steps, root)[1:]
+        rps = {1: float("nan"), 8: float("nan")}
+        if not args.no_rps:
+            build_tiny([f"{a}+{b}={a + b}" for a in range(10) for b in range(10)], root / "random", hidden=64, layers=2)
+            rps = {n: samples_per_second(str(root / "random"), args.requests, n, root) for n in (1, 8)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     figures = {
         "service_step_s": statistics.median(service),
         "train_step_s": statistics.median(train),
