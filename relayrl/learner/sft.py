@@ -6,6 +6,10 @@ start from an existing model directory. The result is a `save_pretrained` direct
 transformers both load. Characters an existing model's tokenizer lacks would be trained on as its unknown
 token; they are named in one warning (with how many rows and the first), not refused: a few stray symbols
 should not stop a warm start, but the user must know what was learned.
+
+A batch whose rows differ much in length (tool-calling conversations beside plain answers) runs as a few
+length-sorted micro-batches, each padded to its own longest row, with the same gradient: every token's loss is
+divided by the whole batch's count (`length_groups`).
 """
 
 from __future__ import annotations
@@ -110,6 +114,60 @@ def collate(batch: list[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.Tens
     return input_ids, attention, labels
 
 
+SPLIT_SAVING = 0.2  # split a batch only when that drops at least this share of its padded positions
+MOST_GROUPS = 4
+ENOUGH = 1.1  # the fewest groups that pad at most 10% more positions than the most would
+
+
+def length_groups(lengths: list[int], most: int = MOST_GROUPS) -> list[list[int]]:
+    """The batch's row indices as at most `most` groups of similar length: contiguous cuts of the rows sorted by
+    length that pad the fewest positions (each group to its own longest row; the fewest groups within ENOUGH of
+    that), or one group when cutting would save less than SPLIT_SAVING of them (near-equal rows stay one forward)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    sizes = [lengths[i] for i in order]
+    n, budget = len(sizes), (1 - SPLIT_SAVING) * len(sizes) * sizes[-1]
+    if sum(sizes) > budget:  # even one group per row would pad too much to be worth a second forward
+        return [order]
+    ends = [j for j in range(1, n + 1) if j == n or sizes[j] != sizes[j - 1]]  # a cut only between two lengths
+    # best[k][e]: fewest padded positions of the rows before ends[e] in k groups; start[k][e]: its last group's start
+    best = [[math.inf] * len(ends) for _ in range(most + 1)]
+    start = [[0] * len(ends) for _ in range(most + 1)]
+    for k in range(1, most + 1):
+        for e, j in enumerate(ends):
+            for b, i in [(-1, 0)] * (k == 1) + [(b, ends[b]) for b in range(e)] * (k > 1):
+                cost = (best[k - 1][b] if b >= 0 else 0) + (j - i) * sizes[j - 1]
+                if cost < best[k][e]:
+                    best[k][e], start[k][e] = cost, b
+    fewest = min(best[k][-1] for k in range(1, most + 1))
+    k = next(k for k in range(1, most + 1) if best[k][-1] <= ENOUGH * fewest)  # a forward more must earn its keep
+    if best[k][-1] > budget:
+        return [order]
+    groups, e = [], len(ends) - 1
+    for level in range(k, 0, -1):
+        b = start[level][e]
+        groups.append(order[ends[b] if b >= 0 else 0 : ends[e]])
+        e = b
+    return groups[::-1]
+
+
+def sft_loss(model, batch: list[Encoded], pad_id: int, pixels: dict) -> torch.Tensor:
+    """The batch's mean token loss, backpropagated group by group (length_groups); returned detached."""
+    groups = [list(range(len(batch)))] if pixels else length_groups([len(ids) for ids, _ in batch])
+    if len(groups) == 1:
+        input_ids, attention, labels = collate(batch, pad_id)
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **pixels).loss
+        loss.backward()
+        return loss.detach()
+    parts = [collate([batch[i] for i in group], pad_id) for group in groups]
+    counted = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels in parts)  # the positions a loss is taken at
+    total = torch.zeros(())
+    for input_ids, attention, labels in parts:
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, num_items_in_batch=counted).loss
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
 def run_sft(
     data: str | Path,
     out: str | Path,
@@ -164,10 +222,8 @@ def run_sft(
         picked = order[: settings.batch_size]
         batch = [encoded[i] for i in picked]
         del order[: settings.batch_size]
-        input_ids, attention, labels = collate(batch, int(tokenizer.pad_token_id))  # pyright: ignore[reportArgumentType] - an int here
         pixels = sft_vision.image_batch(images, picked) if images else {}
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **pixels).loss
-        loss.backward()
+        loss = sft_loss(model, batch, int(tokenizer.pad_token_id), pixels)  # pyright: ignore[reportArgumentType] - an int here
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()

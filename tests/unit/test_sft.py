@@ -1,4 +1,5 @@
-"""relayrl.learner.sft: the warm start on prompt/completion pairs — characters its tokenizer lacks, rows and locations."""
+"""relayrl.learner.sft: the warm start on prompt/completion pairs — characters its tokenizer lacks, rows and locations,
+and a batch of mixed lengths run as length groups with the gradient of one forward."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import warnings
 import pytest
 
 from relayrl.errors import DataError
-from relayrl.learner.sft import SFTSettings, encode, load_pairs, run_sft
+from relayrl.learner.sft import SFTSettings, encode, length_groups, load_pairs, run_sft, sft_loss
 from relayrl.models.tiny import UNK, build_tiny
 
 FAST = SFTSettings(epochs=1.0, batch_size=4, warmup_steps=1, hidden=32, layers=1)
@@ -111,3 +112,35 @@ def load_pairs_from(items):
     from relayrl.learner.sft import Pair
 
     return [Pair(f"row {i}", prompt, completion) for i, (prompt, completion) in enumerate(items)]
+
+
+def test_rows_of_near_equal_length_stay_one_group_and_mixed_ones_split_where_lengths_jump():
+    assert length_groups([10, 9, 8, 10, 9]) == [[2, 1, 4, 0, 3]]  # cutting would save under a fifth: one forward
+    lengths = [122, 50, 51, 122, 50, 120, 51, 122]
+    groups = length_groups(lengths)
+    assert [sorted(lengths[i] for i in group) for group in groups] == [[50, 50, 51, 51], [120, 122, 122, 122]]
+    assert sorted(i for group in groups for i in group) == list(range(len(lengths)))  # every row once
+    assert len(length_groups([1, 1, 50, 50, 400, 400, 3000, 3000, 9000], most=3)) == 3
+
+
+def test_length_groups_give_the_gradient_of_one_padded_forward(digits_model):
+    """Each group padded to its own longest row, every token's loss divided by the whole batch's count: the same
+    loss and gradient as the one padded forward (float32 rounding aside)."""
+    import torch
+
+    from relayrl.learner.sft import collate
+    from relayrl.models.loading import load_causal_lm, load_tokenizer
+
+    tokenizer, model = load_tokenizer(digits_model), load_causal_lm(digits_model)
+    texts = [("1+1=", "2"), ("12+34=", "46"), ("1=", "1"), ("123+456+789+1=", "1369"), ("9+9=", "18")]
+    batch = encode(load_pairs_from(texts * 3 + [("1111111111+2222222222+3333333333=", "6666666666")]), tokenizer)
+    assert len(length_groups([len(ids) for ids, _ in batch])) > 1
+    input_ids, attention, labels = collate(batch, tokenizer.pad_token_id)
+    whole = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+    whole.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    grouped = sft_loss(model, batch, tokenizer.pad_token_id, {})
+    assert float(grouped) == pytest.approx(float(whole.detach()), rel=1e-5)
+    for want, have in zip(expected, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6)
