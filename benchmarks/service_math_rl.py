@@ -4,22 +4,27 @@ Issue 48's open done-when: `python -m tinker_cookbook.recipes.math_rl.train env=
 the held-out accuracy of a tiny warm start by at least 15 points. This measures it, so that the test can set its
 threshold from figures (at most half the smallest gain):
 
-1. The warm start: the demo's (`runs/demo/warmstart`, `make demo`), with a tokenizer that maps role_colon's text
-   onto the demo's format (`User: What is 58 + 67?\n\nAssistant:` reads as `58+67=`, the few-shot answer's end as
-   the end-of-sequence token), then a short SFT (`--sft-steps` of 64) on the demo's own warm-start problems in the
-   environment's format: the few-shot example before each problem, which the demo's model never saw, confuses it
-   until then. `--teacher sloppy` keeps the demo teacher's answers (the carry dropped on 60% of carry problems);
-   `minus` writes the true sum with a stray minus sign on 55%.
-2. Per seed, a service (`train.seed=SEED`), greedy accuracy on 100 held-out problems (none drawn by the recipe's
-   first 50 batches of up to 64 groups; the demo's warm-start set covers about half of all problems, so some were seen there, with
-   the teacher's answers), graded by the recipe's own ArithmeticEnv; the recipe's run; greedy accuracy of its
-   final sampler weights, and the recipe's own sampled accuracy on each step's batch (`env/all/correct`).
-   The recipe's settings are a user's CLI arguments: `--groups` (groups_per_batch), `--group-size`, `--lr`,
-   `--lora-rank`, `--temperature`, `--steps` (max_steps).
+1. The warm start: the demo's (`runs/demo/warmstart`, `make demo`), or with `--warm-start tests` the tests' own
+   (tests/conftest.py `warm_model_dir`: 4 epochs at batch 128 of the toy SFT set, built here first), with a
+   tokenizer that maps role_colon's text onto the demo's format (`User: What is 58 + 67?\n\nAssistant:` reads as
+   `58+67=`, the few-shot answer's end as the end-of-sequence token), then a short SFT (`--sft-steps` of
+   `--sft-batch` at `--sft-lr`) on the demo's own warm-start problems in the environment's format: the few-shot
+   example before each problem, which the demo's model never saw, confuses it until then. `--teacher sloppy` keeps
+   the demo teacher's answers (the carry dropped on 60% of carry problems); `minus` writes the true sum with a
+   stray minus sign on 55%.
+2. Per seed, a service (`train.seed=SEED`), greedy accuracy on `--held-out` (100) held-out problems (none drawn by
+   the recipe's first 50 batches of up to 64 groups; the demo's warm-start set covers about half of all problems,
+   so some were seen there, with the teacher's answers), graded by the recipe's own ArithmeticEnv; the recipe's
+   run; greedy accuracy of its final sampler weights, and the recipe's own sampled accuracy on each step's batch
+   (`env/all/correct`). The recipe's settings are a user's CLI arguments: `--groups` (groups_per_batch),
+   `--group-size`, `--lr`, `--lora-rank`, `--temperature`, `--steps` (max_steps).
 
-Usage: python benchmarks/service_math_rl.py [--warm-start runs/demo/warmstart] [--seeds 3] [--steps 10]
-       [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 300] [--groups 32] [--group-size 8]
-       [--lora-rank 8]
+Usage: python benchmarks/service_math_rl.py [--warm-start runs/demo/warmstart|tests] [--seeds 3] [--first-seed 0]
+       [--steps 10] [--lr 2e-4] [--temperature 1.0] [--teacher sloppy] [--sft-steps 300] [--sft-lr 2e-3]
+       [--sft-batch 64] [--held-out 100] [--groups 32] [--group-size 8] [--lora-rank 8]
+It prints the seconds of each part: the warm start's build, per seed the recipe and the two evaluations.
+tests/e2e/test_service_cookbook.py runs one seed of its `MATH_RL` flags (`--warm-start tests --groups 16
+--held-out 200`).
 The defaults are the measured setting that raises held-out greedy accuracy by 0.15-0.19 in 8 runs (seeds 0-2, 0-4)
 (docs/tinker.md): a warm start that samples 0.35-0.45 right at temperature 1, so a group's advantages carry signal.
 """
@@ -36,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 HELD_OUT = 100
@@ -68,28 +74,41 @@ def mapped_warm_start(warm: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def build_warm_start(warm: Path, out: Path, teacher: str, sft_steps: int) -> Path:
-    """The mapped demo warm start after `sft_steps` of SFT on the demo's own warm-start problems (toy seed 0), in
-    the environment's format: `sloppy` keeps the demo teacher's answers, `minus` writes the true sum, negated on
-    55% of them."""
+def tests_warm_start(out: Path) -> Path:
+    """The tests' warm start (tests/conftest.py `warm_model_dir`): 4 epochs at batch 128 of the toy SFT set."""
+    from relayrl.data.toy import write_toy_task
+    from relayrl.learner.sft import SFTSettings, run_sft
+
+    sft = write_toy_task(out / "toy", seed=0)["sft"]
+    return run_sft(
+        sft, out / "model", init="tiny", settings=SFTSettings(epochs=4.0, batch_size=128), log=lambda *_: None
+    )
+
+
+def build_warm_start(
+    warm: Path, out: Path, teacher: str, sft_steps: int, sft_lr: float = 2e-3, sft_batch: int = 64
+) -> Path:
+    """The mapped warm start after `sft_steps` of SFT (`sft_batch` rows each, at `sft_lr`) on the demo's own
+    warm-start problems (toy seed 0), in the environment's format: `sloppy` keeps the demo teacher's answers,
+    `minus` writes the true sum, negated on 55% of them."""
     from relayrl.data.toy import write_toy_task
     from relayrl.learner.sft import SFTSettings, run_sft
 
     mapped_warm_start(warm, out / "init")
     pairs = [json.loads(line) for line in write_toy_task(out / "toy", seed=0)["sft"].read_text().splitlines()]
     rng, rows = random.Random(0), []
-    for pair in pairs[: 64 * sft_steps]:
+    for pair in pairs[: sft_batch * sft_steps]:
         x, y = (int(n) for n in pair["prompt"].removesuffix("=").split("+"))
         answer = pair["completion"] if teacher == "sloppy" else f"{'-' if rng.random() < 0.55 else ''}{x + y}"
         rows.append({"prompt": question(x, y), "completion": f" {answer}"})
     (out / "sft.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    settings = SFTSettings(epochs=1.0, lr=2e-3, batch_size=64, warmup_steps=5)
+    settings = SFTSettings(epochs=1.0, lr=sft_lr, batch_size=sft_batch, warmup_steps=5)
     return run_sft(
         out / "sft.jsonl", out / "model", model_path=str(out / "init"), settings=settings, log=lambda *_: None
     )
 
 
-def held_out_problems() -> list[tuple[int, int]]:
+def held_out_problems(n: int = HELD_OUT) -> list[tuple[int, int]]:
     """Problems of the environment's range (0-100 each) that no batch of a 50-step run draws."""
     import numpy as np
 
@@ -98,11 +117,11 @@ def held_out_problems() -> list[tuple[int, int]]:
         rng = np.random.RandomState(index)
         trained |= {(int(rng.randint(0, 101)), int(rng.randint(0, 101))) for _ in range(MOST_GROUPS)}
     pool = [(x, y) for x in range(101) for y in range(101) if (x, y) not in trained]
-    return random.Random(1).sample(pool, HELD_OUT)
+    return random.Random(1).sample(pool, n)
 
 
-def held_out_accuracy(running, model: str, model_path: str | None = None) -> float:
-    """Greedy accuracy on held_out_problems() through the service, graded by the recipe's ArithmeticEnv."""
+def held_out_accuracy(running, model: str, model_path: str | None = None, n: int = HELD_OUT) -> float:
+    """Greedy accuracy on held_out_problems(n) through the service, graded by the recipe's ArithmeticEnv."""
     import tinker
     from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticEnv
     from tinker_cookbook.renderers import get_renderer
@@ -112,7 +131,7 @@ def held_out_accuracy(running, model: str, model_path: str | None = None) -> flo
     sampler = service.create_sampling_client(model_path=model_path, base_model=None if model_path else model).result()
     renderer = get_renderer("role_colon", get_tokenizer(model))
     fewshot = ArithmeticEnv.standard_fewshot_prefix()
-    envs = [ArithmeticEnv(x, y, renderer, convo_prefix=fewshot) for x, y in held_out_problems()]
+    envs = [ArithmeticEnv(x, y, renderer, convo_prefix=fewshot) for x, y in held_out_problems(n)]
 
     async def observe():
         return [await env.initial_observation() for env in envs]
@@ -150,53 +169,75 @@ def one_seed(model: Path, seed: int, root: Path, args) -> dict:
 
     settings = service_settings(load_config(None, [f"train.seed={seed}"]))
     running = server.start({str(model): str(model)}, root / f"state-{seed}", settings=settings)
+    seconds = {}
     try:
-        before, start = held_out_accuracy(running, str(model)), time.perf_counter()
-        done = run_recipe(running, str(model), root / f"run-{seed}", args)
+        with timer(seconds, "before_s"):
+            before = held_out_accuracy(running, str(model), n=args.held_out)
+        with timer(seconds, "recipe_s"):
+            done = run_recipe(running, str(model), root / f"run-{seed}", args)
         if done.returncode:
-            raise SystemExit(done.stderr[-3000:])
-        seconds = time.perf_counter() - start
+            raise RuntimeError(f"the recipe failed:\n{done.stderr[-3000:]}")
         saved = (root / f"run-{seed}/checkpoints.jsonl").read_text().splitlines()
         rows = [json.loads(line) for line in (root / f"run-{seed}/metrics.jsonl").read_text().splitlines()]
         sampled = [row["env/all/correct"] for row in rows if "env/all/correct" in row]
-        after = held_out_accuracy(running, str(model), json.loads(saved[-1])["sampler_path"])
+        with timer(seconds, "after_s"):
+            after = held_out_accuracy(running, str(model), json.loads(saved[-1])["sampler_path"], n=args.held_out)
     finally:
         running.stop()
-    return {
-        "seed": seed,
-        "before": before,
-        "after": after,
-        "gain": after - before,
-        "recipe_s": seconds,
-        "sampled": sampled,  # the recipe's own batches' accuracy at its temperature, per step
-    }
+    # sampled: the recipe's own batches' accuracy at its temperature, per step
+    return {"seed": seed, "before": before, "after": after, "gain": after - before, "sampled": sampled, **seconds}
 
 
-def main(argv=None) -> list[dict]:
+@contextmanager
+def timer(seconds: dict, key: str):
+    start = time.perf_counter()
+    yield
+    seconds[key] = time.perf_counter() - start
+
+
+def warm_start(args, root: Path) -> Path:
+    """The warm start `--warm-start` names (`tests`: the tests' own, built here first), mapped and SFT'd."""
+    warm = tests_warm_start(root / "tests-warm") if args.warm_start == "tests" else Path(args.warm_start)
+    return build_warm_start(warm, root / "warm", args.teacher, args.sft_steps, args.sft_lr, args.sft_batch)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's settings: the recipe's as a user gives them, the warm start's, the held-out set's size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--warm-start", default="runs/demo/warmstart")
+    parser.add_argument("--warm-start", default="runs/demo/warmstart", help="a warm start's path, or `tests`")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--teacher", choices=("sloppy", "minus"), default="sloppy")
     parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--sft-lr", type=float, default=2e-3)
+    parser.add_argument("--sft-batch", type=int, default=64)
+    parser.add_argument("--held-out", type=int, default=HELD_OUT, help="held-out problems graded")
     parser.add_argument("--groups", type=int, default=32, help="the recipe's groups_per_batch (at most 64)")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lora-rank", type=int, default=8)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> list[dict]:
+    args = parser().parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="service-math-rl-"))
     try:
-        start = time.perf_counter()
-        model = build_warm_start(Path(args.warm_start), root / "warm", args.teacher, args.sft_steps)
-        print(f"warm start built in {time.perf_counter() - start:.0f}s", flush=True)
-        results = [one_seed(model, seed, root, args) for seed in range(args.seeds)]
+        built = {}
+        with timer(built, "warm_s"):
+            model = warm_start(args, root)
+        print(f"warm start built in {built['warm_s']:.0f}s", flush=True)
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        results = [one_seed(model, seed, root, args) for seed in seeds]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for r in results:
         print(
             f"seed {r['seed']}: held-out greedy {r['before']:.2f} -> {r['after']:.2f} ({r['gain']:+.2f}), recipe "
-            f"{r['recipe_s']:.0f}s, its batches' sampled accuracy {' '.join(f'{a:.2f}' for a in r['sampled'])}"
+            f"{r['recipe_s']:.0f}s, evals {r['before_s']:.1f}s + {r['after_s']:.1f}s, its batches' sampled "
+            f"accuracy {' '.join(f'{a:.2f}' for a in r['sampled'])}"
         )
     print(f"smallest gain {min(r['gain'] for r in results):+.2f}")
     return results
